@@ -1,0 +1,168 @@
+#include "fusedopt/optimizer.h"
+
+#include <cstring>
+#include <string>
+
+namespace fusedopt {
+namespace {
+
+void ApplyStep(std::span<const SgdHyper> g, std::span<const Segment> s, Runtime& r) { SgdStep(g, s, r); }
+void ApplyStep(std::span<const AdamHyper> g, std::span<const Segment> s, Runtime& r) { AdamStep(g, s, r); }
+void ApplyStep(std::span<const AdamWHyper> g, std::span<const Segment> s, Runtime& r) {
+  AdamWStep(g, s, r);
+}
+void ApplyStep(std::span<const RmspropHyper> g, std::span<const Segment> s, Runtime& r) {
+  RmspropStep(g, s, r);
+}
+void ApplyStep(std::span<const AdagradHyper> g, std::span<const Segment> s, Runtime& r) {
+  AdagradStep(g, s, r);
+}
+
+// torch creates Adagrad's sum eagerly, filled with initial_accumulator_value; all other states start at 0.
+template <class Hyper>
+float InitialStateValue(const Hyper& /*h*/) {
+  return 0.0f;
+}
+template <>
+float InitialStateValue(const AdagradHyper& h) {
+  return static_cast<float>(h.initial_accumulator_value);
+}
+
+}  // namespace
+
+FlatStorage::Arena FlatStorage::Allocate(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  // Round up to whole cache lines; zero-filled so fresh states and grads start at 0.
+  const std::size_t rounded = (bytes + 63) / 64 * 64;
+  Arena arena(new (std::align_val_t{64}) std::byte[rounded]);
+  std::memset(arena.get(), 0, rounded);
+  return arena;
+}
+
+FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_groups,
+                         const StorageOptions& options, unsigned state_slots)
+    : options_(options) {
+  if (options.master_weights && options.param_dtype == DType::kF32) {
+    throw Error("FlatStorage: master_weights needs f16 or bf16 params (param_dtype is f32)");
+  }
+  // Lay tensors out group by group, keeping their order within a group.
+  std::vector<std::size_t> offsets(tensors.size());
+  for (std::size_t g = 0; g < num_groups; ++g) {
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].group != g) continue;
+      offsets[i] = total_numel_;
+      total_numel_ += tensors[i].numel;
+    }
+  }
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].group >= num_groups) {
+      throw Error("FlatStorage: tensor " + std::to_string(i) + ": group " +
+                  std::to_string(tensors[i].group) + " out of range (" + std::to_string(num_groups) +
+                  " groups)");
+    }
+  }
+  const std::size_t param_size = DTypeSize(options.param_dtype);
+  const std::size_t grad_size = DTypeSize(options.grad_dtype);
+  const std::size_t state_size = DTypeSize(options.state_dtype);
+  params_ = Allocate(total_numel_ * param_size);
+  grads_ = Allocate(total_numel_ * grad_size);
+  if (options.master_weights) master_ = Allocate(total_numel_ * sizeof(float));
+  for (int slot = 0; slot < kMaxStates; ++slot) {
+    if ((state_slots >> slot & 1u) != 0) states_[slot] = Allocate(total_numel_ * state_size);
+  }
+  segments_.resize(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    Segment& s = segments_[i];
+    const std::size_t o = offsets[i];
+    s.numel = tensors[i].numel;
+    s.group = tensors[i].group;
+    s.param_dtype = options.param_dtype;
+    s.grad_dtype = options.grad_dtype;
+    s.state_dtype = options.state_dtype;
+    s.param = params_.get() + o * param_size;
+    s.grad = grads_.get() + o * grad_size;
+    if (master_) s.master = reinterpret_cast<float*>(master_.get()) + o;
+    for (int slot = 0; slot < kMaxStates; ++slot) {
+      if (states_[slot]) s.state[slot] = states_[slot].get() + o * state_size;
+    }
+  }
+}
+
+std::span<float> FlatStorage::master(std::size_t tensor) {
+  const Segment& s = segments_.at(tensor);
+  if (s.master == nullptr) throw Error("FlatStorage: no master copy (master_weights is off)");
+  return {s.master, s.numel};
+}
+
+void FlatStorage::ZeroGrad() {
+  if (grads_) std::memset(grads_.get(), 0, total_numel_ * DTypeSize(options_.grad_dtype));
+}
+
+void FlatStorage::SyncMaster(std::size_t tensor) {
+  const Segment& s = segments_.at(tensor);
+  if (s.master == nullptr) return;
+  for (std::size_t i = 0; i < s.numel; ++i) s.master[i] = LoadAsF32(s.param, s.param_dtype, i);
+}
+
+template <class Hyper>
+static unsigned AllRequiredStates(const std::vector<Hyper>& groups) {
+  unsigned slots = 0;
+  for (const Hyper& h : groups) slots |= RequiredStates(h);
+  return slots;
+}
+
+template <class Hyper>
+Optimizer<Hyper>::Optimizer(std::vector<Hyper> groups, std::vector<TensorSpec> tensors,
+                            StorageOptions options, Runtime& runtime)
+    : groups_(std::move(groups)),
+      storage_(tensors, groups_.size(), options, AllRequiredStates(groups_)),
+      steps_(tensors.size(), 0),
+      runtime_(&runtime) {
+  // Validate the hyper-parameters now rather than at the first step.
+  ApplyStep(std::span<const Hyper>(groups_), {}, *runtime_);
+  for (std::size_t i = 0; i < storage_.num_tensors(); ++i) {
+    const float init = InitialStateValue(groups_[storage_.segments()[i].group]);
+    if (init == 0.0f) continue;
+    const Segment& s = storage_.segments()[i];
+    for (std::size_t k = 0; k < s.numel; ++k) StoreFromF32(s.state[0], s.state_dtype, k, init);
+  }
+}
+
+template <class Hyper>
+void Optimizer<Hyper>::Step() {
+  std::vector<std::size_t> all(storage_.num_tensors());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+  Step(all);
+}
+
+template <class Hyper>
+void Optimizer<Hyper>::Step(std::span<const std::size_t> tensors) {
+  std::vector<Segment> segments;
+  segments.reserve(tensors.size());
+  std::vector<bool> seen(storage_.num_tensors(), false);
+  for (std::size_t t : tensors) {
+    if (t >= storage_.num_tensors()) {
+      throw Error("Optimizer::Step: tensor index " + std::to_string(t) + " out of range (" +
+                  std::to_string(storage_.num_tensors()) + " tensors)");
+    }
+    if (seen[t]) throw Error("Optimizer::Step: tensor index " + std::to_string(t) + " listed twice");
+    seen[t] = true;
+    segments.push_back(storage_.segments()[t]);
+    segments.back().step = steps_[t] + 1;
+  }
+  // Masters are seeded from the params the user wrote before the tensor's first step; a failed step below
+  // leaves them equal to the params, so nothing observable changes.
+  for (std::size_t t : tensors) {
+    if (steps_[t] == 0) storage_.SyncMaster(t);
+  }
+  ApplyStep(std::span<const Hyper>(groups_), segments, *runtime_);
+  for (std::size_t t : tensors) ++steps_[t];
+}
+
+template class Optimizer<SgdHyper>;
+template class Optimizer<AdamHyper>;
+template class Optimizer<AdamWHyper>;
+template class Optimizer<RmspropHyper>;
+template class Optimizer<AdagradHyper>;
+
+}  // namespace fusedopt

@@ -1,0 +1,37 @@
+// HwyOps<D>: the arithmetic the *_math.h bodies use, forwarded to Highway for one vector type. The math is
+// written against this interface only, so one body serves every SIMD target and the 1-lane tail.
+// Per-target header: toggling include guard, re-included once per target by foreach_target.
+
+#if defined(FOPT_CPU_HWY_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#  ifdef FOPT_CPU_HWY_OPS_INL_H_
+#    undef FOPT_CPU_HWY_OPS_INL_H_
+#  else
+#    define FOPT_CPU_HWY_OPS_INL_H_
+#  endif
+
+#  include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace fusedopt::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+template <class D>
+struct HwyOps {
+  using V = hn::Vec<D>;
+  D d;
+
+  HWY_INLINE V Set(float x) const { return hn::Set(d, x); }
+  HWY_INLINE V Add(V a, V b) const { return hn::Add(a, b); }
+  HWY_INLINE V Sub(V a, V b) const { return hn::Sub(a, b); }
+  HWY_INLINE V Mul(V a, V b) const { return hn::Mul(a, b); }
+  HWY_INLINE V Div(V a, V b) const { return hn::Div(a, b); }
+  // a·b + c, rounded once on FMA targets (AVX2 and up, NEON, SVE); mul then add elsewhere.
+  HWY_INLINE V MulAdd(V a, V b, V c) const { return hn::MulAdd(a, b, c); }
+  HWY_INLINE V Sqrt(V a) const { return hn::Sqrt(a); }
+  HWY_INLINE V Max(V a, V b) const { return hn::Max(a, b); }
+};
+
+}  // namespace fusedopt::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // FOPT_CPU_HWY_OPS_INL_H_

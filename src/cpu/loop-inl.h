@@ -1,0 +1,78 @@
+// The one loop skeleton of every kernel, and the switch from runtime dtypes to storage types.
+// Per-target header: toggling include guard.
+
+#if defined(FOPT_CPU_LOOP_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#  ifdef FOPT_CPU_LOOP_INL_H_
+#    undef FOPT_CPU_LOOP_INL_H_
+#  else
+#    define FOPT_CPU_LOOP_INL_H_
+#  endif
+
+#  include <cstddef>
+
+#  include "fusedopt/dtype.h"
+#  include "hwy/highway.h"
+#  include "src/core/plan.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace fusedopt::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Calls body(d, i) for full f32 vectors over [begin, end), then body(d1, i) with a 1-lane tag for the
+// remainder, so the tail runs the very same code. No overlapping last vector: the update is in place and not
+// idempotent.
+template <class Body>
+HWY_INLINE void ForEachVector(std::size_t begin, std::size_t end, const Body& body) {
+  const hn::ScalableTag<float> d;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = begin;
+  for (; i + lanes <= end; i += lanes) body(d, i);
+  const hn::CappedTag<float, 1> d1;
+  for (; i < end; ++i) body(d1, i);
+}
+
+template <class T>
+struct StorageTag {
+  using type = T;
+};
+
+// Calls f(StorageTag<T>{}) with T the storage type of dtype t.
+template <class F>
+HWY_INLINE void WithStorageType(DType t, const F& f) {
+  switch (t) {
+    case DType::kF32:
+      return f(StorageTag<float>{});
+    case DType::kF16:
+      return f(StorageTag<hwy::float16_t>{});
+    case DType::kBF16:
+      return f(StorageTag<hwy::bfloat16_t>{});
+  }
+}
+
+// Calls f(param_tag, grad_tag, state_tag) for the 27 dtype combinations of a segment.
+template <class F>
+HWY_INLINE void WithStorageTypes(DType param, DType grad, DType state, const F& f) {
+  WithStorageType(param, [&](auto p) HWY_ATTR {
+    WithStorageType(grad, [&](auto g) HWY_ATTR {
+      WithStorageType(state, [&](auto s) HWY_ATTR { f(p, g, s); });
+    });
+  });
+}
+
+// Runs kernel(param_tag, grad_tag, state_tag, scalars, segment, begin, end) on every piece of chunks
+// [chunk_begin, chunk_end) of a plan, instantiated for each segment's dtype combination.
+template <class Scalars, class Kernel>
+HWY_INLINE void RunPlanChunks(const StepPlan<Scalars>& plan, std::size_t chunk_begin,
+                              std::size_t chunk_end, const Kernel& kernel) {
+  plan.chunks.ForEachPiece(chunk_begin, chunk_end, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
+    const Segment& seg = plan.chunks.segments()[i];
+    WithStorageTypes(seg.param_dtype, seg.grad_dtype, seg.state_dtype, [&](auto p, auto g, auto s) HWY_ATTR {
+      kernel(p, g, s, plan.scalars[i], seg, begin, end);
+    });
+  });
+}
+
+}  // namespace fusedopt::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // FOPT_CPU_LOOP_INL_H_

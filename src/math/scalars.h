@@ -1,0 +1,64 @@
+// Per-tensor f32 coefficients of each update rule, computed on the host in double and rounded once
+// (src/core/coefficients.cc), exactly where torch.optim rounds its Python-float scalars. The math bodies in
+// <algo>_math.h read only these.
+#pragma once
+
+namespace fusedopt {
+
+// lerp_(end, w) as ATen evaluates it: for w < 0.5 `self + w·(end − self)`, else `end − (1 − w)·(end − self)`,
+// both as one fma. `weight_minus_one` is the f32 `w − 1` ATen computes.
+struct LerpCoef {
+  float weight = 0.0f;
+  float weight_minus_one = -1.0f;
+  bool from_end = false;
+};
+
+struct SgdScalars {
+  float grad_mul;  // -1 with maximize, else 1 (exact either way)
+  float weight_decay;
+  float momentum;
+  float one_minus_dampening;
+  float neg_lr;
+  bool has_weight_decay;
+  bool has_momentum;
+  bool nesterov;
+  bool first_step;  // momentum buffer starts as a copy of the gradient (no dampening), as torch
+};
+
+struct AdamScalars {
+  float grad_mul;
+  float weight_decay;  // coupled (Adam) L2 term, used when coupled_weight_decay
+  float decay_mul;     // decoupled (AdamW) factor f32(1 − lr·wd); exactly 1 when off
+  LerpCoef beta1_lerp;  // exp_avg.lerp_(grad, 1 − beta1)
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction2_sqrt;
+  float eps;
+  float neg_step_size;  // −lr / (1 − beta1^step)
+  bool coupled_weight_decay;
+  bool amsgrad;
+};
+
+struct RmspropScalars {
+  float grad_mul;
+  float weight_decay;
+  float alpha;
+  float one_minus_alpha;
+  LerpCoef grad_avg_lerp;  // grad_avg.lerp_(grad, 1 − alpha)
+  float eps;
+  float momentum;
+  float neg_lr;
+  bool has_weight_decay;
+  bool centered;
+  bool has_momentum;
+};
+
+struct AdagradScalars {
+  float grad_mul;
+  float weight_decay;
+  float eps;
+  float neg_clr;  // −lr / (1 + (step − 1)·lr_decay)
+  bool has_weight_decay;
+};
+
+}  // namespace fusedopt
