@@ -1,1 +1,489 @@
+// Argument checks of the public API (step.h, runtime.h, convert.h): every rejected call throws
+// fusedopt::Error naming the offending field and value, and leaves every buffer it was given
+// bit-identical, including those of the valid segments listed before the bad one.
+
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fusedopt/convert.h"
+#include "fusedopt/dtype.h"
+#include "fusedopt/error.h"
+#include "fusedopt/hyper.h"
+#include "fusedopt/runtime.h"
+#include "fusedopt/step.h"
+
+namespace fusedopt {
+namespace {
+
+static_assert(std::is_base_of_v<std::invalid_argument, Error>);
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// The buffers of a few f32 segments, filled with non-zero values, and snapshots of all of them.
+class Model {
+ public:
+  // Adds a segment of `numel` f32 elements in `group` with a param, a grad and each state slot in
+  // `slots`. The reference is valid until the next Add.
+  Segment& Add(std::size_t numel, std::uint32_t group, unsigned slots) {
+    Segment s;
+    s.numel = numel;
+    s.group = group;
+    s.param = NewBuffer(numel);
+    s.grad = NewBuffer(numel);
+    for (int slot = 0; slot < kMaxStates; ++slot) {
+      if ((slots >> slot & 1u) != 0) s.state[slot] = NewBuffer(numel);
+    }
+    segments_.push_back(s);
+    return segments_.back();
+  }
+
+  float* NewBuffer(std::size_t numel) {
+    std::vector<float>& b = buffers_.emplace_back(numel);
+    std::uniform_real_distribution<float> dist(0.25f, 0.75f);
+    for (float& x : b) x = dist(rng_);
+    return b.data();
+  }
+
+  std::span<const Segment> segments() const { return segments_; }
+  Segment& segment(std::size_t i) { return segments_.at(i); }
+
+  std::vector<std::vector<float>> Snapshot() const { return buffers_; }
+  // Bit-identical to the snapshot (every buffer of every segment)?
+  bool Unchanged(const std::vector<std::vector<float>>& before) const {
+    if (before.size() != buffers_.size()) return false;
+    for (std::size_t i = 0; i < before.size(); ++i) {
+      if (std::memcmp(before[i].data(), buffers_[i].data(), before[i].size() * sizeof(float)) !=
+          0) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+ private:
+  std::mt19937 rng_{1234};
+  std::vector<std::vector<float>>
+      buffers_;  // inner data pointers survive reallocation of the outer vector
+  std::vector<Segment> segments_;
+};
+
+// Calls `call`, which must throw fusedopt::Error whose message contains every needle, and checks
+// that no buffer of `model` changed.
+void ExpectRejected(const Model& model, const std::function<void()>& call,
+                    const std::vector<std::string>& needles) {
+  const auto before = model.Snapshot();
+  try {
+    call();
+    ADD_FAILURE() << "no exception thrown";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& needle : needles) {
+      EXPECT_NE(msg.find(needle), std::string::npos)
+          << "message \"" << msg << "\" lacks \"" << needle << "\"";
+    }
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw something other than fusedopt::Error: " << e.what();
+  }
+  EXPECT_TRUE(model.Unchanged(before)) << "a rejected call changed a buffer";
+}
+
+// The step function of each hyper-parameter struct, so tests can be written once for all
+// algorithms.
+void RawStep(std::span<const SgdHyper> g, std::span<const Segment> s) { SgdStep(g, s); }
+void RawStep(std::span<const AdamHyper> g, std::span<const Segment> s) { AdamStep(g, s); }
+void RawStep(std::span<const AdamWHyper> g, std::span<const Segment> s) { AdamWStep(g, s); }
+void RawStep(std::span<const RmspropHyper> g, std::span<const Segment> s) { RmspropStep(g, s); }
+void RawStep(std::span<const AdagradHyper> g, std::span<const Segment> s) { AdagradStep(g, s); }
+
+template <class Hyper>
+const char* StepName() {
+  if constexpr (std::is_same_v<Hyper, SgdHyper>) return "SgdStep";
+  if constexpr (std::is_same_v<Hyper, AdamHyper>) return "AdamStep";
+  if constexpr (std::is_same_v<Hyper, AdamWHyper>) return "AdamWStep";
+  if constexpr (std::is_same_v<Hyper, RmspropHyper>) return "RmspropStep";
+  if constexpr (std::is_same_v<Hyper, AdagradHyper>) return "AdagradStep";
+}
+
+// Two valid segments in group 0 (one spans several chunks), then segment 2 (64 elements) in group
+// 1, each with every state slot its group needs.
+template <class Hyper>
+Model MakeModel(const Hyper& group0, const Hyper& group1) {
+  Model m;
+  m.Add(1000, 0, RequiredStates(group0));
+  m.Add(70000, 0, RequiredStates(group0));
+  m.Add(64, 1, RequiredStates(group1));
+  return m;
+}
+
+// Group 1 holds the invalid hyper-parameters `bad`; group 0 and its segments are valid.
+template <class Hyper>
+void ExpectBadGroup(const Hyper& bad, std::initializer_list<std::string> needles) {
+  SCOPED_TRACE(StepName<Hyper>());
+  const std::vector<Hyper> groups = {Hyper{}, bad};
+  Model m =
+      MakeModel(groups[0], groups[0]);  // slots of a valid group: the hyper check must come first
+  std::vector<std::string> all(needles);
+  all.emplace_back(StepName<Hyper>());
+  all.emplace_back("group 1");
+  ExpectRejected(
+      m, [&] { RawStep(std::span<const Hyper>(groups), m.segments()); }, all);
+}
+
+// The valid form of each test model really is updated, so Unchanged() above means something.
+TEST(Validation, ValidCallChangesBuffers) {
+  Model m = MakeModel(AdamHyper{}, AdamHyper{});
+  const auto before = m.Snapshot();
+  const std::vector<AdamHyper> groups(2);
+  AdamStep(groups, m.segments());
+  EXPECT_FALSE(m.Unchanged(before));
+}
+
+TEST(Validation, ErrorIsInvalidArgument) {
+  Model m = MakeModel(AdamHyper{}, AdamHyper{});
+  const std::vector<AdamHyper> groups = {AdamHyper{}, AdamHyper{.lr = -1.0}};
+  EXPECT_THROW(AdamStep(groups, m.segments()), std::invalid_argument);
+}
+
+TEST(Validation, NegativeLr) {
+  ExpectBadGroup(SgdHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(AdamHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(AdamWHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(RmspropHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(AdagradHyper{.lr = -0.5}, {"lr", "-0.5"});
+}
+
+TEST(Validation, NanLr) {
+  ExpectBadGroup(SgdHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(AdamHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(AdamWHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(RmspropHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(AdagradHyper{.lr = kNaN}, {"lr", "nan"});
+}
+
+TEST(Validation, ZeroLrIsAccepted) {
+  Model m = MakeModel(AdamHyper{}, AdamHyper{});
+  const std::vector<AdamHyper> groups = {AdamHyper{.lr = 0.0}, AdamHyper{.lr = 0.0}};
+  EXPECT_NO_THROW(AdamStep(groups, m.segments()));
+}
+
+TEST(Validation, NegativeEps) {
+  ExpectBadGroup(AdamHyper{.eps = -0.25}, {"eps", "-0.25"});
+  ExpectBadGroup(AdamWHyper{.eps = -0.25}, {"eps", "-0.25"});
+  ExpectBadGroup(RmspropHyper{.eps = -0.25}, {"eps", "-0.25"});
+  ExpectBadGroup(AdagradHyper{.eps = -0.25}, {"eps", "-0.25"});
+}
+
+TEST(Validation, BetaOneIsRejected) {
+  ExpectBadGroup(AdamHyper{.beta1 = 1.0}, {"beta1: 1"});
+  ExpectBadGroup(AdamWHyper{.beta1 = 1.0}, {"beta1: 1"});
+  ExpectBadGroup(AdamHyper{.beta2 = 1.0}, {"beta2: 1"});
+}
+
+TEST(Validation, NegativeBeta) {
+  ExpectBadGroup(AdamHyper{.beta2 = -0.1}, {"beta2", "-0.1"});
+  ExpectBadGroup(AdamWHyper{.beta2 = -0.1}, {"beta2", "-0.1"});
+  ExpectBadGroup(AdamHyper{.beta1 = -0.1}, {"beta1", "-0.1"});
+}
+
+TEST(Validation, NegativeWeightDecay) {
+  ExpectBadGroup(SgdHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(AdamHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(AdamWHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(RmspropHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(AdagradHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+}
+
+TEST(Validation, NegativeMomentum) {
+  ExpectBadGroup(SgdHyper{.momentum = -0.5}, {"momentum", "-0.5"});
+  ExpectBadGroup(RmspropHyper{.momentum = -0.5}, {"momentum", "-0.5"});
+}
+
+TEST(Validation, NesterovWithoutMomentum) {
+  ExpectBadGroup(SgdHyper{.momentum = 0.0, .nesterov = true}, {"Nesterov", "momentum 0"});
+}
+
+TEST(Validation, NesterovWithDampening) {
+  ExpectBadGroup(SgdHyper{.momentum = 0.9, .dampening = 0.5, .nesterov = true},
+                 {"Nesterov", "dampening 0.5"});
+}
+
+TEST(Validation, NesterovWithMomentumAndNoDampeningIsAccepted) {
+  const SgdHyper h{.momentum = 0.9, .nesterov = true};
+  Model m = MakeModel(h, h);
+  const std::vector<SgdHyper> groups = {h, h};
+  EXPECT_NO_THROW(SgdStep(groups, m.segments()));
+}
+
+TEST(Validation, RmspropNegativeAlpha) {
+  ExpectBadGroup(RmspropHyper{.alpha = -0.5}, {"alpha", "-0.5"});
+}
+
+TEST(Validation, RmspropAlphaAboveOneIsAccepted) {  // torch checks only alpha >= 0
+  const RmspropHyper h{.alpha = 1.5};
+  Model m = MakeModel(h, h);
+  const std::vector<RmspropHyper> groups = {h, h};
+  EXPECT_NO_THROW(RmspropStep(groups, m.segments()));
+}
+
+TEST(Validation, AdagradNegativeLrDecay) {
+  ExpectBadGroup(AdagradHyper{.lr_decay = -0.5}, {"lr_decay", "-0.5"});
+}
+
+TEST(Validation, AdagradNegativeInitialAccumulatorValue) {
+  ExpectBadGroup(AdagradHyper{.initial_accumulator_value = -0.5},
+                 {"initial_accumulator_value", "-0.5"});
+}
+
+TEST(Validation, SegmentGroupOutOfRange) {
+  Model m = MakeModel(AdamHyper{}, AdamHyper{});
+  m.segment(2).group = 5;
+  const std::vector<AdamHyper> groups = {AdamHyper{}, AdamHyper{}};
+  ExpectRejected(m, [&] { AdamStep(groups, m.segments()); },
+                 {"AdamStep", "segment 2", "group 5", "2 groups"});
+}
+
+TEST(Validation, SegmentGroupEqualToGroupCount) {
+  Model m = MakeModel(SgdHyper{}, SgdHyper{});
+  const std::vector<SgdHyper> groups = {SgdHyper{}};  // segment 2 is in group 1
+  ExpectRejected(m, [&] { SgdStep(groups, m.segments()); }, {"segment 2", "group 1", "1 groups"});
+}
+
+TEST(Validation, NullParam) {
+  Model m = MakeModel(AdamHyper{}, AdamHyper{});
+  m.segment(2).param = nullptr;
+  const std::vector<AdamHyper> groups(2);
+  ExpectRejected(m, [&] { AdamStep(groups, m.segments()); }, {"segment 2", "param", "null", "64"});
+}
+
+TEST(Validation, NullGrad) {
+  Model m = MakeModel(SgdHyper{}, SgdHyper{});
+  m.segment(2).grad = nullptr;
+  const std::vector<SgdHyper> groups(2);
+  ExpectRejected(m, [&] { SgdStep(groups, m.segments()); }, {"segment 2", "grad", "null", "64"});
+}
+
+// A segment with numel 0 may have null param, grad and states; the others are still updated.
+template <class Hyper>
+void ExpectEmptyNullSegmentAccepted(const Hyper& h) {
+  SCOPED_TRACE(StepName<Hyper>());
+  Model m = MakeModel(h, h);
+  Segment& empty = m.Add(0, 1, 0);
+  empty.param = nullptr;
+  empty.grad = nullptr;
+  const auto before = m.Snapshot();
+  const std::vector<Hyper> groups = {h, h};
+  EXPECT_NO_THROW(RawStep(std::span<const Hyper>(groups), m.segments()));
+  EXPECT_FALSE(m.Unchanged(before));
+}
+
+TEST(Validation, NullBuffersAreFineWithNumelZero) {
+  ExpectEmptyNullSegmentAccepted(SgdHyper{.lr = 0.1, .momentum = 0.9});
+  ExpectEmptyNullSegmentAccepted(AdamHyper{.amsgrad = true});
+  ExpectEmptyNullSegmentAccepted(AdamWHyper{});
+  ExpectEmptyNullSegmentAccepted(RmspropHyper{.momentum = 0.5, .centered = true});
+  ExpectEmptyNullSegmentAccepted(AdagradHyper{});
+}
+
+// Segment 2 lacks state[slot], which `h` requires.
+template <class Hyper>
+void ExpectMissingState(const Hyper& h, int slot, std::initializer_list<std::string> needles) {
+  SCOPED_TRACE(StepName<Hyper>());
+  ASSERT_NE(RequiredStates(h) >> slot & 1u, 0u);
+  Model m = MakeModel(h, h);
+  m.segment(2).state[slot] = nullptr;
+  const std::vector<Hyper> groups = {h, h};
+  std::vector<std::string> all(needles);
+  all.emplace_back("segment 2");
+  all.emplace_back("state[" + std::to_string(slot) + "]");
+  ExpectRejected(
+      m, [&] { RawStep(std::span<const Hyper>(groups), m.segments()); }, all);
+}
+
+TEST(Validation, MissingState) {
+  ExpectMissingState(AdamHyper{}, kExpAvg, {"exp_avg"});
+  ExpectMissingState(AdamHyper{}, kExpAvgSq, {"exp_avg_sq"});
+  ExpectMissingState(AdamHyper{.amsgrad = true}, kMaxExpAvgSq, {"max_exp_avg_sq"});
+  ExpectMissingState(AdamWHyper{}, kExpAvgSq, {"exp_avg_sq"});
+  ExpectMissingState(AdamWHyper{.amsgrad = true}, kMaxExpAvgSq, {"max_exp_avg_sq"});
+  ExpectMissingState(SgdHyper{.momentum = 0.9}, kMomentumBuffer, {"momentum_buffer"});
+  ExpectMissingState(RmspropHyper{}, kSquareAvg, {"square_avg"});
+  ExpectMissingState(RmspropHyper{.centered = true}, kGradAvg, {"grad_avg"});
+  ExpectMissingState(RmspropHyper{.momentum = 0.5}, kRmspropMomentumBuffer, {"momentum_buffer"});
+  ExpectMissingState(AdagradHyper{}, kSum, {"sum"});
+}
+
+// The required slots come from each segment's own group.
+TEST(Validation, MissingStateIsCheckedAgainstTheSegmentsGroup) {
+  {
+    const std::vector<AdamHyper> groups = {AdamHyper{}, AdamHyper{.amsgrad = true}};
+    Model m = MakeModel(groups[0], groups[1]);
+    m.segment(2).state[kMaxExpAvgSq] = nullptr;
+    ExpectRejected(m, [&] { AdamStep(groups, m.segments()); }, {"segment 2", "max_exp_avg_sq"});
+  }
+  {
+    const std::vector<SgdHyper> groups = {SgdHyper{}, SgdHyper{.momentum = 0.9}};
+    Model m = MakeModel(groups[0], groups[1]);
+    m.segment(2).state[kMomentumBuffer] = nullptr;
+    ExpectRejected(m, [&] { SgdStep(groups, m.segments()); }, {"segment 2", "momentum_buffer"});
+  }
+  {
+    // Segment 2's group needs no max_exp_avg_sq, although group 0 does.
+    const std::vector<AdamHyper> groups = {AdamHyper{.amsgrad = true}, AdamHyper{}};
+    Model m = MakeModel(groups[0], groups[1]);
+    ASSERT_EQ(m.segment(2).state[kMaxExpAvgSq], nullptr);
+    EXPECT_NO_THROW(AdamStep(groups, m.segments()));
+  }
+}
+
+TEST(Validation, StatesNotRequiredMayBeNull) {
+  {
+    Model m = MakeModel(AdamHyper{}, AdamHyper{});  // no max_exp_avg_sq without amsgrad
+    const std::vector<AdamHyper> groups(2);
+    EXPECT_NO_THROW(AdamStep(groups, m.segments()));
+  }
+  {
+    Model m = MakeModel(SgdHyper{}, SgdHyper{});  // no momentum_buffer with momentum 0
+    const std::vector<SgdHyper> groups(2);
+    EXPECT_NO_THROW(SgdStep(groups, m.segments()));
+  }
+  {
+    Model m = MakeModel(RmspropHyper{}, RmspropHyper{});  // square_avg only
+    const std::vector<RmspropHyper> groups(2);
+    EXPECT_NO_THROW(RmspropStep(groups, m.segments()));
+  }
+}
+
+TEST(Validation, MasterCopyWithF32Param) {
+  Model m = MakeModel(AdamHyper{}, AdamHyper{});
+  m.segment(2).master = m.NewBuffer(64);
+  const std::vector<AdamHyper> groups(2);
+  ExpectRejected(m, [&] { AdamStep(groups, m.segments()); }, {"segment 2", "master", "f32"});
+}
+
+TEST(Validation, StepZero) {
+  Model m = MakeModel(AdamHyper{}, AdamHyper{});
+  m.segment(2).step = 0;
+  const std::vector<AdamHyper> groups(2);
+  ExpectRejected(m, [&] { AdamStep(groups, m.segments()); }, {"segment 2", "step: 0"});
+}
+
+TEST(Validation, NegativeStep) {
+  Model m = MakeModel(SgdHyper{.momentum = 0.9}, SgdHyper{.momentum = 0.9});
+  m.segment(2).step = -3;
+  const std::vector<SgdHyper> groups(2, SgdHyper{.momentum = 0.9});
+  ExpectRejected(m, [&] { SgdStep(groups, m.segments()); }, {"segment 2", "step", "-3"});
+}
+
+TEST(Validation, InvalidDTypeCode) {
+  const auto bad = static_cast<DType>(7);
+  for (int field = 0; field < 3; ++field) {
+    SCOPED_TRACE(field);
+    Model m = MakeModel(AdamHyper{}, AdamHyper{});
+    Segment& s = m.segment(2);
+    (field == 0 ? s.param_dtype : field == 1 ? s.grad_dtype : s.state_dtype) = bad;
+    const std::vector<AdamHyper> groups(2);
+    ExpectRejected(m, [&] { AdamStep(groups, m.segments()); }, {"segment 2", "dtype", "7"});
+  }
+}
+
+TEST(Validation, SegmentsWithNoGroups) {
+  Model m = MakeModel(AdamHyper{}, AdamHyper{});
+  ExpectRejected(m, [&] { AdamStep({}, m.segments()); }, {"AdamStep", "no groups", "3 segments"});
+  ExpectRejected(m, [&] { SgdStep({}, m.segments()); }, {"SgdStep", "no groups"});
+  ExpectRejected(m, [&] { AdamWStep({}, m.segments()); }, {"AdamWStep", "no groups"});
+  ExpectRejected(m, [&] { RmspropStep({}, m.segments()); }, {"RmspropStep", "no groups"});
+  ExpectRejected(m, [&] { AdagradStep({}, m.segments()); }, {"AdagradStep", "no groups"});
+}
+
+TEST(Validation, NothingToDoIsAccepted) {
+  EXPECT_NO_THROW(AdamStep({}, {}));
+  const std::vector<SgdHyper> groups(1);
+  EXPECT_NO_THROW(SgdStep(groups, {}));
+}
+
+TEST(Validation, RuntimeNegativeThreads) {
+  try {
+    Runtime r(-1);
+    ADD_FAILURE() << "Runtime(-1) did not throw";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("num_threads"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("-1"), std::string::npos) << msg;
+  }
+  Runtime r(3);
+  EXPECT_THROW(r.set_num_threads(-2), Error);
+  EXPECT_EQ(r.num_threads(), 3);  // a rejected setting changes nothing
+  EXPECT_GE(Runtime(0).num_threads(), 1);
+}
+
+TEST(Validation, ForceTargetUnknownName) {
+  const std::string active = ActiveTargetName();
+  try {
+    ForceTarget("NOPE");
+    ADD_FAILURE() << "ForceTarget(\"NOPE\") did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("NOPE"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ActiveTargetName(), active);
+}
+
+TEST(Validation, ConvertBufferNullWithElements) {
+  std::vector<float> src(100, 1.5f);
+  std::vector<std::uint16_t> dst(100, 0x1234);
+  const std::vector<std::uint16_t> before = dst;
+  try {
+    ConvertBuffer(nullptr, DType::kF32, dst.data(), DType::kBF16, dst.size());
+    ADD_FAILURE() << "null src did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("100"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ConvertBuffer(src.data(), DType::kF32, nullptr, DType::kBF16, src.size()), Error);
+  EXPECT_EQ(dst, before);
+  EXPECT_NO_THROW(ConvertBuffer(nullptr, DType::kF32, nullptr, DType::kBF16, 0));
+}
+
+TEST(Validation, ConvertBufferInvalidDType) {
+  std::vector<float> src(16, 1.5f);
+  std::vector<float> dst(16, 2.0f);
+  EXPECT_THROW(ConvertBuffer(src.data(), static_cast<DType>(7), dst.data(), DType::kF32, 16),
+               Error);
+  EXPECT_THROW(ConvertBuffer(src.data(), DType::kF32, dst.data(), static_cast<DType>(7), 16),
+               Error);
+  EXPECT_EQ(dst, std::vector<float>(16, 2.0f));
+}
+
+TEST(Validation, RequiredStates) {
+  EXPECT_EQ(RequiredStates(SgdHyper{}), 0u);
+  EXPECT_EQ(RequiredStates(SgdHyper{.momentum = 0.9}), 0b001u);
+  EXPECT_EQ(RequiredStates(SgdHyper{.momentum = 0.9, .nesterov = true}), 0b001u);
+
+  EXPECT_EQ(RequiredStates(AdamHyper{}), 0b011u);
+  EXPECT_EQ(RequiredStates(AdamHyper{.amsgrad = true}), 0b111u);
+  EXPECT_EQ(RequiredStates(AdamHyper{.decoupled_weight_decay = true}), 0b011u);
+  EXPECT_EQ(RequiredStates(AdamWHyper{}), 0b011u);
+  EXPECT_EQ(RequiredStates(AdamWHyper{.amsgrad = true}), 0b111u);
+
+  EXPECT_EQ(RequiredStates(RmspropHyper{}), 0b001u);
+  EXPECT_EQ(RequiredStates(RmspropHyper{.momentum = 0.5}), 0b011u);
+  EXPECT_EQ(RequiredStates(RmspropHyper{.centered = true}), 0b101u);
+  EXPECT_EQ(RequiredStates(RmspropHyper{.momentum = 0.5, .centered = true}), 0b111u);
+
+  EXPECT_EQ(RequiredStates(AdagradHyper{}), 0b001u);
+  EXPECT_EQ(RequiredStates(AdagradHyper{.initial_accumulator_value = 0.1}), 0b001u);
+}
+
+}  // namespace
+}  // namespace fusedopt

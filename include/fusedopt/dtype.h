@@ -1,8 +1,10 @@
-// Storage types of parameters, gradients and optimizer state, and the exact conversions between them.
+// Storage types of parameters, gradients and optimizer state, and the exact conversions between
+// them.
 //
-// Math always runs in f32. Loads from f16/bf16 are exact; stores round to nearest even with our own integer
-// code, because Highway 1.0.3's bf16 demotion (and f16 demotion off F16C) truncates. The SIMD stores in
-// src/cpu/io-inl.h implement the same bit-level rules; tests check them against these functions.
+// Math always runs in f32. Loads from f16/bf16 are exact; stores round to nearest even with our own
+// integer code, because Highway 1.0.3's bf16 demotion (and f16 demotion off F16C) truncates. The
+// SIMD stores in src/cpu/io-inl.h implement the same bit-level rules; tests check them against
+// these functions.
 #pragma once
 
 #include <bit>
@@ -42,8 +44,8 @@ inline constexpr bool ParseDType(std::string_view name, DType* out) {
 // bf16 is the top half of an f32: widening is a shift.
 inline float BF16ToF32(std::uint16_t h) { return std::bit_cast<float>(std::uint32_t{h} << 16); }
 
-// f32 -> bf16, round to nearest even. NaN stays a quiet NaN with its sign (plain truncation could turn a
-// NaN whose payload lies in the low 16 bits into Inf).
+// f32 -> bf16, round to nearest even. NaN stays a quiet NaN with its sign (plain truncation could
+// turn a NaN whose payload lies in the low 16 bits into Inf).
 inline std::uint16_t F32ToBF16(float f) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
@@ -70,9 +72,11 @@ inline std::uint16_t F32ToF16(float f) {
   std::uint32_t h;
   if (a > 0x7F800000u) {
     h = 0x7E00u;
-  } else if (a >= 0x47800000u) {  // >= 65536: Inf (65520..65535 round up to Inf in the normal branch)
+  } else if (a >=
+             0x47800000u) {  // >= 65536: Inf (65520..65535 round up to Inf in the normal branch)
     h = 0x7C00u;
-  } else if (a >= 0x38800000u) {  // f16 normal range: rebias the exponent, round the 13 dropped bits
+  } else if (a >=
+             0x38800000u) {  // f16 normal range: rebias the exponent, round the 13 dropped bits
     h = (a - 0x38000000u + 0x0FFFu + ((a >> 13) & 1u)) >> 13;
   } else {
     // Subnormal or zero: adding 0.5 makes the FPU round |f| to a multiple of 2^-24 (nearest even);

@@ -1,5 +1,5 @@
-// The one exception type of the public API: a rejected call names the offending argument and value, and has
-// changed nothing.
+// The one exception type of the public API: a rejected call names the offending argument and value,
+// and has changed nothing.
 #pragma once
 
 #include <stdexcept>

@@ -1,6 +1,6 @@
-// Hyper-parameters of each optimizer, one struct per parameter group, with torch.optim's names and defaults
-// (shared/docs/torch-semantics.md §2). The index of each algorithm's state buffers in Segment::state is
-// given next to its struct, named after torch's state_dict keys.
+// Hyper-parameters of each optimizer, one struct per parameter group, with torch.optim's names and
+// defaults (shared/docs/torch-semantics.md §2). The index of each algorithm's state buffers in
+// Segment::state is given next to its struct, named after torch's state_dict keys.
 #pragma once
 
 namespace fusedopt {
@@ -41,7 +41,8 @@ struct AdamWHyper {
   bool maximize = false;
 
   AdamHyper ToAdam() const {
-    return {lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, /*decoupled_weight_decay=*/true};
+    return {lr,           beta1,   beta2,    eps,
+            weight_decay, amsgrad, maximize, /*decoupled_weight_decay=*/true};
   }
 };
 
@@ -58,8 +59,8 @@ struct RmspropHyper {
 };
 enum RmspropState : int { kSquareAvg = 0, kRmspropMomentumBuffer = 1, kGradAvg = 2 };
 
-// torch.optim.Adagrad. State: sum, which the caller fills with initial_accumulator_value before the first
-// step (torch does so eagerly in the constructor; the Optimizer layer does it for you).
+// torch.optim.Adagrad. State: sum, which the caller fills with initial_accumulator_value before the
+// first step (torch does so eagerly in the constructor; the Optimizer layer does it for you).
 struct AdagradHyper {
   double lr = 1e-2;
   double lr_decay = 0.0;

@@ -1,7 +1,7 @@
-// Optimizer classes for C++ users who let fusedopt own the memory: every tensor's param, grad, state and
-// optional f32 master live in 64-byte-aligned flat arenas, laid out group by group, so a group's params (and
-// grads) are one contiguous range and ZeroGrad is one memset. Step counts are kept per tensor, as
-// torch.optim keeps state['step'].
+// Optimizer classes for C++ users who let fusedopt own the memory: every tensor's param, grad,
+// state and optional f32 master live in 64-byte-aligned flat arenas, laid out group by group, so a
+// group's params (and grads) are one contiguous range and ZeroGrad is one memset. Step counts are
+// kept per tensor, as torch.optim keeps state['step'].
 //
 //   fusedopt::AdamW opt({fusedopt::AdamWHyper{.lr = 1e-3}}, {{.numel = 4096}, {.numel = 64}});
 //   std::span<float> w = opt.storage().params<float>(0);   // fill params, then per iteration:
@@ -42,13 +42,14 @@ struct StorageOptions {
 class FlatStorage {
  public:
   // state_slots: bit i set allocates Segment::state[i] for every tensor (see RequiredStates).
-  FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_groups, const StorageOptions& options,
-              unsigned state_slots);
+  FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_groups,
+              const StorageOptions& options, unsigned state_slots);
 
   std::size_t num_tensors() const { return segments_.size(); }
   std::size_t total_numel() const { return total_numel_; }
   const StorageOptions& options() const { return options_; }
-  // Segment i describes tensor i (the order given to the constructor); its step field is not used here.
+  // Segment i describes tensor i (the order given to the constructor); its step field is not used
+  // here.
   std::span<const Segment> segments() const { return segments_; }
 
   // Typed views; T must have the size of the dtype (float for f32, std::uint16_t for f16/bf16).
@@ -60,8 +61,12 @@ class FlatStorage {
   std::span<T> grads(std::size_t tensor) {
     return View<T>(const_cast<void*>(segments_.at(tensor).grad), options_.grad_dtype, tensor);
   }
+  // Throws fusedopt::Error for a slot outside [0, kMaxStates) or one that is not allocated.
   template <class T>
   std::span<T> state(std::size_t tensor, int slot) {
+    if (slot < 0 || slot >= kMaxStates || segments_.at(tensor).state[slot] == nullptr) {
+      throw Error("FlatStorage: state slot " + std::to_string(slot) + " is not allocated");
+    }
     return View<T>(segments_.at(tensor).state[slot], options_.state_dtype, tensor);
   }
   std::span<float> master(std::size_t tensor);
@@ -71,6 +76,9 @@ class FlatStorage {
   void* flat_params() { return params_.get(); }
 
   void ZeroGrad();
+  // Allocates (zero-filled) the state slots in `slots` (bit i: Segment::state[i]) that are not
+  // allocated yet.
+  void AllocateStates(unsigned slots);
   // Copies params into the master copy (done for each tensor before its first step).
   void SyncMaster(std::size_t tensor);
 
@@ -84,8 +92,8 @@ class FlatStorage {
   template <class T>
   std::span<T> View(void* data, DType dtype, std::size_t tensor) {
     if (sizeof(T) != DTypeSize(dtype)) {
-      throw Error("FlatStorage: element size " + std::to_string(sizeof(T)) + " does not match dtype " +
-                  std::string(DTypeName(dtype)));
+      throw Error("FlatStorage: element size " + std::to_string(sizeof(T)) +
+                  " does not match dtype " + std::string(DTypeName(dtype)));
     }
     return {static_cast<T*>(data), segments_.at(tensor).numel};
   }
@@ -101,11 +109,13 @@ class FlatStorage {
 template <class Hyper>
 class Optimizer {
  public:
-  // Every tensor's group must index `groups`. Throws fusedopt::Error on invalid hyper-parameters or specs.
+  // Every tensor's group must index `groups`. Throws fusedopt::Error on invalid hyper-parameters or
+  // specs.
   Optimizer(std::vector<Hyper> groups, std::vector<TensorSpec> tensors, StorageOptions options = {},
             Runtime& runtime = DefaultRuntime());
 
-  // Live hyper-parameters: edit them between steps (schedules); the next step validates them.
+  // Live hyper-parameters: edit them between steps (schedules); the next step validates them, and
+  // allocates (zero-filled) any state a new setting needs, e.g. amsgrad switched on.
   Hyper& group(std::size_t g) { return groups_.at(g); }
   std::size_t num_groups() const { return groups_.size(); }
   FlatStorage& storage() { return storage_; }
@@ -114,13 +124,18 @@ class Optimizer {
   void ZeroGrad() { storage_.ZeroGrad(); }
   // Updates every tensor.
   void Step();
-  // Updates only the listed tensors (the others have no gradient this step: no update, no step count).
+  // Updates only the listed tensors (the others have no gradient this step: no update, no step
+  // count).
   void Step(std::span<const std::size_t> tensors);
 
  private:
   std::vector<Hyper> groups_;
   FlatStorage storage_;
   std::vector<std::int64_t> steps_;
+  // SGD only: steps taken with a momentum buffer, so a buffer starts as a copy of the gradient on
+  // its own first step, also when momentum is switched on later (torch's `momentum_buffer is
+  // None`).
+  std::vector<std::int64_t> buffer_steps_;
   Runtime* runtime_;
 };
 

@@ -1,8 +1,9 @@
-// Execution settings of the fused engine: thread count and the SIMD targets dispatch may choose from.
+// Execution settings of the fused engine: thread count and the SIMD targets dispatch may choose
+// from.
 //
-// Results never depend on these settings: the element range is cut into chunks whose edges depend only on
-// the sizes, and every element is computed by the same code on every thread. Only FMA vs non-FMA targets
-// differ in the last bits (documented in docs/numerics.md).
+// Results never depend on these settings: the element range is cut into chunks whose edges depend
+// only on the sizes, and every element is computed by the same code on every thread. Only FMA vs
+// non-FMA targets differ in the last bits (documented in docs/numerics.md).
 #pragma once
 
 #include <cstddef>
@@ -11,7 +12,8 @@
 
 namespace fusedopt {
 
-// Elements per work unit: a multiple of 256 so chunk edges are cache-line aligned for every dtype and vector.
+// Elements per work unit: a multiple of 256 so chunk edges are cache-line aligned for every dtype
+// and vector.
 inline constexpr std::size_t kGrainElements = 32768;
 
 class Runtime {
@@ -30,13 +32,15 @@ class Runtime {
 // The process-wide runtime used when a step is given none.
 Runtime& DefaultRuntime();
 
-// Names of the SIMD targets this build compiled that this CPU supports, best first (e.g. "AVX2", "SSE4").
+// Names of the SIMD targets this build compiled that this CPU supports, best first (e.g. "AVX2",
+// "SSE4").
 std::vector<std::string> AvailableTargets();
 // Name of the target the next step will run on.
 std::string ActiveTargetName();
-// Restricts dispatch to the named target (one of AvailableTargets()); an empty name restores the default
-// (best available, minus any listed in the environment variable FOPT_DISABLE_TARGETS, comma-separated).
-// Process-wide: meant for tests and benchmarks, not for concurrent use with running steps.
+// Restricts dispatch to the named target (one of AvailableTargets()); an empty name restores the
+// default (best available, minus any listed in the environment variable FOPT_DISABLE_TARGETS,
+// comma-separated). Process-wide: meant for tests and benchmarks, not for concurrent use with
+// running steps.
 void ForceTarget(const std::string& name);
 
 }  // namespace fusedopt

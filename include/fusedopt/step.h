@@ -1,14 +1,15 @@
 // The fused step over raw buffers: one call updates every parameter tensor of a model in one
 // multi-threaded, vectorized pass ("multi-tensor apply").
 //
-// A model's parameters are described by Segments, one per tensor. The engine concatenates their element
-// ranges, cuts the total into kGrainElements chunks and hands the chunks to threads statically, so 83 small
-// tensors cost the same as one flat buffer and results are identical for any thread count.
+// A model's parameters are described by Segments, one per tensor. The engine concatenates their
+// element ranges, cuts the total into kGrainElements chunks and hands the chunks to threads
+// statically, so 83 small tensors cost the same as one flat buffer and results are identical for
+// any thread count.
 //
-// The core keeps no optimizer objects: the caller owns the buffers and the per-tensor step counters (the
-// Optimizer classes in optimizer.h do this for C++ users; the PyTorch adapter keeps them in `state`).
-// Scalar coefficients (bias corrections, lr/bc1, ...) are computed in double per tensor and rounded to f32
-// once, as torch.optim does.
+// The core keeps no optimizer objects: the caller owns the buffers and the per-tensor step counters
+// (the Optimizer classes in optimizer.h do this for C++ users; the PyTorch adapter keeps them in
+// `state`). Scalar coefficients (bias corrections, lr/bc1, ...) are computed in double per tensor
+// and rounded to f32 once, as torch.optim does.
 #pragma once
 
 #include <cstddef>
@@ -26,23 +27,24 @@ inline constexpr int kMaxStates = 3;
 // One parameter tensor. Pointers need no alignment; buffers of different segments must not overlap.
 struct Segment {
   void* param = nullptr;
-  const void* grad = nullptr;   // read only
+  const void* grad = nullptr;    // read only
   void* state[kMaxStates] = {};  // indexed by <Algo>State (hyper.h); unused entries stay null
-  // Optional f32 master copy of a 16-bit param: the update runs on it and the param receives its rounding.
+  // Optional f32 master copy of a 16-bit param: the update runs on it and the param receives its
+  // rounding.
   float* master = nullptr;
   std::size_t numel = 0;
   DType param_dtype = DType::kF32;
   DType grad_dtype = DType::kF32;
   DType state_dtype = DType::kF32;  // dtype of all state buffers of this segment
   std::uint32_t group = 0;          // index into the groups span of the step call
-  // The step being taken, counted per tensor as torch's state['step']: 1 on this tensor's first update.
-  // Adam/RMSprop/Adagrad use it for bias correction and lr decay; SGD copies the gradient into a fresh
-  // momentum buffer when it is 1.
+  // The step being taken, counted per tensor as torch's state['step']: 1 on this tensor's first
+  // update. Adam/RMSprop/Adagrad use it for bias correction and lr decay; SGD copies the gradient
+  // into a fresh momentum buffer when it is 1.
   std::int64_t step = 1;
 };
 
-// Each call validates all groups and segments first and throws fusedopt::Error (naming the segment or group,
-// the field and its value) without touching any buffer; then it updates every segment.
+// Each call validates all groups and segments first and throws fusedopt::Error (naming the segment
+// or group, the field and its value) without touching any buffer; then it updates every segment.
 void SgdStep(std::span<const SgdHyper> groups, std::span<const Segment> segments,
              Runtime& runtime = DefaultRuntime());
 void AdamStep(std::span<const AdamHyper> groups, std::span<const Segment> segments,

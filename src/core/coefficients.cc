@@ -41,7 +41,8 @@ AdamScalars MakeAdamScalars(const AdamHyper& h, std::int64_t step) {
       .beta1_lerp = MakeLerp(1.0 - h.beta1),
       .beta2 = static_cast<float>(h.beta2),
       .one_minus_beta2 = static_cast<float>(1.0 - h.beta2),
-      .bias_correction2_sqrt = static_cast<float>(std::pow(bias_correction2, 0.5)),  // Python's bc2**0.5
+      .bias_correction2_sqrt =
+          static_cast<float>(std::pow(bias_correction2, 0.5)),  // Python's bc2**0.5
       .eps = static_cast<float>(h.eps),
       .neg_step_size = static_cast<float>(-(h.lr / bias_correction1)),
       .coupled_weight_decay = !h.decoupled_weight_decay && h.weight_decay != 0.0,

@@ -1,5 +1,6 @@
-// Host-side coefficients of each update rule: computed in double from the group's hyper-parameters and the
-// tensor's step, then rounded to f32 once, where torch.optim rounds its Python-float scalars.
+// Host-side coefficients of each update rule: computed in double from the group's hyper-parameters
+// and the tensor's step, then rounded to f32 once, where torch.optim rounds its Python-float
+// scalars.
 #pragma once
 
 #include <cstdint>

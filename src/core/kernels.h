@@ -4,13 +4,14 @@
 
 #include <cstddef>
 
-#include "src/math/scalars.h"
 #include "src/core/plan.h"
+#include "src/math/scalars.h"
 
 namespace fusedopt {
 
 void RunSgdChunks(const StepPlan<SgdScalars>& plan, std::size_t chunk_begin, std::size_t chunk_end);
-void RunAdamChunks(const StepPlan<AdamScalars>& plan, std::size_t chunk_begin, std::size_t chunk_end);
+void RunAdamChunks(const StepPlan<AdamScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end);
 void RunRmspropChunks(const StepPlan<RmspropScalars>& plan, std::size_t chunk_begin,
                       std::size_t chunk_end);
 void RunAdagradChunks(const StepPlan<AdagradScalars>& plan, std::size_t chunk_begin,

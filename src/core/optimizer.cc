@@ -2,12 +2,17 @@
 
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace fusedopt {
 namespace {
 
-void ApplyStep(std::span<const SgdHyper> g, std::span<const Segment> s, Runtime& r) { SgdStep(g, s, r); }
-void ApplyStep(std::span<const AdamHyper> g, std::span<const Segment> s, Runtime& r) { AdamStep(g, s, r); }
+void ApplyStep(std::span<const SgdHyper> g, std::span<const Segment> s, Runtime& r) {
+  SgdStep(g, s, r);
+}
+void ApplyStep(std::span<const AdamHyper> g, std::span<const Segment> s, Runtime& r) {
+  AdamStep(g, s, r);
+}
 void ApplyStep(std::span<const AdamWHyper> g, std::span<const Segment> s, Runtime& r) {
   AdamWStep(g, s, r);
 }
@@ -18,7 +23,8 @@ void ApplyStep(std::span<const AdagradHyper> g, std::span<const Segment> s, Runt
   AdagradStep(g, s, r);
 }
 
-// torch creates Adagrad's sum eagerly, filled with initial_accumulator_value; all other states start at 0.
+// torch creates Adagrad's sum eagerly, filled with initial_accumulator_value; all other states
+// start at 0.
 template <class Hyper>
 float InitialStateValue(const Hyper& /*h*/) {
   return 0.0f;
@@ -57,19 +63,15 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].group >= num_groups) {
       throw Error("FlatStorage: tensor " + std::to_string(i) + ": group " +
-                  std::to_string(tensors[i].group) + " out of range (" + std::to_string(num_groups) +
-                  " groups)");
+                  std::to_string(tensors[i].group) + " out of range (" +
+                  std::to_string(num_groups) + " groups)");
     }
   }
   const std::size_t param_size = DTypeSize(options.param_dtype);
   const std::size_t grad_size = DTypeSize(options.grad_dtype);
-  const std::size_t state_size = DTypeSize(options.state_dtype);
   params_ = Allocate(total_numel_ * param_size);
   grads_ = Allocate(total_numel_ * grad_size);
   if (options.master_weights) master_ = Allocate(total_numel_ * sizeof(float));
-  for (int slot = 0; slot < kMaxStates; ++slot) {
-    if ((state_slots >> slot & 1u) != 0) states_[slot] = Allocate(total_numel_ * state_size);
-  }
   segments_.resize(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     Segment& s = segments_[i];
@@ -82,8 +84,21 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
     s.param = params_.get() + o * param_size;
     s.grad = grads_.get() + o * grad_size;
     if (master_) s.master = reinterpret_cast<float*>(master_.get()) + o;
-    for (int slot = 0; slot < kMaxStates; ++slot) {
-      if (states_[slot]) s.state[slot] = states_[slot].get() + o * state_size;
+  }
+  AllocateStates(state_slots);
+}
+
+void FlatStorage::AllocateStates(unsigned slots) {
+  const std::size_t state_size = DTypeSize(options_.state_dtype);
+  for (int slot = 0; slot < kMaxStates; ++slot) {
+    if ((slots >> slot & 1u) == 0 || states_[slot] || total_numel_ == 0) continue;
+    states_[slot] = Allocate(total_numel_ * state_size);
+    // Offsets in the state arena are those in the param arena.
+    for (Segment& s : segments_) {
+      const auto offset =
+          static_cast<std::size_t>(static_cast<std::byte*>(s.param) - params_.get()) /
+          DTypeSize(options_.param_dtype);
+      s.state[slot] = states_[slot].get() + offset * state_size;
     }
   }
 }
@@ -117,6 +132,7 @@ Optimizer<Hyper>::Optimizer(std::vector<Hyper> groups, std::vector<TensorSpec> t
     : groups_(std::move(groups)),
       storage_(tensors, groups_.size(), options, AllRequiredStates(groups_)),
       steps_(tensors.size(), 0),
+      buffer_steps_(tensors.size(), 0),
       runtime_(&runtime) {
   // Validate the hyper-parameters now rather than at the first step.
   ApplyStep(std::span<const Hyper>(groups_), {}, *runtime_);
@@ -137,26 +153,38 @@ void Optimizer<Hyper>::Step() {
 
 template <class Hyper>
 void Optimizer<Hyper>::Step(std::span<const std::size_t> tensors) {
-  std::vector<Segment> segments;
-  segments.reserve(tensors.size());
   std::vector<bool> seen(storage_.num_tensors(), false);
   for (std::size_t t : tensors) {
     if (t >= storage_.num_tensors()) {
       throw Error("Optimizer::Step: tensor index " + std::to_string(t) + " out of range (" +
                   std::to_string(storage_.num_tensors()) + " tensors)");
     }
-    if (seen[t]) throw Error("Optimizer::Step: tensor index " + std::to_string(t) + " listed twice");
+    if (seen[t])
+      throw Error("Optimizer::Step: tensor index " + std::to_string(t) + " listed twice");
     seen[t] = true;
+  }
+  // Validate the (live) hyper-parameters before anything is written.
+  ApplyStep(std::span<const Hyper>(groups_), {}, *runtime_);
+  storage_.AllocateStates(AllRequiredStates(groups_));
+  std::vector<Segment> segments;
+  segments.reserve(tensors.size());
+  for (std::size_t t : tensors) {
     segments.push_back(storage_.segments()[t]);
     segments.back().step = steps_[t] + 1;
-  }
-  // Masters are seeded from the params the user wrote before the tensor's first step; a failed step below
-  // leaves them equal to the params, so nothing observable changes.
-  for (std::size_t t : tensors) {
+    if constexpr (std::is_same_v<Hyper, SgdHyper>) {
+      if (groups_[segments.back().group].momentum != 0.0)
+        segments.back().step = buffer_steps_[t] + 1;
+    }
+    // Masters are seeded from the params the user wrote before the tensor's first step.
     if (steps_[t] == 0) storage_.SyncMaster(t);
   }
   ApplyStep(std::span<const Hyper>(groups_), segments, *runtime_);
-  for (std::size_t t : tensors) ++steps_[t];
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    ++steps_[tensors[i]];
+    if constexpr (std::is_same_v<Hyper, SgdHyper>) {
+      if (groups_[segments[i].group].momentum != 0.0) ++buffer_steps_[tensors[i]];
+    }
+  }
 }
 
 template class Optimizer<SgdHyper>;

@@ -8,7 +8,8 @@ namespace fusedopt {
 
 void ParallelForChunks(std::size_t num_chunks, int num_threads,
                        const std::function<void(std::size_t, std::size_t)>& body) {
-  const auto threads = static_cast<int>(std::min<std::size_t>(std::max(num_threads, 1), num_chunks));
+  const auto threads =
+      static_cast<int>(std::min<std::size_t>(std::max(num_threads, 1), num_chunks));
   if (threads <= 1) {
     body(0, num_chunks);
     return;

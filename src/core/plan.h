@@ -1,7 +1,7 @@
-// How one step's work is cut up: the segments' element ranges are concatenated into one index space, cut
-// into kGrainElements chunks, and each chunk is walked as pieces of the segments it overlaps. Chunk edges
-// depend only on the sizes, never on the thread count, so every element is computed the same way on any
-// number of threads.
+// How one step's work is cut up: the segments' element ranges are concatenated into one index
+// space, cut into kGrainElements chunks, and each chunk is walked as pieces of the segments it
+// overlaps. Chunk edges depend only on the sizes, never on the thread count, so every element is
+// computed the same way on any number of threads.
 #pragma once
 
 #include <algorithm>
@@ -30,16 +30,18 @@ class ChunkPlan {
   std::size_t total() const { return starts_.back(); }
   std::size_t num_chunks() const { return (total() + kGrainElements - 1) / kGrainElements; }
 
-  // Calls piece(segment_index, begin, end) for each non-empty part of chunks [chunk_begin, chunk_end),
-  // with begin/end local to the segment.
+  // Calls piece(segment_index, begin, end) for each non-empty part of chunks [chunk_begin,
+  // chunk_end), with begin/end local to the segment.
   template <class Piece>
   void ForEachPiece(std::size_t chunk_begin, std::size_t chunk_end, const Piece& piece) const {
     const std::size_t lo = chunk_begin * kGrainElements;
     const std::size_t hi = std::min(chunk_end * kGrainElements, total());
     if (lo >= hi) return;
     // Last segment starting at or before lo (empty segments share a start; skip them below).
-    std::size_t s = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end() - 1, lo) -
-                                             starts_.begin()) - 1;
+    std::size_t s =
+        static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end() - 1, lo) -
+                                 starts_.begin()) -
+        1;
     for (; s < segments_.size() && starts_[s] < hi; ++s) {
       const std::size_t seg_lo = std::max(lo, starts_[s]);
       const std::size_t seg_hi = std::min(hi, starts_[s + 1]);

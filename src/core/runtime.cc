@@ -24,7 +24,8 @@ std::int64_t TargetBit(const std::string& name) {
   return 0;
 }
 
-// Applies FOPT_DISABLE_TARGETS once, then records what is left: the targets tests and benchmarks may force.
+// Applies FOPT_DISABLE_TARGETS once, then records what is left: the targets tests and benchmarks
+// may force.
 const std::vector<std::string>& Available() {
   static const std::vector<std::string> names = [] {
     if (const char* env = std::getenv("FOPT_DISABLE_TARGETS")) {

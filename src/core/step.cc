@@ -1,5 +1,5 @@
-// The public step functions: validate everything, compute each segment's coefficients in double, then run
-// the kernel over all chunks in one parallel region.
+// The public step functions: validate everything, compute each segment's coefficients in double,
+// then run the kernel over all chunks in one parallel region.
 
 #include "fusedopt/step.h"
 
@@ -33,11 +33,14 @@ void RunStep(std::string_view fn, std::span<const Hyper> groups, std::span<const
 
 }  // namespace
 
-void SgdStep(std::span<const SgdHyper> groups, std::span<const Segment> segments, Runtime& runtime) {
-  RunStep<SgdScalars>("SgdStep", groups, segments, kSgdStates, runtime, MakeSgdScalars, RunSgdChunks);
+void SgdStep(std::span<const SgdHyper> groups, std::span<const Segment> segments,
+             Runtime& runtime) {
+  RunStep<SgdScalars>("SgdStep", groups, segments, kSgdStates, runtime, MakeSgdScalars,
+                      RunSgdChunks);
 }
 
-void AdamStep(std::span<const AdamHyper> groups, std::span<const Segment> segments, Runtime& runtime) {
+void AdamStep(std::span<const AdamHyper> groups, std::span<const Segment> segments,
+              Runtime& runtime) {
   RunStep<AdamScalars>("AdamStep", groups, segments, kAdamStates, runtime, MakeAdamScalars,
                        RunAdamChunks);
 }
@@ -47,8 +50,8 @@ void AdamWStep(std::span<const AdamWHyper> groups, std::span<const Segment> segm
   std::vector<AdamHyper> adam;
   adam.reserve(groups.size());
   for (const AdamWHyper& h : groups) adam.push_back(h.ToAdam());
-  RunStep<AdamScalars>("AdamWStep", std::span<const AdamHyper>(adam), segments, kAdamStates, runtime,
-                       MakeAdamScalars, RunAdamChunks);
+  RunStep<AdamScalars>("AdamWStep", std::span<const AdamHyper>(adam), segments, kAdamStates,
+                       runtime, MakeAdamScalars, RunAdamChunks);
 }
 
 void RmspropStep(std::span<const RmspropHyper> groups, std::span<const Segment> segments,

@@ -19,8 +19,10 @@ template <class... Args>
 }
 
 // `!(x >= lo)` also rejects NaN.
-void RequireAtLeast(std::string_view fn, std::size_t group, const char* name, double value, double lo) {
-  if (!(value >= lo)) Fail(fn, "group ", group, ": invalid ", name, ": ", value, " (must be >= ", lo, ")");
+void RequireAtLeast(std::string_view fn, std::size_t group, const char* name, double value,
+                    double lo) {
+  if (!(value >= lo))
+    Fail(fn, "group ", group, ": invalid ", name, ": ", value, " (must be >= ", lo, ")");
 }
 
 void RequireBeta(std::string_view fn, std::size_t group, const char* name, double value) {
@@ -39,8 +41,9 @@ void ValidateHyper(std::string_view fn, std::size_t group, const SgdHyper& h) {
   RequireAtLeast(fn, group, "weight_decay", h.weight_decay, 0.0);
   if (!std::isfinite(h.dampening)) Fail(fn, "group ", group, ": invalid dampening: ", h.dampening);
   if (h.nesterov && (h.momentum <= 0.0 || h.dampening != 0.0)) {
-    Fail(fn, "group ", group, ": Nesterov momentum requires a momentum and zero dampening (momentum ",
-         h.momentum, ", dampening ", h.dampening, ")");
+    Fail(fn, "group ", group,
+         ": Nesterov momentum requires a momentum and zero dampening (momentum ", h.momentum,
+         ", dampening ", h.dampening, ")");
   }
 }
 
@@ -69,9 +72,10 @@ void ValidateHyper(std::string_view fn, std::size_t group, const AdagradHyper& h
 }
 
 template <class Hyper>
-void ValidateStep(std::string_view fn, std::span<const Hyper> groups, std::span<const Segment> segments,
-                  const StateNames& state_names) {
-  if (groups.empty() && !segments.empty()) Fail(fn, "no groups given for ", segments.size(), " segments");
+void ValidateStep(std::string_view fn, std::span<const Hyper> groups,
+                  std::span<const Segment> segments, const StateNames& state_names) {
+  if (groups.empty() && !segments.empty())
+    Fail(fn, "no groups given for ", segments.size(), " segments");
   for (std::size_t g = 0; g < groups.size(); ++g) ValidateHyper(fn, g, groups[g]);
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
@@ -91,8 +95,8 @@ void ValidateStep(std::string_view fn, std::span<const Hyper> groups, std::span<
     const unsigned required = RequiredStates(groups[s.group]);
     for (int slot = 0; slot < kMaxStates; ++slot) {
       if ((required >> slot & 1u) != 0 && s.state[slot] == nullptr) {
-        Fail(fn, "segment ", i, ": state[", slot, "] (", state_names[slot], ") is null but numel is ",
-             s.numel);
+        Fail(fn, "segment ", i, ": state[", slot, "] (", state_names[slot],
+             ") is null but numel is ", s.numel);
       }
     }
   }
@@ -102,9 +106,9 @@ template void ValidateStep(std::string_view, std::span<const SgdHyper>, std::spa
                            const StateNames&);
 template void ValidateStep(std::string_view, std::span<const AdamHyper>, std::span<const Segment>,
                            const StateNames&);
-template void ValidateStep(std::string_view, std::span<const RmspropHyper>, std::span<const Segment>,
-                           const StateNames&);
-template void ValidateStep(std::string_view, std::span<const AdagradHyper>, std::span<const Segment>,
-                           const StateNames&);
+template void ValidateStep(std::string_view, std::span<const RmspropHyper>,
+                           std::span<const Segment>, const StateNames&);
+template void ValidateStep(std::string_view, std::span<const AdagradHyper>,
+                           std::span<const Segment>, const StateNames&);
 
 }  // namespace fusedopt

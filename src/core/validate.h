@@ -1,5 +1,6 @@
-// Argument checks of the public step functions. They run before any buffer is touched, so a rejected call
-// changes nothing; each message names the function, the group or segment, the field and its value.
+// Argument checks of the public step functions. They run before any buffer is touched, so a
+// rejected call changes nothing; each message names the function, the group or segment, the field
+// and its value.
 #pragma once
 
 #include <array>
@@ -17,13 +18,13 @@ void ValidateHyper(std::string_view fn, std::size_t group, const AdamHyper& h);
 void ValidateHyper(std::string_view fn, std::size_t group, const RmspropHyper& h);
 void ValidateHyper(std::string_view fn, std::size_t group, const AdagradHyper& h);
 
-// Checks every group, then every segment: group index, pointers for numel > 0, the state slots its group's
-// RequiredStates() asks for, dtypes, master copy and step.
-// torch's state_dict key of each Segment::state slot, for messages.
+// Checks every group, then every segment: group index, pointers for numel > 0, the state slots its
+// group's RequiredStates() asks for, dtypes, master copy and step. torch's state_dict key of each
+// Segment::state slot, for messages.
 using StateNames = std::array<const char*, kMaxStates>;
 
 template <class Hyper>
-void ValidateStep(std::string_view fn, std::span<const Hyper> groups, std::span<const Segment> segments,
-                  const StateNames& state_names);
+void ValidateStep(std::string_view fn, std::span<const Hyper> groups,
+                  std::span<const Segment> segments, const StateNames& state_names);
 
 }  // namespace fusedopt

@@ -14,8 +14,8 @@
 
 HWY_BEFORE_NAMESPACE();
 namespace fusedopt::HWY_NAMESPACE {
-#include "src/math/lerp_math.h"
 #include "src/math/adam_math.h"
+#include "src/math/lerp_math.h"
 
 void AdamChunks(const StepPlan<AdamScalars>& plan, std::size_t chunk_begin, std::size_t chunk_end) {
   RunPlanChunks(plan, chunk_begin, chunk_end,
@@ -50,7 +50,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace fusedopt {
 HWY_EXPORT(AdamChunks);
-void RunAdamChunks(const StepPlan<AdamScalars>& plan, std::size_t chunk_begin, std::size_t chunk_end) {
+void RunAdamChunks(const StepPlan<AdamScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end) {
   HWY_DYNAMIC_DISPATCH(AdamChunks)(plan, chunk_begin, chunk_end);
 }
 }  // namespace fusedopt

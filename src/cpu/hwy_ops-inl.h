@@ -1,6 +1,6 @@
-// HwyOps<D>: the arithmetic the *_math.h bodies use, forwarded to Highway for one vector type. The math is
-// written against this interface only, so one body serves every SIMD target and the 1-lane tail.
-// Per-target header: toggling include guard, re-included once per target by foreach_target.
+// HwyOps<D>: the arithmetic the *_math.h bodies use, forwarded to Highway for one vector type. The
+// math is written against this interface only, so one body serves every SIMD target and the 1-lane
+// tail. Per-target header: toggling include guard, re-included once per target by foreach_target.
 
 #if defined(FOPT_CPU_HWY_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #  ifdef FOPT_CPU_HWY_OPS_INL_H_

@@ -1,7 +1,7 @@
-// Io<T>: loads any storage type as f32 vectors and stores f32 vectors back with our own round-to-nearest-even
-// (Highway 1.0.3's bf16 demotion truncates, and its f16 demotion truncates off F16C). The bit-level rules are
-// those of include/fusedopt/dtype.h; tests compare the two on every target.
-// Per-target header: toggling include guard.
+// Io<T>: loads any storage type as f32 vectors and stores f32 vectors back with our own
+// round-to-nearest-even (Highway 1.0.3's bf16 demotion truncates, and its f16 demotion truncates
+// off F16C). The bit-level rules are those of include/fusedopt/dtype.h; tests compare the two on
+// every target. Per-target header: toggling include guard.
 
 #if defined(FOPT_CPU_IO_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #  ifdef FOPT_CPU_IO_INL_H_
@@ -67,8 +67,30 @@ template <>
 struct Io<hwy::float16_t> {
   template <class DF>
   static HWY_INLINE hn::Vec<DF> Load(DF df, const hwy::float16_t* p) {
+#  if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     const hn::Rebind<hwy::float16_t, DF> df16;
-    return hn::PromoteTo(df, hn::LoadU(df16, p));  // exact, subnormals included
+    return hn::PromoteTo(df, hn::LoadU(df16, p));  // F16C: exact, Inf/NaN/subnormals included
+#  else
+    // Highway 1.0.3 emulates the promotion without Inf/NaN (65536 comes out), so widen by hand.
+    const hn::RebindToUnsigned<DF> du;
+    const hn::RebindToSigned<DF> di;
+    const hn::Rebind<std::uint16_t, DF> du16;
+    const auto h = hn::PromoteTo(du, hn::LoadU(du16, reinterpret_cast<const std::uint16_t*>(p)));
+    const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000)));
+    const auto magnitude = hn::And(h, hn::Set(du, 0x7FFF));
+    const auto mag_signed = hn::BitCast(di, magnitude);
+    // Normal: rebias the exponent by 127 - 15. Inf/NaN: all-ones exponent, payload kept.
+    const auto normal = hn::Add(hn::ShiftLeft<13>(magnitude), hn::Set(du, 0x38000000));
+    const auto inf_nan = hn::Or(hn::ShiftLeft<13>(magnitude), hn::Set(du, 0x7F800000));
+    // Subnormal or zero: mantissa · 2^-24, exact in f32.
+    const auto subnormal = hn::BitCast(
+        du, hn::Mul(hn::ConvertTo(df, mag_signed), hn::Set(df, 5.9604644775390625e-8f)));
+    auto bits = hn::IfThenElse(hn::RebindMask(du, hn::Lt(mag_signed, hn::Set(di, 0x0400))),
+                               subnormal, normal);
+    bits =
+        hn::IfThenElse(hn::RebindMask(du, hn::Gt(mag_signed, hn::Set(di, 0x7BFF))), inf_nan, bits);
+    return hn::BitCast(df, hn::Or(sign, bits));
+#  endif
   }
   template <class DF>
   static HWY_INLINE void Store(DF df, hn::Vec<DF> v, hwy::float16_t* p) {
@@ -85,8 +107,8 @@ struct Io<hwy::float16_t> {
     // Subnormal or zero: |v| + 0.5 makes the FPU round to a multiple of 2^-24 (nearest even).
     const auto sum = hn::Add(hn::BitCast(df, abs_bits), hn::Set(df, 0.5f));
     const auto subnormal = hn::Sub(hn::BitCast(du, sum), hn::Set(du, 0x3F000000));
-    auto h = hn::IfThenElse(hn::RebindMask(du, hn::Lt(abs_signed, hn::Set(di, 0x38800000))), subnormal,
-                            normal);
+    auto h = hn::IfThenElse(hn::RebindMask(du, hn::Lt(abs_signed, hn::Set(di, 0x38800000))),
+                            subnormal, normal);
     h = hn::IfThenElse(hn::RebindMask(du, hn::Gt(abs_signed, hn::Set(di, 0x477FFFFF))),
                        hn::Set(du, 0x7C00), h);  // >= 65536: Inf
     h = hn::IfThenElse(hn::RebindMask(du, hn::Gt(abs_signed, hn::Set(di, 0x7F800000))),
@@ -95,8 +117,8 @@ struct Io<hwy::float16_t> {
   }
 };
 
-// A parameter as the update sees it: the f32 master copy when there is one (the 16-bit param then receives
-// its rounding), else the param itself.
+// A parameter as the update sees it: the f32 master copy when there is one (the 16-bit param then
+// receives its rounding), else the param itself.
 template <class P>
 struct ParamIo {
   P* param;

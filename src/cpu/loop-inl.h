@@ -18,9 +18,9 @@ HWY_BEFORE_NAMESPACE();
 namespace fusedopt::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Calls body(d, i) for full f32 vectors over [begin, end), then body(d1, i) with a 1-lane tag for the
-// remainder, so the tail runs the very same code. No overlapping last vector: the update is in place and not
-// idempotent.
+// Calls body(d, i) for full f32 vectors over [begin, end), then body(d1, i) with a 1-lane tag for
+// the remainder, so the tail runs the very same code. No overlapping last vector: the update is in
+// place and not idempotent.
 template <class Body>
 HWY_INLINE void ForEachVector(std::size_t begin, std::size_t end, const Body& body) {
   const hn::ScalableTag<float> d;
@@ -59,17 +59,18 @@ HWY_INLINE void WithStorageTypes(DType param, DType grad, DType state, const F& 
   });
 }
 
-// Runs kernel(param_tag, grad_tag, state_tag, scalars, segment, begin, end) on every piece of chunks
-// [chunk_begin, chunk_end) of a plan, instantiated for each segment's dtype combination.
+// Runs kernel(param_tag, grad_tag, state_tag, scalars, segment, begin, end) on every piece of
+// chunks [chunk_begin, chunk_end) of a plan, instantiated for each segment's dtype combination.
 template <class Scalars, class Kernel>
 HWY_INLINE void RunPlanChunks(const StepPlan<Scalars>& plan, std::size_t chunk_begin,
                               std::size_t chunk_end, const Kernel& kernel) {
-  plan.chunks.ForEachPiece(chunk_begin, chunk_end, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
-    const Segment& seg = plan.chunks.segments()[i];
-    WithStorageTypes(seg.param_dtype, seg.grad_dtype, seg.state_dtype, [&](auto p, auto g, auto s) HWY_ATTR {
-      kernel(p, g, s, plan.scalars[i], seg, begin, end);
-    });
-  });
+  plan.chunks.ForEachPiece(
+      chunk_begin, chunk_end, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
+        const Segment& seg = plan.chunks.segments()[i];
+        WithStorageTypes(seg.param_dtype, seg.grad_dtype, seg.state_dtype,
+                         [&](auto p, auto g, auto s)
+                             HWY_ATTR { kernel(p, g, s, plan.scalars[i], seg, begin, end); });
+      });
 }
 
 }  // namespace fusedopt::HWY_NAMESPACE

@@ -1,4 +1,5 @@
-// RMSprop kernel (centered, momentum): Io + RmspropMath for every dtype combination and SIMD target.
+// RMSprop kernel (centered, momentum): Io + RmspropMath for every dtype combination and SIMD
+// target.
 
 #include "src/core/kernels.h"
 

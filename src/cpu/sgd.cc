@@ -1,4 +1,5 @@
-// SGD kernel (momentum, dampening, Nesterov): Io + SgdMath for every dtype combination and SIMD target.
+// SGD kernel (momentum, dampening, Nesterov): Io + SgdMath for every dtype combination and SIMD
+// target.
 
 #include "src/core/kernels.h"
 
@@ -46,7 +47,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace fusedopt {
 HWY_EXPORT(SgdChunks);
-void RunSgdChunks(const StepPlan<SgdScalars>& plan, std::size_t chunk_begin, std::size_t chunk_end) {
+void RunSgdChunks(const StepPlan<SgdScalars>& plan, std::size_t chunk_begin,
+                  std::size_t chunk_end) {
   HWY_DYNAMIC_DISPATCH(SgdChunks)(plan, chunk_begin, chunk_end);
 }
 }  // namespace fusedopt

@@ -1,12 +1,12 @@
 // Per-tensor f32 coefficients of each update rule, computed on the host in double and rounded once
-// (src/core/coefficients.cc), exactly where torch.optim rounds its Python-float scalars. The math bodies in
-// <algo>_math.h read only these.
+// (src/core/coefficients.cc), exactly where torch.optim rounds its Python-float scalars. The math
+// bodies in <algo>_math.h read only these.
 #pragma once
 
 namespace fusedopt {
 
-// lerp_(end, w) as ATen evaluates it: for w < 0.5 `self + w·(end − self)`, else `end − (1 − w)·(end − self)`,
-// both as one fma. `weight_minus_one` is the f32 `w − 1` ATen computes.
+// lerp_(end, w) as ATen evaluates it: for w < 0.5 `self + w·(end − self)`, else `end − (1 − w)·(end
+// − self)`, both as one fma. `weight_minus_one` is the f32 `w − 1` ATen computes.
 struct LerpCoef {
   float weight = 0.0f;
   float weight_minus_one = -1.0f;
@@ -27,8 +27,8 @@ struct SgdScalars {
 
 struct AdamScalars {
   float grad_mul;
-  float weight_decay;  // coupled (Adam) L2 term, used when coupled_weight_decay
-  float decay_mul;     // decoupled (AdamW) factor f32(1 − lr·wd); exactly 1 when off
+  float weight_decay;   // coupled (Adam) L2 term, used when coupled_weight_decay
+  float decay_mul;      // decoupled (AdamW) factor f32(1 − lr·wd); exactly 1 when off
   LerpCoef beta1_lerp;  // exp_avg.lerp_(grad, 1 − beta1)
   float beta2;
   float one_minus_beta2;

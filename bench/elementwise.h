@@ -1,0 +1,39 @@
+// Elementary tensor ops as ATen runs them on the CPU: one op is one pass over memory, vectorized
+// for the best SIMD target at run time, computed in f32 and rounded to the tensor's dtype on every
+// store, and split over threads only above ATen's grain of 32768 elements. The `standard` baseline
+// chains these ops the way a for-loop torch.optim does; it must be a fair opponent, not a strawman.
+#pragma once
+
+#include <cstddef>
+
+#include "fusedopt/dtype.h"
+#include "fusedopt/runtime.h"
+
+namespace fusedopt::bench {
+
+struct TensorRef {
+  void* data;
+  DType dtype;
+  std::size_t numel;
+};
+
+enum class Op {
+  kMulScalar,  // out = a · s
+  kAddScaled,  // out = a + s·b, one fma      (add_(b, alpha=s), add(b, alpha=s))
+  kLerp,       // out = lerp(a, b, s)        (lerp_)
+  kAddcmul,    // out = a + (s·b)·c          (addcmul_(b, c, value=s))
+  kAddcdiv,    // out = a + (s·b)/c          (addcdiv_(b, c, value=s))
+  kSqrt,       // out = √a
+  kDivScalar,  // out = a / s
+  kAddScalar,  // out = a + s
+  kMaximum,    // out = max(a, b)
+  kNeg,        // out = −a
+  kCopy,       // out = a
+};
+
+// One op over all elements; b and c are ignored by ops that do not read them. All tensors share
+// out's dtype and numel (as in the optimizers' use of these ops).
+void RunOp(Op op, TensorRef out, TensorRef a, TensorRef b, TensorRef c, float s,
+           const Runtime& runtime);
+
+}  // namespace fusedopt::bench
