@@ -1,1 +1,1141 @@
+// Kernel tests: the public <Algo>Step entry points (step.h) against the double-precision oracle in
+// reference/reference.h, once per SIMD target (style.md §9). Each suite is instantiated per target,
+// named Targets/<Suite>.<Algo>/<TARGET>:
+//   KernelSweep    option combinations × dtype combos × base offset × {1, 20} steps, each one
+//                  call over segments of sizes {0, 1, 7, 8, 9, 63, 64, 65} in two groups with
+//                  different lr/weight_decay and different per-segment step counts;
+//   KernelMixed    every option combination as its own group with its own segment, all dtype combos
+//                  in one call;
+//   KernelLarge    4099 elements on every 16-bit combo (bias check) and 1000003 elements on two
+//                  combos (skipped when FOPT_TEST_SMALL is set), with Runtime(2);
+//   KernelSpecial  zero, huge, eps-dominated and NaN/Inf gradients; zero-size segments;
+//   Determinism    Runtime(1) vs Runtime(2), bit for bit, over several 32768-element chunks.
+//
+// Pass rules. f32 storage: |k − r| ≤ max(rtol·|r|, atol), with rtol 2e-6 after one step and 1e-5
+// after 20, atol = 8·FLT_EPSILON·max|r| (max over the buffer's oracle values before and after the
+// step), both ×10 on non-FMA targets. Segments whose persistent buffers are all f32 (f32 param or
+// master, f32 state) run free against the oracle and are compared after the last step. A 16-bit
+// param (without master) or state is checked one step at a time: the oracle starts each step from
+// the kernel's rounded buffers, and its rounded result must be within 1 ulp of the storage type (or
+// within the f32 atol, which only matters after cancellation near zero). A 16-bit param with a
+// master must equal the rounding of the kernel's own master exactly. 16-bit buffers of ≥ 4096
+// elements also get a bias check: the mean signed ulp distance from the rounded oracle must stay
+// below 0.25, which catches truncation instead of rounding (about −0.5).
+
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fusedopt/dtype.h"
+#include "fusedopt/hyper.h"
+#include "fusedopt/runtime.h"
+#include "fusedopt/step.h"
+#include "reference/reference.h"
+
+namespace fusedopt {
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// Targets
+
+// Forces one SIMD target for its lifetime and restores the default afterwards.
+class ForcedTarget {
+ public:
+  explicit ForcedTarget(const std::string& name) { ForceTarget(name); }
+  ~ForcedTarget() { ForceTarget(""); }
+  ForcedTarget(const ForcedTarget&) = delete;
+  ForcedTarget& operator=(const ForcedTarget&) = delete;
+};
+
+// MulAdd fuses only on AVX2 and up; elsewhere tolerances are 10x wider (style.md §6).
+bool IsFmaTarget(const std::string& name) {
+  return name.starts_with("AVX2") || name.starts_with("AVX3");
+}
+
+bool SmallOnly() { return std::getenv("FOPT_TEST_SMALL") != nullptr; }
+
+// ------------------------------------------------------------------------------------------------
+// Random numbers (splitmix64: fast and reproducible everywhere)
+
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t Next() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double Uniform(double lo, double hi) {
+    return lo + (hi - lo) * static_cast<double>(Next() >> 11) * 0x1.0p-53;
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// Dtype combos and buffers
+
+struct Combo {
+  DType param;
+  DType grad;
+  DType state;
+  bool master = false;
+};
+
+std::string ComboName(const Combo& c) {
+  std::string s = std::string(DTypeName(c.param)) + "/" + std::string(DTypeName(c.grad)) + "/" +
+                  std::string(DTypeName(c.state));
+  return c.master ? s + "+master" : s;
+}
+
+constexpr DType kF32 = DType::kF32;
+constexpr DType kF16 = DType::kF16;
+constexpr DType kBF16 = DType::kBF16;
+
+// param/grad/state, each 16-bit-param combo also with an f32 master copy.
+std::vector<Combo> AllCombos() {
+  const std::vector<Combo> base = {{kF32, kF32, kF32},    {kBF16, kBF16, kF32}, {kF16, kF16, kF32},
+                                   {kBF16, kBF16, kBF16}, {kF16, kF16, kF16},   {kBF16, kF32, kF32},
+                                   {kF32, kBF16, kF32},   {kF32, kF32, kBF16}};
+  std::vector<Combo> out = base;
+  for (Combo c : base) {
+    if (c.param != kF32) {
+      c.master = true;
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// A buffer of n elements of one dtype, 64-byte aligned or one element past that ("unaligned").
+// Every byte around the n elements is a guard that must survive the test.
+class Buffer {
+ public:
+  static constexpr std::uint8_t kGuard = 0xA5;
+
+  Buffer(DType dtype, std::size_t n, bool unaligned)
+      : dtype_(dtype), n_(n), bytes_((n + 1) * DTypeSize(dtype) + 128, kGuard) {
+    const auto base = reinterpret_cast<std::uintptr_t>(bytes_.data());
+    const std::size_t pad = ((base + 63) & ~std::uintptr_t{63}) - base;
+    begin_ = pad + (unaligned ? DTypeSize(dtype) : 0);
+  }
+
+  DType dtype() const { return dtype_; }
+  std::size_t size() const { return n_; }
+  void* data() { return bytes_.data() + begin_; }
+  const void* data() const { return bytes_.data() + begin_; }
+  std::size_t num_bytes() const { return n_ * DTypeSize(dtype_); }
+
+  double Get(std::size_t i) const { return LoadAsF32(data(), dtype_, i); }
+  void Set(std::size_t i, double v) { StoreFromF32(data(), dtype_, i, static_cast<float>(v)); }
+  std::uint16_t Bits16(std::size_t i) const { return static_cast<const std::uint16_t*>(data())[i]; }
+  float F32(std::size_t i) const { return static_cast<const float*>(data())[i]; }
+
+  std::vector<double> ToDouble() const {
+    std::vector<double> out(n_);
+    for (std::size_t i = 0; i < n_; ++i) out[i] = Get(i);
+    return out;
+  }
+  bool SameBytes(const Buffer& other) const {
+    return num_bytes() == other.num_bytes() && std::memcmp(data(), other.data(), num_bytes()) == 0;
+  }
+  bool GuardsIntact() const {
+    const std::size_t end = begin_ + num_bytes();
+    for (std::size_t b = 0; b < bytes_.size(); ++b) {
+      if ((b < begin_ || b >= end) && bytes_[b] != kGuard) return false;
+    }
+    return true;
+  }
+
+ private:
+  DType dtype_;
+  std::size_t n_;
+  std::vector<std::uint8_t> bytes_;
+  std::size_t begin_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// Comparison helpers
+
+std::string Num(double x) {
+  std::ostringstream out;
+  out.precision(9);
+  out << x;
+  return out.str();
+}
+
+// Bit patterns as integers ordered like the values (sign-magnitude to two's complement).
+std::int64_t OrderedF32(float f) {
+  const auto u = std::bit_cast<std::uint32_t>(f);
+  const std::int64_t mag = u & 0x7FFFFFFFu;
+  return (u >> 31) != 0 ? -mag : mag;
+}
+std::int64_t Ordered16(std::uint16_t h) {
+  const std::int64_t mag = h & 0x7FFFu;
+  return (h >> 15) != 0 ? -mag : mag;
+}
+
+std::uint16_t Round16(double r, DType t) {
+  const auto f = static_cast<float>(r);
+  return t == kBF16 ? F32ToBF16(f) : F32ToF16(f);
+}
+double Widen16(std::uint16_t h, DType t) { return t == kBF16 ? BF16ToF32(h) : F16ToF32(h); }
+
+// atol = atol_eps · FLT_EPSILON · max|r|, where max|r| runs over the buffer's oracle values before
+// and after the step(s): `scale` carries the "before" part. A result that is small after
+// cancellation (b = μb + d with |b| ≪ |μb|) is then held to the precision of its inputs, as f32
+// math can deliver no more.
+struct Tolerance {
+  double rtol;
+  double atol_eps;
+  double scale = 0.0;
+};
+
+// Collects mismatches and reports the first 5 as `i, kernel, ref, ulps` plus the largest error.
+class MismatchLog {
+ public:
+  void Add(std::size_t i, double kernel, double ref, double ulps, double error) {
+    if (count_ < 5)
+      lines_ << "    i=" << i << ", kernel=" << Num(kernel) << ", ref=" << Num(ref)
+             << ", ulps=" << ulps << "\n";
+    ++count_;
+    Track(i, error);
+  }
+  void Track(std::size_t i, double error) {
+    if (!(error <= max_error_)) {  // NaN counts as the largest
+      max_error_ = error;
+      max_index_ = i;
+    }
+  }
+  bool ok() const { return count_ == 0; }
+  std::string Report(std::size_t n, const std::string& rule) const {
+    std::ostringstream out;
+    out << count_ << " of " << n << " elements mismatch (" << rule << "):\n"
+        << lines_.str() << "    max error " << Num(max_error_) << " at i=" << max_index_ << "\n";
+    return out.str();
+  }
+
+ private:
+  std::size_t count_ = 0;
+  std::ostringstream lines_;
+  double max_error_ = 0.0;
+  std::size_t max_index_ = 0;
+};
+
+double MaxAbsFinite(const std::vector<double>& r) {
+  double m = 0.0;
+  for (double x : r) {
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  }
+  return m;
+}
+
+// f32 rule. Returns "" on success, else a report.
+std::string CompareF32(const Buffer& k, const std::vector<double>& r, const Tolerance& tol) {
+  const double atol = tol.atol_eps * FLT_EPSILON * std::max(tol.scale, MaxAbsFinite(r));
+  MismatchLog log;
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    const double kv = k.F32(i);
+    const double err = std::abs(kv - r[i]);
+    bool ok;
+    if (std::isnan(r[i])) {
+      ok = std::isnan(kv);
+    } else if (std::isinf(r[i])) {
+      ok = kv == r[i];
+    } else {
+      ok = err <= std::max(tol.rtol * std::abs(r[i]), atol);
+    }
+    if (ok) {
+      log.Track(i, std::isfinite(r[i]) ? err : 0.0);
+    } else {
+      const auto ulps = static_cast<double>(
+          std::abs(OrderedF32(k.F32(i)) - OrderedF32(static_cast<float>(r[i]))));
+      log.Add(i, kv, r[i], ulps, err);
+    }
+  }
+  if (log.ok()) return "";
+  return log.Report(r.size(), "f32 rule, rtol " + Num(tol.rtol) + ", atol " + Num(atol));
+}
+
+// 16-bit rule: ≤ 1 ulp of the storage type from the rounded oracle value (or within the f32 atol),
+// NaN iff NaN; plus the bias check on ≥ 4096 elements.
+std::string Compare16(const Buffer& k, const std::vector<double>& r, const Tolerance& tol) {
+  const DType t = k.dtype();
+  const double atol = tol.atol_eps * FLT_EPSILON * std::max(tol.scale, MaxAbsFinite(r));
+  MismatchLog log;
+  double bias_sum = 0.0;
+  std::size_t bias_n = 0;
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    const std::uint16_t kb = k.Bits16(i);
+    const double kv = Widen16(kb, t);
+    const std::uint16_t eb = Round16(r[i], t);
+    bool ok;
+    double ulps = 0.0;
+    if (std::isnan(r[i])) {
+      ok = std::isnan(kv);
+    } else {
+      ulps = std::isnan(kv) ? std::numeric_limits<double>::infinity()
+                            : static_cast<double>(std::abs(Ordered16(kb) - Ordered16(eb)));
+      ok = ulps <= 1.0 || std::abs(kv - r[i]) <= atol;
+    }
+    if (ok) {
+      log.Track(i, ulps);
+    } else {
+      log.Add(i, kv, r[i], ulps, ulps);
+    }
+    if (std::isfinite(r[i]) && std::isfinite(kv) && r[i] != 0.0 && ulps <= 1.0) {
+      // Signed distance from the correctly rounded oracle value, in ulps, positive away from zero.
+      // (Elements that passed only by the atol floor are left out: there the f32 math dominates.)
+      bias_sum += static_cast<double>(Ordered16(kb) - Ordered16(eb)) * (r[i] < 0 ? -1.0 : 1.0);
+      ++bias_n;
+    }
+  }
+  std::string out;
+  if (!log.ok()) out = log.Report(r.size(), "<= 1 ulp of " + std::string(DTypeName(t)));
+  if (r.size() >= 4096 && bias_n > 0) {
+    const double bias = bias_sum / static_cast<double>(bias_n);
+    if (!(std::abs(bias) < 0.25)) {
+      out += "  bias: mean signed error " + Num(bias) + " ulp of " + std::string(DTypeName(t)) +
+             " (vs the rounded oracle, positive away from zero) over " + std::to_string(bias_n) +
+             " elements; must be < 0.25, truncation gives about -0.5\n";
+    }
+  }
+  return out;
+}
+
+std::string CompareBuffer(const Buffer& k, const std::vector<double>& r, const Tolerance& tol) {
+  return k.dtype() == kF32 ? CompareF32(k, r, tol) : Compare16(k, r, tol);
+}
+
+// The 16-bit param must be exactly the rounding of the kernel's own master (NaN iff NaN).
+std::string CompareMasterRounding(const Buffer& param, const Buffer& master) {
+  MismatchLog log;
+  for (std::size_t i = 0; i < param.size(); ++i) {
+    const float m = master.F32(i);
+    const std::uint16_t want = param.dtype() == kBF16 ? F32ToBF16(m) : F32ToF16(m);
+    const std::uint16_t got = param.Bits16(i);
+    const double got_v = Widen16(got, param.dtype());
+    const bool ok = std::isnan(m) ? std::isnan(got_v) : got == want;
+    if (!ok) {
+      log.Add(i, got_v, m, static_cast<double>(std::abs(Ordered16(got) - Ordered16(want))), 1.0);
+    }
+  }
+  return log.ok() ? "" : log.Report(param.size(), "param == round(master)");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Algorithms: the public step, the oracle, the states in use, the option sweep and initial states.
+
+using StateSpans = std::array<std::span<double>, kMaxStates>;
+
+struct SgdAlgo {
+  using Hyper = SgdHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"momentum_buffer", "", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    SgdStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::SgdStep(h, t, p, g, st[0]);
+  }
+  static unsigned States(const Hyper& h) { return h.momentum != 0.0 ? 1u : 0u; }
+  // {momentum 0, 0.9} × {dampening 0, 0.1, nesterov} × weight_decay × maximize; the last has every
+  // feature.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (double momentum : {0.0, 0.9}) {
+      for (int mode = 0; mode < 3; ++mode) {  // dampening 0, dampening 0.1, nesterov
+        if (mode == 2 && momentum == 0.0) continue;
+        for (double wd : {0.0, 0.01}) {
+          for (bool maximize : {false, true}) {
+            out.push_back({.lr = 0.05,
+                           .momentum = momentum,
+                           .dampening = mode == 1 ? 0.1 : 0.0,
+                           .weight_decay = wd,
+                           .nesterov = mode == 2,
+                           .maximize = maximize});
+          }
+        }
+      }
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.maximize = !h.maximize;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "SGD{lr=" << h.lr << " momentum=" << h.momentum << " dampening=" << h.dampening
+      << " wd=" << h.weight_decay << " nesterov=" << h.nesterov << " maximize=" << h.maximize
+      << "}";
+    return o.str();
+  }
+  // Initial state of a tensor about to take step `step`. At step 1 the buffer is not read: fill it
+  // with NaN.
+  static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
+    return step == 1 ? std::numeric_limits<double>::quiet_NaN() : rng.Uniform(-0.5, 0.5);
+  }
+};
+
+template <bool kDecoupled>
+struct AdamAlgoT {
+  using Hyper = std::conditional_t<kDecoupled, AdamWHyper, AdamHyper>;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_avg_sq",
+                                                                      "max_exp_avg_sq"};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    if constexpr (kDecoupled) {
+      AdamWStep(g, s, rt);
+    } else {
+      AdamStep(g, s, rt);
+    }
+  }
+  // Written out here rather than with AdamWHyper::ToAdam, so that the conversion is tested too.
+  static AdamHyper AsAdam(const Hyper& h) {
+    return {.lr = h.lr,
+            .beta1 = h.beta1,
+            .beta2 = h.beta2,
+            .eps = h.eps,
+            .weight_decay = h.weight_decay,
+            .amsgrad = h.amsgrad,
+            .maximize = h.maximize,
+            .decoupled_weight_decay = kDecoupled};
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::AdamStep(AsAdam(h), t, p, g, st[0], st[1], st[2]);
+  }
+  static unsigned States(const Hyper& h) { return h.amsgrad ? 0b111u : 0b011u; }
+  // amsgrad × weight_decay {0, 0.05} × maximize.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (bool amsgrad : {false, true}) {
+      for (double wd : {0.0, 0.05}) {
+        for (bool maximize : {false, true}) {
+          Hyper h;
+          h.lr = 0.01;
+          h.weight_decay = wd;
+          h.amsgrad = amsgrad;
+          h.maximize = maximize;
+          out.push_back(h);
+        }
+      }
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.maximize = !h.maximize;
+    h.beta1 = 0.8;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << (kDecoupled ? "AdamW" : "Adam") << "{lr=" << h.lr << " betas=(" << h.beta1 << ","
+      << h.beta2 << ") eps=" << h.eps << " wd=" << h.weight_decay << " amsgrad=" << h.amsgrad
+      << " maximize=" << h.maximize << "}";
+    return o.str();
+  }
+  // Zero at step 1 (as torch); later a plausible state with max_exp_avg_sq ≥ exp_avg_sq.
+  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
+    if (step == 1) return 0.0;
+    if (slot == kExpAvg) return rng.Uniform(-0.3, 0.3);
+    return rng.Uniform(0.01, 0.5);  // exp_avg_sq; max_exp_avg_sq is raised to it in MakeSegment
+  }
+};
+using AdamAlgo = AdamAlgoT<false>;
+using AdamWAlgo = AdamAlgoT<true>;
+
+struct RmspropAlgo {
+  using Hyper = RmspropHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {
+      "square_avg", "momentum_buffer", "grad_avg"};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    RmspropStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::RmspropStep(h, t, p, g, st[0], st[1], st[2]);
+  }
+  static unsigned States(const Hyper& h) {
+    return 1u | (h.momentum > 0.0 ? 0b010u : 0u) | (h.centered ? 0b100u : 0u);
+  }
+  // centered × momentum {0, 0.9} × weight_decay × maximize.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (bool centered : {false, true}) {
+      for (double momentum : {0.0, 0.9}) {
+        for (double wd : {0.0, 0.01}) {
+          for (bool maximize : {false, true}) {
+            out.push_back({.lr = 0.01,
+                           .weight_decay = wd,
+                           .momentum = momentum,
+                           .centered = centered,
+                           .maximize = maximize});
+          }
+        }
+      }
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.maximize = !h.maximize;
+    h.alpha = 0.9;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "RMSprop{lr=" << h.lr << " alpha=" << h.alpha << " eps=" << h.eps
+      << " wd=" << h.weight_decay << " momentum=" << h.momentum << " centered=" << h.centered
+      << " maximize=" << h.maximize << "}";
+    return o.str();
+  }
+  // Zero at step 1; later square_avg > 0 and grad_avg² ≤ square_avg / 4 (as any running average
+  // keeps it).
+  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
+    if (step == 1) return 0.0;
+    if (slot == kSquareAvg) return rng.Uniform(0.05, 1.0);
+    return rng.Uniform(-0.5,
+                       0.5);  // momentum_buffer; grad_avg is scaled by √square_avg in MakeSegment
+  }
+};
+
+struct AdagradAlgo {
+  using Hyper = AdagradHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"sum", "", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    AdagradStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::AdagradStep(h, t, p, g, st[0]);
+  }
+  static unsigned States(const Hyper& /*h*/) { return 1u; }
+  // lr_decay {0, 0.01} × weight_decay × initial_accumulator_value {0, 0.1} × maximize.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (double lr_decay : {0.0, 0.01}) {
+      for (double wd : {0.0, 0.01}) {
+        for (double init : {0.0, 0.1}) {
+          for (bool maximize : {false, true}) {
+            out.push_back({.lr = 0.05,
+                           .lr_decay = lr_decay,
+                           .weight_decay = wd,
+                           .initial_accumulator_value = init,
+                           .maximize = maximize});
+          }
+        }
+      }
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.maximize = !h.maximize;
+    h.lr_decay = h.lr_decay == 0.0 ? 0.05 : 0.0;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "Adagrad{lr=" << h.lr << " lr_decay=" << h.lr_decay << " wd=" << h.weight_decay
+      << " initial_accumulator_value=" << h.initial_accumulator_value << " eps=" << h.eps
+      << " maximize=" << h.maximize << "}";
+    return o.str();
+  }
+  // initial_accumulator_value at step 1 (the caller fills it, as torch's constructor); later more.
+  static double InitState(const Hyper& h, int /*slot*/, std::int64_t step, Rng& rng) {
+    return h.initial_accumulator_value + (step == 1 ? 0.0 : rng.Uniform(0.0, 2.0));
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Test cases: segments with their buffers, the oracle's copy, and one driver
+
+enum class GradKind { kRandom, kZero, kHuge, kTiny, kNonFinite };
+
+const char* GradKindName(GradKind k) {
+  switch (k) {
+    case GradKind::kRandom:
+      return "random";
+    case GradKind::kZero:
+      return "zero";
+    case GradKind::kHuge:
+      return "huge (1e4)";
+    case GradKind::kTiny:
+      return "tiny (1e-12, eps-dominated)";
+    case GradKind::kNonFinite:
+      return "random with NaN/+Inf/-Inf";
+  }
+  return "?";
+}
+
+struct SegSpec {
+  std::size_t n;
+  Combo combo;
+  std::uint32_t group = 0;
+  std::int64_t first_step = 1;
+  bool unaligned = false;
+};
+
+// One segment's buffers, plus the oracle's running copy of param and state.
+struct SegData {
+  SegSpec spec;
+  std::int64_t step;
+  Buffer param;
+  Buffer grad;
+  std::optional<Buffer> master;
+  std::array<std::optional<Buffer>, kMaxStates> state;
+  // True when every persistent buffer is f32: the oracle then runs free for all steps.
+  bool free_running;
+  std::vector<double> ref_p;
+  std::array<std::vector<double>, kMaxStates> ref_state;
+  // Largest finite |value| the oracle has seen per buffer (param, then states): Tolerance::scale.
+  std::array<double, 1 + kMaxStates> ref_scale{};
+
+  Segment ToSegment() {
+    Segment s;
+    s.param = param.data();
+    s.grad = grad.data();
+    for (int k = 0; k < kMaxStates; ++k) {
+      if (state[k]) s.state[k] = state[k]->data();
+    }
+    s.master = master ? static_cast<float*>(master->data()) : nullptr;
+    s.numel = spec.n;
+    s.param_dtype = spec.combo.param;
+    s.grad_dtype = spec.combo.grad;
+    s.state_dtype = spec.combo.state;
+    s.group = spec.group;
+    s.step = step;
+    return s;
+  }
+  // Loads the oracle's copy from the kernel's buffers (the master stands for the param when
+  // present).
+  void SyncOracle() {
+    ref_p = master ? master->ToDouble() : param.ToDouble();
+    for (int k = 0; k < kMaxStates; ++k)
+      ref_state[k] = state[k] ? state[k]->ToDouble() : std::vector<double>{};
+  }
+  void TrackScale() {
+    ref_scale[0] = std::max(ref_scale[0], MaxAbsFinite(ref_p));
+    for (int k = 0; k < kMaxStates; ++k) {
+      ref_scale[1 + k] = std::max(ref_scale[1 + k], MaxAbsFinite(ref_state[k]));
+    }
+  }
+};
+
+template <class A>
+SegData MakeSegment(const SegSpec& spec, const typename A::Hyper& h, Rng& rng) {
+  const Combo& c = spec.combo;
+  SegData s{.spec = spec,
+            .step = spec.first_step,
+            .param = Buffer(c.param, spec.n, spec.unaligned),
+            .grad = Buffer(c.grad, spec.n, spec.unaligned),
+            .master = std::nullopt,
+            .state = {},
+            .free_running = (c.param == kF32 || c.master) && c.state == kF32,
+            .ref_p = {},
+            .ref_state = {},
+            .ref_scale = {}};
+  if (c.master) {
+    s.master.emplace(kF32, spec.n, spec.unaligned);
+    for (std::size_t i = 0; i < spec.n; ++i) {
+      s.master->Set(i, rng.Uniform(-1.0, 1.0));
+      s.param.Set(i, s.master->Get(i));
+    }
+  } else {
+    for (std::size_t i = 0; i < spec.n; ++i) s.param.Set(i, rng.Uniform(-1.0, 1.0));
+  }
+  const unsigned states = A::States(h);
+  for (int k = 0; k < kMaxStates; ++k) {
+    if ((states >> k & 1u) == 0) continue;
+    s.state[k].emplace(c.state, spec.n, spec.unaligned);
+    for (std::size_t i = 0; i < spec.n; ++i)
+      s.state[k]->Set(i, A::InitState(h, k, spec.first_step, rng));
+  }
+  if (spec.first_step > 1) {
+    // Cross-state invariants of a real run.
+    if constexpr (std::is_same_v<A, AdamAlgo> || std::is_same_v<A, AdamWAlgo>) {
+      if (s.state[kMaxExpAvgSq]) {
+        for (std::size_t i = 0; i < spec.n; ++i) {
+          s.state[kMaxExpAvgSq]->Set(i, s.state[kExpAvgSq]->Get(i) + rng.Uniform(0.0, 0.2));
+        }
+      }
+    }
+    if constexpr (std::is_same_v<A, RmspropAlgo>) {
+      if (s.state[kGradAvg]) {
+        for (std::size_t i = 0; i < spec.n; ++i) {
+          s.state[kGradAvg]->Set(i,
+                                 rng.Uniform(-0.5, 0.5) * std::sqrt(s.state[kSquareAvg]->Get(i)));
+        }
+      }
+    }
+  }
+  s.SyncOracle();
+  return s;
+}
+
+void FillGrads(SegData& s, GradKind kind, Rng& rng) {
+  for (std::size_t i = 0; i < s.spec.n; ++i) {
+    double g = 0.0;
+    switch (kind) {
+      case GradKind::kRandom:
+      case GradKind::kNonFinite:
+        // |g| >= 0.2 keeps g + λθ away from 0: near |g| ~ eps the first steps of Adam, RMSprop and
+        // Adagrad compute g / (|g| + eps), which amplifies f32 rounding of g + λθ without bound.
+        // Zero and tiny gradients have their own cases.
+        g = rng.Uniform(0.2, 1.0) * (rng.Next() & 1 ? 1.0 : -1.0);
+        break;
+      case GradKind::kZero:
+        g = 0.0;
+        break;
+      case GradKind::kHuge:
+        g = rng.Uniform(0.5, 1.0) * (rng.Next() & 1 ? 1e4 : -1e4);
+        break;
+      case GradKind::kTiny:
+        g = rng.Uniform(-1.0, 1.0) * 1e-12;
+        break;
+    }
+    s.grad.Set(i, g);
+  }
+  if (kind == GradKind::kNonFinite) {
+    const double special[] = {std::numeric_limits<double>::quiet_NaN(), INFINITY, -INFINITY};
+    for (std::size_t j = 0; j < 3; ++j) {
+      if (3 + 2 * j < s.spec.n) s.grad.Set(3 + 2 * j, special[j]);
+    }
+  }
+}
+
+template <class A>
+struct Case {
+  std::vector<typename A::Hyper> groups;
+  std::vector<SegSpec> segs;
+  int steps = 1;
+  int threads = 1;
+  GradKind grads = GradKind::kRandom;
+  std::uint64_t seed = 1;
+};
+
+template <class A>
+std::string DescribeCase(const Case<A>& c, const std::string& target) {
+  std::ostringstream o;
+  o << "target " << target << ", " << c.steps << " step(s), Runtime(" << c.threads << "), grads "
+    << GradKindName(c.grads) << ", seed " << c.seed << "\n  groups:";
+  for (std::size_t g = 0; g < c.groups.size(); ++g)
+    o << "\n    [" << g << "] " << A::Describe(c.groups[g]);
+  return o.str();
+}
+
+std::string DescribeSeg(std::size_t index, const SegData& s) {
+  std::ostringstream o;
+  o << "segment " << index << " (n=" << s.spec.n << ", " << ComboName(s.spec.combo) << ", group "
+    << s.spec.group << ", step " << s.step << (s.spec.unaligned ? ", unaligned" : ", aligned")
+    << (s.free_running ? ", free-running oracle" : ", oracle re-synced every step") << ")";
+  return o.str();
+}
+
+// Compares one segment with the oracle; returns "" or a report.
+template <class A>
+std::string CheckSegment(const SegData& s, const Tolerance& tol) {
+  std::string out;
+  const auto check = [&](const char* name, const Buffer& k, const std::vector<double>& r,
+                         double scale) {
+    const std::string e = CompareBuffer(k, r, {tol.rtol, tol.atol_eps, scale});
+    if (!e.empty()) out += std::string("  buffer ") + name + ": " + e;
+  };
+  if (s.master) {
+    check("master", *s.master, s.ref_p, s.ref_scale[0]);
+    const std::string e = CompareMasterRounding(s.param, *s.master);
+    if (!e.empty()) out += "  buffer param: " + e;
+  } else {
+    check("param", s.param, s.ref_p, s.ref_scale[0]);
+  }
+  for (int k = 0; k < kMaxStates; ++k) {
+    if (s.state[k]) check(A::kStateNames[k], *s.state[k], s.ref_state[k], s.ref_scale[1 + k]);
+  }
+  return out;
+}
+
+// Runs a case against the oracle; reports the first failing step and returns false on failure.
+template <class A>
+bool RunCase(const Case<A>& c, const std::string& target) {
+  Rng rng(c.seed);
+  std::vector<SegData> segs;
+  segs.reserve(c.segs.size());
+  for (const SegSpec& spec : c.segs)
+    segs.push_back(MakeSegment<A>(spec, c.groups[spec.group], rng));
+  Runtime runtime(c.threads);
+  const double widen = IsFmaTarget(target) ? 1.0 : 10.0;
+  for (int t = 0; t < c.steps; ++t) {
+    std::vector<Segment> table;
+    std::vector<Buffer> grad_copies;
+    for (SegData& s : segs) {
+      FillGrads(s, c.grads, rng);
+      grad_copies.push_back(s.grad);
+      if (!s.free_running) s.SyncOracle();
+      s.TrackScale();
+      const std::vector<double> g = s.grad.ToDouble();
+      StateSpans st;
+      for (int k = 0; k < kMaxStates; ++k) st[k] = s.ref_state[k];
+      A::Ref(c.groups[s.spec.group], s.step, s.ref_p, g, st);
+      table.push_back(s.ToSegment());
+    }
+    A::Step(c.groups, table, runtime);
+
+    std::string failures;
+    const bool last = t + 1 == c.steps;
+    for (std::size_t i = 0; i < segs.size(); ++i) {
+      SegData& s = segs[i];
+      std::string e;
+      if (!s.grad.SameBytes(grad_copies[i])) e += "  the gradient was modified\n";
+      if (!s.free_running || last) {
+        // Free-running buffers have accumulated c.steps steps of error; re-synced ones one step.
+        const bool many = s.free_running && c.steps > 1;
+        const Tolerance tol{(many ? 1e-5 : 2e-6) * widen, 8.0 * widen};
+        e += CheckSegment<A>(s, tol);
+      }
+      if (!e.empty())
+        failures += DescribeSeg(i, s) + " after step " + std::to_string(t + 1) + ":\n" + e;
+      ++s.step;
+    }
+    if (!failures.empty()) {
+      ADD_FAILURE() << DescribeCase(c, target) << "\n" << failures;
+      return false;
+    }
+  }
+  for (std::size_t i = 0; i < segs.size(); ++i) {
+    const SegData& s = segs[i];
+    bool intact =
+        s.param.GuardsIntact() && s.grad.GuardsIntact() && (!s.master || s.master->GuardsIntact());
+    for (const auto& b : s.state) intact = intact && (!b || b->GuardsIntact());
+    if (!intact) {
+      ADD_FAILURE() << DescribeCase(c, target) << "\n"
+                    << DescribeSeg(i, segs[i])
+                    << ": bytes outside the segment's buffers were written";
+      return false;
+    }
+  }
+  return true;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Fixtures: one instance per available target
+
+class TargetTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    forced_.emplace(GetParam());
+    ASSERT_EQ(ActiveTargetName(), GetParam()) << "ForceTarget did not take effect";
+  }
+  void TearDown() override { forced_.reset(); }
+  const std::string& target() const { return GetParam(); }
+
+ private:
+  std::optional<ForcedTarget> forced_;
+};
+
+std::string TargetParamName(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param;
+}
+
+class KernelSweep : public TargetTest {};
+class KernelMixed : public TargetTest {};
+class KernelLarge : public TargetTest {};
+class KernelSpecial : public TargetTest {};
+class Determinism : public TargetTest {};
+
+// Stops a sweep after this many failing cases, to keep the output readable.
+constexpr int kMaxFailingCases = 3;
+
+// ------------------------------------------------------------------------------------------------
+// KernelSweep: options × combos × offset × {1, 20} steps; sizes {0,1,7,8,9,63,64,65} as segments of
+// one call, alternating between two groups and starting at steps 1, 7 and 2.
+
+template <class A>
+void RunSweep(const std::string& target) {
+  const std::size_t sizes[] = {0, 1, 7, 8, 9, 63, 64, 65};
+  const std::int64_t first_steps[] = {1, 7, 1, 2};
+  int failing = 0;
+  std::uint64_t seed = 1;
+  for (const typename A::Hyper& h : A::Options()) {
+    for (const Combo& combo : AllCombos()) {
+      for (bool unaligned : {false, true}) {
+        for (int steps : {1, 20}) {
+          Case<A> c;
+          c.groups = {h, A::OtherGroup(h)};
+          for (std::size_t i = 0; i < std::size(sizes); ++i) {
+            c.segs.push_back({.n = sizes[i],
+                              .combo = combo,
+                              .group = static_cast<std::uint32_t>(i % 2),
+                              .first_step = first_steps[i % std::size(first_steps)],
+                              .unaligned = unaligned});
+          }
+          c.steps = steps;
+          c.threads = unaligned ? 2 : 1;
+          c.seed = seed++;
+          if (!RunCase(c, target) && ++failing >= kMaxFailingCases) return;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(KernelSweep, Sgd) { RunSweep<SgdAlgo>(target()); }
+TEST_P(KernelSweep, Adam) { RunSweep<AdamAlgo>(target()); }
+TEST_P(KernelSweep, AdamW) { RunSweep<AdamWAlgo>(target()); }
+TEST_P(KernelSweep, Rmsprop) { RunSweep<RmspropAlgo>(target()); }
+TEST_P(KernelSweep, Adagrad) { RunSweep<AdagradAlgo>(target()); }
+
+// ------------------------------------------------------------------------------------------------
+// KernelMixed: every option combination is its own group, with one segment each; the segments cycle
+// through all dtype combos, several sizes, offsets and step counts, all in one call per step.
+
+template <class A>
+void RunMixed(const std::string& target) {
+  const std::size_t sizes[] = {65, 1, 9, 64, 0, 7, 63, 8};
+  const std::int64_t first_steps[] = {1, 7, 2, 1, 4};
+  const std::vector<Combo> combos = AllCombos();
+  Case<A> c;
+  c.groups = A::Options();
+  for (std::size_t i = 0; i < c.groups.size() + combos.size(); ++i) {
+    c.segs.push_back({.n = sizes[i % std::size(sizes)],
+                      .combo = combos[i % combos.size()],
+                      .group = static_cast<std::uint32_t>(i % c.groups.size()),
+                      .first_step = first_steps[i % std::size(first_steps)],
+                      .unaligned = i % 3 == 1});
+  }
+  for (int threads : {1, 2}) {
+    c.steps = 20;
+    c.threads = threads;
+    c.seed = 1000 + static_cast<std::uint64_t>(threads);
+    if (!RunCase(c, target)) return;
+  }
+}
+
+TEST_P(KernelMixed, Sgd) { RunMixed<SgdAlgo>(target()); }
+TEST_P(KernelMixed, Adam) { RunMixed<AdamAlgo>(target()); }
+TEST_P(KernelMixed, AdamW) { RunMixed<AdamWAlgo>(target()); }
+TEST_P(KernelMixed, Rmsprop) { RunMixed<RmspropAlgo>(target()); }
+TEST_P(KernelMixed, Adagrad) { RunMixed<AdagradAlgo>(target()); }
+
+// ------------------------------------------------------------------------------------------------
+// KernelLarge: 4099 elements on every 16-bit combo (so the bias check runs), and 1000003 elements
+// on f32/f32/f32 and bf16/bf16/bf16, with Runtime(2). Fresh state (step 1) then a second step, so
+// that the 16-bit results are well-spread roundings and the bias check is meaningful.
+
+template <class A>
+void RunLarge(const std::string& target) {
+  const std::vector<typename A::Hyper> options = A::Options();
+  for (const typename A::Hyper& h : {options.front(), options.back()}) {
+    for (const Combo& combo : AllCombos()) {
+      if (combo.param == kF32 && combo.grad == kF32 && combo.state == kF32) continue;
+      Case<A> c;
+      c.groups = {h};
+      c.segs = {{.n = 4099, .combo = combo, .unaligned = true}};
+      c.steps = 2;
+      c.threads = 2;
+      c.seed = 7;
+      if (!RunCase(c, target)) return;
+    }
+  }
+  if (SmallOnly()) return;
+  for (const Combo& combo : {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}}) {
+    Case<A> c;
+    c.groups = {options.back()};
+    c.segs = {{.n = 1000003, .combo = combo, .unaligned = true}};
+    c.steps = 2;
+    c.threads = 2;
+    c.seed = 11;
+    if (!RunCase(c, target)) return;
+  }
+}
+
+TEST_P(KernelLarge, Sgd) { RunLarge<SgdAlgo>(target()); }
+TEST_P(KernelLarge, Adam) { RunLarge<AdamAlgo>(target()); }
+TEST_P(KernelLarge, AdamW) { RunLarge<AdamWAlgo>(target()); }
+TEST_P(KernelLarge, Rmsprop) { RunLarge<RmspropAlgo>(target()); }
+TEST_P(KernelLarge, Adagrad) { RunLarge<AdagradAlgo>(target()); }
+
+// ------------------------------------------------------------------------------------------------
+// KernelSpecial: zero, huge, eps-dominated and NaN/Inf gradients against the oracle (NaN/Inf must
+// reach exactly the elements they touch); zero-size segments are no-ops.
+
+template <class A>
+void RunSpecialValues(const std::string& target) {
+  int failing = 0;
+  for (GradKind kind : {GradKind::kZero, GradKind::kHuge, GradKind::kTiny, GradKind::kNonFinite}) {
+    for (const typename A::Hyper& h : A::Options()) {
+      for (const Combo& combo : {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16},
+                                 Combo{kF16, kF16, kF32, /*master=*/true}}) {
+        Case<A> c;
+        c.groups = {h};
+        // Fresh tensors only: later-step random states would not be eps-dominated.
+        c.segs = {{.n = 65, .combo = combo}, {.n = 9, .combo = combo, .unaligned = true}};
+        c.steps = 3;
+        c.grads = kind;
+        if (!RunCase(c, target) && ++failing >= kMaxFailingCases) return;
+      }
+    }
+  }
+}
+
+// Zero-size segments, with null or with non-null pointers into guarded memory, among real ones and
+// alone.
+template <class A>
+void RunZeroSize(const std::string& target) {
+  const typename A::Hyper h = A::Options().back();
+  const unsigned states = A::States(h);
+  Rng rng(3);
+  SegData real = MakeSegment<A>({.n = 9, .combo = {kBF16, kBF16, kF32, true}}, h, rng);
+  FillGrads(real, GradKind::kRandom, rng);
+  Buffer canary(kF32, 0, false);
+  Segment null_seg;  // numel 0, all pointers null
+  null_seg.step = 1;
+  Segment pointing = null_seg;  // numel 0, pointers into guarded memory
+  pointing.param = canary.data();
+  pointing.grad = canary.data();
+  for (int k = 0; k < kMaxStates; ++k) {
+    if ((states >> k & 1u) != 0) pointing.state[k] = canary.data();
+  }
+  pointing.step = 5;
+
+  Runtime runtime(2);
+  SCOPED_TRACE("target " + target + ", " + A::Describe(h));
+  const std::vector<typename A::Hyper> groups = {h};
+  // Only empty segments, then no segments and no groups at all.
+  const std::vector<Segment> empties = {null_seg, pointing, null_seg};
+  EXPECT_NO_THROW(A::Step(groups, empties, runtime));
+  EXPECT_NO_THROW(A::Step({}, {}, runtime));
+  EXPECT_TRUE(canary.GuardsIntact());
+
+  // Empty segments around a real one: the real one matches the oracle, the empty ones are
+  // untouched.
+  StateSpans st;
+  for (int k = 0; k < kMaxStates; ++k) st[k] = real.ref_state[k];
+  const std::vector<double> g = real.grad.ToDouble();
+  real.TrackScale();
+  A::Ref(h, real.step, real.ref_p, g, st);
+  const std::vector<Segment> table = {null_seg, pointing, real.ToSegment(), null_seg, pointing};
+  EXPECT_NO_THROW(A::Step(groups, table, runtime));
+  EXPECT_TRUE(canary.GuardsIntact());
+  const double widen = IsFmaTarget(target) ? 1.0 : 10.0;
+  EXPECT_EQ(CheckSegment<A>(real, {2e-6 * widen, 8.0 * widen}), "");
+}
+
+TEST_P(KernelSpecial, SgdValues) { RunSpecialValues<SgdAlgo>(target()); }
+TEST_P(KernelSpecial, AdamValues) { RunSpecialValues<AdamAlgo>(target()); }
+TEST_P(KernelSpecial, AdamWValues) { RunSpecialValues<AdamWAlgo>(target()); }
+TEST_P(KernelSpecial, RmspropValues) { RunSpecialValues<RmspropAlgo>(target()); }
+TEST_P(KernelSpecial, AdagradValues) { RunSpecialValues<AdagradAlgo>(target()); }
+TEST_P(KernelSpecial, SgdZeroSize) { RunZeroSize<SgdAlgo>(target()); }
+TEST_P(KernelSpecial, AdamZeroSize) { RunZeroSize<AdamAlgo>(target()); }
+TEST_P(KernelSpecial, AdamWZeroSize) { RunZeroSize<AdamWAlgo>(target()); }
+TEST_P(KernelSpecial, RmspropZeroSize) { RunZeroSize<RmspropAlgo>(target()); }
+TEST_P(KernelSpecial, AdagradZeroSize) { RunZeroSize<AdagradAlgo>(target()); }
+
+// ------------------------------------------------------------------------------------------------
+// Determinism: Runtime(1) and Runtime(2) give bit-identical buffers over several chunks and
+// segments.
+
+template <class A>
+void RunDeterminism(const std::string& target) {
+  const std::vector<typename A::Hyper> options = A::Options();
+  const std::size_t sizes[] = {40000, 0, 1, 70001, 33333, 7};  // 143342 elements: 5 chunks
+  // FOPT_TEST_SMALL (sanitizer runs): one option set and two combos, still over 5 chunks.
+  std::vector<typename A::Hyper> hypers = {options.back()};
+  std::vector<Combo> combos = {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}};
+  if (!SmallOnly()) {
+    hypers.push_back(options.front());
+    combos.push_back(Combo{kF16, kF16, kF32, true});
+  }
+  for (const typename A::Hyper& h : hypers) {
+    const std::vector<typename A::Hyper> groups = {h, A::OtherGroup(h)};
+    for (const Combo& combo : combos) {
+      std::array<std::vector<SegData>, 2> runs;
+      for (auto& run : runs) {
+        Rng rng(42);
+        for (std::size_t i = 0; i < std::size(sizes); ++i) {
+          const SegSpec spec{.n = sizes[i],
+                             .combo = combo,
+                             .group = static_cast<std::uint32_t>(i % 2),
+                             .first_step = i % 3 == 0 ? 1 : 4,
+                             .unaligned = i % 2 == 1};
+          run.push_back(MakeSegment<A>(spec, groups[spec.group], rng));
+        }
+      }
+      for (int t = 0; t < 3; ++t) {
+        for (int r = 0; r < 2; ++r) {
+          Rng rng(100 + static_cast<std::uint64_t>(t));
+          std::vector<Segment> table;
+          for (SegData& s : runs[r]) {
+            FillGrads(s, GradKind::kRandom, rng);
+            table.push_back(s.ToSegment());
+            ++s.step;
+          }
+          Runtime runtime(r + 1);
+          A::Step(groups, table, runtime);
+        }
+        for (std::size_t i = 0; i < std::size(sizes); ++i) {
+          const SegData& a = runs[0][i];
+          const SegData& b = runs[1][i];
+          const std::string where = "target " + target + ", " + A::Describe(h) + ", " +
+                                    ComboName(combo) + ", segment " + std::to_string(i) +
+                                    " (n=" + std::to_string(sizes[i]) + "), step " +
+                                    std::to_string(t + 1) + ": ";
+          ASSERT_TRUE(a.param.SameBytes(b.param))
+              << where << "param differs between 1 and 2 threads";
+          if (a.master) {
+            ASSERT_TRUE(a.master->SameBytes(*b.master)) << where << "master differs";
+          }
+          for (int k = 0; k < kMaxStates; ++k) {
+            if (a.state[k]) {
+              ASSERT_TRUE(a.state[k]->SameBytes(*b.state[k]))
+                  << where << A::kStateNames[k] << " differs";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Determinism, Sgd) { RunDeterminism<SgdAlgo>(target()); }
+TEST_P(Determinism, Adam) { RunDeterminism<AdamAlgo>(target()); }
+TEST_P(Determinism, AdamW) { RunDeterminism<AdamWAlgo>(target()); }
+TEST_P(Determinism, Rmsprop) { RunDeterminism<RmspropAlgo>(target()); }
+TEST_P(Determinism, Adagrad) { RunDeterminism<AdagradAlgo>(target()); }
+
+INSTANTIATE_TEST_SUITE_P(Targets, KernelSweep, ::testing::ValuesIn(AvailableTargets()),
+                         TargetParamName);
+INSTANTIATE_TEST_SUITE_P(Targets, KernelMixed, ::testing::ValuesIn(AvailableTargets()),
+                         TargetParamName);
+INSTANTIATE_TEST_SUITE_P(Targets, KernelLarge, ::testing::ValuesIn(AvailableTargets()),
+                         TargetParamName);
+INSTANTIATE_TEST_SUITE_P(Targets, KernelSpecial, ::testing::ValuesIn(AvailableTargets()),
+                         TargetParamName);
+INSTANTIATE_TEST_SUITE_P(Targets, Determinism, ::testing::ValuesIn(AvailableTargets()),
+                         TargetParamName);
+
+}  // namespace
+}  // namespace fusedopt

@@ -11,6 +11,7 @@ torchvision / Hugging Face parameter naming and ordering.
 Run from the repo root:  .venv/bin/python tools/gen_model_shapes.py
 """
 
+import argparse
 import math
 import pathlib
 
@@ -330,6 +331,9 @@ def render(models):
 
 
 def main():
+    parser = argparse.ArgumentParser(description="Writes bench/model_shapes.cc from torch model definitions.")
+    parser.add_argument("--out", type=pathlib.Path, default=OUTPUT, help="output file")
+    out = parser.parse_args().out
     models = []
     for name, constructor, want_tensors, want_numel in MODELS:
         tensors = collect(constructor)
@@ -339,8 +343,8 @@ def main():
         assert total == want_numel, f"{name}: {total} parameters, want {want_numel}"
         models.append((name, tensors, total))
         print(f"{name}: {len(tensors)} tensors, {total} parameters")
-    OUTPUT.write_text(render(models), encoding="utf-8", newline="\n")
-    print(f"wrote {OUTPUT.relative_to(REPO_ROOT)}")
+    out.write_text(render(models), encoding="utf-8", newline="\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

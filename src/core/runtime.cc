@@ -24,19 +24,38 @@ std::int64_t TargetBit(const std::string& name) {
   return 0;
 }
 
-// Applies FOPT_DISABLE_TARGETS once, then records what is left: the targets tests and benchmarks
-// may force.
-const std::vector<std::string>& Available() {
-  static const std::vector<std::string> names = [] {
+// Dispatch uses hwy's test mock (SetSupportedTargetsForTest) for every restriction: in
+// Highway 1.0.3 each call of SupportedTargets() re-chooses the target from the unmasked CPU set,
+// silently undoing DisableTargets.
+void Restrict(std::int64_t mask) {
+  hwy::SetSupportedTargetsForTest(mask);
+  hwy::GetChosenTarget().Update(mask);
+}
+
+// The targets steps may use: compiled, supported by this CPU, and not listed in
+// FOPT_DISABLE_TARGETS.
+std::int64_t DefaultMask() {
+  static const std::int64_t mask = [] {
+    const std::int64_t detected = hwy::SupportedTargets() & HWY_TARGETS;
+    std::int64_t disabled = 0;
     if (const char* env = std::getenv("FOPT_DISABLE_TARGETS")) {
-      std::int64_t disabled = 0;
       std::stringstream list(env);
       for (std::string name; std::getline(list, name, ',');) disabled |= TargetBit(name);
-      hwy::DisableTargets(disabled);
     }
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    const std::int64_t allowed = detected & ~disabled;
+    return allowed != 0 ? allowed : detected;  // never disable everything
+  }();
+  return mask;
+}
+
+// Applies the default restriction once, before the first step.
+const std::vector<std::string>& Available() {
+  static const std::vector<std::string> names = [] {
+    const std::int64_t mask = DefaultMask();
+    Restrict(mask);
     std::vector<std::string> out;
-    for (std::int64_t t : hwy::SupportedAndGeneratedTargets()) out.emplace_back(hwy::TargetName(t));
+    for (std::int64_t bits = mask; bits != 0; bits &= bits - 1)
+      out.emplace_back(hwy::TargetName(bits & -bits));
     return out;
   }();
   return names;
@@ -71,7 +90,7 @@ void ForceTarget(const std::string& name) {
   static std::mutex mutex;
   const std::lock_guard<std::mutex> lock(mutex);
   const std::vector<std::string>& available = Available();
-  std::int64_t mask = 0;
+  std::int64_t mask = DefaultMask();
   if (!name.empty()) {
     if (std::find(available.begin(), available.end(), name) == available.end()) {
       std::string known;
@@ -80,8 +99,7 @@ void ForceTarget(const std::string& name) {
     }
     mask = TargetBit(name);
   }
-  hwy::SetSupportedTargetsForTest(mask);
-  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  Restrict(mask);
 }
 
 }  // namespace fusedopt

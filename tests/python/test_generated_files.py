@@ -1,0 +1,55 @@
+"""The committed generated files are what their generators make from torch 2.13 today.
+
+Golden vectors (tests/golden) are regenerated with torch.optim and compared value by value (to 1e-6 relative:
+torch's own CPU kernels may round differently on another CPU); the model shape table is compared byte for
+byte. Both prove the C++ tests' references really come from torch.
+"""
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run(*args):
+    subprocess.run([sys.executable, *args], cwd=ROOT, check=True, capture_output=True, text=True)
+
+
+def assert_close(got, want, where):
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), where
+        for k in want:
+            assert_close(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        scale = max((abs(x) for x in want if isinstance(x, (int, float))), default=0.0)
+        for i, (g, w) in enumerate(zip(got, want)):
+            if isinstance(w, float):
+                assert math.isclose(g, w, rel_tol=1e-6, abs_tol=1e-6 * scale), f"{where}[{i}]: {g} != {w}"
+            else:
+                assert_close(g, w, f"{where}[{i}]")
+    elif isinstance(want, float):
+        assert math.isclose(got, want, rel_tol=1e-6), f"{where}: {got} != {want}"
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+def test_golden_vectors_regenerate_from_torch(tmp_path):
+    run("tools/make_golden.py", "--out", str(tmp_path))
+    committed = sorted((ROOT / "tests" / "golden").glob("*.json"))
+    assert committed, "no golden files"
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [p.name for p in committed]
+    skip = {"torch_sqrt", "cpu_capability"}  # facts about the generating machine, not results
+    for path in committed:
+        want = {k: v for k, v in json.loads(path.read_text()).items() if k not in skip}
+        got = {k: v for k, v in json.loads((tmp_path / path.name).read_text()).items() if k not in skip}
+        assert_close(got, want, path.name)
+
+
+def test_model_shapes_regenerate_identically(tmp_path):
+    out = tmp_path / "model_shapes.cc"
+    run("tools/gen_model_shapes.py", "--out", str(out))
+    assert out.read_text() == (ROOT / "bench" / "model_shapes.cc").read_text()
