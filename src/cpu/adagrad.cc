@@ -19,7 +19,7 @@ namespace fusedopt::HWY_NAMESPACE {
 void AdagradChunks(const StepPlan<AdagradScalars>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end) {
   RunPlanChunks(plan, chunk_begin, chunk_end,
-                [](auto p_tag, auto g_tag, auto s_tag, const AdagradScalars& s, const Segment& seg,
+                [](auto p_tag, auto g_tag, auto s_tag, const AdagradScalars s, const Segment& seg,
                    std::size_t begin, std::size_t end) HWY_ATTR {
                   using P = typename decltype(p_tag)::type;
                   using G = typename decltype(g_tag)::type;
@@ -27,14 +27,18 @@ void AdagradChunks(const StepPlan<AdagradScalars>& plan, std::size_t chunk_begin
                   const ParamIo<P> param{static_cast<P*>(seg.param), seg.master};
                   const G* grad = static_cast<const G*>(seg.grad);
                   S* sum = static_cast<S*>(seg.state[kSum]);
-                  ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
-                    const HwyOps<decltype(d)> o{d};
-                    auto p = param.Load(d, i);
-                    auto acc = Io<S>::Load(d, sum + i);
-                    AdagradMath(o, s, p, Io<G>::Load(d, grad + i), acc);
-                    param.Store(d, p, i);
-                    Io<S>::Store(d, acc, sum + i);
-                  });
+                  WithFlags(
+                      [&](auto wd) HWY_ATTR {
+                        ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
+                          const HwyOps<decltype(d)> o{d};
+                          auto p = param.Load(d, i);
+                          auto acc = Io<S>::Load(d, sum + i);
+                          AdagradMath<decltype(wd)::value>(o, s, p, Io<G>::Load(d, grad + i), acc);
+                          param.Store(d, p, i);
+                          Io<S>::Store(d, acc, sum + i);
+                        });
+                      },
+                      s.has_weight_decay);
                 });
 }
 

@@ -19,7 +19,7 @@ namespace fusedopt::HWY_NAMESPACE {
 
 void AdamChunks(const StepPlan<AdamScalars>& plan, std::size_t chunk_begin, std::size_t chunk_end) {
   RunPlanChunks(plan, chunk_begin, chunk_end,
-                [](auto p_tag, auto g_tag, auto s_tag, const AdamScalars& s, const Segment& seg,
+                [](auto p_tag, auto g_tag, auto s_tag, const AdamScalars s, const Segment& seg,
                    std::size_t begin, std::size_t end) HWY_ATTR {
                   using P = typename decltype(p_tag)::type;
                   using G = typename decltype(g_tag)::type;
@@ -29,18 +29,24 @@ void AdamChunks(const StepPlan<AdamScalars>& plan, std::size_t chunk_begin, std:
                   S* exp_avg = static_cast<S*>(seg.state[kExpAvg]);
                   S* exp_avg_sq = static_cast<S*>(seg.state[kExpAvgSq]);
                   S* max_exp_avg_sq = static_cast<S*>(seg.state[kMaxExpAvgSq]);
-                  ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
-                    const HwyOps<decltype(d)> o{d};
-                    auto p = param.Load(d, i);
-                    auto m = Io<S>::Load(d, exp_avg + i);
-                    auto v = Io<S>::Load(d, exp_avg_sq + i);
-                    auto v_max = s.amsgrad ? Io<S>::Load(d, max_exp_avg_sq + i) : v;
-                    AdamMath(o, s, p, Io<G>::Load(d, grad + i), m, v, v_max);
-                    param.Store(d, p, i);
-                    Io<S>::Store(d, m, exp_avg + i);
-                    Io<S>::Store(d, v, exp_avg_sq + i);
-                    if (s.amsgrad) Io<S>::Store(d, v_max, max_exp_avg_sq + i);
-                  });
+                  WithFlags(
+                      [&](auto coupled_wd, auto amsgrad) HWY_ATTR {
+                        constexpr bool kAmsgrad = decltype(amsgrad)::value;
+                        ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
+                          const HwyOps<decltype(d)> o{d};
+                          auto p = param.Load(d, i);
+                          auto m = Io<S>::Load(d, exp_avg + i);
+                          auto v = Io<S>::Load(d, exp_avg_sq + i);
+                          auto v_max = kAmsgrad ? Io<S>::Load(d, max_exp_avg_sq + i) : v;
+                          AdamMath<decltype(coupled_wd)::value, kAmsgrad>(
+                              o, s, p, Io<G>::Load(d, grad + i), m, v, v_max);
+                          param.Store(d, p, i);
+                          Io<S>::Store(d, m, exp_avg + i);
+                          Io<S>::Store(d, v, exp_avg_sq + i);
+                          if constexpr (kAmsgrad) Io<S>::Store(d, v_max, max_exp_avg_sq + i);
+                        });
+                      },
+                      s.coupled_weight_decay, s.amsgrad);
                 });
 }
 

@@ -9,6 +9,7 @@
 #  endif
 
 #  include <cstddef>
+#  include <type_traits>
 
 #  include "fusedopt/dtype.h"
 #  include "hwy/highway.h"
@@ -57,6 +58,25 @@ HWY_INLINE void WithStorageTypes(DType param, DType grad, DType state, const F& 
       WithStorageType(state, [&](auto s) HWY_ATTR { f(p, g, s); });
     });
   });
+}
+
+// Calls f(flag...) with each runtime bool turned into std::true_type / std::false_type, so a
+// kernel's mode flags become template arguments: one branch-free loop per combination instead of
+// tests in the loop body.
+template <class F>
+HWY_INLINE void WithFlags(const F& f) {
+  f();
+}
+template <class F, class... Bools>
+HWY_INLINE void WithFlags(const F& f, bool first, Bools... rest) {
+  const auto bind = [&](auto flag) HWY_ATTR {
+    WithFlags([&](auto... flags) HWY_ATTR { f(flag, flags...); }, rest...);
+  };
+  if (first) {
+    bind(std::true_type{});
+  } else {
+    bind(std::false_type{});
+  }
 }
 
 // Runs kernel(param_tag, grad_tag, state_tag, scalars, segment, begin, end) on every piece of

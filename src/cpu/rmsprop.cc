@@ -21,7 +21,7 @@ namespace fusedopt::HWY_NAMESPACE {
 void RmspropChunks(const StepPlan<RmspropScalars>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end) {
   RunPlanChunks(plan, chunk_begin, chunk_end,
-                [](auto p_tag, auto g_tag, auto s_tag, const RmspropScalars& s, const Segment& seg,
+                [](auto p_tag, auto g_tag, auto s_tag, const RmspropScalars s, const Segment& seg,
                    std::size_t begin, std::size_t end) HWY_ATTR {
                   using P = typename decltype(p_tag)::type;
                   using G = typename decltype(g_tag)::type;
@@ -31,19 +31,26 @@ void RmspropChunks(const StepPlan<RmspropScalars>& plan, std::size_t chunk_begin
                   S* square_avg = static_cast<S*>(seg.state[kSquareAvg]);
                   S* momentum_buffer = static_cast<S*>(seg.state[kRmspropMomentumBuffer]);
                   S* grad_avg = static_cast<S*>(seg.state[kGradAvg]);
-                  ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
-                    const HwyOps<decltype(d)> o{d};
-                    auto p = param.Load(d, i);
-                    auto sq = Io<S>::Load(d, square_avg + i);
-                    // Unused states alias sq and are not stored.
-                    auto buf = s.has_momentum ? Io<S>::Load(d, momentum_buffer + i) : sq;
-                    auto ga = s.centered ? Io<S>::Load(d, grad_avg + i) : sq;
-                    RmspropMath(o, s, p, Io<G>::Load(d, grad + i), sq, buf, ga);
-                    param.Store(d, p, i);
-                    Io<S>::Store(d, sq, square_avg + i);
-                    if (s.has_momentum) Io<S>::Store(d, buf, momentum_buffer + i);
-                    if (s.centered) Io<S>::Store(d, ga, grad_avg + i);
-                  });
+                  WithFlags(
+                      [&](auto wd, auto centered, auto momentum) HWY_ATTR {
+                        constexpr bool kCentered = decltype(centered)::value;
+                        constexpr bool kMomentum = decltype(momentum)::value;
+                        ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
+                          const HwyOps<decltype(d)> o{d};
+                          auto p = param.Load(d, i);
+                          auto sq = Io<S>::Load(d, square_avg + i);
+                          // Unused states alias sq and are not stored.
+                          auto buf = kMomentum ? Io<S>::Load(d, momentum_buffer + i) : sq;
+                          auto ga = kCentered ? Io<S>::Load(d, grad_avg + i) : sq;
+                          RmspropMath<decltype(wd)::value, kCentered, kMomentum>(
+                              o, s, p, Io<G>::Load(d, grad + i), sq, buf, ga);
+                          param.Store(d, p, i);
+                          Io<S>::Store(d, sq, square_avg + i);
+                          if constexpr (kMomentum) Io<S>::Store(d, buf, momentum_buffer + i);
+                          if constexpr (kCentered) Io<S>::Store(d, ga, grad_avg + i);
+                        });
+                      },
+                      s.has_weight_decay, s.centered, s.has_momentum);
                 });
 }
 

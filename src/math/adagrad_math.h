@@ -3,11 +3,11 @@
 // no include guard.
 
 // p: param (f32), g: gradient, sum: state_sum.
-template <class Ops, class V>
+template <bool kWeightDecay, class Ops, class V>
 inline void AdagradMath(const Ops& o, const AdagradScalars& s, V& p, V g, V& sum) {
-  g = o.Mul(g, o.Set(s.grad_mul));                                    // g = ±∇
-  if (s.has_weight_decay) g = o.MulAdd(o.Set(s.weight_decay), p, g);  // g = g + λθ
-  sum = o.MulAdd(g, g, sum);                                          // G = G + g²
-  const V std_dev = o.Add(o.Sqrt(sum), o.Set(s.eps));                 // √G + ε
+  g = o.Mul(g, o.Set(s.grad_mul));                                        // g = ±∇
+  if constexpr (kWeightDecay) g = o.MulAdd(o.Set(s.weight_decay), p, g);  // g = g + λθ
+  sum = o.MulAdd(g, g, sum);                                              // G = G + g²
+  const V std_dev = o.Add(o.Sqrt(sum), o.Set(s.eps));                     // √G + ε
   p = o.Add(p, o.Div(o.Mul(o.Set(s.neg_clr), g), std_dev));  // θ = θ − γ̃g/(√G + ε)
 }

@@ -4,12 +4,13 @@
 
 // p: param (f32), g: gradient, m: exp_avg, v: exp_avg_sq, v_max: max_exp_avg_sq (only with
 // amsgrad).
-template <class Ops, class V>
+template <bool kCoupledWeightDecay, bool kAmsgrad, class Ops, class V>
 inline void AdamMath(const Ops& o, const AdamScalars& s, V& p, V g, V& m, V& v, V& v_max) {
   g = o.Mul(g, o.Set(s.grad_mul));  // g = ±∇       (maximize)
-  if (s.coupled_weight_decay) g = o.MulAdd(o.Set(s.weight_decay), p, g);  // g = g + λθ   (Adam L2)
-  p = o.Mul(p, o.Set(s.decay_mul));  // θ = θ(1−γλ)  (AdamW)
-  m = Lerp(o, m, g, s.beta1_lerp);   // m = m + (1−β1)(g − m)
+  if constexpr (kCoupledWeightDecay)
+    g = o.MulAdd(o.Set(s.weight_decay), p, g);  // g = g + λθ   (Adam L2)
+  p = o.Mul(p, o.Set(s.decay_mul));             // θ = θ(1−γλ)  (AdamW)
+  m = Lerp(o, m, g, s.beta1_lerp);              // m = m + (1−β1)(g − m)
   v = o.MulAdd(o.Mul(o.Set(s.one_minus_beta2), g), g,
                o.Mul(v, o.Set(s.beta2)));  // v = β2·v + (1−β2)g²
   if (s.amsgrad) v_max = o.Max(v_max, v);  // v_max = max(v_max, v)
