@@ -21,30 +21,20 @@ HWY_BEFORE_NAMESPACE();
 namespace fusedopt::bench::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using fusedopt::HWY_NAMESPACE::ForEachVector;
-using fusedopt::HWY_NAMESPACE::Io;
-using fusedopt::HWY_NAMESPACE::ParamIo;
 using fusedopt::HWY_NAMESPACE::RunPlanChunks;
 
 void TrafficChunks(const StepPlan<std::monostate>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end) {
   RunPlanChunks(plan, chunk_begin, chunk_end,
-                [](auto p_tag, auto g_tag, auto s_tag, const std::monostate&, const Segment& seg,
-                   std::size_t begin, std::size_t end) HWY_ATTR {
-                  using P = typename decltype(p_tag)::type;
-                  using G = typename decltype(g_tag)::type;
-                  using S = typename decltype(s_tag)::type;
-                  const ParamIo<P> param{static_cast<P*>(seg.param), seg.master};
-                  const G* grad = static_cast<const G*>(seg.grad);
-                  S* s0 = static_cast<S*>(seg.state[0]);
-                  S* s1 = static_cast<S*>(seg.state[1]);
-                  S* s2 = static_cast<S*>(seg.state[2]);
+                [](const auto& b, std::monostate, std::size_t begin, std::size_t end) HWY_ATTR {
                   ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
                     // x + 0·g keeps every value (barring NaN/Inf) yet depends on the load of g.
-                    const auto g = hn::Mul(Io<G>::Load(d, grad + i), hn::Zero(d));
-                    param.Store(d, hn::Add(param.Load(d, i), g), i);
-                    if (s0 != nullptr) Io<S>::Store(d, hn::Add(Io<S>::Load(d, s0 + i), g), s0 + i);
-                    if (s1 != nullptr) Io<S>::Store(d, hn::Add(Io<S>::Load(d, s1 + i), g), s1 + i);
-                    if (s2 != nullptr) Io<S>::Store(d, hn::Add(Io<S>::Load(d, s2 + i), g), s2 + i);
+                    const auto g = hn::Mul(b.Grad(d, i), hn::Zero(d));
+                    b.param.Store(d, hn::Add(b.param.Load(d, i), g), i);
+                    for (int slot = 0; slot < kMaxStates; ++slot) {
+                      if (b.state[slot] != nullptr)
+                        b.StoreState(d, slot, hn::Add(b.LoadState(d, slot, i), g), i);
+                    }
                   });
                 });
 }

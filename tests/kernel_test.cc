@@ -108,16 +108,16 @@ constexpr DType kF32 = DType::kF32;
 constexpr DType kF16 = DType::kF16;
 constexpr DType kBF16 = DType::kBF16;
 
-// param/grad/state, each 16-bit-param combo also with an f32 master copy.
+// Every param/grad/state dtype combination (27), and each one with a 16-bit param also with an f32
+// master copy (18 more).
 std::vector<Combo> AllCombos() {
-  const std::vector<Combo> base = {{kF32, kF32, kF32},    {kBF16, kBF16, kF32}, {kF16, kF16, kF32},
-                                   {kBF16, kBF16, kBF16}, {kF16, kF16, kF16},   {kBF16, kF32, kF32},
-                                   {kF32, kBF16, kF32},   {kF32, kF32, kBF16}};
-  std::vector<Combo> out = base;
-  for (Combo c : base) {
-    if (c.param != kF32) {
-      c.master = true;
-      out.push_back(c);
+  std::vector<Combo> out;
+  for (bool master : {false, true}) {
+    for (DType p : {kF32, kBF16, kF16}) {
+      if (master && p == kF32) continue;
+      for (DType g : {kF32, kBF16, kF16}) {
+        for (DType st : {kF32, kBF16, kF16}) out.push_back({p, g, st, master});
+      }
     }
   }
   return out;

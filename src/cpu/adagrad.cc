@@ -18,28 +18,21 @@ namespace fusedopt::HWY_NAMESPACE {
 
 void AdagradChunks(const StepPlan<AdagradScalars>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end) {
-  RunPlanChunks(plan, chunk_begin, chunk_end,
-                [](auto p_tag, auto g_tag, auto s_tag, const AdagradScalars s, const Segment& seg,
-                   std::size_t begin, std::size_t end) HWY_ATTR {
-                  using P = typename decltype(p_tag)::type;
-                  using G = typename decltype(g_tag)::type;
-                  using S = typename decltype(s_tag)::type;
-                  const ParamIo<P> param{static_cast<P*>(seg.param), seg.master};
-                  const G* grad = static_cast<const G*>(seg.grad);
-                  S* sum = static_cast<S*>(seg.state[kSum]);
-                  WithFlags(
-                      [&](auto wd) HWY_ATTR {
-                        ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
-                          const HwyOps<decltype(d)> o{d};
-                          auto p = param.Load(d, i);
-                          auto acc = Io<S>::Load(d, sum + i);
-                          AdagradMath<decltype(wd)::value>(o, s, p, Io<G>::Load(d, grad + i), acc);
-                          param.Store(d, p, i);
-                          Io<S>::Store(d, acc, sum + i);
-                        });
-                      },
-                      s.has_weight_decay);
-                });
+  RunPlanChunks(
+      plan, chunk_begin, chunk_end,
+      [](const auto& b, const AdagradScalars s, std::size_t begin, std::size_t end) HWY_ATTR {
+        WithFlags(
+            [&](auto wd) HWY_ATTR {
+              ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
+                auto p = b.param.Load(d, i);
+                auto sum = b.LoadState(d, kSum, i);
+                AdagradMath<decltype(wd)::value>(HwyOps<decltype(d)>{d}, s, p, b.Grad(d, i), sum);
+                b.param.Store(d, p, i);
+                b.StoreState(d, kSum, sum, i);
+              });
+            },
+            s.has_weight_decay);
+      });
 }
 
 }  // namespace fusedopt::HWY_NAMESPACE

@@ -12,6 +12,7 @@
 
 #  include <cstdint>
 
+#  include "fusedopt/step.h"
 #  include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -132,6 +133,34 @@ struct ParamIo {
   HWY_INLINE void Store(DF df, hn::Vec<DF> v, std::size_t i) const {
     if (master != nullptr) Io<float>::Store(df, v, master + i);
     Io<P>::Store(df, v, param + i);
+  }
+};
+
+// A segment's buffers with their storage types: everything a kernel loads and stores, as f32
+// vectors.
+template <class P, class G, class S>
+struct SegmentBuffers {
+  ParamIo<P> param;
+  const G* grad;
+  S* state[kMaxStates];
+
+  explicit SegmentBuffers(const Segment& s)
+      : param{static_cast<P*>(s.param), s.master},
+        grad(static_cast<const G*>(s.grad)),
+        state{static_cast<S*>(s.state[0]), static_cast<S*>(s.state[1]),
+              static_cast<S*>(s.state[2])} {}
+
+  template <class DF>
+  HWY_INLINE hn::Vec<DF> Grad(DF df, std::size_t i) const {
+    return Io<G>::Load(df, grad + i);
+  }
+  template <class DF>
+  HWY_INLINE hn::Vec<DF> LoadState(DF df, int slot, std::size_t i) const {
+    return Io<S>::Load(df, state[slot] + i);
+  }
+  template <class DF>
+  HWY_INLINE void StoreState(DF df, int slot, hn::Vec<DF> v, std::size_t i) const {
+    Io<S>::Store(df, v, state[slot] + i);
   }
 };
 

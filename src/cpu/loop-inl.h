@@ -14,6 +14,7 @@
 #  include "fusedopt/dtype.h"
 #  include "hwy/highway.h"
 #  include "src/core/plan.h"
+#  include "src/cpu/io-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace fusedopt::HWY_NAMESPACE {
@@ -79,7 +80,7 @@ HWY_INLINE void WithFlags(const F& f, bool first, Bools... rest) {
   }
 }
 
-// Runs kernel(param_tag, grad_tag, state_tag, scalars, segment, begin, end) on every piece of
+// Runs kernel(SegmentBuffers<P, G, S>, scalars, begin, end) on every piece of
 // chunks [chunk_begin, chunk_end) of a plan, instantiated for each segment's dtype combination.
 template <class Scalars, class Kernel>
 HWY_INLINE void RunPlanChunks(const StepPlan<Scalars>& plan, std::size_t chunk_begin,
@@ -87,9 +88,12 @@ HWY_INLINE void RunPlanChunks(const StepPlan<Scalars>& plan, std::size_t chunk_b
   plan.chunks.ForEachPiece(
       chunk_begin, chunk_end, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
         const Segment& seg = plan.chunks.segments()[i];
-        WithStorageTypes(seg.param_dtype, seg.grad_dtype, seg.state_dtype,
-                         [&](auto p, auto g, auto s)
-                             HWY_ATTR { kernel(p, g, s, plan.scalars[i], seg, begin, end); });
+        WithStorageTypes(
+            seg.param_dtype, seg.grad_dtype, seg.state_dtype, [&](auto p, auto g, auto s) HWY_ATTR {
+              using Buffers = SegmentBuffers<typename decltype(p)::type, typename decltype(g)::type,
+                                             typename decltype(s)::type>;
+              kernel(Buffers(seg), plan.scalars[i], begin, end);
+            });
       });
 }
 

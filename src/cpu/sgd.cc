@@ -18,38 +18,26 @@ namespace fusedopt::HWY_NAMESPACE {
 #include "src/math/sgd_math.h"
 
 void SgdChunks(const StepPlan<SgdScalars>& plan, std::size_t chunk_begin, std::size_t chunk_end) {
-  RunPlanChunks(
-      plan, chunk_begin, chunk_end,
-      [](auto p_tag, auto g_tag, auto s_tag, const SgdScalars s, const Segment& seg,
-         std::size_t begin, std::size_t end) HWY_ATTR {
-        using P = typename decltype(p_tag)::type;
-        using G = typename decltype(g_tag)::type;
-        using S = typename decltype(s_tag)::type;
-        const ParamIo<P> param{static_cast<P*>(seg.param), seg.master};
-        const G* grad = static_cast<const G*>(seg.grad);
-        S* momentum_buffer = static_cast<S*>(seg.state[kMomentumBuffer]);
-        WithFlags(
-            [&](auto wd, auto momentum, auto nesterov, auto first) HWY_ATTR {
-              constexpr bool kMomentum = decltype(momentum)::value;
-              constexpr bool kFirst = decltype(first)::value;
-              // Without momentum, nesterov and the first step do not matter: compile it once.
-              if constexpr (kMomentum || !(decltype(nesterov)::value || kFirst)) {
-                ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
-                  const HwyOps<decltype(d)> o{d};
-                  auto p = param.Load(d, i);
-                  const auto g = Io<G>::Load(d, grad + i);
-                  // A fresh buffer is written before it is read, so it is not loaded.
-                  auto buf = kMomentum && !kFirst ? Io<S>::Load(d, momentum_buffer + i) : g;
-                  SgdMath<decltype(wd)::value, kMomentum, decltype(nesterov)::value, kFirst>(
-                      o, s, p, g, buf);
-                  param.Store(d, p, i);
-                  if constexpr (kMomentum) Io<S>::Store(d, buf, momentum_buffer + i);
+  RunPlanChunks(plan, chunk_begin, chunk_end,
+                [](const auto& b, const SgdScalars s, std::size_t begin, std::size_t end) HWY_ATTR {
+                  WithFlags(
+                      [&](auto wd, auto momentum, auto nesterov) HWY_ATTR {
+                        constexpr bool kMomentum = decltype(momentum)::value;
+                        // Nesterov needs momentum (validated): do not compile the impossible loop.
+                        if constexpr (kMomentum || !decltype(nesterov)::value) {
+                          ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
+                            auto p = b.param.Load(d, i);
+                            const auto g = b.Grad(d, i);
+                            auto buf = kMomentum ? b.LoadState(d, kMomentumBuffer, i) : g;
+                            SgdMath<decltype(wd)::value, kMomentum, decltype(nesterov)::value>(
+                                HwyOps<decltype(d)>{d}, s, p, g, buf);
+                            b.param.Store(d, p, i);
+                            if constexpr (kMomentum) b.StoreState(d, kMomentumBuffer, buf, i);
+                          });
+                        }
+                      },
+                      s.has_weight_decay, s.has_momentum, s.has_momentum && s.nesterov);
                 });
-              }
-            },
-            s.has_weight_decay, s.has_momentum, s.has_momentum && s.nesterov,
-            s.has_momentum && s.first_step);
-      });
 }
 
 }  // namespace fusedopt::HWY_NAMESPACE

@@ -5,8 +5,9 @@
 
 namespace fusedopt {
 
-// lerp_(end, w) as ATen evaluates it: for w < 0.5 `self + w·(end − self)`, else `end − (1 − w)·(end
-// − self)`, both as one fma. `weight_minus_one` is the f32 `w − 1` ATen computes.
+// lerp_(end, w) as ATen evaluates it: for w < 0.5 `self + w·(end − self)`,
+// else `end − (1 − w)·(end − self)`, both as one fma. `weight_minus_one` is the f32 `w − 1` ATen
+// computes.
 struct LerpCoef {
   float weight = 0.0f;
   float weight_minus_one = -1.0f;
