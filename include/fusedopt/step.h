@@ -41,6 +41,10 @@ struct Segment {
   // update. Adam/RMSprop/Adagrad use it for bias correction and lr decay; SGD copies the gradient
   // into a fresh momentum buffer when it is 1.
   std::int64_t step = 1;
+  // Multiplies the gradient as it is read, before maximize and weight decay: 1/loss_scale to
+  // unscale mixed-precision gradients inside the step (no separate pass; the grad buffer is not
+  // written). Must be finite; 1 leaves the gradient exactly as it is.
+  float grad_scale = 1.0f;
 };
 
 // Each call validates all groups and segments first and throws fusedopt::Error (naming the segment

@@ -5,7 +5,8 @@
 namespace fusedopt {
 namespace {
 
-float GradMul(bool maximize) { return maximize ? -1.0f : 1.0f; }
+// fl(g·scale) then negation is exact, so folding the sign into the multiplier changes nothing.
+float GradMul(bool maximize, float grad_scale) { return maximize ? -grad_scale : grad_scale; }
 
 // torch's lerp_(end, w) receives w as a double and evaluates in f32 (see LerpCoef).
 LerpCoef MakeLerp(double w) {
@@ -15,9 +16,9 @@ LerpCoef MakeLerp(double w) {
 
 }  // namespace
 
-SgdScalars MakeSgdScalars(const SgdHyper& h, std::int64_t step) {
+SgdScalars MakeSgdScalars(const SgdHyper& h, const Segment& s) {
   return {
-      .grad_mul = GradMul(h.maximize),
+      .grad_mul = GradMul(h.maximize, s.grad_scale),
       .weight_decay = static_cast<float>(h.weight_decay),
       .momentum = static_cast<float>(h.momentum),
       .one_minus_dampening = static_cast<float>(1.0 - h.dampening),
@@ -25,17 +26,17 @@ SgdScalars MakeSgdScalars(const SgdHyper& h, std::int64_t step) {
       .has_weight_decay = h.weight_decay != 0.0,
       .has_momentum = h.momentum != 0.0,
       .nesterov = h.nesterov,
-      .first_step = step == 1,
+      .first_step = s.step == 1,
   };
 }
 
-AdamScalars MakeAdamScalars(const AdamHyper& h, std::int64_t step) {
-  const auto t = static_cast<double>(step);
+AdamScalars MakeAdamScalars(const AdamHyper& h, const Segment& s) {
+  const auto t = static_cast<double>(s.step);
   const double bias_correction1 = 1.0 - std::pow(h.beta1, t);
   const double bias_correction2 = 1.0 - std::pow(h.beta2, t);
   const bool decoupled = h.decoupled_weight_decay && h.weight_decay != 0.0;
   return {
-      .grad_mul = GradMul(h.maximize),
+      .grad_mul = GradMul(h.maximize, s.grad_scale),
       .weight_decay = static_cast<float>(h.weight_decay),
       .decay_mul = decoupled ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f,
       .beta1_lerp = MakeLerp(1.0 - h.beta1),
@@ -50,9 +51,9 @@ AdamScalars MakeAdamScalars(const AdamHyper& h, std::int64_t step) {
   };
 }
 
-RmspropScalars MakeRmspropScalars(const RmspropHyper& h) {
+RmspropScalars MakeRmspropScalars(const RmspropHyper& h, const Segment& s) {
   return {
-      .grad_mul = GradMul(h.maximize),
+      .grad_mul = GradMul(h.maximize, s.grad_scale),
       .weight_decay = static_cast<float>(h.weight_decay),
       .alpha = static_cast<float>(h.alpha),
       .one_minus_alpha = static_cast<float>(1.0 - h.alpha),
@@ -66,10 +67,10 @@ RmspropScalars MakeRmspropScalars(const RmspropHyper& h) {
   };
 }
 
-AdagradScalars MakeAdagradScalars(const AdagradHyper& h, std::int64_t step) {
-  const double clr = h.lr / (1.0 + static_cast<double>(step - 1) * h.lr_decay);
+AdagradScalars MakeAdagradScalars(const AdagradHyper& h, const Segment& s) {
+  const double clr = h.lr / (1.0 + static_cast<double>(s.step - 1) * h.lr_decay);
   return {
-      .grad_mul = GradMul(h.maximize),
+      .grad_mul = GradMul(h.maximize, s.grad_scale),
       .weight_decay = static_cast<float>(h.weight_decay),
       .eps = static_cast<float>(h.eps),
       .neg_clr = static_cast<float>(-clr),

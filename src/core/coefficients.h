@@ -3,16 +3,16 @@
 // scalars.
 #pragma once
 
-#include <cstdint>
-
 #include "fusedopt/hyper.h"
+#include "fusedopt/step.h"
 #include "src/math/scalars.h"
 
 namespace fusedopt {
 
-SgdScalars MakeSgdScalars(const SgdHyper& h, std::int64_t step);
-AdamScalars MakeAdamScalars(const AdamHyper& h, std::int64_t step);
-RmspropScalars MakeRmspropScalars(const RmspropHyper& h);
-AdagradScalars MakeAdagradScalars(const AdagradHyper& h, std::int64_t step);
+// Each takes the segment for its step count and grad_scale.
+SgdScalars MakeSgdScalars(const SgdHyper& h, const Segment& s);
+AdamScalars MakeAdamScalars(const AdamHyper& h, const Segment& s);
+RmspropScalars MakeRmspropScalars(const RmspropHyper& h, const Segment& s);
+AdagradScalars MakeAdagradScalars(const AdagradHyper& h, const Segment& s);
 
 }  // namespace fusedopt

@@ -26,7 +26,7 @@ void RunStep(std::string_view fn, std::span<const Hyper> groups, std::span<const
   ValidateStep(fn, groups, segments, state_names);
   StepPlan<Scalars> plan{ChunkPlan(segments), {}};
   plan.scalars.reserve(segments.size());
-  for (const Segment& s : segments) plan.scalars.push_back(make_scalars(groups[s.group], s.step));
+  for (const Segment& s : segments) plan.scalars.push_back(make_scalars(groups[s.group], s));
   ParallelForChunks(plan.chunks.num_chunks(), runtime.num_threads(),
                     [&](std::size_t begin, std::size_t end) { run_chunks(plan, begin, end); });
 }
@@ -56,10 +56,8 @@ void AdamWStep(std::span<const AdamWHyper> groups, std::span<const Segment> segm
 
 void RmspropStep(std::span<const RmspropHyper> groups, std::span<const Segment> segments,
                  Runtime& runtime) {
-  RunStep<RmspropScalars>(
-      "RmspropStep", groups, segments, kRmspropStates, runtime,
-      [](const RmspropHyper& h, std::int64_t /*step*/) { return MakeRmspropScalars(h); },
-      RunRmspropChunks);
+  RunStep<RmspropScalars>("RmspropStep", groups, segments, kRmspropStates, runtime,
+                          MakeRmspropScalars, RunRmspropChunks);
 }
 
 void AdagradStep(std::span<const AdagradHyper> groups, std::span<const Segment> segments,

@@ -31,9 +31,9 @@ void RequireBeta(std::string_view fn, std::size_t group, const char* name, doubl
   }
 }
 
-bool ValidDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
-
 }  // namespace
+
+bool ValidDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
 void ValidateHyper(std::string_view fn, std::size_t group, const SgdHyper& h) {
   RequireAtLeast(fn, group, "lr", h.lr, 0.0);
@@ -89,6 +89,9 @@ void ValidateStep(std::string_view fn, std::span<const Hyper> groups,
       Fail(fn, "segment ", i, ": a master copy needs an f16 or bf16 param (param dtype is f32)");
     }
     if (s.step < 1) Fail(fn, "segment ", i, ": invalid step: ", s.step, " (must be >= 1)");
+    if (!std::isfinite(s.grad_scale)) {
+      Fail(fn, "segment ", i, ": invalid grad_scale: ", s.grad_scale, " (must be finite)");
+    }
     if (s.numel == 0) continue;
     if (s.param == nullptr) Fail(fn, "segment ", i, ": param is null but numel is ", s.numel);
     if (s.grad == nullptr) Fail(fn, "segment ", i, ": grad is null but numel is ", s.numel);

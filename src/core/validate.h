@@ -13,6 +13,9 @@
 
 namespace fusedopt {
 
+// One of the DType enumerators (a raw code from a binding may be anything).
+bool ValidDType(DType t);
+
 void ValidateHyper(std::string_view fn, std::size_t group, const SgdHyper& h);
 void ValidateHyper(std::string_view fn, std::size_t group, const AdamHyper& h);
 void ValidateHyper(std::string_view fn, std::size_t group, const RmspropHyper& h);

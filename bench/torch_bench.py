@@ -1,0 +1,323 @@
+"""fusedopt vs torch.optim on real parameter shapes, timed in one process.
+
+For one optimizer and one shape set, five implementations each get their own params (randn, same
+seed) and fixed random grads, set once and never zeroed, so only optimizer.step() is timed:
+
+  torch_forloop  torch.optim.<X>(foreach=False)
+  torch_foreach  torch.optim.<X>(foreach=True)
+  torch_fused    torch.optim.<X>(fused=True), torch's own fused CPU kernel; null where torch has
+                 none for <X> (torch 2.13: RMSprop)
+  fused          fusedopt.Fused<X>()
+  fused_flat     fusedopt.Fused<X>(flatten=True)
+
+Before timing, every impl takes 3 steps and is compared with torch_forloop (a warning, not an
+error, if they disagree). Then come --warmup steps and --rounds rounds; each round steps every impl
+once, in an order that rotates from round to round so that drift in machine load is spread evenly.
+
+  scripts/bench-torch --optimizer adamw --shapes mobilenet_v1 --json out.json
+  scripts/bench-torch --optimizer sgd --numel 10000000 --dtype bf16 --threads 2
+  scripts/bench-torch --all --json-dir bench-results/torch     # Markdown table for the README
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+import fusedopt
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "tools"))
+import gen_model_shapes  # noqa: E402  (tools/ is not a package)
+
+LR = 1e-3
+# --optimizer -> (torch.optim class name, arguments beyond lr; torch's defaults otherwise)
+OPTIMIZERS = {
+    "sgd": ("SGD", {"momentum": 0.9}),
+    "adam": ("Adam", {}),
+    "adamw": ("AdamW", {}),
+    "rmsprop": ("RMSprop", {}),
+    "adagrad": ("Adagrad", {}),
+}
+MODELS = {name: constructor for name, constructor, _, _ in gen_model_shapes.MODELS}
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+IMPLS = ("torch_forloop", "torch_foreach", "torch_fused", "fused", "fused_flat")
+TORCH_IMPLS = ("torch_forloop", "torch_foreach", "torch_fused")
+FUSEDOPT_IMPLS = ("fused", "fused_flat")
+
+SEED = 0
+CHECK_STEPS = 3
+# Bound on compare()'s relative diff: f32 impls differ by rounding only; 16-bit params are rounded
+# every step and torch's own impls already differ from one another by an ulp or so.
+CHECK_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 8.0, torch.float16: 8.0}
+BIG_NUMEL = 50_000_000  # bert_base, gpt2_small: default 5 rounds instead of 15, progress per round
+DEFAULT_ROUNDS, DEFAULT_ROUNDS_BIG = 15, 5
+
+
+# ---------------------------------------------------------------------------------- setup
+
+
+def tensor_shapes(shapes: str | None, numel: int | None) -> list[tuple[int, ...]]:
+    """Per-tensor shapes of a model (as model.parameters() yields them) or one flat tensor."""
+    if numel is not None:
+        return [(numel,)]
+    return [dims for _, dims, _ in gen_model_shapes.collect(MODELS[shapes])]
+
+
+def make_params(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Params and their grads from randn with a fixed seed: every call returns the same values."""
+    gen = torch.Generator().manual_seed(SEED)
+    params = []
+    for dims in shapes:
+        p = torch.randn(dims, generator=gen, dtype=dtype).requires_grad_()
+        p.grad = torch.randn(dims, generator=gen, dtype=dtype)
+        params.append(p)
+    return params
+
+
+def torch_fused_supported(optimizer: str, dtype: torch.dtype) -> bool:
+    """Whether torch.optim.<X>(fused=True) accepts CPU params of `dtype` and can step them."""
+    name, kwargs = OPTIMIZERS[optimizer]
+    p = torch.zeros(4, dtype=dtype, requires_grad=True)
+    p.grad = torch.ones(4, dtype=dtype)
+    try:
+        getattr(torch.optim, name)([p], lr=LR, fused=True, **kwargs).step()
+    except (TypeError, RuntimeError, ValueError):
+        return False
+    return True
+
+
+def build(impl: str, optimizer: str, shapes: list[tuple[int, ...]],
+          dtype: torch.dtype) -> torch.optim.Optimizer:
+    """One impl (see IMPLS) over its own freshly made params."""
+    name, kwargs = OPTIMIZERS[optimizer]
+    params = make_params(shapes, dtype)
+    if impl in TORCH_IMPLS:
+        variant = {"torch_forloop": {"foreach": False}, "torch_foreach": {"foreach": True},
+                   "torch_fused": {"fused": True}}[impl]
+        return getattr(torch.optim, name)(params, lr=LR, **kwargs, **variant)
+    return getattr(fusedopt, "Fused" + name)(params, lr=LR, flatten=impl == "fused_flat", **kwargs)
+
+
+def params_of(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
+# ------------------------------------------------------------------------------ measuring
+
+
+def compare(param: torch.Tensor, reference: torch.Tensor,
+            initial: torch.Tensor) -> tuple[float, int]:
+    """(relative diff, count of elements finite in one and not in the other). The relative diff is
+    max |param - reference| / max(max |reference - initial|, one ulp at max |reference|) over the
+    elements finite in both: about 1 for a wrong update, whatever the dtype."""
+    param, reference, initial = param.float(), reference.float(), initial.float()
+    finite = reference.isfinite()
+    mismatches = int((finite != param.isfinite()).sum())
+    both = finite & param.isfinite()
+    if not both.any():
+        return 0.0, mismatches
+    diff = (param - reference)[both].abs().max().item()
+    update = (reference - initial)[both].abs().max().item()
+    ulp = torch.finfo(initial.dtype).eps * reference[both].abs().max().item()
+    return (diff / max(update, ulp) if diff > 0.0 else 0.0), mismatches
+
+
+def check_agreement(optimizers: dict, dtype: torch.dtype) -> dict[str, dict]:
+    """Steps every impl CHECK_STEPS times from identical params and grads and compares its params
+    with torch_forloop's; warns on stderr where the relative diff exceeds CHECK_TOLERANCE, where
+    inf/nan sit elsewhere, or where torch_forloop's own params are no longer finite."""
+    initial = [p.detach().clone() for p in params_of(optimizers["torch_forloop"])]
+    for opt in optimizers.values():
+        for _ in range(CHECK_STEPS):
+            opt.step()
+    reference = [p.detach() for p in params_of(optimizers["torch_forloop"])]
+    non_finite = sum(int((~p.isfinite()).sum()) for p in reference)
+    if non_finite:
+        print(f"WARNING: after {CHECK_STEPS} steps in {dtype}, {non_finite:,} of torch_forloop's "
+              f"params are inf/nan; the timings run on them", file=sys.stderr)
+    checks = {}
+    for impl, opt in optimizers.items():
+        pairs = [compare(p.detach(), ref, p0)
+                 for p, ref, p0 in zip(params_of(opt), reference, initial)]
+        diff, mismatches = max(d for d, _ in pairs), sum(m for _, m in pairs)
+        checks[impl] = {"max_rel_diff": diff, "non_finite_mismatches": mismatches}
+        if diff > CHECK_TOLERANCE[dtype] or mismatches:
+            print(f"WARNING: {impl} differs from torch_forloop after {CHECK_STEPS} steps: max diff "
+                  f"{diff:.3g} x the update (tolerance {CHECK_TOLERANCE[dtype]:g}), {mismatches:,} "
+                  f"params finite in one and inf/nan in the other", file=sys.stderr)
+    return checks
+
+
+def time_steps(optimizers: dict, warmup: int, rounds: int,
+               progress: bool) -> dict[str, list[float]]:
+    """Milliseconds of each optimizer.step(), `rounds` per impl, impls interleaved in rotating
+    order; with `progress`, one line per round on stderr."""
+    names = list(optimizers)
+    for _ in range(warmup):
+        for name in names:
+            optimizers[name].step()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            optimizers[name].step()
+            samples[name].append((time.perf_counter() - start) * 1e3)
+        if progress:
+            line = ", ".join(f"{name} {samples[name][-1]:.1f}" for name in names)
+            print(f"  round {r + 1}/{rounds} (ms): {line}", file=sys.stderr)
+    return samples
+
+
+def summary(samples: list[float]) -> dict:
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "samples_ms": samples}
+
+
+def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, rounds: int | None,
+        warmup: int) -> dict:
+    """Benchmarks one optimizer on one shape set; returns the JSON result. All tensors are freed
+    before it returns."""
+    dtype = DTYPES[dtype_name]
+    dims = tensor_shapes(shapes, numel)
+    total = sum(torch.Size(d).numel() for d in dims)
+    if rounds is None:
+        rounds = DEFAULT_ROUNDS_BIG if total > BIG_NUMEL else DEFAULT_ROUNDS
+    impls = [i for i in IMPLS if i != "torch_fused" or torch_fused_supported(optimizer, dtype)]
+    shapes_name = shapes or "flat"
+    print(f"{optimizer} on {shapes_name}: {len(dims)} tensors, {total:,} params, {dtype_name}, "
+          f"{torch.get_num_threads()} threads, {rounds} rounds", file=sys.stderr)
+    optimizers = {impl: build(impl, optimizer, dims, dtype) for impl in impls}
+    checks = check_agreement(optimizers, dtype)
+    samples = time_steps(optimizers, warmup, rounds, progress=total > BIG_NUMEL)
+    del optimizers
+    gc.collect()  # fused_flat's store and its optimizer reference each other
+
+    results = {impl: None for impl in IMPLS}
+    for impl in impls:
+        results[impl] = summary(samples[impl]) | {"check_vs_forloop": checks[impl]}
+    best = min(results[i]["median_ms"] for i in FUSEDOPT_IMPLS)
+    return {
+        "optimizer": optimizer, "shapes": shapes_name, "tensors": len(dims), "numel": total,
+        "dtype": dtype_name, "threads": torch.get_num_threads(), "rounds": rounds, "warmup": warmup,
+        "torch_version": torch.__version__, "target": fusedopt.active_target(), "impls": results,
+        **{f"speedup_vs_{impl}": None if r is None else r["median_ms"] / best
+           for impl, r in results.items() if impl in TORCH_IMPLS},
+    }
+
+
+# -------------------------------------------------------------------------------- reports
+
+
+def fusedopt_best_ms(result: dict) -> float:
+    return min(result["impls"][i]["median_ms"] for i in FUSEDOPT_IMPLS)
+
+
+def text_table(result: dict) -> str:
+    best = fusedopt_best_ms(result)
+    lines = [f"{result['optimizer']} on {result['shapes']} ({result['tensors']} tensors, "
+             f"{result['numel']:,} params, {result['dtype']}, {result['threads']} threads, "
+             f"{result['target']}, torch {result['torch_version']})",
+             f"{'impl':<15}{'median ms':>11}{'min ms':>11}{'fusedopt speedup':>18}"]
+    for impl, r in result["impls"].items():
+        if r is None:
+            lines.append(f"{impl:<15}  n/a: torch {result['torch_version']} has no fused=True CPU "
+                         f"kernel for this optimizer")
+        else:
+            lines.append(f"{impl:<15}{r['median_ms']:>11.3f}{r['min_ms']:>11.3f}"
+                         f"{r['median_ms'] / best:>17.2f}x")
+    return "\n".join(lines)
+
+
+def markdown_table(results: list[dict]) -> str:
+    def ms(r):
+        return "n/a" if r is None else f"{r['median_ms']:.2f}"
+
+    def speedup(x):
+        return "n/a" if x is None else f"{x:.2f}x"
+
+    lines = ["| optimizer | shapes | fusedopt best ms | torch for-loop ms | foreach ms "
+             "| fused=True ms | vs for-loop | vs foreach | vs fused=True |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in results:
+        i = r["impls"]
+        lines.append(f"| {r['optimizer']} | {r['shapes']} | {fusedopt_best_ms(r):.2f} "
+                     f"| {ms(i['torch_forloop'])} | {ms(i['torch_foreach'])} "
+                     f"| {ms(i['torch_fused'])} | {speedup(r['speedup_vs_torch_forloop'])} "
+                     f"| {speedup(r['speedup_vs_torch_foreach'])} "
+                     f"| {speedup(r['speedup_vs_torch_fused'])} |")
+    return "\n".join(lines)
+
+
+def write_json(result: dict, path: pathlib.Path) -> None:
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------------- main
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--optimizer", choices=OPTIMIZERS)
+    parser.add_argument("--shapes", choices=MODELS, help="a model's per-tensor parameter shapes")
+    parser.add_argument("--numel", type=int, help="one flat tensor of NUMEL elements instead")
+    parser.add_argument("--dtype", choices=DTYPES, default="f32", help="of params and grads")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--rounds", type=int,
+                        help=f"timed steps per impl (default {DEFAULT_ROUNDS}, or "
+                             f"{DEFAULT_ROUNDS_BIG} above {BIG_NUMEL:,} params)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per impl (default 3)")
+    parser.add_argument("--json", type=pathlib.Path, help="write the result here")
+    parser.add_argument("--all", action="store_true",
+                        help="every optimizer on every model; prints a Markdown table")
+    parser.add_argument("--json-dir", type=pathlib.Path,
+                        help="with --all: one OPTIMIZER_SHAPES.json per run here")
+    args = parser.parse_args()
+    if args.all:
+        if args.optimizer or args.shapes or args.numel is not None or args.json:
+            parser.error("--all runs every optimizer and shape set: "
+                         "no --optimizer/--shapes/--numel/--json with it")
+    else:
+        if args.optimizer is None or (args.shapes is None) == (args.numel is None) or args.json_dir:
+            parser.error("give --optimizer and one of --shapes/--numel, or --all "
+                         "(--json-dir goes with --all)")
+    for name, low in (("numel", 1), ("threads", 1), ("rounds", 1), ("warmup", 0)):
+        value = getattr(args, name)
+        if value is not None and value < low:
+            parser.error(f"--{name} must be at least {low}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if not args.all:
+        result = run(args.optimizer, args.shapes, args.numel, args.dtype, args.rounds, args.warmup)
+        print(text_table(result))
+        if args.json:
+            write_json(result, args.json)
+        return
+    if args.json_dir:
+        args.json_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for shapes in MODELS:
+        for optimizer in OPTIMIZERS:
+            result = run(optimizer, shapes, None, args.dtype, args.rounds, args.warmup)
+            print(text_table(result), file=sys.stderr)
+            if args.json_dir:
+                write_json(result, args.json_dir / f"{optimizer}_{shapes}.json")
+            results.append(result)
+    print(markdown_table(results))
+
+
+if __name__ == "__main__":
+    main()

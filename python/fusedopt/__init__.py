@@ -1,0 +1,29 @@
+"""fusedopt: fused CPU optimizers for PyTorch.
+
+    import fusedopt
+    opt = fusedopt.FusedAdamW(model.parameters(), lr=1e-3)   # same arguments as torch.optim.AdamW
+
+Every class is a subclass of its torch.optim twin and updates all parameters in one multi-threaded,
+vectorized pass of the C++ engine (fusedopt._C, which talks to tensors through data pointers only).
+"""
+
+import pkgutil
+
+import torch  # noqa: F401  (loads torch's OpenMP runtime before the engine's)
+
+# A wheel has _C beside this file; a development build keeps it in <build>/python/fusedopt, which
+# scripts/build's .pth file puts on the path.
+__path__ = pkgutil.extend_path(__path__, __name__)
+
+from . import _C
+from .amp import GradScaler
+from .optim import FusedAdagrad, FusedAdam, FusedAdamW, FusedRMSprop, FusedSGD
+
+__all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "GradScaler",
+           "active_target"]
+__version__ = "0.1.0"
+
+
+def active_target() -> str:
+    """The SIMD target the engine dispatches to on this CPU (e.g. "AVX2")."""
+    return _C.active_target()

@@ -1,0 +1,46 @@
+"""fusedopt.GradScaler: torch.amp.GradScaler (same API, defaults and update policy: init 65536,
+growth 2, backoff 0.5, interval 2000) whose gradient passes run in the C++ engine.
+
+With a fused optimizer, scaler.step(opt) costs one read-only overflow check over all gradients plus
+the optimizer step, which unscales each gradient as it reads it (and is skipped, leaving params and
+states untouched, on overflow). An explicit unscale_() (e.g. before clipping) is one fused
+read-modify-write pass over all gradients. torch.amp.GradScaler("cpu") drives the fused optimizers
+the same way, with torch's own check pass."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _C
+from ._tensors import DTYPE_CODES
+
+
+class GradScaler(torch.amp.GradScaler):
+    def __init__(self, device: str = "cpu", init_scale: float = 2.0**16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True):
+        super().__init__(device, init_scale=init_scale, growth_factor=growth_factor,
+                         backoff_factor=backoff_factor, growth_interval=growth_interval,
+                         enabled=enabled)
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        grads = []
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                if not allow_fp16 and g.dtype == torch.float16:
+                    raise ValueError("Attempting to unscale FP16 gradients.")
+                if g.is_sparse or g.device.type != "cpu" or g.dtype not in DTYPE_CODES or not g.is_contiguous():
+                    # Outside what the engine handles: torch's own per-device, per-dtype passes.
+                    return super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
+                grads.append((g.data_ptr(), g.numel(), DTYPE_CODES[g.dtype]))
+        scale = float(inv_scale)
+        threads = torch.get_num_threads()
+        if scale == 1.0:  # step()'s check before a fused step: read only
+            bad = _C.has_non_finite(grads, threads)
+        else:
+            bad = _C.unscale_grads(grads, scale, threads)
+        if bad:
+            found_inf.fill_(1.0)
+        return {found_inf.device: found_inf}

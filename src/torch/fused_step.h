@@ -1,0 +1,148 @@
+// The step shared by the five fusedopt::pt optimizers: gather every param with a defined grad, over
+// all param groups, into fusedopt::Segments and run the core's <Algo>Step once.
+//
+// An optimizer plugs in through a Traits struct (optim.cc):
+//   Options, State, Hyper        torch's options and param-state classes, the core's hyper struct
+//   kName                        "fusedopt::pt::Adam", for messages
+//   kStateKeys[slot]             torch's state key of each Segment::state slot
+//   ToHyper(options)             one Hyper per param group, re-read on every step (schedulers edit
+//                                the options in place)
+//   Slots(state)[slot]           the State member holding that slot's tensor
+//   NextStep(state)              the step being taken (torch's state step + 1)
+//   SetStep(state, step)         stores it after a successful step
+//   InitialValue(hyper, slot)    the value a new state tensor starts with
+//   Run(hypers, segments)        the core call
+//
+// Nothing is changed unless the whole step succeeds: new states, new state tensors and state
+// tensors converted to the param's dtype are kept aside and committed, with the step counts, only
+// after the core returns (the core itself writes no buffer when it rejects a call). A failed check
+// leaves params, state() and step counts as they were, as torch's own checks do.
+#pragma once
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/full_like.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/error.h"
+#include "fusedopt/step.h"
+#include "src/torch/tensor_checks.h"
+
+namespace fusedopt::pt::detail {
+
+template <class Traits>
+at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
+                     const torch::optim::Optimizer::LossClosure& closure) {
+  using State = typename Traits::State;
+  using Options = typename Traits::Options;
+  using Hyper = typename Traits::Hyper;
+
+  // As torch::optim: the closure runs with grad mode on, the update without.
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  at::NoGradGuard no_grad;
+
+  std::vector<Hyper> hypers;
+  std::vector<Segment> segments;
+  std::vector<at::Tensor> params;  // stepped params, in segment order
+  std::vector<ParamName> names;    // their names, for messages
+  std::vector<State*> states;      // their states (null where the algorithm keeps none)
+  std::vector<at::Tensor> grads;   // keeps contiguous copies of grads alive during the step
+  std::vector<std::pair<void*, std::unique_ptr<State>>> new_states;  // committed after the step
+  // New or converted state tensors, and the State members they go to; likewise committed after.
+  std::vector<std::pair<at::Tensor*, at::Tensor>> new_tensors;
+
+  auto& groups = optimizer.param_groups();
+  auto& state_map = optimizer.state();
+  hypers.reserve(groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const auto* options = dynamic_cast<const Options*>(&groups[g].options());
+    TORCH_CHECK(options != nullptr, Traits::kName, ": param_groups[", g,
+                "] has the options of another optimizer");
+    hypers.push_back(Traits::ToHyper(*options));
+    const Hyper& hyper = hypers.back();
+    const unsigned required = RequiredStates(hyper);
+
+    const std::vector<at::Tensor>& group_params = groups[g].params();
+    for (std::size_t i = 0; i < group_params.size(); ++i) {
+      const at::Tensor& p = group_params[i];
+      if (!p.grad().defined()) continue;  // torch skips these: no state, no step count
+      const ParamName name{g, i};
+      CheckParam(Traits::kName, name, p);
+      grads.push_back(CheckedGrad(Traits::kName, name, p));
+
+      Segment seg;
+      seg.param = p.data_ptr();
+      seg.grad = grads.back().const_data_ptr();
+      seg.numel = static_cast<std::size_t>(p.numel());
+      seg.param_dtype = ToDType(p);
+      seg.grad_dtype = ToDType(grads.back());
+      seg.state_dtype = seg.param_dtype;  // torch keeps state in the param's dtype
+      seg.group = static_cast<std::uint32_t>(g);
+
+      State* state = nullptr;
+      if (required != 0) {
+        auto it = state_map.find(p.unsafeGetTensorImpl());
+        if (it != state_map.end() && it->second != nullptr) {
+          state = dynamic_cast<State*>(it->second.get());
+          TORCH_CHECK(state != nullptr, Traits::kName, ": the state of ", ToString(name),
+                      " belongs to another optimizer type");
+        } else {
+          new_states.emplace_back(p.unsafeGetTensorImpl(), std::make_unique<State>());
+          state = new_states.back().second.get();
+        }
+        seg.step = Traits::NextStep(*state);
+        const auto slots = Traits::Slots(*state);
+        for (int slot = 0; slot < kMaxStates; ++slot) {
+          if ((required >> slot & 1u) == 0) continue;
+          at::Tensor& held = *slots[slot];
+          if (held.defined()) {
+            at::Tensor ready = CheckedState(Traits::kName, name, Traits::kStateKeys[slot], p, held);
+            seg.state[slot] = ready.data_ptr();
+            if (!ready.is_same(held)) new_tensors.emplace_back(&held, std::move(ready));
+          } else {
+            at::Tensor fresh = at::full_like(p, Traits::InitialValue(hyper, slot),
+                                             at::TensorOptions{}, at::MemoryFormat::Contiguous);
+            seg.state[slot] = fresh.data_ptr();
+            new_tensors.emplace_back(&held, std::move(fresh));
+          }
+        }
+      }
+      segments.push_back(seg);
+      params.push_back(p);
+      names.push_back(name);
+      states.push_back(state);
+    }
+  }
+  if (segments.empty()) return loss;
+  CheckDisjoint(Traits::kName, params, names);
+
+  try {
+    Traits::Run(std::span<const Hyper>(hypers), std::span<const Segment>(segments));
+  } catch (const fusedopt::Error& e) {
+    TORCH_CHECK(false, Traits::kName, ": ", e.what());
+  }
+
+  // Commit: the step happened.
+  for (auto& [slot, tensor] : new_tensors) *slot = std::move(tensor);
+  for (std::size_t k = 0; k < segments.size(); ++k) {
+    if (states[k] != nullptr) Traits::SetStep(*states[k], segments[k].step);
+    // The params changed in place behind autograd's back: bump their version counters as ATen's
+    // in-place ops do, so a graph that saved a param for backward reports the modification.
+    if (!params[k].is_inference()) params[k].unsafeGetTensorImpl()->bump_version();
+  }
+  for (auto& [key, state] : new_states) state_map[key] = std::move(state);
+  return loss;
+}
+
+}  // namespace fusedopt::pt::detail

@@ -1,0 +1,101 @@
+// Checks of the tensors a fused step reads and writes (see tensor_checks.h).
+
+#include "src/torch/tensor_checks.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+namespace fusedopt::pt::detail {
+namespace {
+
+bool SupportedDType(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+}  // namespace
+
+std::string ToString(const ParamName& name) {
+  return "param_groups[" + std::to_string(name.group) + "].params[" + std::to_string(name.index) +
+         "]";
+}
+
+DType ToDType(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kHalf:
+      return DType::kF16;
+    case at::kBFloat16:
+      return DType::kBF16;
+    default:
+      return DType::kF32;
+  }
+}
+
+void CheckParam(std::string_view optimizer, const ParamName& name, const at::Tensor& p) {
+  TORCH_CHECK(p.device().is_cpu(), optimizer, ": ", ToString(name), " is on ", p.device(),
+              "; fusedopt::pt steps CPU tensors only");
+  TORCH_CHECK(p.layout() == at::kStrided, optimizer, ": ", ToString(name), " has layout ",
+              p.layout(), "; only dense (strided) params are supported");
+  TORCH_CHECK(SupportedDType(p.scalar_type()), optimizer, ": ", ToString(name), " has dtype ",
+              p.scalar_type(), "; supported dtypes are float32, float16 and bfloat16");
+  // The step walks each param as one flat array, so its elements must be densely packed in order.
+  TORCH_CHECK(p.is_contiguous(), optimizer, ": ", ToString(name), " is not contiguous (sizes ",
+              p.sizes(), ", strides ", p.strides(),
+              "); the fused step updates each param as one flat buffer (make the param "
+              "contiguous before creating the optimizer)");
+}
+
+at::Tensor CheckedGrad(std::string_view optimizer, const ParamName& name, const at::Tensor& p) {
+  const at::Tensor& grad = p.grad();
+  TORCH_CHECK(!grad.is_sparse() && grad.layout() == at::kStrided, optimizer, ": ", ToString(name),
+              " has a sparse gradient (layout ", grad.layout(),
+              "); fusedopt::pt optimizers do not support sparse gradients");
+  TORCH_CHECK(grad.device().is_cpu(), optimizer, ": the gradient of ", ToString(name), " is on ",
+              grad.device(), "; fusedopt::pt steps CPU tensors only");
+  TORCH_CHECK(SupportedDType(grad.scalar_type()), optimizer, ": the gradient of ", ToString(name),
+              " has dtype ", grad.scalar_type(),
+              "; supported dtypes are float32, float16 and bfloat16");
+  TORCH_CHECK(grad.sizes() == p.sizes(), optimizer, ": the gradient of ", ToString(name),
+              " has shape ", grad.sizes(), " but the param has shape ", p.sizes());
+  return grad.contiguous();
+}
+
+at::Tensor CheckedState(std::string_view optimizer, const ParamName& name, std::string_view key,
+                        const at::Tensor& p, const at::Tensor& state) {
+  TORCH_CHECK(state.device().is_cpu(), optimizer, ": state '", key, "' of ", ToString(name),
+              " is on ", state.device(), "; fusedopt::pt steps CPU tensors only");
+  TORCH_CHECK(state.layout() == at::kStrided && state.is_floating_point(), optimizer, ": state '",
+              key, "' of ", ToString(name), " must be a dense floating-point tensor (got ",
+              state.scalar_type(), ", layout ", state.layout(), ")");
+  TORCH_CHECK(state.numel() == p.numel(), optimizer, ": state '", key, "' of ", ToString(name),
+              " has ", state.numel(), " elements but the param has ", p.numel(),
+              " (was the optimizer state loaded from another model?)");
+  return state.to(p.scalar_type()).contiguous();
+}
+
+void CheckDisjoint(std::string_view optimizer, std::span<const at::Tensor> params,
+                   std::span<const ParamName> names) {
+  // Sort the byte ranges by start address; then only neighbours can overlap.
+  std::vector<std::size_t> order(params.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  const auto begin = [&](std::size_t i) {
+    return reinterpret_cast<std::uintptr_t>(params[i].const_data_ptr());
+  };
+  const auto end = [&](std::size_t i) { return begin(i) + params[i].nbytes(); };
+  std::erase_if(order, [&](std::size_t i) { return params[i].numel() == 0; });
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return begin(a) < begin(b); });
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const std::size_t prev = order[k - 1];
+    const std::size_t cur = order[k];
+    TORCH_CHECK(begin(cur) >= end(prev), optimizer, ": ", ToString(names[prev]), " and ",
+                ToString(names[cur]),
+                " share memory (the same tensor given twice, or overlapping views); each param "
+                "must appear once");
+  }
+}
+
+}  // namespace fusedopt::pt::detail
