@@ -36,12 +36,13 @@ struct Grads {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.0f, 100.0f);
     for (std::size_t n : sizes) {
-      bytes.emplace_back(n * DTypeSize(t) + 1);  // + 1: buffers start unaligned below
+      // One element more: buffers start at element 1, off every vector alignment.
+      bytes.emplace_back((n + 1) * DTypeSize(t));
       for (std::size_t i = 0; i < n; ++i) Set(bytes.size() - 1, i, normal(rng));
     }
   }
-  void* Data(std::size_t b) { return bytes[b].data() + 1; }
-  std::size_t Numel(std::size_t b) const { return (bytes[b].size() - 1) / DTypeSize(dtype); }
+  void* Data(std::size_t b) { return bytes[b].data() + DTypeSize(dtype); }
+  std::size_t Numel(std::size_t b) const { return bytes[b].size() / DTypeSize(dtype) - 1; }
   void Set(std::size_t b, std::size_t i, float v) { StoreFromF32(Data(b), dtype, i, v); }
   float Get(std::size_t b, std::size_t i) { return LoadAsF32(Data(b), dtype, i); }
   std::vector<GradBuffer> Buffers() {
