@@ -3,6 +3,8 @@
 #include "bench/elementwise.h"
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "src/core/parallel.h"
 
@@ -89,12 +91,90 @@ void OpRange(Op op, void* out_data, const void* a_data, const void* b_data, cons
   });
 }
 
+// out[i] = a[i] converted from a's dtype to out's (f32 in between; stores round to nearest even).
+void ConvertRange(void* out_data, DType out_dtype, const void* a_data, DType a_dtype,
+                  std::size_t begin, std::size_t end) {
+  WithStorageType(out_dtype, [&](auto out_tag) HWY_ATTR {
+    using O = typename decltype(out_tag)::type;
+    WithStorageType(a_dtype, [&](auto a_tag) HWY_ATTR {
+      using A = typename decltype(a_tag)::type;
+      O* out = static_cast<O*>(out_data);
+      const A* a = static_cast<const A*>(a_data);
+      ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
+        Io<O>::Store(d, Io<A>::Load(d, a + i), out + i);
+      });
+    });
+  });
+}
+
+// Whether a[begin, end) holds +-Inf or NaN: x − x is 0 for finite x and NaN otherwise, so one
+// running sum of it is NaN exactly when some element is not finite.
+bool NonFiniteRange(const void* a_data, DType dtype, std::size_t begin, std::size_t end) {
+  bool found = false;
+  WithStorageType(dtype, [&](auto tag) HWY_ATTR {
+    using T = typename decltype(tag)::type;
+    const T* a = static_cast<const T*>(a_data);
+    const hn::ScalableTag<float> d;
+    auto poison = hn::Zero(d);
+    auto poison1 = hn::Zero(hn::CappedTag<float, 1>());
+    ForEachVector(begin, end, [&](auto dv, std::size_t i) HWY_ATTR {
+      const auto x = Io<T>::Load(dv, a + i);
+      if constexpr (hn::MaxLanes(dv) == 1) {
+        poison1 = hn::Add(poison1, hn::Sub(x, x));
+      } else {
+        poison = hn::Add(poison, hn::Sub(x, x));
+      }
+    });
+    const float total = hn::GetLane(hn::SumOfLanes(d, poison)) + hn::GetLane(poison1);
+    found = total != total;
+  });
+  return found;
+}
+
+// Sum of a[i]² over [begin, end) in f32: two vector accumulators (so the fma latency does not bound
+// the loop), then a 1-lane tail.
+float SumSquaresRange(const void* a_data, DType dtype, std::size_t begin, std::size_t end) {
+  float result = 0.0f;
+  WithStorageType(dtype, [&](auto tag) HWY_ATTR {
+    using T = typename decltype(tag)::type;
+    const T* a = static_cast<const T*>(a_data);
+    const hn::ScalableTag<float> d;
+    const std::size_t lanes = hn::Lanes(d);
+    auto acc0 = hn::Zero(d);
+    auto acc1 = hn::Zero(d);
+    std::size_t i = begin;
+    for (; i + 2 * lanes <= end; i += 2 * lanes) {
+      const auto x0 = Io<T>::Load(d, a + i);
+      const auto x1 = Io<T>::Load(d, a + i + lanes);
+      acc0 = hn::MulAdd(x0, x0, acc0);
+      acc1 = hn::MulAdd(x1, x1, acc1);
+    }
+    const hn::CappedTag<float, 1> d1;
+    auto acc_tail = hn::Zero(d1);
+    for (; i < end; ++i) {
+      const auto x = Io<T>::Load(d1, a + i);
+      acc_tail = hn::MulAdd(x, x, acc_tail);
+    }
+    result = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1))) + hn::GetLane(acc_tail);
+  });
+  return result;
+}
+
 }  // namespace fusedopt::bench::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace fusedopt::bench {
 HWY_EXPORT(OpRange);
+HWY_EXPORT(ConvertRange);
+HWY_EXPORT(NonFiniteRange);
+HWY_EXPORT(SumSquaresRange);
+
+namespace {
+
+std::size_t NumChunks(std::size_t n) { return (n + kGrainElements - 1) / kGrainElements; }
+
+}  // namespace
 
 void RunOp(Op op, TensorRef out, TensorRef a, TensorRef b, TensorRef c, float s,
            const Runtime& runtime) {
@@ -105,6 +185,42 @@ void RunOp(Op op, TensorRef out, TensorRef a, TensorRef b, TensorRef c, float s,
     (op, out.data, a.data, b.data, c.data, out.dtype, s, c0 * kGrainElements,
      std::min(c1 * kGrainElements, n));
   });
+}
+
+void RunConvert(TensorRef out, TensorRef a, const Runtime& runtime) {
+  const std::size_t n = out.numel;
+  ParallelForChunks(NumChunks(n), runtime.num_threads(), [&](std::size_t c0, std::size_t c1) {
+    HWY_DYNAMIC_DISPATCH(ConvertRange)
+    (out.data, out.dtype, a.data, a.dtype, c0 * kGrainElements, std::min(c1 * kGrainElements, n));
+  });
+}
+
+bool RunNonFiniteCheck(TensorRef a, const Runtime& runtime) {
+  const std::size_t n = a.numel;
+  std::vector<char> found(NumChunks(n), 0);  // one flag per grain, written by its thread
+  ParallelForChunks(found.size(), runtime.num_threads(), [&](std::size_t c0, std::size_t c1) {
+    for (std::size_t c = c0; c < c1; ++c) {
+      found[c] = HWY_DYNAMIC_DISPATCH(NonFiniteRange)(a.data, a.dtype, c * kGrainElements,
+                                                      std::min((c + 1) * kGrainElements, n))
+                     ? 1
+                     : 0;
+    }
+  });
+  return std::any_of(found.begin(), found.end(), [](char f) { return f != 0; });
+}
+
+float RunNorm2(TensorRef a, const Runtime& runtime) {
+  const std::size_t n = a.numel;
+  std::vector<float> partial(NumChunks(n), 0.0f);
+  ParallelForChunks(partial.size(), runtime.num_threads(), [&](std::size_t c0, std::size_t c1) {
+    for (std::size_t c = c0; c < c1; ++c) {
+      partial[c] = HWY_DYNAMIC_DISPATCH(SumSquaresRange)(a.data, a.dtype, c * kGrainElements,
+                                                         std::min((c + 1) * kGrainElements, n));
+    }
+  });
+  float sum = 0.0f;
+  for (const float p : partial) sum += p;
+  return std::sqrt(sum);
 }
 
 }  // namespace fusedopt::bench

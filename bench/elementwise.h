@@ -36,4 +36,17 @@ enum class Op {
 void RunOp(Op op, TensorRef out, TensorRef a, TensorRef b, TensorRef c, float s,
            const Runtime& runtime);
 
+// The ops of a training loop around the step (GradScaler, clip_grad_norm_, a master-grad copy), one
+// pass each, parallel over ATen's grain like RunOp.
+
+// out = a converted to out's dtype (Tensor.copy_ / .float()): read a, write out. Same numel.
+void RunConvert(TensorRef out, TensorRef a, const Runtime& runtime);
+
+// True if some element of a is +-Inf or NaN (the check of GradScaler's unscale_, as one read).
+bool RunNonFiniteCheck(TensorRef a, const Runtime& runtime);
+
+// torch.linalg.vector_norm(a, 2) as ATen computes it on the CPU: squares summed in f32 vector
+// accumulators per grain, the grains' partial sums added in order; one read.
+float RunNorm2(TensorRef a, const Runtime& runtime);
+
 }  // namespace fusedopt::bench

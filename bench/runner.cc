@@ -2,24 +2,49 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <iomanip>
+#include <limits>
+#include <memory>
+#include <new>
+#include <optional>
 #include <ostream>
+#include <sstream>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
+#include "bench/elementwise.h"
 #include "bench/model_shapes.h"
+#include "bench/pipeline.h"
 #include "bench/standard.h"
+#include "fusedopt/grad.h"
 #include "fusedopt/optimizer.h"
 
 namespace fusedopt::bench {
 namespace {
 
 struct Impl {
+  using Passes = std::function<const PassTimes&()>;
+  using Report = std::function<void(nlohmann::json&)>;
+  Impl(std::string impl_name, std::function<void()> impl_step, Passes impl_passes = {},
+       Report impl_report = {})
+      : name(std::move(impl_name)),
+        step(std::move(impl_step)),
+        passes(std::move(impl_passes)),
+        report(std::move(impl_report)) {}
+
   std::string name;
   std::function<void()> step;
   std::vector<double> ms;
+  // Training-loop mode only: the passes of the last call, and what the impl adds to its JSON entry
+  // (skipped steps, final loss scale).
+  Passes passes;
+  std::vector<std::pair<std::string, std::vector<double>>> pass_ms;
+  Report report;
 };
 
 double Median(std::vector<double> v) {
@@ -37,6 +62,35 @@ void Fill(void* data, DType dtype, std::size_t n, float scale, std::uint32_t see
   }
 }
 
+// Largest |z| FillNormal produces: 2·sqrt(3).
+constexpr float kMaxNormal = 3.4641017f;
+
+// Deterministic, roughly normal values times sigma: the sum of four uniforms in [0, 1), centred
+// and scaled to unit variance (Irwin-Hall), so |value| <= kMaxNormal · sigma.
+void FillNormal(void* data, DType dtype, std::size_t n, float sigma, std::uint32_t seed) {
+  std::uint32_t x = seed * 2654435761u + 1u;
+  for (std::size_t i = 0; i < n; ++i) {
+    float sum = 0.0f;
+    for (int k = 0; k < 4; ++k) {
+      x = x * 1664525u + 1013904223u;
+      sum += static_cast<float>(x >> 8) * 0x1p-24f;
+    }
+    StoreFromF32(data, dtype, i, sigma * (sum - 2.0f) * 1.7320508f);
+  }
+}
+
+float MaxFinite(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return 65504.0f;
+    case DType::kBF16:
+      return 0x1.FEp127f;
+    case DType::kF32:
+      break;
+  }
+  return std::numeric_limits<float>::max();
+}
+
 // 4231976 -> "4,231,976".
 std::string FormatCount(std::size_t n) {
   const std::string digits = std::to_string(n);
@@ -48,13 +102,74 @@ std::string FormatCount(std::size_t n) {
   return out;
 }
 
+// Gradients converted to the param dtype once, before timing: `standard` (step only) reads them
+// when the grad dtype differs, as torch's for-loop optimizers need grads of the param's dtype.
+class ConvertedGrads {
+ public:
+  ConvertedGrads(std::span<Segment> segments, const Runtime& runtime) {
+    std::size_t bytes = 0;
+    std::vector<std::size_t> offsets;
+    for (const Segment& s : segments) {
+      offsets.push_back(bytes);
+      bytes += (s.numel * DTypeSize(s.param_dtype) + 63) / 64 * 64;
+    }
+    data_.reset(new (std::align_val_t{64}) std::byte[bytes == 0 ? 64 : bytes]);
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      Segment& s = segments[i];
+      const TensorRef out{data_.get() + offsets[i], s.param_dtype, s.numel};
+      RunConvert(out, {const_cast<void*>(s.grad), s.grad_dtype, s.numel}, runtime);
+      s.grad = out.data;
+      s.grad_dtype = s.param_dtype;
+    }
+  }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<std::byte[], Free> data_;
+};
+
+DType ParseDTypeOption(std::string_view option, const std::string& value) {
+  DType dtype = DType::kF32;
+  if (!ParseDType(value, &dtype)) {
+    throw std::invalid_argument(std::string(option) + ": unknown dtype '" + value +
+                                "'; known: f32, bf16, f16");
+  }
+  return dtype;
+}
+
 }  // namespace
+
+double ParseClip(std::string_view text) {
+  const std::string s(text);
+  char* end = nullptr;
+  const double value = s.empty() ? 0.0 : std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(value) || !(value > 0.0)) {
+    throw std::invalid_argument("--clip: invalid max norm '" + s + "' (a finite number > 0)");
+  }
+  return value;
+}
 
 nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::ostream& progress) {
   const Algorithm algorithm = ParseAlgorithm(options.optimizer);
   DType dtype = DType::kF32;
   if (!ParseDType(options.dtype, &dtype)) {
     throw std::invalid_argument("unknown dtype '" + options.dtype + "'; known: f32, bf16, f16");
+  }
+  const std::string grad_dtype_name =
+      options.grad_dtype.empty() ? options.dtype : options.grad_dtype;
+  const DType grad_dtype = ParseDTypeOption("--grad-dtype", grad_dtype_name);
+  if (options.loss_scale != "none" && options.loss_scale != "static" &&
+      options.loss_scale != "dynamic") {
+    throw std::invalid_argument("--loss-scale: unknown value '" + options.loss_scale +
+                                "'; known: none, static, dynamic");
+  }
+  if (options.clip && (!std::isfinite(*options.clip) || !(*options.clip > 0.0))) {
+    std::ostringstream value;
+    value << *options.clip;
+    throw std::invalid_argument("--clip: invalid max norm '" + value.str() +
+                                "' (a finite number > 0)");
   }
   if (options.rounds < 1)
     throw std::invalid_argument("rounds must be >= 1, got " + std::to_string(options.rounds));
@@ -77,38 +192,124 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     shapes_name = "flat";
   }
 
+  // The training-loop step: loss scaling (GradScaler's default initial scale 2^16) and clipping.
+  LoopOptions loop;
+  if (options.loss_scale == "dynamic") loop.scaler = LossScaler();
+  if (options.loss_scale == "static") loop.scaler = LossScaler::Static(65536.0f);
+  if (options.clip) loop.max_norm = *options.clip;
+  const bool training_loop = loop.scaler.has_value() || loop.clips();
+  const float init_scale = loop.scaler ? loop.scaler->scale() : 1.0f;
+
   const BenchHyper hyper;
   Runtime runtime(options.threads);
-  FlatStorage storage(tensors, 1, {.param_dtype = dtype, .grad_dtype = dtype, .state_dtype = dtype},
+  FlatStorage storage(tensors, 1,
+                      {.param_dtype = dtype, .grad_dtype = grad_dtype, .state_dtype = dtype},
                       BenchRequiredStates(algorithm, hyper));
   std::vector<Segment> segments(storage.segments().begin(), storage.segments().end());
+  const std::size_t numel = storage.total_numel();
+  // Gradients: today's uniform values, or, for the training loop, what backward of loss · scale
+  // leaves: roughly normal values of standard deviation sigma (unscaled) times the initial scale.
+  // sigma is 1e-3, or more where needed for a global norm (about sigma · sqrt(numel)) of at least
+  // twice the clip, so the clip is active; but small enough that the scaled values stay far below
+  // the grad dtype's largest value (no step may overflow).
+  float sigma = 1e-3f;
+  if (loop.clips()) {
+    sigma = std::max(
+        sigma, static_cast<float>(2.0 * loop.max_norm /
+                                  std::sqrt(static_cast<double>(std::max<std::size_t>(numel, 1)))));
+  }
+  sigma = std::min(sigma, MaxFinite(grad_dtype) / (4.0f * kMaxNormal * init_scale));
   for (std::size_t i = 0; i < segments.size(); ++i) {
     Fill(segments[i].param, dtype, segments[i].numel, 1.0f, static_cast<std::uint32_t>(2 * i));
-    Fill(const_cast<void*>(segments[i].grad), dtype, segments[i].numel, 1e-2f,
-         static_cast<std::uint32_t>(2 * i + 1));
+    void* grad = const_cast<void*>(segments[i].grad);
+    if (training_loop) {
+      FillNormal(grad, grad_dtype, segments[i].numel, sigma * init_scale,
+                 static_cast<std::uint32_t>(2 * i + 1));
+    } else {
+      Fill(grad, grad_dtype, segments[i].numel, 1e-2f, static_cast<std::uint32_t>(2 * i + 1));
+    }
   }
-  const std::size_t numel = storage.total_numel();
   int num_states = 0;
   for (int slot = 0; slot < kMaxStates; ++slot)
     num_states += segments.empty() || segments[0].state[slot] == nullptr ? 0 : 1;
-  // Bytes one fused step moves per element: param read+write, grad read, each state read+write.
-  const std::size_t bytes_per_param =
-      DTypeSize(dtype) * (2 + 1 + 2 * static_cast<std::size_t>(num_states));
+  // Bytes one fused step moves per element: param read+write, grad read, each state read+write;
+  // the training loop's pre-pass reads the grad once more.
+  const std::size_t bytes_per_param = 2 * DTypeSize(dtype) +
+                                      DTypeSize(grad_dtype) * (training_loop ? 2 : 1) +
+                                      2 * DTypeSize(dtype) * static_cast<std::size_t>(num_states);
+
+  // `standard` steps on grads of the param dtype: a copy made here, untimed, if the dtypes differ.
+  std::vector<Segment> standard_segments = segments;
+  std::optional<ConvertedGrads> converted;
+  if (grad_dtype != dtype) converted.emplace(standard_segments, runtime);
+
+  std::optional<FusedLoop> fused_loop;
+  std::optional<StandardLoop> standard_loop;
+  PassClock traffic_clock;
+  std::vector<Impl> impls;
+  if (training_loop) {
+    fused_loop.emplace(algorithm, hyper, segments, loop);
+    standard_loop.emplace(algorithm, hyper, segments, loop);
+    const auto loop_report = [](const auto& l) {
+      return [p = &l](nlohmann::json& j) {
+        j["skipped_steps"] = p->skipped_steps();
+        if (p->options().scaler) j["final_loss_scale"] = p->options().scaler->scale();
+      };
+    };
+    impls.emplace_back(
+        "fused", [&] { fused_loop->Run(runtime); },
+        [&]() -> const PassTimes& { return fused_loop->pass_ms(); }, loop_report(*fused_loop));
+    impls.emplace_back("standard",
+                       [&] { StandardStep(algorithm, hyper, standard_segments, runtime); });
+    impls.emplace_back(
+        "standard_pipeline", [&] { standard_loop->Run(runtime); },
+        [&]() -> const PassTimes& { return standard_loop->pass_ms(); },
+        loop_report(*standard_loop));
+    impls.emplace_back(
+        "same_traffic",
+        [&] {
+          traffic_clock.Start();
+          SameTrafficGradRead(segments, runtime);
+          traffic_clock.Lap("pre_pass");
+          SameTrafficStep(segments, runtime);
+          traffic_clock.Lap("step");
+        },
+        [&]() -> const PassTimes& { return traffic_clock.times(); });
+  } else {
+    impls.emplace_back("fused", [&] { FusedStep(algorithm, hyper, segments, runtime); });
+    impls.emplace_back("standard",
+                       [&] { StandardStep(algorithm, hyper, standard_segments, runtime); });
+    impls.emplace_back("same_traffic", [&] { SameTrafficStep(segments, runtime); });
+  }
+  const auto find = [&](std::string_view name) -> Impl* {
+    for (Impl& impl : impls) {
+      if (impl.name == name) return &impl;
+    }
+    return nullptr;
+  };
 
   // Step counts start at 2: SGD's step 1 only copies the gradient into the momentum buffer.
   std::int64_t step = 1;
   auto set_step = [&] {
     ++step;
     for (Segment& s : segments) s.step = step;
+    for (Segment& s : standard_segments) s.step = step;
+    if (fused_loop) fused_loop->SetStep(step);
+    if (standard_loop) standard_loop->SetStep(step);
   };
-  std::vector<Impl> impls;
-  impls.push_back({"fused", [&] { FusedStep(algorithm, hyper, segments, runtime); }, {}});
-  impls.push_back({"standard", [&] { StandardStep(algorithm, hyper, segments, runtime); }, {}});
-  impls.push_back({"same_traffic", [&] { SameTrafficStep(segments, runtime); }, {}});
 
   progress << "fusedopt bench: " << options.optimizer << " on " << shapes_name << " ("
-           << tensors.size() << " tensors, " << FormatCount(numel) << " params), " << options.dtype
-           << ", " << runtime.num_threads() << " threads, target " << ActiveTargetName() << "\n";
+           << tensors.size() << " tensors, " << FormatCount(numel) << " params), " << options.dtype;
+  if (grad_dtype != dtype) progress << " (grads " << grad_dtype_name << ")";
+  if (training_loop) {
+    progress << ", loss scale " << options.loss_scale << ", clip ";
+    if (loop.clips()) {
+      progress << loop.max_norm;
+    } else {
+      progress << "off";
+    }
+  }
+  progress << ", " << runtime.num_threads() << " threads, target " << ActiveTargetName() << "\n";
   for (int w = 0; w < options.warmup; ++w) {
     set_step();
     for (Impl& impl : impls) impl.step();
@@ -122,6 +323,17 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
       impl.step();
       const auto t1 = std::chrono::steady_clock::now();
       impl.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      if (impl.passes) {
+        for (const auto& [pass, ms] : impl.passes()) {
+          auto it = std::find_if(impl.pass_ms.begin(), impl.pass_ms.end(),
+                                 [&](const auto& p) { return p.first == pass; });
+          if (it == impl.pass_ms.end()) {
+            impl.pass_ms.emplace_back(std::string(pass), std::vector<double>{});
+            it = impl.pass_ms.end() - 1;
+          }
+          it->second.push_back(ms);
+        }
+      }
     }
     progress << "\r  round " << (r + 1) << "/" << options.rounds << std::flush;
   }
@@ -136,33 +348,78 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
                            {"target", ActiveTargetName()},
                            {"rounds", options.rounds},
                            {"bytes_per_param", bytes_per_param}};
-  const double standard_ms = Median(impls[1].ms);
-  const double traffic_ms = Median(impls[2].ms);
-  table << std::left << std::setw(14) << "impl" << std::right << std::setw(11) << "median ms"
-        << std::setw(10) << "min ms" << std::setw(10) << "Gparam/s" << std::setw(9) << "GB/s"
-        << std::setw(13) << "vs standard" << std::setw(17) << "vs same_traffic"
+  if (grad_dtype != dtype || training_loop) report["grad_dtype"] = grad_dtype_name;
+  if (training_loop) {
+    report["loss_scale"] = options.loss_scale;
+    report["loss_scale_init"] = init_scale;
+    report["clip"] = loop.clips() ? nlohmann::json(loop.max_norm) : nlohmann::json(nullptr);
+    report["state_bytes_per_param"] = storage.state_bytes_per_param();
+    // The unscaled gradients as every impl sees them: their global norm and the clip factor.
+    std::vector<GradBuffer> grads;
+    for (const Segment& s : segments)
+      grads.push_back({const_cast<void*>(s.grad), s.numel, s.grad_dtype});
+    const GradStats stats =
+        GradNorm(grads, NormType::kL2, loop.scaler ? loop.scaler->inv_scale() : 1.0f, runtime);
+    report["grad_norm"] = stats.norm;
+    report["clip_coef"] =
+        loop.clips() && !stats.non_finite ? ClipCoefficient(stats.norm, loop.max_norm) : 1.0f;
+  }
+
+  const double fused_ms = Median(find("fused")->ms);
+  const double standard_ms = Median(find("standard")->ms);
+  const double traffic_ms = Median(find("same_traffic")->ms);
+  const Impl* pipeline = find("standard_pipeline");
+  const double pipeline_ms = pipeline != nullptr ? Median(pipeline->ms) : 0.0;
+  std::size_t name_width = 14;
+  for (const Impl& impl : impls) name_width = std::max(name_width, impl.name.size() + 2);
+  table << std::left << std::setw(static_cast<int>(name_width)) << "impl" << std::right
+        << std::setw(11) << "median ms" << std::setw(10) << "min ms" << std::setw(10) << "Gparam/s"
+        << std::setw(9) << "GB/s" << std::setw(13) << "vs standard";
+  if (pipeline != nullptr) table << std::setw(16) << "vs std_pipeline";
+  table << std::setw(17) << "vs same_traffic"
         << "\n";
-  for (const Impl& impl : impls) {
+  for (Impl& impl : impls) {
     const double median = Median(impl.ms);
     const double min = *std::min_element(impl.ms.begin(), impl.ms.end());
     const double gparams = static_cast<double>(numel) / (median * 1e6);
     const double gbps = gparams * static_cast<double>(bytes_per_param);
-    report["impls"][impl.name] = {{"median_ms", median},
-                                  {"min_ms", min},
-                                  {"samples_ms", impl.ms},
-                                  {"gparam_per_s", gparams},
-                                  {"gb_per_s", gbps}};
-    table << std::left << std::setw(14) << impl.name << std::right << std::fixed
-          << std::setprecision(3) << std::setw(11) << median << std::setw(10) << min
+    nlohmann::json& entry = report["impls"][impl.name];
+    entry = {{"median_ms", median},
+             {"min_ms", min},
+             {"samples_ms", impl.ms},
+             {"gparam_per_s", gparams},
+             {"gb_per_s", gbps}};
+    for (const auto& [pass, ms] : impl.pass_ms) entry["passes_median_ms"][pass] = Median(ms);
+    if (impl.report) impl.report(entry);
+    table << std::left << std::setw(static_cast<int>(name_width)) << impl.name << std::right
+          << std::fixed << std::setprecision(3) << std::setw(11) << median << std::setw(10) << min
           << std::setw(10) << gparams << std::setprecision(1) << std::setw(9) << gbps
-          << std::setprecision(2) << std::setw(12) << standard_ms / median << "x" << std::setw(17)
-          << traffic_ms / median << "\n";
+          << std::setprecision(2) << std::setw(12) << standard_ms / median << "x";
+    if (pipeline != nullptr) table << std::setw(15) << pipeline_ms / median << "x";
+    table << std::setw(17) << traffic_ms / median << "\n";
   }
-  const double fused_ms = Median(impls[0].ms);
   report["speedup_vs_standard"] = standard_ms / fused_ms;
   report["bandwidth_fraction"] = traffic_ms / fused_ms;
-  table << "speedup_vs_standard = " << std::setprecision(2) << standard_ms / fused_ms
-        << "   bandwidth_fraction = " << traffic_ms / fused_ms << "\n";
+  table << "speedup_vs_standard = " << std::setprecision(2) << standard_ms / fused_ms;
+  if (pipeline != nullptr) {
+    report["speedup_vs_standard_pipeline"] = pipeline_ms / fused_ms;
+    table << "   speedup_vs_standard_pipeline = " << pipeline_ms / fused_ms;
+  }
+  table << "   bandwidth_fraction = " << traffic_ms / fused_ms << "\n";
+  if (training_loop) {
+    table << std::setprecision(3);
+    for (const Impl& impl : impls) {
+      if (impl.pass_ms.empty()) continue;
+      table << "  " << impl.name << " passes (median ms):";
+      for (const auto& [pass, ms] : impl.pass_ms) table << " " << pass << " " << Median(ms);
+      if (impl.report) {
+        nlohmann::json extra;
+        impl.report(extra);
+        table << "; skipped steps " << extra["skipped_steps"].get<std::int64_t>();
+      }
+      table << "\n";
+    }
+  }
   return report;
 }
 

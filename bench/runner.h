@@ -1,12 +1,15 @@
-// `fusedopt bench`: fused, standard and same_traffic run interleaved in one process on the same
-// buffers, warm-up first, then rounds whose order rotates, reported as medians and ratios (never
-// asserted in tests: the machine is shared and noisy).
+// `fusedopt bench`: fused, standard and same_traffic (and, with --loss-scale or --clip,
+// standard_pipeline) run interleaved in one process on the same buffers, warm-up first, then rounds
+// whose order rotates, reported as medians and ratios (never asserted in tests: the machine is
+// shared and noisy).
 #pragma once
 
 #include <cstddef>
 #include <iosfwd>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace fusedopt::bench {
 
@@ -14,14 +17,23 @@ struct BenchOptions {
   std::string optimizer = "adamw";
   std::string shapes;         // a model name (model_shapes.h), or empty with numel > 0
   std::size_t numel = 0;      // one flat tensor of this size
-  std::string dtype = "f32";  // params, grads and states, as torch keeps states in the param dtype
-  int threads = 0;            // 0: OpenMP's default
+  std::string dtype = "f32";  // params and states, as torch keeps states in the param dtype
+  std::string grad_dtype;     // gradients; empty: dtype
+  // With loss scaling or clipping the impls become a training-loop step (bench/pipeline.h) and
+  // `standard_pipeline` joins them.
+  std::string loss_scale = "none";  // none, static or dynamic (torch.amp.GradScaler's policy)
+  std::optional<double> clip;       // clip_grad_norm_'s max_norm (finite, > 0); unset: no clip
+  int threads = 0;                  // 0: OpenMP's default
   int rounds = 15;
   int warmup = 3;
 };
 
 // Runs the benchmark, prints progress to `progress` and the table to `table`, and returns the JSON
-// report. Throws std::invalid_argument for bad options.
+// report. Throws std::invalid_argument for bad options, naming the option and the value.
 nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::ostream& progress);
+
+// Parses the value of --clip: a finite number > 0. Throws std::invalid_argument naming --clip and
+// the text otherwise.
+double ParseClip(std::string_view text);
 
 }  // namespace fusedopt::bench

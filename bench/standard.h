@@ -42,5 +42,8 @@ void FusedStep(Algorithm a, const BenchHyper& h, std::span<const Segment> segmen
 void StandardStep(Algorithm a, const BenchHyper& h, std::span<const Segment> segments,
                   const Runtime& runtime);
 void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime);
+// The floor of the fused pre-pass: one read of every segment's gradient, in the step's chunks.
+// Returns the sum of all gradient elements (so the reads cannot be optimized away).
+float SameTrafficGradRead(std::span<const Segment> segments, const Runtime& runtime);
 
 }  // namespace fusedopt::bench

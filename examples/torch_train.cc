@@ -1,5 +1,7 @@
 // Trains a small MLP on synthetic regression data with fusedopt::pt::AdamW: libtorch builds the
 // model and computes the gradients, fusedopt updates all parameters in one fused pass per step.
+// The step also clips the global gradient norm (training().max_grad_norm, folded into the update),
+// and the lr follows a warmup-cosine fusedopt::Schedule set on the param groups by ApplySchedule.
 // Prints the loss as it goes down; exits non-zero if it did not fall at least tenfold.
 
 #include <torch/nn/functional/activation.h>
@@ -9,7 +11,9 @@
 #include <cstdio>
 
 #include "fusedopt/pt/optim.h"
+#include "fusedopt/pt/training.h"
 #include "fusedopt/runtime.h"
+#include "fusedopt/schedule.h"
 
 namespace {
 
@@ -50,20 +54,27 @@ int main() {
   groups.emplace_back(biases, std::make_unique<torch::optim::AdamWOptions>(
                                   torch::optim::AdamWOptions(3e-3).weight_decay(0.0)));
   fusedopt::pt::AdamW optimizer(groups, torch::optim::AdamWOptions(3e-3));
+  optimizer.training().max_grad_norm = 1.0;  // torch::nn::utils::clip_grad_norm_(params, 1.0)
 
   std::printf("fusedopt::pt::AdamW on %s, %zu param tensors in 2 groups\n",
               fusedopt::ActiveTargetName().c_str(), weights.size() + biases.size());
   double first = 0.0;
   double last = 0.0;
   constexpr int kSteps = 400;
+  // 20 warmup steps from 1e-3 to 3e-3, then cosine annealing to 1e-4 at step kSteps.
+  const fusedopt::Schedule schedule = fusedopt::WarmupCosine(3e-3, 20, kSteps, 1e-4);
   for (int step = 0; step <= kSteps; ++step) {
     optimizer.zero_grad();
     const torch::Tensor loss = (model.forward(x) - y).pow(2).mean();
     loss.backward();
+    fusedopt::pt::ApplySchedule(optimizer, schedule, step);  // every group's lr for this step
     optimizer.step();
     last = loss.item<double>();
     if (step == 0) first = last;
-    if (step % 50 == 0) std::printf("step %4d  loss %.6f\n", step, last);
+    if (step % 50 == 0) {
+      std::printf("step %4d  loss %.6f  lr %.2e  grad norm %.4f\n", step, last, schedule.Lr(step),
+                  optimizer.last_step().grad_norm.value_or(0.0));
+    }
   }
   const bool ok = last < first / 10.0;
   std::printf("loss %.6f -> %.6f (%s)\n", first, last, ok ? "down >10x" : "NOT down 10x");

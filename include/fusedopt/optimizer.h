@@ -8,20 +8,34 @@
 //   ... write gradients into opt.storage().grads<float>(i) ...
 //   opt.Step();
 //   opt.ZeroGrad();
+//
+// The training-loop features are part of the step: with a LossScaler, max_grad_norm or
+// accumulation_steps > 1, Step() runs the fused pre-pass (grad.h: one read of the gradients for
+// overflow and global norm; unscale and clip folded into the update), skips a step whose gradients
+// overflowed (params, states and step counts bit-identical), updates the scaler, and with
+// accumulation sums micro-batch gradients into f32 accumulators and updates every k-th call.
+//
+//   fusedopt::LossScaler scaler;                  // dynamic, torch.amp.GradScaler's policy
+//   ... backward of loss * scaler.scale() into opt.storage().grads ...
+//   fusedopt::StepResult r = opt.Step({.scaler = &scaler, .max_grad_norm = 1.0});
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "fusedopt/dtype.h"
 #include "fusedopt/error.h"
+#include "fusedopt/grad.h"
 #include "fusedopt/hyper.h"
 #include "fusedopt/runtime.h"
+#include "fusedopt/scaler.h"
 #include "fusedopt/step.h"
 
 namespace fusedopt {
@@ -36,6 +50,13 @@ struct StorageOptions {
   DType grad_dtype = DType::kF32;
   DType state_dtype = DType::kF32;
   bool master_weights = false;  // keep an f32 master copy of f16/bf16 params
+  // > 1: Step() adds the gradients into f32 accumulators and updates every k-th call (one large
+  // batch: the accumulated mean of the micro-batch gradients).
+  std::int64_t accumulation_steps = 1;
+  // Round 16-bit state stores, and 16-bit params without a master copy, stochastically (keyed on
+  // seed, step and the element's index in the arena; Segment::stochastic_rounding).
+  bool stochastic_rounding = false;
+  std::uint64_t rounding_seed = 0;
 };
 
 // The arenas and the segment table over them.
@@ -70,6 +91,12 @@ class FlatStorage {
     return View<T>(segments_.at(tensor).state[slot], options_.state_dtype, tensor);
   }
   std::span<float> master(std::size_t tensor);
+  // The f32 gradient accumulator of a tensor (accumulation_steps > 1 only).
+  std::span<float> accumulator(std::size_t tensor);
+
+  // Bytes the optimizer keeps per parameter beyond the param and its gradient: states, master
+  // copy and accumulator.
+  double state_bytes_per_param() const;
 
   // All grads (params) of all tensors as one flat range, group by group.
   void* flat_grads() { return grads_.get(); }
@@ -100,9 +127,28 @@ class FlatStorage {
 
   StorageOptions options_;
   std::size_t total_numel_ = 0;
-  Arena params_, grads_, master_;
+  Arena params_, grads_, master_, accumulators_;
   Arena states_[kMaxStates];
   std::vector<Segment> segments_;
+};
+
+// What Step() should do around the update.
+struct StepOptions {
+  // Gradients hold loss · scaler->scale(): the step unscales them, skips on overflow and calls
+  // scaler->Update(). Null: the gradients are used as they are (no overflow check unless clipping).
+  LossScaler* scaler = nullptr;
+  // Clip the global norm of the (unscaled) gradients to this (torch.nn.utils.clip_grad_norm_);
+  // Inf: no clipping.
+  double max_grad_norm = std::numeric_limits<double>::infinity();
+  NormType norm_type = NormType::kL2;
+};
+
+struct StepResult {
+  bool stepped = false;    // the params were updated
+  bool found_inf = false;  // this call's gradients held Inf/NaN (the step, or the accumulation
+                           // window it belongs to, is skipped)
+  std::optional<double> grad_norm;  // global norm of the unscaled gradients, when computed
+  float clip_coef = 1.0f;           // the clip factor folded into the update
 };
 
 // Hyper is one of SgdHyper, AdamHyper, AdamWHyper, RmspropHyper, AdagradHyper.
@@ -122,11 +168,13 @@ class Optimizer {
   std::int64_t step_count(std::size_t tensor) const { return steps_.at(tensor); }
 
   void ZeroGrad() { storage_.ZeroGrad(); }
-  // Updates every tensor.
-  void Step();
+  // Updates every tensor (with accumulation: every accumulation_steps-th call).
+  StepResult Step(const StepOptions& options = {});
   // Updates only the listed tensors (the others have no gradient this step: no update, no step
-  // count).
-  void Step(std::span<const std::size_t> tensors);
+  // count). Not with accumulation_steps > 1.
+  StepResult Step(std::span<const std::size_t> tensors, const StepOptions& options = {});
+  // Micro-batches accumulated since the last update.
+  std::int64_t pending_micro_batches() const { return micro_batches_; }
 
  private:
   std::vector<Hyper> groups_;
@@ -137,6 +185,8 @@ class Optimizer {
   // None`).
   std::vector<std::int64_t> buffer_steps_;
   Runtime* runtime_;
+  std::int64_t micro_batches_ = 0;
+  bool window_found_inf_ = false;  // some micro-batch of the current window overflowed
 };
 
 using SGD = Optimizer<SgdHyper>;

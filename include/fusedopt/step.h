@@ -45,6 +45,21 @@ struct Segment {
   // unscale mixed-precision gradients inside the step (no separate pass; the grad buffer is not
   // written). Must be finite; 1 leaves the gradient exactly as it is.
   float grad_scale = 1.0f;
+  // Opt-in stochastic rounding (include/fusedopt/rounding.h, docs/numerics.md): when true, stores
+  // of a 16-bit param without a master copy (pure bf16/f16 training) and of 16-bit state buffers
+  // round stochastically instead of to nearest even. f32 stores, and the 16-bit param copy of an
+  // f32 master, stay as they are. Off (the default), results are bit-identical to a build without
+  // this feature.
+  bool stochastic_rounding = false;
+  // Seed of the rounding noise. The noise of an element is RoundingNoise(rounding_seed, step,
+  // global_offset + i, stream) with one stream per buffer (param, state[0..2]): a pure function of
+  // these, never of threads, chunks, SIMD target or how the model is split into segments.
+  std::uint64_t rounding_seed = 0;
+  // Index of this tensor's first element in the whole, unsharded parameter vector (the running sum
+  // of the numel of the tensors before it), so that noise does not depend on how the model is
+  // split into segment lists, calls or ZeRO shards. Only read with stochastic_rounding;
+  // global_offset + numel must not exceed 2^64 - 1.
+  std::uint64_t global_offset = 0;
 };
 
 // Each call validates all groups and segments first and throws fusedopt::Error (naming the segment

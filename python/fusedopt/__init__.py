@@ -17,10 +17,12 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 
 from . import _C
 from .amp import GradScaler
+from .clip import clip_grad_norm_, clip_grad_value_
 from .optim import FusedAdagrad, FusedAdam, FusedAdamW, FusedRMSprop, FusedSGD
+from . import schedules
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "GradScaler",
-           "active_target"]
+           "clip_grad_norm_", "clip_grad_value_", "schedules", "active_target"]
 __version__ = "0.1.0"
 
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import math
+
 import torch
 
+from . import _C
 from ._flat import FlatStore
 from ._tensors import DTYPE_CODES, check_param, check_same_layout, dtype_code
 
@@ -23,9 +26,34 @@ class FusedOptimizerMixin:
     _counts_steps = True  # keeps torch's per-param state['step'] (all but SGD)
     _sparse_message = ""  # torch's error text for a sparse gradient
 
-    def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False, **kwargs):
+    def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
+                 max_grad_norm: float | None = None, norm_type: float = 2.0, accumulation_steps: int = 1,
+                 state_dtype: torch.dtype | None = None, stochastic_rounding: bool = False, seed: int = 0,
+                 **kwargs):
         if kwargs.get("differentiable", False):
             raise RuntimeError(f"{type(self).__name__} does not support differentiable=True")
+        if max_grad_norm is not None and not (float(max_grad_norm) >= 0.0):
+            raise ValueError(f"Invalid max_grad_norm: {max_grad_norm} (must be >= 0 or None)")
+        self._max_grad_norm = math.inf if max_grad_norm is None else float(max_grad_norm)
+        self._norm_code = norm_type_code(norm_type)
+        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
+            raise ValueError(f"Invalid accumulation_steps: {accumulation_steps!r} (an int >= 1)")
+        if accumulation_steps > 1 and flatten:
+            raise ValueError("fusedopt: accumulation_steps > 1 does not combine with flatten=True")
+        if state_dtype is not None and state_dtype not in DTYPE_CODES:
+            raise TypeError(f"fusedopt: invalid state_dtype {state_dtype}; supported dtypes are "
+                            "torch.float32, torch.float16 and torch.bfloat16")
+        if not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise ValueError(f"Invalid seed: {seed!r} (an int in [0, 2**64))")
+        self._rounding = (bool(stochastic_rounding), seed)
+        self._offsets: dict[torch.Tensor, int] | None = None  # see _global_offset
+        self._accumulation_steps = accumulation_steps
+        self._state_dtype_option = state_dtype
+        self._accumulators: dict[torch.Tensor, torch.Tensor] = {}  # f32 gradient sums
+        self._window: dict[torch.Tensor, None] = {}  # params with a gradient in this window, in order
+        self._micro_batches = 0
+        self._window_found_inf = False
+        self.last_grad_norm: float | None = None  # global grad norm seen by the last step, if computed
         self._master_weights = bool(master_weights)
         self._flat: FlatStore | None = None
         # Per param: (data_ptr, _version) after our last write, to notice params changed behind our
@@ -55,6 +83,7 @@ class FusedOptimizerMixin:
         gi = len(self.param_groups) - 1
         for j, p in enumerate(group["params"]):
             check_param(p, _param_name(names, gi, j))
+        self._offsets = None
         if getattr(self, "_flat", None) is not None:
             self._flat.combine()
 
@@ -99,6 +128,13 @@ class FusedOptimizerMixin:
         self.__dict__.setdefault("_master_weights", False)
         self.__dict__.setdefault("_flat", None)
         self.__dict__.setdefault("_param_marks", {})
+        for key, value in (("_max_grad_norm", math.inf), ("_norm_code", 2), ("_accumulation_steps", 1),
+                           ("_state_dtype_option", None), ("_micro_batches", 0),
+                           ("_window_found_inf", False), ("last_grad_norm", None),
+                           ("_rounding", (False, 0)), ("_offsets", None)):
+            self.__dict__.setdefault(key, value)
+        self.__dict__.setdefault("_accumulators", {})
+        self.__dict__.setdefault("_window", {})
         self.__dict__["_segment_cache"] = {}
 
     @torch.no_grad()
@@ -109,44 +145,113 @@ class FusedOptimizerMixin:
             with torch.enable_grad():
                 loss = closure()
         # Set by (torch.amp or fusedopt).GradScaler.step(): skip on overflow, unscale in the step.
+        # fusedopt.GradScaler leaves the overflow check to the step's pre-pass and reads the result
+        # from _found_inf_out.
         found_inf = getattr(self, "found_inf", None)
-        if found_inf is not None and float(found_inf) != 0.0:
-            return loss
+        found_out = getattr(self, "_found_inf_out", None)
+        overflowed = found_inf is not None and float(found_inf) != 0.0
         grad_scale = getattr(self, "grad_scale", None)
         # torch's inv_scale: 1/scale in double, rounded to f32 (by the binding).
         inv_scale = 1.0 if grad_scale is None else 1.0 / float(grad_scale)
+        grads = None
+        if self._accumulation_steps > 1:
+            overflowed = self._accumulate(inv_scale, overflowed)
+            if overflowed and found_out is not None:
+                found_out.fill_(1.0)
+            self._micro_batches += 1
+            self._window_found_inf |= overflowed
+            if self._micro_batches < self._accumulation_steps:
+                return loss
+            grads = {p: self._accumulators[p] for p in self._window}
+            window_ok = not self._window_found_inf
+            self._micro_batches, self._window_found_inf, self._window = 0, False, {}
+            if not window_ok:
+                return loss
+            inv_scale, check = 1.0, False  # the accumulators hold unscaled, finite sums
+        else:
+            if overflowed:
+                return loss
+            check = found_out is not None
         created = []
         try:
             while True:
                 try:
-                    hypers, segments = self._pack(inv_scale, created)
+                    hypers, segments = self._pack(inv_scale, created, grads)
                     break
                 except _Relaid:  # flatten=True laid the buffers out anew: pack again from the start
                     pass
+            report = (True, False, None, 1.0)
             if segments:
-                type(self)._engine_step(hypers, segments, torch.get_num_threads())
-        except BaseException:
-            for state, key in created:  # a rejected step leaves no trace, not even new state
+                report = type(self)._engine_step(hypers, segments, torch.get_num_threads(),
+                                                 self._max_grad_norm, self._norm_code, check)
+            stepped, non_finite, self.last_grad_norm = report[0], report[1], report[2]
+            if non_finite and found_out is not None:
+                found_out.fill_(1.0)
+            if not stepped:
+                raise _Skipped
+        except BaseException as e:
+            for state, key in created:  # a rejected or skipped step leaves no trace, not even new state
                 state.pop(key, None)
-            raise
+            if not isinstance(e, _Skipped):
+                raise
         return loss
 
+    def _accumulate(self, inv_scale: float, overflowed: bool) -> bool:
+        """accumulation_steps > 1: adds every gradient, unscaled and divided by the step count, into
+        its param's f32 accumulator (the first one of a window overwrites it). Returns whether this
+        micro-batch overflowed (then nothing is added: the window will be skipped anyway)."""
+        if overflowed:
+            return True
+        fresh, add = ([], []), ([], [])
+        for gi, group in enumerate(self.param_groups):
+            for j, p in enumerate(group["params"]):
+                g = p.grad
+                if g is None:
+                    continue
+                name = self._name(gi, j)
+                if g.is_sparse:
+                    raise RuntimeError(self._sparse_message)
+                code = dtype_code(g, f"the gradient of parameter {name}")
+                check_same_layout(g, p, f"the gradient of parameter {name}")
+                acc = self._accumulators.get(p)
+                if acc is None or acc.shape != p.shape:
+                    acc = torch.empty_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+                    self._accumulators[p] = acc
+                target = add if p in self._window else fresh
+                target[0].append((g.data_ptr(), g.numel(), code))
+                target[1].append(acc.data_ptr())
+        scale = inv_scale / self._accumulation_steps
+        threads = torch.get_num_threads()
+        bad = False
+        for (grads, sums), overwrite in ((fresh, True), (add, False)):
+            if grads:
+                bad |= _C.accumulate_grads(grads, sums, scale, overwrite, threads)
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._window[p] = None
+        return bad
+
     # ---- internals ----------------------------------------------------------------------------
-    def _pack(self, inv_scale, created):
+    def _pack(self, inv_scale, created, grads=None):
+        """Hypers and segments of every param with a gradient (p.grad, or grads[p] when given)."""
         hypers, segments = [], []
         for gi, group in enumerate(self.param_groups):
             hypers.append(self._hyper(group))
             needed = self._needed_slots(group)
             for j, p in enumerate(group["params"]):
-                g = p.grad
+                g = p.grad if grads is None else grads.get(p)
                 if g is not None:
                     segments.append(self._segment(p, g, gi, j, needed, inv_scale, created))
         return hypers, segments
 
+    def _has_master(self, p: torch.Tensor) -> bool:
+        return self._master_weights and p.dtype in _LOW_PRECISION
+
     def _state_dtype(self, p: torch.Tensor) -> torch.dtype:
-        if self._master_weights and p.dtype in _LOW_PRECISION:
-            return torch.float32
-        return p.dtype
+        if self._state_dtype_option is not None:
+            return self._state_dtype_option
+        return torch.float32 if self._has_master(p) else p.dtype
 
     def _segment(self, p, g, gi, j, needed, inv_scale, created) -> tuple:
         """One parameter as the engine's Segment tuple (src/python/module.cc), creating its state on
@@ -172,7 +277,7 @@ class FusedOptimizerMixin:
         return self._segment_slow(p, g, gi, j, needed, inv_scale, created)
 
     def _segment_slow(self, p, g, gi, j, needed, inv_scale, created) -> tuple:
-        if self._flat is not None:
+        if self._flat is not None:  # (never with accumulation: g is p.grad)
             # Re-combine a param or grad replaced since the last step. If that needs a new layout,
             # the segments packed so far point into the old one.
             if self._flat.place(p):
@@ -191,6 +296,8 @@ class FusedOptimizerMixin:
         if g.shape != p.shape:
             raise ValueError(f"fusedopt: the gradient of parameter {self._name(gi, j)} has shape "
                              f"{tuple(g.shape)} but the parameter has {tuple(p.shape)}")
+        if p not in self.state:
+            created.append((self.state, p))
         state = self.state[p]
         sdtype = self._state_dtype(p)
         ptrs = [0, 0, 0]
@@ -213,7 +320,7 @@ class FusedOptimizerMixin:
         else:
             step = 1 if fresh_buffer else 2  # SGD: a new momentum buffer starts as a copy of d
         master = 0
-        if sdtype != p.dtype:
+        if self._has_master(p):
             if self._param_marks.get(p) != (p.data_ptr(), p._version):
                 # First step, or the param was changed outside the optimizer (a model checkpoint
                 # loaded into it, p.data = ...): the master copy restarts from the param.
@@ -222,7 +329,7 @@ class FusedOptimizerMixin:
             master = self._ensure_state(p, state, "master_param", torch.float32, gi, j, created)[0].data_ptr()
         # SGD's next steps find the buffer made by this one.
         tail = (ptrs[0], ptrs[1], ptrs[2], master, p.numel(), pcode, DTYPE_CODES[sdtype], gi, step_ptr,
-                2 if not self._counts_steps and step == 1 else step)
+                2 if not self._counts_steps and step == 1 else step) + self._rounding + (self._global_offset(p),)
         keys = [k for k, need in zip(self._slot_keys, needed) if need]
         keys += ["step"] if self._counts_steps else []
         keys += ["master_param"] if master else []
@@ -230,7 +337,18 @@ class FusedOptimizerMixin:
         grad_slot = self._flat.grad_slot_address(p) if self._flat is not None else None
         self._segment_cache[p] = (needed, p.data_ptr(), state, tensors, p._version if master else None,
                                   tail, p.shape, grad_slot)
-        return (p.data_ptr(), g.data_ptr(), gcode, inv_scale) + tail[:9] + (step,)
+        return (p.data_ptr(), g.data_ptr(), gcode, inv_scale) + tail[:9] + (step,) + tail[10:]
+
+    def _global_offset(self, p: torch.Tensor) -> int:
+        """Index of p's first element in all params of all groups laid end to end: the element index
+        that keys stochastic rounding, independent of which params have grads this step."""
+        if self._offsets is None:
+            self._offsets, total = {}, 0
+            for group in self.param_groups:
+                for q in group["params"]:
+                    self._offsets.setdefault(q, total)
+                    total += q.numel()
+        return self._offsets[p]
 
     def _ensure_state(self, p, state, key, dtype, gi, j, created):
         """state[key] as the engine needs it: dtype, size, p's memory layout and, with flatten=True,
@@ -282,6 +400,22 @@ class FusedOptimizerMixin:
 
 class _Relaid(Exception):
     """FlatStore.combine() ran while a step was being packed."""
+
+
+class _Skipped(Exception):
+    """The step's pre-pass found non-finite gradients: nothing was updated."""
+
+
+def norm_type_code(norm_type) -> int:
+    """The engine's code of a vector norm order: 2, 1, or 0 for inf."""
+    value = float(norm_type)
+    if value == 2.0:
+        return 2
+    if value == 1.0:
+        return 1
+    if value == math.inf:
+        return 0
+    raise ValueError(f"fusedopt: unsupported norm_type {norm_type!r} for a fused step (1, 2 or inf)")
 
 
 def _param_name(names, gi: int, j: int) -> str:

@@ -1,17 +1,20 @@
 """fusedopt.GradScaler: torch.amp.GradScaler (same API, defaults and update policy: init 65536,
 growth 2, backoff 0.5, interval 2000) whose gradient passes run in the C++ engine.
 
-With a fused optimizer, scaler.step(opt) costs one read-only overflow check over all gradients plus
-the optimizer step, which unscales each gradient as it reads it (and is skipped, leaving params and
-states untouched, on overflow). An explicit unscale_() (e.g. before clipping) is one fused
+With a fused optimizer, scaler.step(opt) leaves the overflow check to the optimizer's fused pre-pass:
+one read of all gradients finds Inf/NaN (and the global norm, for max_grad_norm=), then the update
+unscales and clips each gradient as it reads it, or is skipped on overflow, leaving params and
+states untouched. An explicit unscale_() (e.g. before fusedopt.clip_grad_norm_) is one fused
 read-modify-write pass over all gradients. torch.amp.GradScaler("cpu") drives the fused optimizers
-the same way, with torch's own check pass."""
+too, with a separate check pass before the step."""
 
 from __future__ import annotations
 
 import torch
+from torch.amp.grad_scaler import OptState
 
 from . import _C
+from ._base import FusedOptimizerMixin
 from ._tensors import DTYPE_CODES
 
 
@@ -21,6 +24,25 @@ class GradScaler(torch.amp.GradScaler):
         super().__init__(device, init_scale=init_scale, growth_factor=growth_factor,
                          backoff_factor=backoff_factor, growth_interval=growth_interval,
                          enabled=enabled)
+
+    def step(self, optimizer, *args, **kwargs):
+        state = self._per_optimizer_states[id(optimizer)] if self._enabled else None
+        if (state is None or "closure" in kwargs or not isinstance(optimizer, FusedOptimizerMixin)
+                or state["stage"] is not OptState.READY):
+            # torch's path: other optimizers, or grads already unscaled by an explicit unscale_().
+            return super().step(optimizer, *args, **kwargs)
+        self._check_scale_growth_tracker("step")
+        found_inf = torch.zeros(1, dtype=torch.float32, device=self._scale.device)
+        optimizer.grad_scale = self._scale
+        optimizer._found_inf_out = found_inf  # the step's pre-pass reports overflow here
+        try:
+            retval = optimizer.step(*args, **kwargs)
+        finally:
+            del optimizer.grad_scale
+            del optimizer._found_inf_out
+        state["found_inf_per_device"] = {found_inf.device: found_inf}
+        state["stage"] = OptState.STEPPED
+        return retval
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
         grads = []

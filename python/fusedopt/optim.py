@@ -8,6 +8,19 @@ Extra keyword arguments:
                        optimizer states; the param receives the rounded update. Default False:
                        16-bit params and states are updated in their own dtype, as torch does.
   flatten=True         params, grads and states of each dtype live in one flat buffer (_flat.py).
+  max_grad_norm=x      clip the global gradient norm to x inside the step (torch's clip_grad_norm_
+                       coefficient, folded into the update: no pass writes the gradients); a step
+                       whose gradients hold Inf/NaN is skipped. `opt.last_grad_norm` is the norm.
+  norm_type=2.0        the norm of max_grad_norm: 1, 2 or inf.
+  accumulation_steps=k step() adds the gradients (any dtype, unscaled by a GradScaler) into f32
+                       accumulators and updates every k-th call with their mean: one large batch.
+                       A micro-batch with Inf/NaN gradients skips its whole window.
+  state_dtype=dtype    dtype of the optimizer states (e.g. torch.bfloat16: half the memory of f32
+                       moments); default: the param's dtype, or f32 with master_weights.
+  stochastic_rounding=True, seed=0
+                       16-bit states, and 16-bit params without a master copy (pure bf16 training),
+                       are rounded stochastically, keyed on (seed, step, element index): unbiased,
+                       reproducible, independent of threads.
 """
 
 from __future__ import annotations

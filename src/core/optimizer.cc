@@ -1,8 +1,10 @@
 #include "fusedopt/optimizer.h"
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace fusedopt {
 namespace {
@@ -51,6 +53,10 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
   if (options.master_weights && options.param_dtype == DType::kF32) {
     throw Error("FlatStorage: master_weights needs f16 or bf16 params (param_dtype is f32)");
   }
+  if (options.accumulation_steps < 1) {
+    throw Error("FlatStorage: invalid accumulation_steps: " +
+                std::to_string(options.accumulation_steps) + " (must be >= 1)");
+  }
   // Lay tensors out group by group, keeping their order within a group.
   std::vector<std::size_t> offsets(tensors.size());
   for (std::size_t g = 0; g < num_groups; ++g) {
@@ -72,6 +78,7 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
   params_ = Allocate(total_numel_ * param_size);
   grads_ = Allocate(total_numel_ * grad_size);
   if (options.master_weights) master_ = Allocate(total_numel_ * sizeof(float));
+  if (options.accumulation_steps > 1) accumulators_ = Allocate(total_numel_ * sizeof(float));
   segments_.resize(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     Segment& s = segments_[i];
@@ -83,6 +90,9 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
     s.state_dtype = options.state_dtype;
     s.param = params_.get() + o * param_size;
     s.grad = grads_.get() + o * grad_size;
+    s.stochastic_rounding = options.stochastic_rounding;
+    s.rounding_seed = options.rounding_seed;
+    s.global_offset = o;
     if (master_) s.master = reinterpret_cast<float*>(master_.get()) + o;
   }
   AllocateStates(state_slots);
@@ -107,6 +117,22 @@ std::span<float> FlatStorage::master(std::size_t tensor) {
   const Segment& s = segments_.at(tensor);
   if (s.master == nullptr) throw Error("FlatStorage: no master copy (master_weights is off)");
   return {s.master, s.numel};
+}
+
+std::span<float> FlatStorage::accumulator(std::size_t tensor) {
+  const Segment& s = segments_.at(tensor);
+  if (!accumulators_) throw Error("FlatStorage: no accumulator (accumulation_steps is 1)");
+  const auto offset = static_cast<std::size_t>(static_cast<std::byte*>(s.param) - params_.get()) /
+                      DTypeSize(options_.param_dtype);
+  return {reinterpret_cast<float*>(accumulators_.get()) + offset, s.numel};
+}
+
+double FlatStorage::state_bytes_per_param() const {
+  double bytes = 0.0;
+  for (const Arena& state : states_) bytes += state ? DTypeSize(options_.state_dtype) : 0;
+  if (master_) bytes += sizeof(float);
+  if (accumulators_) bytes += sizeof(float);
+  return bytes;
 }
 
 void FlatStorage::ZeroGrad() {
@@ -145,14 +171,16 @@ Optimizer<Hyper>::Optimizer(std::vector<Hyper> groups, std::vector<TensorSpec> t
 }
 
 template <class Hyper>
-void Optimizer<Hyper>::Step() {
+StepResult Optimizer<Hyper>::Step(const StepOptions& options) {
   std::vector<std::size_t> all(storage_.num_tensors());
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
-  Step(all);
+  return Step(all, options);
 }
 
 template <class Hyper>
-void Optimizer<Hyper>::Step(std::span<const std::size_t> tensors) {
+StepResult Optimizer<Hyper>::Step(std::span<const std::size_t> tensors,
+                                  const StepOptions& options) {
+  const std::int64_t accumulation = storage_.options().accumulation_steps;
   std::vector<bool> seen(storage_.num_tensors(), false);
   for (std::size_t t : tensors) {
     if (t >= storage_.num_tensors()) {
@@ -163,17 +191,67 @@ void Optimizer<Hyper>::Step(std::span<const std::size_t> tensors) {
       throw Error("Optimizer::Step: tensor index " + std::to_string(t) + " listed twice");
     seen[t] = true;
   }
+  if (accumulation > 1 && tensors.size() != storage_.num_tensors()) {
+    throw Error("Optimizer::Step: a tensor list needs accumulation_steps 1 (it is " +
+                std::to_string(accumulation) + ")");
+  }
+  if (!(options.max_grad_norm >= 0.0)) {
+    throw Error("Optimizer::Step: invalid max_grad_norm: " + std::to_string(options.max_grad_norm) +
+                " (must be >= 0; Inf: no clipping)");
+  }
   // Validate the (live) hyper-parameters before anything is written.
   ApplyStep(std::span<const Hyper>(groups_), {}, *runtime_);
   storage_.AllocateStates(AllRequiredStates(groups_));
+  const float inv_scale = options.scaler != nullptr ? options.scaler->inv_scale() : 1.0f;
+  StepResult result;
+
   std::vector<Segment> segments;
   segments.reserve(tensors.size());
-  for (std::size_t t : tensors) {
-    segments.push_back(storage_.segments()[t]);
-    segments.back().step = steps_[t] + 1;
+  for (std::size_t t : tensors) segments.push_back(storage_.segments()[t]);
+
+  if (accumulation > 1) {
+    // Add this micro-batch, unscaled and divided by k, into the accumulators (the first one of a
+    // window overwrites them, so they need no zeroing).
+    std::vector<GradBuffer> grads;
+    std::vector<float*> sums;
+    for (std::size_t t : tensors) {
+      const Segment& s = storage_.segments()[t];
+      grads.push_back({const_cast<void*>(s.grad), s.numel, s.grad_dtype});
+      sums.push_back(storage_.accumulator(t).data());
+    }
+    const float scale = static_cast<float>(double{inv_scale} / static_cast<double>(accumulation));
+    result.found_inf = AccumulateGrads(grads, sums, scale, micro_batches_ == 0, *runtime_);
+    window_found_inf_ |= result.found_inf;
+    if (options.scaler != nullptr) options.scaler->Update(result.found_inf);
+    if (++micro_batches_ < accumulation) return result;
+    micro_batches_ = 0;
+    if (std::exchange(window_found_inf_, false)) return result;  // the window overflowed: skip
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      segments[i].grad = storage_.accumulator(tensors[i]).data();
+      segments[i].grad_dtype = DType::kF32;
+    }
+  } else {
+    for (Segment& s : segments) s.grad_scale = inv_scale;
+  }
+
+  // The fused pre-pass: needed to detect overflow (loss scaling) or to clip; otherwise the update
+  // reads the gradients once, as they are.
+  const bool clip = std::isfinite(options.max_grad_norm);
+  if (clip || (options.scaler != nullptr && accumulation == 1)) {
+    const PrePassResult pre = GradPrePass(
+        segments, {.max_norm = options.max_grad_norm, .norm_type = options.norm_type}, *runtime_);
+    result.grad_norm = pre.norm;
+    result.clip_coef = pre.clip_coef;
+    result.found_inf = result.found_inf || pre.non_finite;
+    if (options.scaler != nullptr && accumulation == 1) options.scaler->Update(pre.non_finite);
+    if (pre.non_finite) return result;
+  }
+
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::size_t t = tensors[i];
+    segments[i].step = steps_[t] + 1;
     if constexpr (std::is_same_v<Hyper, SgdHyper>) {
-      if (groups_[segments.back().group].momentum != 0.0)
-        segments.back().step = buffer_steps_[t] + 1;
+      if (groups_[segments[i].group].momentum != 0.0) segments[i].step = buffer_steps_[t] + 1;
     }
     // Masters are seeded from the params the user wrote before the tensor's first step.
     if (steps_[t] == 0) storage_.SyncMaster(t);
@@ -185,6 +263,8 @@ void Optimizer<Hyper>::Step(std::span<const std::size_t> tensors) {
       if (groups_[segments[i].group].momentum != 0.0) ++buffer_steps_[tensors[i]];
     }
   }
+  result.stepped = true;
+  return result;
 }
 
 template class Optimizer<SgdHyper>;

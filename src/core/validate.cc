@@ -1,6 +1,8 @@
 #include "src/core/validate.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -91,6 +93,11 @@ void ValidateStep(std::string_view fn, std::span<const Hyper> groups,
     if (s.step < 1) Fail(fn, "segment ", i, ": invalid step: ", s.step, " (must be >= 1)");
     if (!std::isfinite(s.grad_scale)) {
       Fail(fn, "segment ", i, ": invalid grad_scale: ", s.grad_scale, " (must be finite)");
+    }
+    if (s.stochastic_rounding &&
+        s.global_offset > std::numeric_limits<std::uint64_t>::max() - s.numel) {
+      Fail(fn, "segment ", i, ": invalid global_offset: ", s.global_offset,
+           " (global_offset + numel = ", s.global_offset, " + ", s.numel, " exceeds 2^64 - 1)");
     }
     if (s.numel == 0) continue;
     if (s.param == nullptr) Fail(fn, "segment ", i, ": param is null but numel is ", s.numel);

@@ -22,8 +22,8 @@ void ValidateHyper(std::string_view fn, std::size_t group, const RmspropHyper& h
 void ValidateHyper(std::string_view fn, std::size_t group, const AdagradHyper& h);
 
 // Checks every group, then every segment: group index, pointers for numel > 0, the state slots its
-// group's RequiredStates() asks for, dtypes, master copy and step. torch's state_dict key of each
-// Segment::state slot, for messages.
+// group's RequiredStates() asks for, dtypes, master copy, step, grad_scale and (with stochastic
+// rounding) global_offset. torch's state_dict key of each Segment::state slot, for messages.
 using StateNames = std::array<const char*, kMaxStates>;
 
 template <class Hyper>

@@ -1,7 +1,8 @@
 // Io<T>: loads any storage type as f32 vectors and stores f32 vectors back with our own
 // round-to-nearest-even (Highway 1.0.3's bf16 demotion truncates, and its f16 demotion truncates
-// off F16C). The bit-level rules are those of include/fusedopt/dtype.h; tests compare the two on
-// every target. Per-target header: toggling include guard.
+// off F16C), or with stochastic rounding driven by per-lane noise. The bit-level rules are those of
+// include/fusedopt/dtype.h and include/fusedopt/rounding.h; tests compare them on every target.
+// Per-target header: toggling include guard.
 
 #if defined(FOPT_CPU_IO_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #  ifdef FOPT_CPU_IO_INL_H_
@@ -10,8 +11,12 @@
 #    define FOPT_CPU_IO_INL_H_
 #  endif
 
+#  include <cstddef>
 #  include <cstdint>
+#  include <type_traits>
 
+#  include "fusedopt/dtype.h"
+#  include "fusedopt/rounding.h"
 #  include "fusedopt/step.h"
 #  include "hwy/highway.h"
 
@@ -53,11 +58,32 @@ struct Io<hwy::bfloat16_t> {
   }
   template <class DF>
   static HWY_INLINE void Store(DF df, hn::Vec<DF> v, hwy::bfloat16_t* p) {
+    StoreRounded<false>(df, v, p, hn::Zero(hn::RebindToUnsigned<DF>()));
+  }
+  // Stochastic rounding with one 32-bit noise word per lane (rounding.h: F32ToBF16Stochastic).
+  template <class DF>
+  static HWY_INLINE void StoreStochastic(DF df, hn::Vec<DF> v, hwy::bfloat16_t* p,
+                                         hn::Vec<hn::RebindToUnsigned<DF>> noise) {
+    StoreRounded<true>(df, v, p, noise);
+  }
+
+ private:
+  template <bool kStochastic, class DF>
+  static HWY_INLINE void StoreRounded(DF df, hn::Vec<DF> v, hwy::bfloat16_t* p,
+                                      hn::Vec<hn::RebindToUnsigned<DF>> noise) {
     const hn::RebindToUnsigned<DF> du;
     const auto u = hn::BitCast(du, v);
-    // Round to nearest even: add 0x7FFF plus the lsb of the kept half, then drop the low half.
-    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1));
-    const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7FFF), lsb)));
+    hn::Vec<decltype(du)> bias;
+    if constexpr (kStochastic) {
+      // Stochastic: add 16 bits of noise, so the kept half goes up with probability low half/2^16.
+      bias = hn::And(noise, hn::Set(du, 0xFFFF));
+    } else {
+      // Round to nearest even: add 0x7FFF plus the lsb of the kept half.
+      const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1));
+      bias = hn::Add(hn::Set(du, 0x7FFF), lsb);
+    }
+    // Then drop the low half. A NaN would not survive that: keep it quiet, with its sign.
+    const auto rounded = hn::ShiftRight<16>(hn::Add(u, bias));
     const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x0040));
     const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan, rounded);
     StoreLow16(df, bits, reinterpret_cast<std::uint16_t*>(p));
@@ -95,16 +121,37 @@ struct Io<hwy::float16_t> {
   }
   template <class DF>
   static HWY_INLINE void Store(DF df, hn::Vec<DF> v, hwy::float16_t* p) {
+    StoreRounded<false>(df, v, p, hn::Zero(hn::RebindToUnsigned<DF>()));
+  }
+  // Stochastic rounding in the normal range with one 32-bit noise word per lane; subnormal results
+  // round to nearest even (rounding.h: F32ToF16Stochastic).
+  template <class DF>
+  static HWY_INLINE void StoreStochastic(DF df, hn::Vec<DF> v, hwy::float16_t* p,
+                                         hn::Vec<hn::RebindToUnsigned<DF>> noise) {
+    StoreRounded<true>(df, v, p, noise);
+  }
+
+ private:
+  template <bool kStochastic, class DF>
+  static HWY_INLINE void StoreRounded(DF df, hn::Vec<DF> v, hwy::float16_t* p,
+                                      hn::Vec<hn::RebindToUnsigned<DF>> noise) {
     const hn::RebindToUnsigned<DF> du;
     const hn::RebindToSigned<DF> di;
     const auto u = hn::BitCast(du, v);
     const auto sign = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 0x8000));
     const auto abs_bits = hn::And(u, hn::Set(du, 0x7FFFFFFF));
     const auto abs_signed = hn::BitCast(di, abs_bits);  // < 2^31: signed compares are safe
-    // Normal range: rebias the exponent and round the 13 dropped mantissa bits to nearest even.
-    const auto lsb = hn::And(hn::ShiftRight<13>(abs_bits), hn::Set(du, 1));
-    const auto normal = hn::ShiftRight<13>(
-        hn::Add(hn::Sub(abs_bits, hn::Set(du, 0x38000000)), hn::Add(hn::Set(du, 0x0FFF), lsb)));
+    // Normal range: rebias the exponent and round the 13 dropped mantissa bits, to nearest even
+    // (bias 0x0FFF plus the lsb of the kept bits) or stochastically (13 bits of noise).
+    hn::Vec<decltype(du)> bias;
+    if constexpr (kStochastic) {
+      bias = hn::And(noise, hn::Set(du, 0x1FFF));
+    } else {
+      const auto lsb = hn::And(hn::ShiftRight<13>(abs_bits), hn::Set(du, 1));
+      bias = hn::Add(hn::Set(du, 0x0FFF), lsb);
+    }
+    const auto normal =
+        hn::ShiftRight<13>(hn::Add(hn::Sub(abs_bits, hn::Set(du, 0x38000000)), bias));
     // Subnormal or zero: |v| + 0.5 makes the FPU round to a multiple of 2^-24 (nearest even).
     const auto sum = hn::Add(hn::BitCast(df, abs_bits), hn::Set(df, 0.5f));
     const auto subnormal = hn::Sub(hn::BitCast(du, sum), hn::Set(du, 0x3F000000));
@@ -118,12 +165,73 @@ struct Io<hwy::float16_t> {
   }
 };
 
+// RoundingMix32 (rounding.h) in every 32-bit lane.
+template <class DU>
+HWY_INLINE hn::Vec<DU> RoundingMix32Lanes(DU du, hn::Vec<DU> x) {
+  x = hn::Xor(x, hn::ShiftRight<16>(x));
+  x = hn::Mul(x, hn::Set(du, 0x7FEB352Du));
+  x = hn::Xor(x, hn::ShiftRight<15>(x));
+  x = hn::Mul(x, hn::Set(du, 0x846CA68Bu));
+  return hn::Xor(x, hn::ShiftRight<16>(x));
+}
+
+// The rounding noise of one buffer of one piece of a segment: lane j of Noise(du, i) is
+// RoundingNoise(seed, step, global_offset + i + j, stream) (rounding.h). The keys of the two high
+// index words a piece can touch (it holds at most kGrainElements elements) are computed once, so
+// the element loop runs only the 32-bit mixer.
+class RoundingNoiseGen {
+ public:
+  // first_local: the segment-local index of the piece's first element.
+  RoundingNoiseGen(const Segment& s, std::uint32_t stream, std::size_t first_local)
+      : offset_(s.global_offset),
+        hi_(static_cast<std::uint32_t>((s.global_offset + first_local) >> 32)),
+        key_(RoundingKey(s.rounding_seed, s.step, stream, hi_)),
+        key_next_(RoundingKey(s.rounding_seed, s.step, stream, hi_ + 1)) {}
+
+  // Noise of the elements at segment-local indices i, i + 1, ... (one per lane of du).
+  template <class DU>
+  HWY_INLINE hn::Vec<DU> Noise(DU du, std::size_t i) const {
+    const std::uint64_t index = offset_ + i;
+    const auto lo = static_cast<std::uint32_t>(index);
+    const auto lanes_lo = hn::Add(hn::Set(du, lo), hn::Iota(du, 0));  // wraps modulo 2^32
+    auto key = hn::Set(du, static_cast<std::uint32_t>(index >> 32) == hi_ ? key_ : key_next_);
+    if (HWY_UNLIKELY(std::uint64_t{lo} + hn::Lanes(du) > (std::uint64_t{1} << 32))) {
+      // The vector straddles a multiple of 2^32: its wrapped lanes (lo + j < lo as unsigned,
+      // compared as signed after flipping the top bit) belong to the next high word.
+      const hn::RebindToSigned<DU> di;
+      const auto flip = hn::Set(du, 0x80000000u);
+      const auto wrapped = hn::Lt(hn::BitCast(di, hn::Xor(lanes_lo, flip)),
+                                  hn::BitCast(di, hn::Xor(hn::Set(du, lo), flip)));
+      key = hn::IfThenElse(hn::RebindMask(du, wrapped), hn::Set(du, key_next_), key);
+    }
+    return RoundingMix32Lanes(du, hn::Xor(lanes_lo, key));
+  }
+
+ private:
+  std::uint64_t offset_;
+  std::uint32_t hi_;        // high word of the piece's first global index
+  std::uint32_t key_;       // RoundingKey for hi_
+  std::uint32_t key_next_;  // and for hi_ + 1
+};
+
+// Stands for a RoundingNoiseGen where rounding is to nearest even: no storage, no code.
+struct NoRoundingNoise {
+  NoRoundingNoise(const Segment& /*s*/, std::uint32_t /*stream*/, std::size_t /*first_local*/) {}
+};
+
+template <bool kStochastic>
+using NoiseGenFor = std::conditional_t<kStochastic, RoundingNoiseGen, NoRoundingNoise>;
+
 // A parameter as the update sees it: the f32 master copy when there is one (the 16-bit param then
-// receives its rounding), else the param itself.
-template <class P>
+// receives its rounding to nearest even), else the param itself. kStochastic: a 16-bit param
+// without master is rounded stochastically.
+template <class P, bool kStochastic = false>
 struct ParamIo {
+  static constexpr bool kRoundStochastically = kStochastic && !std::is_same_v<P, float>;
+
   P* param;
   float* master;
+  [[no_unique_address]] NoiseGenFor<kRoundStochastically> noise;
 
   template <class DF>
   HWY_INLINE hn::Vec<DF> Load(DF df, std::size_t i) const {
@@ -131,28 +239,76 @@ struct ParamIo {
   }
   template <class DF>
   HWY_INLINE void Store(DF df, hn::Vec<DF> v, std::size_t i) const {
+    if constexpr (kRoundStochastically) {
+      if (master == nullptr) {
+        Io<P>::StoreStochastic(df, v, param + i, noise.Noise(hn::RebindToUnsigned<DF>(), i));
+        return;
+      }
+    }
     if (master != nullptr) Io<float>::Store(df, v, master + i);
     Io<P>::Store(df, v, param + i);
   }
 };
 
-// A segment's buffers with their storage types: everything a kernel loads and stores, as f32
-// vectors.
-template <class P, class G, class S>
-struct SegmentBuffers {
-  ParamIo<P> param;
-  const G* grad;
-  S* state[kMaxStates];
+// A gradient whose storage type is known only at run time. The stochastic-rounding kernels read
+// gradients through it, so they are instantiated once per (param, state) storage type rather than
+// once per (param, grad, state): the grad type costs one well-predicted branch per vector there.
+struct AnyGrad {};
 
-  explicit SegmentBuffers(const Segment& s)
-      : param{static_cast<P*>(s.param), s.master},
-        grad(static_cast<const G*>(s.grad)),
+template <class G>
+struct GradIo {
+  const G* grad;
+  explicit GradIo(const Segment& s) : grad(static_cast<const G*>(s.grad)) {}
+  template <class DF>
+  HWY_INLINE hn::Vec<DF> Load(DF df, std::size_t i) const {
+    return Io<G>::Load(df, grad + i);
+  }
+};
+
+template <>
+struct GradIo<AnyGrad> {
+  const void* grad;
+  DType dtype;
+  explicit GradIo(const Segment& s) : grad(s.grad), dtype(s.grad_dtype) {}
+  template <class DF>
+  HWY_INLINE hn::Vec<DF> Load(DF df, std::size_t i) const {
+    switch (dtype) {
+      case DType::kF16:
+        return Io<hwy::float16_t>::Load(df, static_cast<const hwy::float16_t*>(grad) + i);
+      case DType::kBF16:
+        return Io<hwy::bfloat16_t>::Load(df, static_cast<const hwy::bfloat16_t*>(grad) + i);
+      case DType::kF32:
+        break;
+    }
+    return Io<float>::Load(df, static_cast<const float*>(grad) + i);
+  }
+};
+
+// A segment's buffers with their storage types: everything a kernel loads and stores, as f32
+// vectors. G may be AnyGrad. kStochastic: 16-bit stores of the param (without master) and of the
+// states round stochastically, with noise keyed on the segment's seed, step and global indices
+// from `first_local` (the segment-local index of the piece's first element) on.
+template <class P, class G, class S, bool kStochastic = false>
+struct SegmentBuffers {
+  static constexpr bool kStatesStochastic = kStochastic && !std::is_same_v<S, float>;
+
+  ParamIo<P, kStochastic> param;
+  GradIo<G> grad;
+  S* state[kMaxStates];
+  [[no_unique_address]] NoiseGenFor<kStatesStochastic> state_noise[kMaxStates];
+
+  explicit SegmentBuffers(const Segment& s, std::size_t first_local = 0)
+      : param{static_cast<P*>(s.param), s.master, {s, kRoundingStreamParam, first_local}},
+        grad(s),
         state{static_cast<S*>(s.state[0]), static_cast<S*>(s.state[1]),
-              static_cast<S*>(s.state[2])} {}
+              static_cast<S*>(s.state[2])},
+        state_noise{{s, RoundingStreamState(0), first_local},
+                    {s, RoundingStreamState(1), first_local},
+                    {s, RoundingStreamState(2), first_local}} {}
 
   template <class DF>
   HWY_INLINE hn::Vec<DF> Grad(DF df, std::size_t i) const {
-    return Io<G>::Load(df, grad + i);
+    return grad.Load(df, i);
   }
   template <class DF>
   HWY_INLINE hn::Vec<DF> LoadState(DF df, int slot, std::size_t i) const {
@@ -160,7 +316,12 @@ struct SegmentBuffers {
   }
   template <class DF>
   HWY_INLINE void StoreState(DF df, int slot, hn::Vec<DF> v, std::size_t i) const {
-    Io<S>::Store(df, v, state[slot] + i);
+    if constexpr (kStatesStochastic) {
+      Io<S>::StoreStochastic(df, v, state[slot] + i,
+                             state_noise[slot].Noise(hn::RebindToUnsigned<DF>(), i));
+    } else {
+      Io<S>::Store(df, v, state[slot] + i);
+    }
   }
 };
 

@@ -80,19 +80,52 @@ HWY_INLINE void WithFlags(const F& f, bool first, Bools... rest) {
   }
 }
 
-// Runs kernel(SegmentBuffers<P, G, S>, scalars, begin, end) on every piece of
+// True when a segment asks for stochastic rounding and has a store it applies to: a 16-bit param
+// without master copy, or 16-bit states.
+inline bool RoundsStochastically(const Segment& seg) {
+  return seg.stochastic_rounding && ((seg.param_dtype != DType::kF32 && seg.master == nullptr) ||
+                                     seg.state_dtype != DType::kF32);
+}
+
+// Runs one piece of a segment with one storage-type combination, as a function of its own into
+// which the whole loop nest (kernel, mode flags, ForEachVector, loop body) is flattened. Left to
+// its heuristics, GCC stops inlining once a function grows past its limits: with all combinations
+// and modes inlined into one function per target, loop bodies were left as calls per vector.
+template <class Buffers, class Scalars, class Kernel>
+HWY_NOINLINE HWY_FLATTEN void RunPiece(const Kernel& kernel, const Segment& seg,
+                                       const Scalars& scalars, std::size_t begin, std::size_t end) {
+  kernel(Buffers(seg, begin), scalars, begin, end);
+}
+
+// Runs kernel(SegmentBuffers<P, G, S, kStochastic>, scalars, begin, end) on every piece of
 // chunks [chunk_begin, chunk_end) of a plan, instantiated for each segment's dtype combination.
+// Stochastic rounding is a compile-time flag too, so the round-to-nearest loops stay as they are;
+// its loops exist only for the 8 (param, state) storage types with a 16-bit store, and read the
+// gradient through AnyGrad (one loop for all three grad types).
 template <class Scalars, class Kernel>
 HWY_INLINE void RunPlanChunks(const StepPlan<Scalars>& plan, std::size_t chunk_begin,
                               std::size_t chunk_end, const Kernel& kernel) {
   plan.chunks.ForEachPiece(
       chunk_begin, chunk_end, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
         const Segment& seg = plan.chunks.segments()[i];
+        if (RoundsStochastically(seg)) {
+          WithStorageType(seg.param_dtype, [&](auto p) HWY_ATTR {
+            using P = typename std::decay_t<decltype(p)>::type;
+            WithStorageType(seg.state_dtype, [&](auto s) HWY_ATTR {
+              using S = typename std::decay_t<decltype(s)>::type;
+              if constexpr (!std::is_same_v<P, float> || !std::is_same_v<S, float>) {
+                RunPiece<SegmentBuffers<P, AnyGrad, S, true>>(kernel, seg, plan.scalars[i], begin,
+                                                              end);
+              }
+            });
+          });
+          return;
+        }
         WithStorageTypes(
             seg.param_dtype, seg.grad_dtype, seg.state_dtype, [&](auto p, auto g, auto s) HWY_ATTR {
               using Buffers = SegmentBuffers<typename decltype(p)::type, typename decltype(g)::type,
                                              typename decltype(s)::type>;
-              kernel(Buffers(seg), plan.scalars[i], begin, end);
+              RunPiece<Buffers>(kernel, seg, plan.scalars[i], begin, end);
             });
       });
 }

@@ -6,9 +6,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fusedopt/dtype.h"
@@ -16,11 +21,15 @@
 #include "fusedopt/grad.h"
 #include "fusedopt/hyper.h"
 #include "fusedopt/runtime.h"
+#include "fusedopt/scaler.h"
 #include "fusedopt/step.h"
 
 namespace py = pybind11;
 
 namespace fusedopt {
+
+void BindSchedules(py::module_& m);  // schedule_bindings.cc
+
 namespace {
 
 // One parameter tensor as python/fusedopt/_base.py packs it. What changes from step to step comes
@@ -35,7 +44,9 @@ using SegmentTuple = std::tuple<std::uintptr_t,                                 
                                 int, int,        // param, state dtype codes
                                 std::uint32_t,   // group
                                 std::uintptr_t,  // f32 step counter (torch's state['step']) or 0
-                                std::int64_t>;   // step, when there is no counter (SGD)
+                                std::int64_t,    // step, when there is no counter (SGD)
+                                bool, std::uint64_t,  // stochastic_rounding, rounding_seed
+                                std::uint64_t>;       // global_offset
 using GradTuple = std::tuple<std::uintptr_t, std::size_t, int>;  // data, numel, dtype code
 
 // Addresses come from torch's data_ptr(); 0 stands for "none".
@@ -48,7 +59,7 @@ std::vector<Segment> ToSegments(const std::vector<SegmentTuple>& packed) {
   std::vector<Segment> segments(packed.size());
   for (std::size_t i = 0; i < packed.size(); ++i) {
     const auto& [param, grad, gd, grad_scale, s0, s1, s2, master, numel, pd, sd, group, step_ptr,
-                 step] = packed[i];
+                 step, stochastic, seed, offset] = packed[i];
     Segment& s = segments[i];
     s.param = Ptr<void>(param);
     s.grad = Ptr<const void>(grad);
@@ -64,25 +75,46 @@ std::vector<Segment> ToSegments(const std::vector<SegmentTuple>& packed) {
     // torch keeps the count in an f32 tensor; the step being taken is one more.
     s.step = step_ptr != 0 ? static_cast<std::int64_t>(*Ptr<const float>(step_ptr)) + 1 : step;
     s.grad_scale = grad_scale;
+    s.stochastic_rounding = stochastic;
+    s.rounding_seed = seed;
+    s.global_offset = offset;
   }
   return segments;
 }
 
+// What a step call reports back to Python: (stepped, found_inf, grad_norm or None, clip_coef).
+using StepReport = std::tuple<bool, bool, std::optional<double>, float>;
+
 // Runs one fused step over every segment, then advances the step counters (only once the step
-// has succeeded, so a rejected call changes nothing).
+// has succeeded, so a rejected or skipped call changes nothing). With `check` or a finite max_norm,
+// the fused pre-pass runs first: one read of the gradients for overflow and norm, the clip factor
+// folded into each segment's grad_scale; an overflow skips the update.
 template <class Hyper, class StepFn>
-void RunStep(const std::vector<Hyper>& groups, const std::vector<SegmentTuple>& packed,
-             int num_threads, StepFn step_fn) {
-  const std::vector<Segment> segments = ToSegments(packed);
+StepReport RunStep(const std::vector<Hyper>& groups, const std::vector<SegmentTuple>& packed,
+                   int num_threads, double max_norm, int norm_type, bool check, StepFn step_fn) {
+  std::vector<Segment> segments = ToSegments(packed);
+  StepReport report{false, false, std::nullopt, 1.0f};
   {
     py::gil_scoped_release release;
     Runtime runtime(num_threads);
+    if (check || std::isfinite(max_norm)) {
+      // Validate the hyper-parameters before the pre-pass may change grad_scale.
+      step_fn(std::span<const Hyper>(groups), std::span<const Segment>(), runtime);
+      const PrePassResult pre = GradPrePass(
+          segments, {.max_norm = max_norm, .norm_type = static_cast<NormType>(norm_type)}, runtime);
+      std::get<1>(report) = pre.non_finite;
+      std::get<2>(report) = pre.norm;
+      std::get<3>(report) = pre.clip_coef;
+      if (pre.non_finite) return report;
+    }
     step_fn(std::span<const Hyper>(groups), std::span<const Segment>(segments), runtime);
   }
   for (std::size_t i = 0; i < packed.size(); ++i) {
     const std::uintptr_t step_ptr = std::get<12>(packed[i]);
     if (step_ptr != 0) *Ptr<float>(step_ptr) = static_cast<float>(segments[i].step);
   }
+  std::get<0>(report) = true;
+  return report;
 }
 
 std::vector<GradBuffer> ToGradBuffers(const std::vector<GradTuple>& packed) {
@@ -134,15 +166,82 @@ PYBIND11_MODULE(_C, m) {
            py::arg("lr"), py::arg("lr_decay"), py::arg("weight_decay"),
            py::arg("initial_accumulator_value"), py::arg("eps"), py::arg("maximize"));
 
-  // step functions: (groups, segments, num_threads); fusedopt::Error surfaces as ValueError.
-  m.def("sgd_step", [](const std::vector<SgdHyper>& g, const std::vector<SegmentTuple>& s,
-                       int threads) { RunStep(g, s, threads, SgdStep); });
-  m.def("adam_step", [](const std::vector<AdamHyper>& g, const std::vector<SegmentTuple>& s,
-                        int threads) { RunStep(g, s, threads, AdamStep); });
-  m.def("rmsprop_step", [](const std::vector<RmspropHyper>& g, const std::vector<SegmentTuple>& s,
-                           int threads) { RunStep(g, s, threads, RmspropStep); });
-  m.def("adagrad_step", [](const std::vector<AdagradHyper>& g, const std::vector<SegmentTuple>& s,
-                           int threads) { RunStep(g, s, threads, AdagradStep); });
+  // step functions: (groups, segments, num_threads, max_norm, norm_type, check) -> StepReport;
+  // fusedopt::Error surfaces as ValueError. norm_type: 2, 1, or 0 for inf.
+  const auto step_args = [](auto... extra) {
+    return std::make_tuple(py::arg("groups"), py::arg("segments"), py::arg("num_threads"), extra...,
+                           py::arg("max_norm") = std::numeric_limits<double>::infinity(),
+                           py::arg("norm_type") = 2, py::arg("check") = false);
+  };
+  const auto bind_step = [&](const char* name, auto hyper_tag, auto step_fn) {
+    using Hyper = typename decltype(hyper_tag)::type;
+    std::apply(
+        [&](auto... args) {
+          m.def(
+              name,
+              [step_fn](const std::vector<Hyper>& g, const std::vector<SegmentTuple>& s,
+                        int threads, double max_norm, int norm_type, bool check) {
+                return RunStep(g, s, threads, max_norm, norm_type, check, step_fn);
+              },
+              args...);
+        },
+        step_args());
+  };
+  bind_step("sgd_step", std::type_identity<SgdHyper>{}, SgdStep);
+  bind_step("adam_step", std::type_identity<AdamHyper>{}, AdamStep);
+  bind_step("rmsprop_step", std::type_identity<RmspropHyper>{}, RmspropStep);
+  bind_step("adagrad_step", std::type_identity<AdagradHyper>{}, AdagradStep);
+
+  m.def(
+      "grad_norm",
+      [](const std::vector<GradTuple>& grads, int norm_type, float scale, int threads) {
+        const std::vector<GradBuffer> buffers = ToGradBuffers(grads);
+        py::gil_scoped_release release;
+        Runtime runtime(threads);
+        const GradStats stats = GradNorm(buffers, static_cast<NormType>(norm_type), scale, runtime);
+        return std::make_pair(stats.non_finite, stats.norm);
+      },
+      "(non_finite, norm) of all gradients times scale, in one read; norm_type 2, 1 or 0 (inf).");
+  m.def("clip_coefficient", &ClipCoefficient, "torch's min(1, max_norm / (norm + 1e-6)) in f32.");
+  m.def(
+      "clip_grad_value",
+      [](const std::vector<GradTuple>& grads, double clip_value, int threads) {
+        const std::vector<GradBuffer> buffers = ToGradBuffers(grads);
+        py::gil_scoped_release release;
+        Runtime runtime(threads);
+        ClipGradValue(buffers, clip_value, runtime);
+      },
+      "Clamps every gradient element to [-clip_value, clip_value] in place.");
+  m.def(
+      "accumulate_grads",
+      [](const std::vector<GradTuple>& grads, const std::vector<std::uintptr_t>& accumulators,
+         float scale, bool overwrite, int threads) {
+        const std::vector<GradBuffer> buffers = ToGradBuffers(grads);
+        std::vector<float*> sums;
+        sums.reserve(accumulators.size());
+        for (std::uintptr_t a : accumulators) sums.push_back(Ptr<float>(a));
+        py::gil_scoped_release release;
+        Runtime runtime(threads);
+        return AccumulateGrads(buffers, sums, scale, overwrite, runtime);
+      },
+      "f32 accumulators (+)= grads * scale; returns whether any gradient was non-finite.");
+
+  py::class_<LossScaler>(m, "LossScaler")
+      .def(py::init([](float init_scale, double growth_factor, double backoff_factor,
+                       std::int64_t growth_interval, float min_scale, float max_scale,
+                       bool dynamic) {
+             return LossScaler({init_scale, growth_factor, backoff_factor, growth_interval,
+                                min_scale, max_scale, dynamic});
+           }),
+           py::arg("init_scale") = 65536.0f, py::arg("growth_factor") = 2.0,
+           py::arg("backoff_factor") = 0.5, py::arg("growth_interval") = 2000,
+           py::arg("min_scale") = 0.0f,
+           py::arg("max_scale") = std::numeric_limits<float>::infinity(), py::arg("dynamic") = true)
+      .def_property_readonly("scale", &LossScaler::scale)
+      .def_property_readonly("inv_scale", &LossScaler::inv_scale)
+      .def_property_readonly("growth_tracker", &LossScaler::growth_tracker)
+      .def("update", &LossScaler::Update, py::arg("found_inf"))
+      .def("restore", &LossScaler::Restore, py::arg("scale"), py::arg("growth_tracker"));
 
   m.def(
       "has_non_finite",
@@ -162,6 +261,8 @@ PYBIND11_MODULE(_C, m) {
         return UnscaleGrads(buffers, scale, runtime);
       },
       "grads *= scale in place; returns whether any element was non-finite before.");
+
+  BindSchedules(m);
 
   m.def("active_target", &ActiveTargetName);
   m.def("available_targets", &AvailableTargets);

@@ -17,6 +17,13 @@
 // tensors converted to the param's dtype are kept aside and committed, with the step counts, only
 // after the core returns (the core itself writes no buffer when it rejects a call). A failed check
 // leaves params, state() and step counts as they were, as torch's own checks do.
+//
+// TrainingOptions (optim.h) as fusedopt::Optimizer::Step applies StepOptions: with a scaler every
+// segment's grad_scale is scaler->inv_scale(); with a scaler or a finite max_grad_norm the
+// hyper-parameters are validated, then GradPrePass reads the gradients (non-finite flag, global
+// norm, clip coefficient folded into grad_scale). A non-finite gradient skips the step before the
+// commit (nothing changed) and calls scaler->Update(true); a successful step is followed by
+// scaler->Update(false). A step that throws leaves the scaler as it was.
 #pragma once
 
 #include <ATen/core/grad_mode.h>
@@ -24,6 +31,7 @@
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -32,6 +40,9 @@
 #include <vector>
 
 #include "fusedopt/error.h"
+#include "fusedopt/grad.h"
+#include "fusedopt/optimizer.h"
+#include "fusedopt/pt/optim.h"
 #include "fusedopt/step.h"
 #include "src/torch/tensor_checks.h"
 
@@ -39,7 +50,8 @@ namespace fusedopt::pt::detail {
 
 template <class Traits>
 at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
-                     const torch::optim::Optimizer::LossClosure& closure) {
+                     const torch::optim::Optimizer::LossClosure& closure,
+                     const TrainingOptions& training, StepResult& result) {
   using State = typename Traits::State;
   using Options = typename Traits::Options;
   using Hyper = typename Traits::Hyper;
@@ -51,6 +63,11 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
     loss = closure();
   }
   at::NoGradGuard no_grad;
+  result = StepResult{};
+  TORCH_CHECK(training.max_grad_norm >= 0.0, Traits::kName, ": invalid max_grad_norm ",
+              training.max_grad_norm, " (must be >= 0; inf: no clipping)");
+  LossScaler* const scaler = training.scaler;
+  const float grad_scale = scaler != nullptr ? scaler->inv_scale() : 1.0f;
 
   std::vector<Hyper> hypers;
   std::vector<Segment> segments;
@@ -89,6 +106,7 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       seg.grad_dtype = ToDType(grads.back());
       seg.state_dtype = seg.param_dtype;  // torch keeps state in the param's dtype
       seg.group = static_cast<std::uint32_t>(g);
+      seg.grad_scale = grad_scale;
 
       State* state = nullptr;
       if (required != 0) {
@@ -127,7 +145,24 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   if (segments.empty()) return loss;
   CheckDisjoint(Traits::kName, params, names);
 
+  StepResult outcome;
   try {
+    if (scaler != nullptr || std::isfinite(training.max_grad_norm)) {
+      // Validate the hyper-parameters first, so that an invalid one fails this call rather than
+      // only the first call whose gradients are finite (the scaler is then left as it was).
+      Traits::Run(std::span<const Hyper>(hypers), std::span<const Segment>());
+      const PrePassResult pre =
+          GradPrePass(std::span<Segment>(segments),
+                      {.max_norm = training.max_grad_norm, .norm_type = training.norm_type});
+      outcome.grad_norm = pre.norm;
+      outcome.clip_coef = pre.clip_coef;
+      outcome.found_inf = pre.non_finite;
+      if (pre.non_finite) {  // skip: nothing new is committed, params are untouched
+        if (scaler != nullptr) scaler->Update(true);
+        result = outcome;
+        return loss;
+      }
+    }
     Traits::Run(std::span<const Hyper>(hypers), std::span<const Segment>(segments));
   } catch (const fusedopt::Error& e) {
     TORCH_CHECK(false, Traits::kName, ": ", e.what());
@@ -142,6 +177,9 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
     if (!params[k].is_inference()) params[k].unsafeGetTensorImpl()->bump_version();
   }
   for (auto& [key, state] : new_states) state_map[key] = std::move(state);
+  if (scaler != nullptr) scaler->Update(false);
+  outcome.stepped = true;
+  result = outcome;
   return loss;
 }
 

@@ -69,3 +69,37 @@ def test_digits_cnn_converges_like_torch(name, digits):
         # deterministic CPU kernels); AdamW drifts apart in the last bits through torch's sqrt
         for a, b in zip(m_f.parameters(), m_t.parameters()):
             assert torch.equal(a, b)
+
+
+def _train_dtype(make_opt, data, epochs, dtype, seed=0):
+    """_train with the model (params, activations, grads) in `dtype`; evaluated in f32."""
+    x_tr, y_tr, x_te, y_te = data
+    torch.manual_seed(seed)
+    model = _cnn().to(dtype)
+    opt = make_opt(model.parameters())
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        perm = torch.randperm(len(x_tr), generator=gen)
+        for i in range(0, len(x_tr), 64):
+            idx = perm[i:i + 64]
+            opt.zero_grad()
+            logits = model(x_tr[idx].to(dtype)).float()
+            torch.nn.functional.cross_entropy(logits, y_tr[idx]).backward()
+            opt.step()
+    with torch.no_grad():
+        acc = (model.float()(x_te).argmax(1) == y_te).float().mean().item() * 100
+    return acc
+
+
+def test_low_memory_adamw_converges_within_a_point_of_f32(digits):
+    """Issue #4: bf16 moments, and pure-bf16 training (bf16 params and moments, no master copy), both
+    with stochastic rounding, reach within 1 point of f32 AdamW."""
+    kw = dict(lr=3e-3, weight_decay=1e-2)
+    acc_f32, _ = _train(lambda ps: fusedopt.FusedAdamW(ps, **kw), digits, 6)
+    acc_bf16_states, _ = _train(lambda ps: fusedopt.FusedAdamW(
+        ps, state_dtype=torch.bfloat16, stochastic_rounding=True, **kw), digits, 6)
+    acc_pure_bf16 = _train_dtype(lambda ps: fusedopt.FusedAdamW(ps, stochastic_rounding=True, **kw),
+                                 digits, 6, torch.bfloat16)
+    assert acc_f32 > 95.0
+    assert abs(acc_bf16_states - acc_f32) <= 1.0, f"bf16 states {acc_bf16_states:.2f} % vs f32 {acc_f32:.2f} %"
+    assert abs(acc_pure_bf16 - acc_f32) <= 1.0, f"pure bf16 {acc_pure_bf16:.2f} % vs f32 {acc_f32:.2f} %"

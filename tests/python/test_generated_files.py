@@ -53,3 +53,12 @@ def test_model_shapes_regenerate_identically(tmp_path):
     out = tmp_path / "model_shapes.cc"
     run("tools/gen_model_shapes.py", "--out", str(out))
     assert out.read_text() == (ROOT / "bench" / "model_shapes.cc").read_text()
+
+
+def test_schedule_goldens_regenerate_from_torch(tmp_path):
+    run("tools/make_schedule_golden.py", "--out", str(tmp_path))
+    committed = sorted((ROOT / "tests" / "golden" / "schedules").glob("*.json"))
+    assert committed, "no schedule golden files"
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [p.name for p in committed]
+    for path in committed:
+        assert_close(json.loads((tmp_path / path.name).read_text()), json.loads(path.read_text()), path.name)

@@ -1,0 +1,446 @@
+// Training-loop features of the adapter: fusedopt::pt::ClipGradNorm / ClipGradValue against
+// torch::nn::utils' clip_grad_norm_ / clip_grad_value_, the optimizers' training() options
+// (max_grad_norm folded into the step, a LossScaler skipping overflowed steps bit-identically), and
+// ApplySchedule against Schedule::Lr.
+
+#include "fusedopt/pt/training.h"
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fusedopt/pt/optim.h"
+#include "fusedopt/scaler.h"
+#include "fusedopt/schedule.h"
+#include "tests/torch/test_util.h"
+
+namespace fusedopt::pt::test {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::vector<torch::Tensor> Flat(const Params& params) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& group : params) flat.insert(flat.end(), group.begin(), group.end());
+  return flat;
+}
+
+// The grads of a model as a Params (an empty tensor where a grad is undefined), for Compare.
+Params Grads(const Params& params) {
+  Params grads;
+  for (const auto& group : params) {
+    grads.emplace_back();
+    for (const auto& p : group) {
+      grads.back().push_back(p.grad().defined() ? p.grad().detach().clone() : torch::empty({0}));
+    }
+  }
+  return grads;
+}
+
+// The same grads (deep copies, optionally converted to `dtype`) on a second model.
+void CopyGrads(const Params& from, const Params& to, torch::Dtype dtype) {
+  for (std::size_t g = 0; g < from.size(); ++g) {
+    for (std::size_t i = 0; i < from[g].size(); ++i) {
+      const torch::Tensor& grad = from[g][i].grad();
+      to[g][i].mutable_grad() = grad.defined() ? grad.detach().to(dtype).clone() : torch::Tensor();
+    }
+  }
+}
+
+// ---- ClipGradNorm / ClipGradValue ---------------------------------------------------------------
+
+class TorchClipNorm : public ::testing::TestWithParam<std::tuple<double, torch::Dtype>> {};
+
+// For torch::nn::utils::clip_grad_norm_: the params without zero-size grads (torch's inf-norm
+// takes the max of every grad, which fails on an empty one; they add nothing to any norm).
+std::vector<torch::Tensor> TorchClipParams(const Params& params) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : Flat(params)) {
+    if (!p.grad().defined() || p.grad().numel() > 0) flat.push_back(p);
+  }
+  return flat;
+}
+
+// The reference is torch's clip_grad_norm_ on f64 copies of the grads: torch sums an f32 norm in
+// f32 (about 1e-6..1e-5 relative error on these 40000-element grads) and rounds a 16-bit grad's
+// norm to 16 bits, where the engine accumulates in double. torch on the grads' own dtype is checked
+// at those precisions. SetGrads leaves some params without a grad: skipped, as torch does.
+TEST_P(TorchClipNorm, MatchesTorch) {
+  const auto [norm_type, dtype] = GetParam();
+  for (const double max_norm : {1.0, 1e9}) {  // clipped, and a factor of exactly 1
+    SCOPED_TRACE("max_norm " + std::to_string(max_norm));
+    const Params ours = MakeParams(7, dtype);
+    SetGrads(ours, 3);
+    const Params ref = CloneParams(ours);
+    CopyGrads(ours, ref, torch::kDouble);
+    const Params same_dtype = CloneParams(ours);
+    CopyGrads(ours, same_dtype, dtype);
+
+    const double norm = ClipGradNorm(Flat(ours), max_norm, norm_type);
+    const double ref_norm =
+        torch::nn::utils::clip_grad_norm_(TorchClipParams(ref), max_norm, norm_type);
+    const double same_dtype_norm =
+        torch::nn::utils::clip_grad_norm_(TorchClipParams(same_dtype), max_norm, norm_type);
+    EXPECT_NEAR(norm, ref_norm, 1e-6 * ref_norm);
+    EXPECT_NEAR(norm, same_dtype_norm, (dtype == torch::kFloat ? 1e-5 : 1e-2) * ref_norm);
+    EXPECT_GT(norm, 1.0);  // so max_norm 1 clips
+    for (std::size_t g = 0; g < ours.size(); ++g) {
+      for (std::size_t i = 0; i < ours[g].size(); ++i) {
+        EXPECT_EQ(ours[g][i].grad().defined(), ref[g][i].grad().defined());
+        if (ours[g][i].grad().defined()) {
+          EXPECT_EQ(ours[g][i].grad().scalar_type(), dtype);
+        }
+      }
+    }
+    if (dtype == torch::kFloat) {
+      ExpectClose(Grads(ours), Grads(ref), 1e-6);
+      ExpectClose(Grads(ours), Grads(same_dtype), 1e-5);
+    } else {
+      // The engine multiplies in f32 and rounds once to 16 bits: within one bf16 ulp (2^-8
+      // relative) of the exact product.
+      ExpectClose(Grads(ours), Grads(ref), std::ldexp(1.0, -8));
+    }
+  }
+}
+
+// Named TorchClip/..., so ctest's TorchClip suite runs it.
+INSTANTIATE_TEST_SUITE_P(TorchClip, TorchClipNorm,
+                         ::testing::Combine(::testing::Values(1.0, 2.0, kInf),
+                                            ::testing::Values(torch::kFloat, torch::kBFloat16)));
+
+TEST(TorchClip, OtherNormTypeIsTorchs) {
+  const Params ours = MakeParams(8);
+  SetGrads(ours, 1);
+  const Params ref = CloneParams(ours);
+  CopyGrads(ours, ref, torch::kFloat);
+  EXPECT_EQ(ClipGradNorm(Flat(ours), 1.0, 3.0),
+            torch::nn::utils::clip_grad_norm_(Flat(ref), 1.0, 3.0));
+  EXPECT_TRUE(BitwiseEqual(Grads(ours), Grads(ref)));
+}
+
+TEST(TorchClip, NoGradsReturnsZero) {
+  torch::Tensor w = torch::randn({3}).requires_grad_(true);
+  EXPECT_EQ(ClipGradNorm({w}, 1.0), 0.0);
+  EXPECT_FALSE(w.grad().defined());
+}
+
+TEST(TorchClip, NonFiniteNorm) {
+  for (const float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    const Params ours = MakeParams(9);
+    SetGrads(ours, 0);
+    ours[0][1].grad()[2][3] = bad;
+    const Params before = Grads(ours);
+    // error_if_nonfinite: torch's message, grads unchanged.
+    try {
+      ClipGradNorm(Flat(ours), 1.0, 2.0, /*error_if_nonfinite=*/true);
+      ADD_FAILURE() << "no c10::Error thrown";
+    } catch (const c10::Error& e) {
+      const std::string message = e.what_without_backtrace();
+      EXPECT_NE(message.find("The total norm of order 2 for gradients from `parameters` is "
+                             "non-finite, so it cannot be clipped"),
+                std::string::npos)
+          << message;
+    }
+    const Params after = Grads(ours);
+    for (std::size_t g = 0; g < ours.size(); ++g) {
+      for (std::size_t i = 0; i < ours[g].size(); ++i) {
+        EXPECT_TRUE(torch::allclose(after[g][i], before[g][i], 0.0, 0.0, /*equal_nan=*/true));
+      }
+    }
+    // Without it: scaled by torch's factor (0 for an Inf norm, NaN for a NaN one).
+    const Params ref = CloneParams(ours);
+    CopyGrads(ours, ref, torch::kFloat);
+    const double norm = ClipGradNorm(Flat(ours), 1.0);
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(Flat(ref), 1.0);
+    EXPECT_EQ(std::isnan(norm), std::isnan(ref_norm));
+    if (!std::isnan(ref_norm)) {
+      EXPECT_EQ(norm, ref_norm);
+    }
+    const Params ours_grads = Grads(ours);
+    const Params ref_grads = Grads(ref);
+    for (std::size_t g = 0; g < ours.size(); ++g) {
+      for (std::size_t i = 0; i < ours[g].size(); ++i) {
+        EXPECT_TRUE(torch::allclose(ours_grads[g][i], ref_grads[g][i], 0.0, 0.0, true));
+      }
+    }
+  }
+}
+
+TEST(TorchClip, ValueMatchesTorch) {
+  for (const torch::Dtype dtype : {torch::kFloat, torch::kBFloat16}) {
+    const Params ours = MakeParams(10, dtype);
+    SetGrads(ours, 2);
+    ours[1][0].grad()[5][1] = std::nanf("");
+    const Params ref = CloneParams(ours);
+    CopyGrads(ours, ref, dtype);
+    ClipGradValue(Flat(ours), 0.5);
+    torch::nn::utils::clip_grad_value_(Flat(ref), 0.5);
+    const Params ours_grads = Grads(ours);
+    const Params ref_grads = Grads(ref);
+    for (std::size_t g = 0; g < ours.size(); ++g) {
+      for (std::size_t i = 0; i < ours[g].size(); ++i) {
+        EXPECT_TRUE(torch::allclose(ours_grads[g][i], ref_grads[g][i], 0.0, 0.0, true))
+            << "param_groups[" << g << "].params[" << i << "]";
+      }
+    }
+    EXPECT_LE(ours[0][2].grad().abs().max().item<double>(), 0.5);
+  }
+}
+
+TEST(TorchClip, InvalidArguments) {
+  torch::Tensor w = torch::randn({3}).requires_grad_(true);
+  w.mutable_grad() = torch::randn({3});
+  EXPECT_THROW(ClipGradNorm({w}, -1.0), c10::Error);
+  EXPECT_THROW(ClipGradValue({w}, -1.0), c10::Error);
+}
+
+// ---- training() options -------------------------------------------------------------------------
+
+constexpr int kTrainSteps = 6;
+
+// max_grad_norm in the step equals clipping the grads with the engine (ClipGradNorm: the same
+// norm, so the same f32 factor) and then a plain step, bit for bit: the step multiplies each grad
+// element by the factor in f32 as it reads it. torch's clip_grad_norm_ sums the norm in f32 (a few
+// 1e-6 relative off here), so its factor differs slightly and the params agree normwise only
+// (Adam-type updates amplify the relative change of a grad that nearly cancels its weight decay).
+template <class Fused, class Options>
+void ExpectClipInStep(const Options& options, NormType type, double norm_type) {
+  const Params a = MakeParams(11);
+  const Params b = CloneParams(a);
+  const Params c = CloneParams(a);
+  Fused fa(MakeGroups(a, options), options);
+  Fused fb(MakeGroups(b, options), options);
+  Fused fc(MakeGroups(c, options), options);
+  fa.training().max_grad_norm = 1.0;
+  fa.training().norm_type = type;
+  for (int t = 0; t < kTrainSteps; ++t) {
+    for (const Params* p : {&a, &b, &c}) SetGrads(*p, t);
+    fa.step();
+    const double norm = ClipGradNorm(Flat(b), 1.0, norm_type);
+    fb.step();
+    const double torch_norm = torch::nn::utils::clip_grad_norm_(TorchClipParams(c), 1.0, norm_type);
+    fc.step();
+    EXPECT_NEAR(torch_norm, norm, 1e-5 * norm);
+    const StepResult& r = fa.last_step();
+    EXPECT_TRUE(r.stepped);
+    EXPECT_FALSE(r.found_inf);
+    ASSERT_TRUE(r.grad_norm.has_value());
+    EXPECT_EQ(*r.grad_norm, norm);
+    EXPECT_LT(r.clip_coef, 1.0f);
+    EXPECT_FALSE(fb.last_step().grad_norm.has_value());  // no pre-pass without options
+  }
+  EXPECT_TRUE(BitwiseEqual(a, b)) << "max rel diff " << MaxRelDiff(a, b);
+  ExpectCloseNormwise(a, c, 1e-4);
+  // The step did not write the grads.
+  const Params fresh = CloneParams(a);
+  SetGrads(fresh, kTrainSteps - 1);
+  EXPECT_TRUE(BitwiseEqual(Grads(a), Grads(fresh)));
+}
+
+TEST(TorchTraining, ClipInStepSgd) {
+  ExpectClipInStep<SGD>(torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-2),
+                        NormType::kL2, 2.0);
+}
+TEST(TorchTraining, ClipInStepAdam) {
+  ExpectClipInStep<Adam>(torch::optim::AdamOptions(1e-2).weight_decay(1e-2), NormType::kL2, 2.0);
+}
+TEST(TorchTraining, ClipInStepAdamWL1) {
+  ExpectClipInStep<AdamW>(torch::optim::AdamWOptions(1e-2), NormType::kL1, 1.0);
+}
+TEST(TorchTraining, ClipInStepRmspropInf) {
+  ExpectClipInStep<RMSprop>(torch::optim::RMSpropOptions(1e-2).momentum(0.5), NormType::kInf, kInf);
+}
+TEST(TorchTraining, ClipInStepAdagrad) {
+  ExpectClipInStep<Adagrad>(torch::optim::AdagradOptions(0.1), NormType::kL2, 2.0);
+}
+
+// Step counts of a model's Adam/RMSprop/Adagrad states, in param order (-1: no state).
+template <class State>
+std::vector<std::int64_t> StepCounts(torch::optim::Optimizer& opt, const Params& params) {
+  std::vector<std::int64_t> steps;
+  for (const auto& p : Flat(params)) {
+    auto it = opt.state().find(p.unsafeGetTensorImpl());
+    steps.push_back(it == opt.state().end() ? -1 : static_cast<State&>(*it->second).step());
+  }
+  return steps;
+}
+
+// A scripted run: grads are multiplied by the scaler's scale (a power of two, so unscaling is
+// exact), Inf/NaN injected on some steps. The scaled model must equal a plain model that only
+// takes the good steps, bit for bit; a skipped step changes nothing; the scale follows
+// GradScaler's policy.
+template <class Fused, class State, class Options>
+void ExpectScalerSkips(const Options& options) {
+  const Params a = MakeParams(12);
+  const Params b = CloneParams(a);
+  Fused fa(MakeGroups(a, options), options);
+  Fused fb(MakeGroups(b, options), options);
+  LossScaler scaler({.init_scale = 1024.0f, .growth_interval = 2});
+  fa.training().scaler = &scaler;
+
+  // t -> what to inject into param_groups[0].params[1][1][2] (0: nothing).
+  const float inf = std::numeric_limits<float>::infinity();
+  // (that param has a grad on these steps: HasGrad).
+  const std::vector<float> inject = {inf, 0, 0, 0, -inf, std::nanf(""), 0, 0, 0, 0};
+  float expected_scale = 1024.0f;
+  int good_in_a_row = 0;
+  for (int t = 0; t < static_cast<int>(inject.size()); ++t) {
+    SCOPED_TRACE("step " + std::to_string(t));
+    SetGrads(a, t);
+    SetGrads(b, t);
+    for (const auto& p : Flat(a)) {
+      if (p.grad().defined()) p.mutable_grad().mul_(scaler.scale());
+    }
+    if (inject[t] != 0) a[0][1].grad()[1][2] = inject[t];
+    const Params before = CloneParams(a);
+    const std::vector<std::int64_t> steps_before = StepCounts<State>(fa, a);
+    const std::size_t states_before = fa.state().size();
+    EXPECT_EQ(scaler.scale(), expected_scale);
+
+    fa.step();
+    const bool skip = inject[t] != 0;
+    EXPECT_EQ(fa.last_step().stepped, !skip);
+    EXPECT_EQ(fa.last_step().found_inf, skip);
+    if (skip) {
+      EXPECT_TRUE(BitwiseEqual(a, before));
+      EXPECT_EQ(StepCounts<State>(fa, a), steps_before);
+      EXPECT_EQ(fa.state().size(), states_before);  // t = 0: still no state at all
+      expected_scale *= 0.5f;
+      good_in_a_row = 0;
+    } else {
+      fb.step();
+      if (++good_in_a_row == 2) {
+        expected_scale *= 2.0f;
+        good_in_a_row = 0;
+      }
+    }
+    EXPECT_EQ(scaler.scale(), expected_scale);
+    EXPECT_TRUE(BitwiseEqual(a, b)) << "max rel diff " << MaxRelDiff(a, b);
+    EXPECT_EQ(StepCounts<State>(fa, a), StepCounts<State>(fb, b));
+  }
+  EXPECT_EQ(fa.state().size(), fb.state().size());
+}
+
+TEST(TorchTraining, ScalerSkipsAdam) {
+  ExpectScalerSkips<Adam, torch::optim::AdamParamState>(
+      torch::optim::AdamOptions(1e-2).amsgrad(true));
+}
+TEST(TorchTraining, ScalerSkipsRmsprop) {
+  ExpectScalerSkips<RMSprop, torch::optim::RMSpropParamState>(
+      torch::optim::RMSpropOptions(1e-2).centered(true).momentum(0.9));
+}
+
+// SGD keeps no step count; its momentum buffers must still appear only on a taken step.
+TEST(TorchTraining, ScalerSkipsSgdFirstStep) {
+  torch::Tensor w = torch::randn({100}).requires_grad_(true);
+  const torch::Tensor w0 = w.detach().clone();
+  SGD opt({w}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  LossScaler scaler;
+  opt.set_training({.scaler = &scaler, .max_grad_norm = 10.0});
+  w.mutable_grad() = torch::randn({100});
+  w.mutable_grad()[7] = std::nanf("");
+  opt.step();
+  EXPECT_FALSE(opt.last_step().stepped);
+  EXPECT_TRUE(opt.state().empty());
+  EXPECT_TRUE(torch::equal(w.detach(), w0));
+  EXPECT_EQ(scaler.scale(), 32768.0f);
+}
+
+TEST(TorchTraining, DefaultsArePlainStep) {
+  const torch::optim::AdamWOptions options(1e-2);
+  const Params a = MakeParams(13);
+  const Params b = CloneParams(a);
+  AdamW fa(MakeGroups(a, options), options);
+  AdamW fb(MakeGroups(b, options), options);
+  fa.set_training(TrainingOptions{});
+  for (int t = 0; t < 3; ++t) {
+    SetGrads(a, t);
+    SetGrads(b, t);
+    fa.step();
+    fb.step();
+    EXPECT_TRUE(fa.last_step().stepped);
+    EXPECT_FALSE(fa.last_step().grad_norm.has_value());
+  }
+  EXPECT_TRUE(BitwiseEqual(a, b));
+}
+
+TEST(TorchTraining, InvalidOptionsChangeNothing) {
+  torch::Tensor w = torch::randn({10}).requires_grad_(true);
+  const torch::Tensor w0 = w.detach().clone();
+  LossScaler scaler;
+  Adam opt({w}, torch::optim::AdamOptions(1e-2));
+  w.mutable_grad() = torch::randn({10});
+  opt.training().max_grad_norm = -1.0;
+  EXPECT_THROW(opt.step(), c10::Error);
+  // An invalid hyper-parameter is reported even when the grads overflow; the scaler is untouched.
+  opt.set_training({.scaler = &scaler});
+  static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options()).lr(-1.0);
+  w.mutable_grad()[0] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(opt.step(), c10::Error);
+  EXPECT_EQ(scaler.scale(), 65536.0f);
+  EXPECT_TRUE(opt.state().empty());
+  EXPECT_TRUE(torch::equal(w.detach(), w0));
+}
+
+// ---- ApplySchedule ------------------------------------------------------------------------------
+
+TEST(TorchSchedule, SetsEveryGroupsLr) {
+  const Params params = MakeParams(14);
+  const torch::optim::SGDOptions options(0.1);
+  SGD opt(MakeGroups(params, options), options);
+  const Schedule schedule = WarmupCosine(0.1, 5, 20, 1e-3);
+  for (std::int64_t t = 0; t <= 20; ++t) {
+    ApplySchedule(opt, schedule, t);
+    for (auto& group : opt.param_groups()) EXPECT_EQ(group.options().get_lr(), schedule.Lr(t));
+  }
+  EXPECT_EQ(opt.param_groups()[0].options().get_lr(), 1e-3);
+}
+
+// A torch-like loop: per-group schedules (each group's base lr), opt.step() then the scheduler.
+TEST(TorchSchedule, PerGroupSchedulesInALoop) {
+  const Params params = MakeParams(15);
+  const torch::optim::AdamOptions options(1e-2);
+  Adam opt(MakeGroups(params, options, 0.3), options);
+  const std::vector<Schedule> schedules = {CosineAnnealingLr(1e-2, 8), CosineAnnealingLr(3e-3, 8)};
+  for (std::int64_t t = 0; t < 8; ++t) {
+    ApplySchedule(opt, schedules, t);
+    EXPECT_EQ(opt.param_groups()[0].options().get_lr(), schedules[0].Lr(t));
+    EXPECT_EQ(opt.param_groups()[1].options().get_lr(), schedules[1].Lr(t));
+    SetGrads(params, static_cast<int>(t));
+    opt.step();
+  }
+  EXPECT_THROW(ApplySchedule(opt, std::vector<Schedule>{schedules[0]}, 0), c10::Error);
+}
+
+TEST(TorchSchedule, OneCycleMomentum) {
+  const Schedule schedule = OneCycleLr({.max_lr = 0.1, .total_steps = 10});
+  ASSERT_TRUE(schedule.has_momentum());
+  torch::Tensor w = torch::randn({4}).requires_grad_(true);
+  SGD sgd({w}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  Adam adam({w}, torch::optim::AdamOptions(0.1).betas({0.9, 0.98}));
+  Adagrad adagrad({w}, torch::optim::AdagradOptions(0.1));
+  for (std::int64_t t = 0; t < 10; ++t) {
+    ApplySchedule(sgd, schedule, t);
+    ApplySchedule(adam, schedule, t);
+    const auto& s = static_cast<torch::optim::SGDOptions&>(sgd.param_groups()[0].options());
+    const auto& a = static_cast<torch::optim::AdamOptions&>(adam.param_groups()[0].options());
+    EXPECT_EQ(s.lr(), schedule.Lr(t));
+    EXPECT_EQ(s.momentum(), schedule.Momentum(t));
+    EXPECT_EQ(a.lr(), schedule.Lr(t));
+    EXPECT_EQ(std::get<0>(a.betas()), schedule.Momentum(t));
+    EXPECT_EQ(std::get<1>(a.betas()), 0.98);
+  }
+  // Adagrad has no momentum: rejected, lr unchanged.
+  EXPECT_THROW(ApplySchedule(adagrad, schedule, 3), c10::Error);
+  EXPECT_EQ(adagrad.param_groups()[0].options().get_lr(), 0.1);
+}
+
+}  // namespace
+}  // namespace fusedopt::pt::test
