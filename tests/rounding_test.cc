@@ -851,7 +851,7 @@ TEST(Rounding, AdamWithBf16StatesFollowsTheDoubleReference) {
 TEST(Rounding, PureSixteenBitSgdFollowsTheDoubleReference) {
   const std::size_t n = SmallOnly() ? 4096 : 32768 + 5;
   const int steps = SmallOnly() ? 24 : 64;
-  Runtime runtime(2);
+  Runtime runtime(1);  // many small calls: no thread start-up per call
   TargetGuard guard;
   for (const std::string& target : AvailableTargets()) {
     ForceTarget(target);

@@ -91,9 +91,18 @@ inline bool RoundsStochastically(const Segment& seg) {
 // which the whole loop nest (kernel, mode flags, ForEachVector, loop body) is flattened. Left to
 // its heuristics, GCC stops inlining once a function grows past its limits: with all combinations
 // and modes inlined into one function per target, loop bodies were left as calls per vector.
+//
+// Only optimized builds flatten: in the sanitizer (Debug) build it multiplies compile time (tens of
+// minutes per algorithm) for no use.
+#  if defined(NDEBUG)
+#    define FOPT_FLATTEN HWY_FLATTEN
+#  else
+#    define FOPT_FLATTEN
+#  endif
 template <class Buffers, class Scalars, class Kernel>
-HWY_NOINLINE HWY_FLATTEN void RunPiece(const Kernel& kernel, const Segment& seg,
-                                       const Scalars& scalars, std::size_t begin, std::size_t end) {
+HWY_NOINLINE FOPT_FLATTEN void RunPiece(const Kernel& kernel, const Segment& seg,
+                                        const Scalars& scalars, std::size_t begin,
+                                        std::size_t end) {
   kernel(Buffers(seg, begin), scalars, begin, end);
 }
 
