@@ -15,6 +15,7 @@
 
 #include "fusedopt/convert.h"
 #include "fusedopt/runtime.h"
+#include "tests/test_support.h"
 
 namespace fusedopt {
 namespace {
@@ -113,10 +114,7 @@ TEST(DType, NamesParse) {
 
 float Widen(DType t, std::uint16_t h) { return t == DType::kBF16 ? BF16ToF32(h) : F16ToF32(h); }
 
-// Restores the default target choice when a test ends.
-struct TargetGuard {
-  ~TargetGuard() { ForceTarget(""); }
-};
+using test::TargetGuard;
 
 // Every SIMD store must give the scalar converters' bits; every load must be exact.
 TEST(DType, SimdConversionsMatchScalarOnEveryTarget) {

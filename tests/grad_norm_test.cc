@@ -17,18 +17,17 @@
 #include "fusedopt/grad.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
+#include "tests/test_support.h"
 
 namespace fusedopt {
 namespace {
 
-struct TargetGuard {
-  ~TargetGuard() { ForceTarget(""); }
-};
+using test::TargetGuard;
 
 constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 constexpr NormType kNormTypes[] = {NormType::kL1, NormType::kL2, NormType::kInf};
 
-bool Small() { return std::getenv("FOPT_TEST_SMALL") != nullptr; }
+using test::SmallOnly;
 
 // Gradient buffers of one dtype with random values; element-aligned storage.
 struct Grads {
@@ -80,7 +79,7 @@ long double ReferenceNorm(Grads& g, NormType type, float scale) {
 }
 
 TEST(GradNorm, MatchesTheOracleForEveryNormDTypeAndScale) {
-  const std::size_t big = Small() ? 300 : kGrainElements + 301;
+  const std::size_t big = SmallOnly() ? 300 : kGrainElements + 301;
   for (DType t : kDTypes) {
     Grads grads(t, {1, 17, big, 5}, 11);
     for (NormType type : kNormTypes) {
@@ -98,7 +97,7 @@ TEST(GradNorm, MatchesTheOracleForEveryNormDTypeAndScale) {
 
 TEST(GradNorm, IsBitIdenticalOnEveryTargetAndThreadCount) {
   // Sizes that cut chunks and 16-element blocks at odd places; several chunks per thread.
-  const std::size_t big = Small() ? 1000 : 3 * kGrainElements + 1234;
+  const std::size_t big = SmallOnly() ? 1000 : 3 * kGrainElements + 1234;
   Grads grads(DType::kBF16, {3, big, 29, 1000}, 12);
   Grads f32(DType::kF32, {big, 7}, 13);
   TargetGuard guard;
@@ -122,7 +121,7 @@ TEST(GradNorm, IsBitIdenticalOnEveryTargetAndThreadCount) {
 }
 
 TEST(GradNorm, AnySingleNonFiniteElementIsReported) {
-  const std::size_t big = Small() ? 100 : kGrainElements + 100;
+  const std::size_t big = SmallOnly() ? 100 : kGrainElements + 100;
   const float inf = std::numeric_limits<float>::infinity();
   TargetGuard guard;
   for (const std::string& target : AvailableTargets()) {

@@ -19,13 +19,12 @@
 #include "fusedopt/error.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
+#include "tests/test_support.h"
 
 namespace fusedopt {
 namespace {
 
-struct TargetGuard {
-  ~TargetGuard() { ForceTarget(""); }
-};
+using test::TargetGuard;
 
 // Two gradient buffers of one dtype filled with random finite values, stored as raw bytes.
 struct Grads {

@@ -45,6 +45,7 @@
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
 #include "reference/reference.h"
+#include "tests/test_support.h"
 
 namespace fusedopt {
 namespace {
@@ -66,27 +67,9 @@ bool IsFmaTarget(const std::string& name) {
   return name.starts_with("AVX2") || name.starts_with("AVX3");
 }
 
-bool SmallOnly() { return std::getenv("FOPT_TEST_SMALL") != nullptr; }
+using test::SmallOnly;
 
-// ------------------------------------------------------------------------------------------------
-// Random numbers (splitmix64: fast and reproducible everywhere)
-
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t Next() {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double Uniform(double lo, double hi) {
-    return lo + (hi - lo) * static_cast<double>(Next() >> 11) * 0x1.0p-53;
-  }
-
- private:
-  std::uint64_t state_;
-};
+using test::Rng;
 
 // ------------------------------------------------------------------------------------------------
 // Dtype combos and buffers

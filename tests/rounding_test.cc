@@ -42,6 +42,7 @@
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
 #include "reference/reference.h"
+#include "tests/test_support.h"
 
 namespace fusedopt {
 namespace {
@@ -51,34 +52,10 @@ constexpr DType kF16 = DType::kF16;
 constexpr DType kBF16 = DType::kBF16;
 constexpr std::uint64_t kU64Max = std::numeric_limits<std::uint64_t>::max();
 
-bool SmallOnly() { return std::getenv("FOPT_TEST_SMALL") != nullptr; }
+using test::SmallOnly;
 
-// splitmix64: reproducible test data, independent of the hash under test's constants.
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t Next() {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  std::uint32_t Next32() { return static_cast<std::uint32_t>(Next() >> 32); }
-  double Uniform(double lo, double hi) {
-    return lo + (hi - lo) * static_cast<double>(Next() >> 11) * 0x1.0p-53;
-  }
-
- private:
-  std::uint64_t state_;
-};
-
-// Restores the default target choice when a test ends.
-struct TargetGuard {
-  TargetGuard() = default;
-  TargetGuard(const TargetGuard&) = delete;
-  TargetGuard& operator=(const TargetGuard&) = delete;
-  ~TargetGuard() { ForceTarget(""); }
-};
+using test::Rng;
+using test::TargetGuard;
 
 std::string Hex(std::uint64_t x) {
   std::ostringstream out;

@@ -203,6 +203,7 @@ class FusedOptimizerMixin:
         if overflowed:
             return True
         fresh, add = ([], []), ([], [])
+        with_grad = []
         for gi, group in enumerate(self.param_groups):
             for j, p in enumerate(group["params"]):
                 g = p.grad
@@ -217,6 +218,7 @@ class FusedOptimizerMixin:
                 if acc is None or acc.shape != p.shape:
                     acc = torch.empty_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
                     self._accumulators[p] = acc
+                with_grad.append(p)
                 target = add if p in self._window else fresh
                 target[0].append((g.data_ptr(), g.numel(), code))
                 target[1].append(acc.data_ptr())
@@ -226,10 +228,7 @@ class FusedOptimizerMixin:
         for (grads, sums), overwrite in ((fresh, True), (add, False)):
             if grads:
                 bad |= _C.accumulate_grads(grads, sums, scale, overwrite, threads)
-        for gi, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._window[p] = None
+        self._window.update(dict.fromkeys(with_grad))  # only now: a rejected call changes nothing
         return bad
 
     # ---- internals ----------------------------------------------------------------------------

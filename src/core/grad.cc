@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,14 +18,6 @@
 
 namespace fusedopt {
 namespace {
-
-template <class... Parts>
-[[noreturn]] void Fail(std::string_view fn, const Parts&... parts) {
-  std::ostringstream out;
-  out << fn << ": ";
-  (out << ... << parts);
-  throw Error(out.str());
-}
 
 void CheckFinite(std::string_view fn, std::string_view name, double value) {
   if (!std::isfinite(value)) Fail(fn, "invalid ", name, ": ", value, " (must be finite)");
@@ -128,7 +119,7 @@ double ClipGradNorm(std::span<const GradBuffer> grads, double max_norm, NormType
                     bool error_if_nonfinite, Runtime& runtime) {
   CheckNormType("ClipGradNorm", type);
   CheckMaxNorm("ClipGradNorm", max_norm);
-  const std::vector<Segment> segments = GradSegments("ClipGradNorm", grads, 1.0f);
+  std::vector<Segment> segments = GradSegments("ClipGradNorm", grads, 1.0f);
   const GradStats stats = RunNorm(segments, type, runtime);
   if (stats.non_finite && error_if_nonfinite) {
     Fail("ClipGradNorm", "the total norm of the gradients is non-finite (", stats.norm,
@@ -136,9 +127,8 @@ double ClipGradNorm(std::span<const GradBuffer> grads, double max_norm, NormType
   }
   const float coef = ClipCoefficient(stats.norm, max_norm);
   if (coef != 1.0f) {
-    std::vector<Segment> scaled = segments;
-    for (Segment& s : scaled) s.grad_scale = coef;
-    RunElementwise(scaled, GradOp::kScale, 0.0f, runtime);
+    for (Segment& s : segments) s.grad_scale = coef;
+    RunElementwise(segments, GradOp::kScale, 0.0f, runtime);
   }
   return stats.norm;
 }

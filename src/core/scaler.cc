@@ -2,24 +2,21 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 #include <string_view>
 
-#include "fusedopt/error.h"
+#include "src/core/validate.h"
 
 namespace fusedopt {
 namespace {
 
-[[noreturn]] void Fail(std::string_view what, double value, std::string_view rule) {
-  std::ostringstream out;
-  out << "LossScaler: invalid " << what << ": " << value << " (" << rule << ")";
-  throw Error(out.str());
+[[noreturn]] void Reject(std::string_view what, double value, std::string_view rule) {
+  Fail("LossScaler", "invalid ", what, ": ", value, " (", rule, ")");
 }
 
 void CheckScale(const LossScalerOptions& o, float scale) {
-  if (!(scale > 0.0f) || !std::isfinite(scale)) Fail("scale", scale, "must be finite and > 0");
+  if (!(scale > 0.0f) || !std::isfinite(scale)) Reject("scale", scale, "must be finite and > 0");
   if (scale < o.min_scale || scale > o.max_scale) {
-    Fail("scale", scale, "must lie in [min_scale, max_scale]");
+    Reject("scale", scale, "must lie in [min_scale, max_scale]");
   }
 }
 
@@ -28,16 +25,16 @@ void CheckScale(const LossScalerOptions& o, float scale) {
 LossScaler::LossScaler(const LossScalerOptions& options)
     : options_(options), scale_(options.init_scale) {
   if (!(options.growth_factor > 1.0) || !std::isfinite(options.growth_factor)) {
-    Fail("growth_factor", options.growth_factor, "must be finite and > 1");
+    Reject("growth_factor", options.growth_factor, "must be finite and > 1");
   }
   if (!(options.backoff_factor > 0.0 && options.backoff_factor < 1.0)) {
-    Fail("backoff_factor", options.backoff_factor, "must lie in (0, 1)");
+    Reject("backoff_factor", options.backoff_factor, "must lie in (0, 1)");
   }
   if (options.growth_interval < 1) {
-    Fail("growth_interval", static_cast<double>(options.growth_interval), "must be >= 1");
+    Reject("growth_interval", static_cast<double>(options.growth_interval), "must be >= 1");
   }
   if (!(options.min_scale >= 0.0f) || !(options.max_scale >= options.min_scale)) {
-    Fail("min_scale", options.min_scale, "need 0 <= min_scale <= max_scale");
+    Reject("min_scale", options.min_scale, "need 0 <= min_scale <= max_scale");
   }
   CheckScale(options_, options.init_scale);
 }
@@ -65,7 +62,8 @@ void LossScaler::Update(bool found_inf) {
 void LossScaler::Restore(float scale, std::int64_t growth_tracker) {
   CheckScale(options_, scale);
   if (growth_tracker < 0 || growth_tracker >= options_.growth_interval) {
-    Fail("growth_tracker", static_cast<double>(growth_tracker), "must lie in [0, growth_interval)");
+    Reject("growth_tracker", static_cast<double>(growth_tracker),
+           "must lie in [0, growth_interval)");
   }
   scale_ = scale;
   growth_tracker_ = growth_tracker;

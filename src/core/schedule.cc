@@ -8,13 +8,13 @@
 #include <cmath>
 #include <cstdint>
 #include <numbers>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "fusedopt/error.h"
+#include "src/core/validate.h"
 
 namespace fusedopt {
 
@@ -26,14 +26,6 @@ struct Schedule::Impl {
 };
 
 namespace {
-
-template <class... Args>
-[[noreturn]] void Fail(std::string_view fn, const Args&... args) {
-  std::ostringstream out;
-  out << fn << ": ";
-  (out << ... << args);
-  throw Error(out.str());
-}
 
 // Shortest text that reads back as the same double (as Python's repr).
 std::string Repr(double x) {

@@ -3,22 +3,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include "fusedopt/error.h"
 
 namespace fusedopt {
 namespace {
-
-// Streams its arguments into a fusedopt::Error, prefixed by the function name.
-template <class... Args>
-[[noreturn]] void Fail(std::string_view fn, const Args&... args) {
-  std::ostringstream out;
-  out << fn << ": ";
-  (out << ... << args);
-  throw Error(out.str());
-}
 
 // `!(x >= lo)` also rejects NaN.
 void RequireAtLeast(std::string_view fn, std::size_t group, const char* name, double value,

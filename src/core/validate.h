@@ -6,12 +6,24 @@
 #include <array>
 #include <cstddef>
 #include <span>
+#include <sstream>
 #include <string_view>
 
+#include "fusedopt/error.h"
 #include "fusedopt/hyper.h"
 #include "fusedopt/step.h"
 
 namespace fusedopt {
+
+// Streams its arguments into a fusedopt::Error, prefixed by the function name: every rejection in
+// the core goes through here.
+template <class... Args>
+[[noreturn]] void Fail(std::string_view fn, const Args&... args) {
+  std::ostringstream out;
+  out << fn << ": ";
+  (out << ... << args);
+  throw Error(out.str());
+}
 
 // One of the DType enumerators (a raw code from a binding may be anything).
 bool ValidDType(DType t);

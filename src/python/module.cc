@@ -168,24 +168,17 @@ PYBIND11_MODULE(_C, m) {
 
   // step functions: (groups, segments, num_threads, max_norm, norm_type, check) -> StepReport;
   // fusedopt::Error surfaces as ValueError. norm_type: 2, 1, or 0 for inf.
-  const auto step_args = [](auto... extra) {
-    return std::make_tuple(py::arg("groups"), py::arg("segments"), py::arg("num_threads"), extra...,
-                           py::arg("max_norm") = std::numeric_limits<double>::infinity(),
-                           py::arg("norm_type") = 2, py::arg("check") = false);
-  };
-  const auto bind_step = [&](const char* name, auto hyper_tag, auto step_fn) {
+  const auto bind_step = [&m](const char* name, auto hyper_tag, auto step_fn) {
     using Hyper = typename decltype(hyper_tag)::type;
-    std::apply(
-        [&](auto... args) {
-          m.def(
-              name,
-              [step_fn](const std::vector<Hyper>& g, const std::vector<SegmentTuple>& s,
-                        int threads, double max_norm, int norm_type, bool check) {
-                return RunStep(g, s, threads, max_norm, norm_type, check, step_fn);
-              },
-              args...);
+    m.def(
+        name,
+        [step_fn](const std::vector<Hyper>& g, const std::vector<SegmentTuple>& s, int threads,
+                  double max_norm, int norm_type, bool check) {
+          return RunStep(g, s, threads, max_norm, norm_type, check, step_fn);
         },
-        step_args());
+        py::arg("groups"), py::arg("segments"), py::arg("num_threads"),
+        py::arg("max_norm") = std::numeric_limits<double>::infinity(), py::arg("norm_type") = 2,
+        py::arg("check") = false);
   };
   bind_step("sgd_step", std::type_identity<SgdHyper>{}, SgdStep);
   bind_step("adam_step", std::type_identity<AdamHyper>{}, AdamStep);

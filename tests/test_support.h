@@ -1,0 +1,42 @@
+// Helpers shared by the core's gtest files: reproducible random numbers, the small-sizes switch of
+// the sanitizer run, and a guard that restores the default SIMD target.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "fusedopt/runtime.h"
+
+namespace fusedopt::test {
+
+// The asan preset sets FOPT_TEST_SMALL: tests shrink their sizes.
+inline bool SmallOnly() { return std::getenv("FOPT_TEST_SMALL") != nullptr; }
+
+// splitmix64: fast, reproducible everywhere, and independent of the library's own hash constants.
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t Next() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  std::uint32_t Next32() { return static_cast<std::uint32_t>(Next() >> 32); }
+  double Uniform(double lo, double hi) {
+    return lo + (hi - lo) * static_cast<double>(Next() >> 11) * 0x1.0p-53;
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+// Restores the default target choice when a test ends.
+struct TargetGuard {
+  TargetGuard() = default;
+  TargetGuard(const TargetGuard&) = delete;
+  TargetGuard& operator=(const TargetGuard&) = delete;
+  ~TargetGuard() { ForceTarget(""); }
+};
+
+}  // namespace fusedopt::test
