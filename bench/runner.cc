@@ -20,6 +20,7 @@
 #include "bench/elementwise.h"
 #include "bench/model_shapes.h"
 #include "bench/pipeline.h"
+#include "bench/report_util.h"
 #include "bench/standard.h"
 #include "fusedopt/grad.h"
 #include "fusedopt/optimizer.h"
@@ -46,21 +47,6 @@ struct Impl {
   std::vector<std::pair<std::string, std::vector<double>>> pass_ms;
   Report report;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Deterministic fill in [-scale, scale): the values only need to be ordinary numbers.
-void Fill(void* data, DType dtype, std::size_t n, float scale, std::uint32_t seed) {
-  std::uint32_t x = seed * 2654435761u + 1u;
-  for (std::size_t i = 0; i < n; ++i) {
-    x = x * 1664525u + 1013904223u;
-    StoreFromF32(data, dtype, i, scale * (static_cast<float>(x >> 8) * 0x1p-23f - 1.0f));
-  }
-}
 
 // Largest |z| FillNormal produces: 2·sqrt(3).
 constexpr float kMaxNormal = 3.4641017f;
@@ -89,17 +75,6 @@ float MaxFinite(DType dtype) {
       break;
   }
   return std::numeric_limits<float>::max();
-}
-
-// 4231976 -> "4,231,976".
-std::string FormatCount(std::size_t n) {
-  const std::string digits = std::to_string(n);
-  std::string out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i != 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
-    out.push_back(digits[i]);
-  }
-  return out;
 }
 
 // Gradients converted to the param dtype once, before timing: `standard` (step only) reads them

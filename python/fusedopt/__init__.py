@@ -20,9 +20,12 @@ from .amp import GradScaler
 from .clip import clip_grad_norm_, clip_grad_value_
 from .optim import FusedAdagrad, FusedAdam, FusedAdamW, FusedRMSprop, FusedSGD
 from . import schedules
+from . import timeline
+from .trainer import Model, Trainer
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "GradScaler",
-           "clip_grad_norm_", "clip_grad_value_", "schedules", "active_target"]
+           "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
+           "active_target"]
 __version__ = "0.1.0"
 
 

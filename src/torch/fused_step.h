@@ -31,10 +31,12 @@
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -51,7 +53,8 @@ namespace fusedopt::pt::detail {
 template <class Traits>
 at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
                      const torch::optim::Optimizer::LossClosure& closure,
-                     const TrainingOptions& training, StepResult& result) {
+                     const TrainingOptions& training, StepResult& result,
+                     std::optional<FusedStepOptions::Interval>& pre_pass) {
   using State = typename Traits::State;
   using Options = typename Traits::Options;
   using Hyper = typename Traits::Hyper;
@@ -64,6 +67,7 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   }
   at::NoGradGuard no_grad;
   result = StepResult{};
+  pre_pass.reset();
   TORCH_CHECK(training.max_grad_norm >= 0.0, Traits::kName, ": invalid max_grad_norm ",
               training.max_grad_norm, " (must be >= 0; inf: no clipping)");
   LossScaler* const scaler = training.scaler;
@@ -151,9 +155,11 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       // Validate the hyper-parameters first, so that an invalid one fails this call rather than
       // only the first call whose gradients are finite (the scaler is then left as it was).
       Traits::Run(std::span<const Hyper>(hypers), std::span<const Segment>());
+      const auto begin = std::chrono::steady_clock::now();
       const PrePassResult pre =
           GradPrePass(std::span<Segment>(segments),
                       {.max_norm = training.max_grad_norm, .norm_type = training.norm_type});
+      pre_pass = FusedStepOptions::Interval{begin, std::chrono::steady_clock::now()};
       outcome.grad_norm = pre.norm;
       outcome.clip_coef = pre.clip_coef;
       outcome.found_inf = pre.non_finite;

@@ -126,19 +126,19 @@ struct AdagradTraits {
 }  // namespace
 
 torch::Tensor SGD::step(LossClosure closure) {
-  return detail::FusedStep<SgdTraits>(*this, closure, training_, last_step_);
+  return detail::FusedStep<SgdTraits>(*this, closure, training_, last_step_, last_pre_pass_);
 }
 torch::Tensor Adam::step(LossClosure closure) {
-  return detail::FusedStep<AdamTraits>(*this, closure, training_, last_step_);
+  return detail::FusedStep<AdamTraits>(*this, closure, training_, last_step_, last_pre_pass_);
 }
 torch::Tensor AdamW::step(LossClosure closure) {
-  return detail::FusedStep<AdamWTraits>(*this, closure, training_, last_step_);
+  return detail::FusedStep<AdamWTraits>(*this, closure, training_, last_step_, last_pre_pass_);
 }
 torch::Tensor RMSprop::step(LossClosure closure) {
-  return detail::FusedStep<RmspropTraits>(*this, closure, training_, last_step_);
+  return detail::FusedStep<RmspropTraits>(*this, closure, training_, last_step_, last_pre_pass_);
 }
 torch::Tensor Adagrad::step(LossClosure closure) {
-  return detail::FusedStep<AdagradTraits>(*this, closure, training_, last_step_);
+  return detail::FusedStep<AdagradTraits>(*this, closure, training_, last_step_, last_pre_pass_);
 }
 
 }  // namespace fusedopt::pt

@@ -55,7 +55,9 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include <chrono>
 #include <limits>
+#include <optional>
 
 #include "fusedopt/grad.h"
 #include "fusedopt/optimizer.h"
@@ -84,10 +86,16 @@ class FusedStepOptions {
   // pre-pass ran) and clip_coef. Default-constructed before the first step(), after one that found
   // no param with a grad, and after one that threw.
   const StepResult& last_step() const { return last_step_; }
+  // When the latest step() ran the gradient pre-pass: when it began and ended (for timelines).
+  struct Interval {
+    std::chrono::steady_clock::time_point begin, end;
+  };
+  const std::optional<Interval>& last_pre_pass() const { return last_pre_pass_; }
 
  protected:
   TrainingOptions training_;
   StepResult last_step_;
+  std::optional<Interval> last_pre_pass_;
 };
 
 // SGD with momentum, dampening, Nesterov and weight decay. State: SGDParamState::momentum_buffer,

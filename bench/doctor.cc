@@ -1,0 +1,672 @@
+#include "bench/doctor.h"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <iomanip>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+#include "bench/model_shapes.h"
+#include "bench/pipeline.h"
+#include "bench/report_util.h"
+#include "bench/standard.h"
+#include "fusedopt/dtype.h"
+#include "fusedopt/optimizer.h"
+
+namespace fusedopt::bench {
+namespace {
+
+// Shortest round-trip text of a number, for error messages ("1e-05", "0.25").
+std::string Num(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+[[noreturn]] void Bad(const std::string& field, const std::string& option,
+                      const std::string& what) {
+  throw std::invalid_argument(field + " (" + option + "): " + what);
+}
+
+Algorithm CheckedAlgorithm(const DoctorOptions& o) {
+  try {
+    return ParseAlgorithm(o.optimizer);
+  } catch (const std::invalid_argument&) {
+    Bad("optimizer", "--optimizer",
+        "unknown optimizer '" + o.optimizer + "'; known: sgd, adam, adamw, rmsprop, adagrad");
+  }
+}
+
+DType CheckedDType(const DoctorOptions& o) {
+  DType dtype = DType::kF32;
+  if (!ParseDType(o.dtype, &dtype))
+    Bad("dtype", "--dtype", "unknown dtype '" + o.dtype + "'; known: f32, bf16, f16");
+  return dtype;
+}
+
+// torch's default weight decay when none is given (NaN): AdamW 1e-2, every other optimizer 0.
+double EffectiveWeightDecay(const DoctorOptions& o, Algorithm a) {
+  if (!std::isnan(o.weight_decay)) return o.weight_decay;
+  return a == Algorithm::kAdamW ? 1e-2 : 0.0;
+}
+
+// Everything the op counts depend on, checked once (the arguments torch.optim itself rejects are
+// rejected here too, naming the field and the value).
+struct Model {
+  Algorithm algorithm;
+  DType dtype;
+  double weight_decay;
+  std::size_t num_tensors;
+  std::size_t numel;
+};
+
+Model CheckedModel(const DoctorOptions& o) {
+  const Algorithm a = CheckedAlgorithm(o);
+  const DType dtype = CheckedDType(o);
+  const double wd = EffectiveWeightDecay(o, a);
+  if (!std::isfinite(wd) || wd < 0.0)
+    Bad("weight_decay", "--weight-decay", "must be a finite number >= 0, got " + Num(wd));
+  if (!std::isfinite(o.momentum) || o.momentum < 0.0)
+    Bad("momentum", "--momentum", "must be a finite number >= 0, got " + Num(o.momentum));
+  if (o.momentum != 0.0 && a != Algorithm::kSgd && a != Algorithm::kRmsprop)
+    Bad("momentum", "--momentum", "applies to sgd and rmsprop only, got " + Num(o.momentum));
+  if (o.nesterov && (a != Algorithm::kSgd || o.momentum <= 0.0))
+    Bad("nesterov", "--nesterov", "needs --optimizer sgd and --momentum > 0 (as torch.optim.SGD)");
+  if (o.clip && (!std::isfinite(*o.clip) || !(*o.clip > 0.0)))
+    Bad("clip", "--clip", "invalid max norm '" + Num(*o.clip) + "' (a finite number > 0)");
+  if (o.numels.empty()) Bad("numels", "--numels/--shapes/--trace", "no parameter tensors given");
+  std::size_t numel = 0;
+  for (std::size_t i = 0; i < o.numels.size(); ++i) {
+    if (o.numels[i] == 0)
+      Bad("numels", "--numels", "tensor " + std::to_string(i) + " has 0 elements");
+    numel += o.numels[i];
+  }
+  return {a, dtype, wd, o.numels.size(), numel};
+}
+
+// One elementary op of the for-loop step on one tensor: how many tensors of that tensor's size it
+// reads (distinct tensors: addcmul_(grad, grad) reads grad once) and writes.
+struct TensorOp {
+  int reads;
+  int writes;
+};
+
+// torch/optim/<algo>.py, _single_tensor_<algo>, steady state (step >= 2), torch's defaults for the
+// hyper-parameters the doctor does not take (dampening 0, amsgrad/maximize/centered off). The
+// scalar `step_t += 1` of Adam/RMSprop/Adagrad is not counted (a 1-element op, no memory traffic;
+// bench/standard.cc, the timed baseline, does not run it either).
+std::vector<TensorOp> StandardOpsPerTensor(const Model& m, const DoctorOptions& o) {
+  std::vector<TensorOp> ops;
+  const bool wd = m.weight_decay != 0.0;
+  switch (m.algorithm) {
+    case Algorithm::kSgd:
+      if (wd) ops.push_back({2, 1});  // d_p = grad.add(param, alpha=wd): a new tensor
+      if (o.momentum != 0.0) {
+        ops.push_back({1, 1});                  // buf.mul_(momentum)
+        ops.push_back({2, 1});                  //    .add_(d_p, alpha=1-dampening)
+        if (o.nesterov) ops.push_back({2, 1});  // d_p = d_p.add(buf, alpha=momentum)
+      }
+      ops.push_back({2, 1});  // param.add_(d_p, alpha=-lr)
+      break;
+    case Algorithm::kAdam:
+    case Algorithm::kAdamW:
+      if (wd && m.algorithm == Algorithm::kAdamW) ops.push_back({1, 1});  // param.mul_(1-lr*wd)
+      if (wd && m.algorithm == Algorithm::kAdam) ops.push_back({2, 1});   // grad.add(param, wd)
+      ops.push_back({2, 1});  // exp_avg.lerp_(grad, 1-beta1)
+      ops.push_back({1, 1});  // exp_avg_sq.mul_(beta2)
+      ops.push_back({2, 1});  //    .addcmul_(grad, grad, value=1-beta2)
+      ops.push_back({1, 1});  // denom = exp_avg_sq.sqrt()
+      ops.push_back({1, 1});  //    / bias_correction2_sqrt (out of place)
+      ops.push_back({1, 1});  //    .add_(eps)
+      ops.push_back({3, 1});  // param.addcdiv_(exp_avg, denom, value=-step_size)
+      break;
+    case Algorithm::kRmsprop:
+      if (wd) ops.push_back({2, 1});  // grad = grad.add(param, alpha=wd)
+      ops.push_back({1, 1});          // square_avg.mul_(alpha)
+      ops.push_back({2, 1});          //    .addcmul_(grad, grad, value=1-alpha)
+      ops.push_back({1, 1});          // avg = square_avg.sqrt()
+      ops.push_back({1, 1});          //    .add_(eps)
+      if (o.momentum > 0.0) {
+        ops.push_back({1, 1});  // buf.mul_(momentum)
+        ops.push_back({3, 1});  //    .addcdiv_(grad, avg)
+        ops.push_back({2, 1});  // param.add_(buf, alpha=-lr)
+      } else {
+        ops.push_back({3, 1});  // param.addcdiv_(grad, avg, value=-lr)
+      }
+      break;
+    case Algorithm::kAdagrad:
+      if (wd) ops.push_back({2, 1});  // grad = grad.add(param, alpha=wd)
+      ops.push_back({2, 1});          // state_sum.addcmul_(grad, grad, value=1)
+      ops.push_back({1, 1});          // std = state_sum.sqrt()
+      ops.push_back({1, 1});          //    .add_(eps)
+      ops.push_back({3, 1});          // param.addcdiv_(grad, std, value=-clr)
+      break;
+  }
+  return ops;
+}
+
+// clip_grad_norm_ (foreach=False, as on the CPU): vector_norm(grad) per tensor (read), the norm of
+// the stacked norms (stack + vector_norm: 2 ops on T scalars, bytes neglected), the clamp of the
+// clip coefficient (1 op), grad.mul_(clip_coef_clamped) per tensor (read + write).
+constexpr std::size_t kClipScalarOps = 3;
+constexpr int kClipPassesPerElement = 3;
+
+OpCount MakeCount(std::size_t ops, std::size_t passes_per_element, const Model& m) {
+  const std::size_t bytes = passes_per_element * m.numel * DTypeSize(m.dtype);
+  return {ops, static_cast<double>(passes_per_element), bytes};
+}
+
+BenchHyper MakeHyper(const Model& m, const DoctorOptions& o) {
+  BenchHyper h;
+  h.sgd = {
+      .lr = 1e-3, .momentum = o.momentum, .weight_decay = m.weight_decay, .nesterov = o.nesterov};
+  h.adam.weight_decay = m.weight_decay;
+  h.adamw.weight_decay = m.weight_decay;
+  h.rmsprop.weight_decay = m.weight_decay;
+  h.rmsprop.momentum = o.momentum;
+  h.adagrad.weight_decay = m.weight_decay;
+  return h;
+}
+
+struct Timings {
+  double fused_ms = 0.0;
+  double same_traffic_ms = 0.0;
+  std::optional<double> standard_ms;
+  int threads = 0;
+};
+
+// Times the fused step, same_traffic and, if asked, the for-loop standard step on buffers of the
+// given shapes (grads in the param dtype, as torch), interleaved in rotating order after two
+// warm-up rounds, as `fusedopt bench` does. With clip, fused and standard are the training-loop
+// steps of bench/pipeline.h (pre-pass + step; norms + clip + step) and same_traffic reads the
+// grads once more.
+Timings Measure(const Model& m, const DoctorOptions& o, bool time_standard,
+                std::ostream& progress) {
+  const BenchHyper hyper = MakeHyper(m, o);
+  Runtime runtime(o.threads);
+  std::vector<TensorSpec> tensors;
+  for (std::size_t n : o.numels) tensors.push_back({.numel = n});
+  FlatStorage storage(tensors, 1,
+                      {.param_dtype = m.dtype, .grad_dtype = m.dtype, .state_dtype = m.dtype},
+                      BenchRequiredStates(m.algorithm, hyper));
+  std::vector<Segment> segments(storage.segments().begin(), storage.segments().end());
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    Fill(segments[i].param, m.dtype, segments[i].numel, 1.0f, static_cast<std::uint32_t>(2 * i));
+    Fill(const_cast<void*>(segments[i].grad), m.dtype, segments[i].numel, 1e-2f,
+         static_cast<std::uint32_t>(2 * i + 1));
+  }
+  std::vector<Segment> standard_segments = segments;
+
+  std::optional<FusedLoop> fused_loop;
+  std::optional<StandardLoop> standard_loop;
+  if (o.clip) {
+    const LoopOptions loop{.scaler = std::nullopt, .max_norm = *o.clip};
+    fused_loop.emplace(m.algorithm, hyper, segments, loop);
+    standard_loop.emplace(m.algorithm, hyper, segments, loop);
+  }
+  struct Timed {
+    std::string name;
+    std::function<void()> run;
+    std::vector<double> ms;
+  };
+  std::vector<Timed> impls;
+  impls.push_back({"fused",
+                   [&] {
+                     if (fused_loop) return fused_loop->Run(runtime);
+                     FusedStep(m.algorithm, hyper, segments, runtime);
+                   },
+                   {}});
+  impls.push_back({"same_traffic",
+                   [&] {
+                     if (o.clip) SameTrafficGradRead(segments, runtime);
+                     SameTrafficStep(segments, runtime);
+                   },
+                   {}});
+  if (time_standard) {
+    impls.push_back({"standard",
+                     [&] {
+                       if (standard_loop) return standard_loop->Run(runtime);
+                       StandardStep(m.algorithm, hyper, standard_segments, runtime);
+                     },
+                     {}});
+  }
+  // Step counts start at 2: steady state (SGD's first step only copies the grad into its buffer).
+  std::int64_t step = 1;
+  const auto next_step = [&] {
+    ++step;
+    for (Segment& s : segments) s.step = step;
+    for (Segment& s : standard_segments) s.step = step;
+    if (fused_loop) fused_loop->SetStep(step);
+    if (standard_loop) standard_loop->SetStep(step);
+  };
+  constexpr int kWarmup = 2;
+  for (int w = 0; w < kWarmup; ++w) {
+    next_step();
+    for (Timed& t : impls) t.run();
+  }
+  for (int r = 0; r < o.rounds; ++r) {
+    next_step();
+    // Rotate the order so no implementation always runs right after another's cache footprint.
+    for (std::size_t k = 0; k < impls.size(); ++k) {
+      Timed& t = impls[(k + static_cast<std::size_t>(r)) % impls.size()];
+      const auto t0 = std::chrono::steady_clock::now();
+      t.run();
+      const auto t1 = std::chrono::steady_clock::now();
+      t.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    progress << "\r  round " << (r + 1) << "/" << o.rounds << std::flush;
+  }
+  progress << "\n";
+  Timings out;
+  out.fused_ms = Median(impls[0].ms);
+  out.same_traffic_ms = Median(impls[1].ms);
+  if (time_standard) out.standard_ms = Median(impls[2].ms);
+  out.threads = runtime.num_threads();
+  return out;
+}
+
+void CheckStepOptions(const DoctorOptions& o) {
+  if (!std::isfinite(o.step_ms) || !(o.step_ms > 0.0))
+    Bad("step_ms", "--step-ms", "must be a finite number > 0, got " + Num(o.step_ms));
+  if (o.optimizer_ms) {
+    if (!std::isfinite(*o.optimizer_ms) || !(*o.optimizer_ms > 0.0))
+      Bad("optimizer_ms", "--optimizer-ms",
+          "must be a finite number > 0, got " + Num(*o.optimizer_ms));
+    if (*o.optimizer_ms >= o.step_ms)
+      Bad("optimizer_ms", "--optimizer-ms",
+          "must be less than step_ms " + Num(o.step_ms) + ", got " + Num(*o.optimizer_ms));
+  }
+  if (o.threads < 0) Bad("threads", "--threads", "must be >= 0, got " + std::to_string(o.threads));
+  if (o.rounds < 1) Bad("rounds", "--rounds", "must be >= 1, got " + std::to_string(o.rounds));
+}
+
+std::string Fixed(double v, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << v;
+  return out.str();
+}
+
+// A duration in ms with enough digits to be read: 2 decimals from 1 ms, 3 significant digits below.
+std::string Ms(double ms) {
+  if (ms >= 1.0) return Fixed(ms, 2);
+  std::ostringstream out;
+  out << std::setprecision(3) << ms;
+  return out.str();
+}
+
+nlohmann::json CountJson(const OpCount& c) {
+  return {{"ops", c.ops}, {"passes", c.passes}, {"bytes", c.bytes}};
+}
+
+// The numbers the verdict is made of.
+struct Findings {
+  bool already_fused;
+  double share;         // optimizer_ms / step_ms
+  double amdahl_bound;  // step / (step - optimizer): removing the optimizer entirely
+  double optimizer_ms;
+  double fused_ms;
+  double predicted_step_ms;
+  double predicted_speedup;
+  double standard_gb_per_s;
+  double ceiling_gb_per_s;
+  double same_traffic_ms;
+  std::optional<double> standard_ms;  // timed here
+  OpCount standard;
+  OpCount fused;
+};
+
+// The seeds' troubleshooting, in plain language: how much of the step the optimizer is, what
+// fusing can save at most and what it will save, and where to look instead when that is little.
+std::string Verdict(const Findings& f) {
+  std::ostringstream v;
+  const std::string share = Fixed(100.0 * f.share, f.share < 0.1 ? 1 : 0) + " %";
+  if (f.already_fused) {
+    v << "This run already uses fusedopt: the optimizer is " << share << " of your step ("
+      << Ms(f.optimizer_ms) << " ms).";
+    if (f.standard_ms) {
+      v << " A for-loop optimizer would take about " << Ms(*f.standard_ms)
+        << " ms on these shapes (measured here), fusedopt " << Ms(f.fused_ms) << " ms.";
+    }
+    if (f.share < 0.1)
+      v << " The rest of the step is elsewhere (data loading, forward and backward): look there.";
+    return v.str();
+  }
+  v << "The optimizer is " << share << " of your step. Fusing it saves at most " << share
+    << " (Amdahl bound " << Fixed(f.amdahl_bound, 2) << "x); fusedopt's step on these shapes takes "
+    << Ms(f.fused_ms) << " ms instead of " << Ms(f.optimizer_ms) << " ms, so expect "
+    << Fixed(f.predicted_speedup, 2) << "x end to end (a " << Ms(f.predicted_step_ms)
+    << " ms step).";
+  if (f.fused_ms >= f.optimizer_ms) {
+    v << " fusedopt is not faster than your optimizer on these shapes: do not expect a gain.";
+  }
+  if (f.share < 0.1) {
+    v << " The optimizer is not your bottleneck: the step is spent elsewhere (data loading, "
+         "forward and backward); profile those first (a --trace shows the split).";
+  } else if (f.share >= 0.3) {
+    v << " The optimizer is a large part of your step: fusing it is worth it.";
+  }
+  if (f.standard_gb_per_s >= 0.7 * f.ceiling_gb_per_s) {
+    const std::string rate = Fixed(f.standard_gb_per_s, 1) + " GB/s";
+    const std::string ceiling = Fixed(f.ceiling_gb_per_s, 1) + " GB/s";
+    if (f.standard_gb_per_s <= 1.05 * f.ceiling_gb_per_s) {
+      v << " Your optimizer already runs near this machine's bandwidth ceiling (" << rate << " of "
+        << ceiling << ")";
+    } else {
+      // Faster than the ceiling: the times come from a quieter or faster machine than this run.
+      v << " Your optimizer's " << rate << " is above the bandwidth ceiling measured here ("
+        << ceiling << "; is the machine busier now than when the step was timed?)";
+    }
+    v << ": fusing helps by moving fewer bytes (" << Fixed(f.fused.passes, 0) << " instead of "
+      << Fixed(f.standard.passes, 0) << " passes), not by moving them faster.";
+  }
+  return v.str();
+}
+
+void PrintTable(std::ostream& out, const Findings& f, const std::string& optimizer_source) {
+  const auto row = [&](const std::string& name, std::optional<OpCount> c, double ms,
+                       std::optional<double> gbps, const std::string& note) {
+    out << std::left << std::setw(24) << name << std::right;
+    if (c) {
+      out << std::setw(8) << c->ops << std::setw(8) << Fixed(c->passes, 1) << std::setw(11)
+          << Fixed(static_cast<double>(c->bytes) / 1e6, 1);
+    } else {
+      out << std::setw(27) << "";
+    }
+    out << std::setw(10) << (ms >= 0.01 ? Fixed(ms, 3) : Ms(ms)) << std::setw(8)
+        << (gbps ? Fixed(*gbps, 1) : "");
+    if (!note.empty()) out << "  " << note;
+    out << "\n";
+  };
+  out << std::left << std::setw(24) << "" << std::right << std::setw(8) << "ops" << std::setw(8)
+      << "passes" << std::setw(11) << "MB moved" << std::setw(10) << "ms" << std::setw(8) << "GB/s"
+      << "\n";
+  const double fused_gbps = static_cast<double>(f.fused.bytes) / (f.fused_ms * 1e6);
+  const std::string standard_name = f.already_fused ? "standard (for-loop)" : "your optimizer";
+  const double standard_ms = f.already_fused ? f.standard_ms.value_or(0.0) : f.optimizer_ms;
+  row(standard_name, f.standard, standard_ms,
+      static_cast<double>(f.standard.bytes) / (standard_ms * 1e6),
+      f.already_fused ? "(measured here)" : "(" + optimizer_source + ")");
+  row(f.already_fused ? "fusedopt (measured here)" : "fusedopt", f.fused, f.fused_ms, fused_gbps,
+      "");
+  row("same_traffic (ceiling)", std::nullopt, f.same_traffic_ms, f.ceiling_gb_per_s,
+      "(the fused bytes, trivial math)");
+}
+
+// Trimmed mean (report_util.h) of the durations (µs in the trace) of `pid`'s complete events called
+// `name` whose args.step is in `steps`, in ms. Empty `steps`: every non-warm-up `step` span, whose
+// indices are added to `steps` (so the optimizer spans of those steps can be picked next).
+std::optional<double> TypicalSpanMs(const nlohmann::json& events, int pid, const std::string& name,
+                                    std::set<std::int64_t>& steps, bool collect) {
+  std::vector<double> ms;
+  for (const nlohmann::json& e : events) {
+    if (!e.is_object() || e.value("ph", "") != "X" || e.value("name", "") != name) continue;
+    if (!e.contains("pid") || !e["pid"].is_number() || e["pid"].get<int>() != pid) continue;
+    const nlohmann::json args = e.value("args", nlohmann::json::object());
+    if (!e.contains("dur") || !e["dur"].is_number()) {
+      throw std::invalid_argument("trace: a '" + name + "' event of pid " + std::to_string(pid) +
+                                  " has no numeric dur");
+    }
+    const std::int64_t step = args.contains("step") && args["step"].is_number_integer()
+                                  ? args["step"].get<std::int64_t>()
+                                  : -1;
+    if (collect) {
+      if (args.value("warmup", false)) continue;
+      steps.insert(step);
+    } else if (!steps.contains(step)) {
+      continue;
+    }
+    ms.push_back(e["dur"].get<double>() / 1000.0);
+  }
+  if (ms.empty()) return std::nullopt;
+  return TrimmedMean(ms);
+}
+
+const nlohmann::json& Required(const nlohmann::json& obj, const std::string& key,
+                               const std::string& where) {
+  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null())
+    throw std::invalid_argument("trace: " + where + "." + key + " is missing");
+  return obj[key];
+}
+
+// A number (or null: `fallback`) from otherData, checked.
+double NumberOr(const nlohmann::json& other, const std::string& key, double fallback) {
+  if (!other.contains(key) || other[key].is_null()) return fallback;
+  if (!other[key].is_number())
+    throw std::invalid_argument("trace: otherData." + key +
+                                " is not a number: " + other[key].dump());
+  return other[key].get<double>();
+}
+
+// The pid of each implementation name (otherData.impls maps pid strings to names).
+std::map<std::string, int> ImplPids(const nlohmann::json& other) {
+  const nlohmann::json& impls = Required(other, "impls", "otherData");
+  if (!impls.is_object()) throw std::invalid_argument("trace: otherData.impls is not an object");
+  std::map<std::string, int> pids;
+  for (const auto& [pid, name] : impls.items()) {
+    if (!name.is_string())
+      throw std::invalid_argument("trace: otherData.impls." + pid + " is not a name");
+    try {
+      pids[name.get<std::string>()] = std::stoi(pid);
+    } catch (const std::exception&) {
+      throw std::invalid_argument("trace: otherData.impls has a non-numeric pid '" + pid + "'");
+    }
+  }
+  return pids;
+}
+
+struct ImplTimes {
+  double step_ms;
+  double optimizer_ms;
+};
+
+ImplTimes TimesOf(const nlohmann::json& events, const std::string& impl, int pid) {
+  std::set<std::int64_t> steps;
+  const std::string who = " of impl " + impl + " (pid " + std::to_string(pid) + ")";
+  const std::optional<double> step = TypicalSpanMs(events, pid, "step", steps, true);
+  if (!step) throw std::invalid_argument("trace: no non-warm-up 'step' span" + who);
+  const std::optional<double> opt = TypicalSpanMs(events, pid, "optimizer", steps, false);
+  if (!opt) throw std::invalid_argument("trace: no 'optimizer' span in a non-warm-up step" + who);
+  return {*step, *opt};
+}
+
+}  // namespace
+
+OpCount CountStandardOps(const DoctorOptions& options) {
+  const Model m = CheckedModel(options);
+  std::size_t ops = 0;
+  std::size_t passes = 0;  // per element, over all tensors
+  for (const TensorOp& op : StandardOpsPerTensor(m, options)) {
+    ops += m.num_tensors;
+    passes += static_cast<std::size_t>(op.reads + op.writes);
+  }
+  if (options.clip) {
+    ops += 2 * m.num_tensors + kClipScalarOps;
+    passes += kClipPassesPerElement;
+  }
+  return MakeCount(ops, passes, m);
+}
+
+OpCount CountFusedOps(const DoctorOptions& options) {
+  const Model m = CheckedModel(options);
+  // The states the fused step keeps under these hyper-parameters, as FlatStorage allocates them.
+  const int states = std::popcount(BenchRequiredStates(m.algorithm, MakeHyper(m, options)));
+  // param read + write, grad read, each state read + write; the pre-pass reads the grads again.
+  std::size_t passes = 2 + 1 + 2 * static_cast<std::size_t>(states);
+  std::size_t ops = 1;
+  if (options.clip) {
+    passes += 1;
+    ops += 1;
+  }
+  return MakeCount(ops, passes, m);
+}
+
+nlohmann::json Diagnose(const DoctorOptions& options, std::ostream& report,
+                        std::ostream& progress) {
+  const Model m = CheckedModel(options);
+  CheckStepOptions(options);
+  const bool already_fused = options.impl == "fused";
+  const OpCount standard = CountStandardOps(options);
+  const OpCount fused = CountFusedOps(options);
+  // Already fused: the traced optimizer time is fusedopt's; time the for-loop here to compare.
+  const bool time_standard = !options.optimizer_ms || already_fused;
+
+  progress << "fusedopt doctor: " << options.optimizer << " on " << m.num_tensors << " tensors ("
+           << FormatCount(m.numel) << " params), " << options.dtype << ", timing fused, "
+           << "same_traffic" << (time_standard ? " and standard" : "") << ", " << options.rounds
+           << " rounds\n";
+  const Timings t = Measure(m, options, time_standard, progress);
+
+  const std::string source = options.optimizer_ms ? options.optimizer_ms_source : "measured";
+  const double optimizer_ms = options.optimizer_ms ? *options.optimizer_ms : *t.standard_ms;
+  if (optimizer_ms >= options.step_ms) {
+    Bad("optimizer_ms", "measured",
+        "the standard optimizer takes " + Num(optimizer_ms) + " ms here, not less than step_ms " +
+            Num(options.step_ms) + ": give --optimizer-ms or check --step-ms");
+  }
+  Findings f{.already_fused = already_fused,
+             .share = optimizer_ms / options.step_ms,
+             .amdahl_bound = options.step_ms / (options.step_ms - optimizer_ms),
+             .optimizer_ms = optimizer_ms,
+             .fused_ms = t.fused_ms,
+             .predicted_step_ms = options.step_ms - optimizer_ms + t.fused_ms,
+             .predicted_speedup = 0.0,
+             .standard_gb_per_s = static_cast<double>(standard.bytes) / (optimizer_ms * 1e6),
+             .ceiling_gb_per_s = static_cast<double>(fused.bytes) / (t.same_traffic_ms * 1e6),
+             .same_traffic_ms = t.same_traffic_ms,
+             .standard_ms = t.standard_ms,
+             .standard = standard,
+             .fused = fused};
+  if (already_fused) f.predicted_step_ms = options.step_ms;
+  f.predicted_speedup = options.step_ms / f.predicted_step_ms;
+  const std::string verdict = Verdict(f);
+
+  nlohmann::json j = {
+      {"optimizer", options.optimizer},
+      {"dtype", options.dtype},
+      {"weight_decay", m.weight_decay},
+      {"momentum", options.momentum},
+      {"nesterov", options.nesterov},
+      {"clip", options.clip ? nlohmann::json(*options.clip) : nlohmann::json(nullptr)},
+      {"num_tensors", m.num_tensors},
+      {"numel", m.numel},
+      {"threads", t.threads},
+      {"target", ActiveTargetName()},
+      {"rounds", options.rounds},
+      {"impl", options.impl.empty() ? nlohmann::json(nullptr) : nlohmann::json(options.impl)},
+      {"already_fused", already_fused},
+      {"step_ms", options.step_ms},
+      {"optimizer_ms", optimizer_ms},
+      {"optimizer_ms_source", source},
+      {"optimizer_share", f.share},
+      {"standard", CountJson(standard)},
+      {"fused", CountJson(fused)},
+      {"measured",
+       {{"fused_ms", t.fused_ms},
+        {"same_traffic_ms", t.same_traffic_ms},
+        {"standard_ms", t.standard_ms ? nlohmann::json(*t.standard_ms) : nlohmann::json(nullptr)},
+        {"ceiling_gb_per_s", f.ceiling_gb_per_s},
+        {"fused_gb_per_s", static_cast<double>(fused.bytes) / (t.fused_ms * 1e6)},
+        {"standard_gb_per_s", f.standard_gb_per_s}}},
+      {"amdahl_bound", f.amdahl_bound},
+      {"predicted_step_ms", f.predicted_step_ms},
+      {"predicted_speedup", f.predicted_speedup},
+      {"predicted_bound_gain_captured",
+       already_fused ? nlohmann::json(nullptr)
+                     : nlohmann::json((f.predicted_speedup - 1.0) / (f.amdahl_bound - 1.0))},
+      {"verdict", verdict}};
+  if (options.trace_fused_step_ms && !already_fused) {
+    j["trace_fused"] = {{"step_ms", *options.trace_fused_step_ms},
+                        {"measured_speedup", options.step_ms / *options.trace_fused_step_ms}};
+  }
+
+  report << "fusedopt doctor: " << options.optimizer << " on " << m.num_tensors << " tensors ("
+         << FormatCount(m.numel) << " params), " << options.dtype << ", " << t.threads
+         << " threads, target " << ActiveTargetName();
+  if (!options.impl.empty()) report << "; traced impl " << options.impl;
+  report << "\n";
+  PrintTable(report, f, source);
+  if (options.impl == "foreach" || options.impl == "torch_fused") {
+    report << "(the counts model the for-loop optimizer; " << options.impl
+           << " makes fewer launches over the same or fewer bytes: its time is the trace's)\n";
+  }
+  report << "step " << Ms(options.step_ms) << " ms, optimizer " << Ms(optimizer_ms) << " ms ("
+         << Fixed(100.0 * f.share, 1) << " %, " << source << "); Amdahl bound "
+         << Fixed(f.amdahl_bound, 3) << "x; predicted step " << Ms(f.predicted_step_ms)
+         << " ms, speedup " << Fixed(f.predicted_speedup, 3) << "x";
+  if (!already_fused) {
+    report << " (" << Fixed(100.0 * j["predicted_bound_gain_captured"].get<double>(), 0)
+           << " % of the bound)";
+  }
+  report << "\n";
+  if (j.contains("trace_fused")) {
+    report << "the trace's fused run: step " << Ms(*options.trace_fused_step_ms)
+           << " ms, measured speedup "
+           << Fixed(j["trace_fused"]["measured_speedup"].get<double>(), 3) << "x\n";
+  }
+  report << "verdict: " << verdict << "\n";
+  return j;
+}
+
+DoctorOptions DoctorOptionsFromTrace(const nlohmann::json& trace) {
+  if (!trace.is_object()) throw std::invalid_argument("trace: not a JSON object");
+  const nlohmann::json& other = Required(trace, "otherData", "trace");
+  const nlohmann::json& events = Required(trace, "traceEvents", "trace");
+  if (!events.is_array()) throw std::invalid_argument("trace: traceEvents is not an array");
+
+  DoctorOptions o;
+  const nlohmann::json& optimizer = Required(other, "optimizer", "otherData");
+  if (!optimizer.is_string())
+    throw std::invalid_argument("trace: otherData.optimizer is not a string");
+  o.optimizer = optimizer.get<std::string>();
+  const nlohmann::json& numels = Required(other, "param_numels", "otherData");
+  if (!numels.is_array() || numels.empty())
+    throw std::invalid_argument("trace: otherData.param_numels is not a non-empty array");
+  for (const nlohmann::json& n : numels) {
+    if (!n.is_number_unsigned())
+      throw std::invalid_argument("trace: otherData.param_numels has a bad entry " + n.dump());
+    o.numels.push_back(n.get<std::size_t>());
+  }
+  // param_dtype is the dtype of the params and their states; dtype is the run's (autocast) one.
+  for (const char* key : {"param_dtype", "dtype"}) {
+    if (other.contains(key) && other[key].is_string()) {
+      o.dtype = other[key].get<std::string>();
+      break;
+    }
+  }
+  o.weight_decay = NumberOr(other, "weight_decay", o.weight_decay);
+  o.momentum = NumberOr(other, "momentum", 0.0);
+  if (other.contains("nesterov") && other["nesterov"].is_boolean())
+    o.nesterov = other["nesterov"].get<bool>();
+  if (other.contains("max_grad_norm") && !other["max_grad_norm"].is_null())
+    o.clip = NumberOr(other, "max_grad_norm", 0.0);
+  o.threads = static_cast<int>(NumberOr(other, "threads", 0.0));
+
+  const std::map<std::string, int> pids = ImplPids(other);
+  for (const char* impl : {"torch", "foreach", "torch_fused", "fused"}) {
+    if (!pids.contains(impl)) continue;
+    o.impl = impl;
+    break;
+  }
+  if (o.impl.empty())
+    throw std::invalid_argument(
+        "trace: otherData.impls names none of torch, foreach, "
+        "torch_fused, fused");
+  const ImplTimes times = TimesOf(events, o.impl, pids.at(o.impl));
+  o.step_ms = times.step_ms;
+  o.optimizer_ms = times.optimizer_ms;
+  o.optimizer_ms_source = "trace";
+  if (o.impl != "fused" && pids.contains("fused"))
+    o.trace_fused_step_ms = TimesOf(events, "fused", pids.at("fused")).step_ms;
+  return o;
+}
+
+}  // namespace fusedopt::bench

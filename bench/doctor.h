@@ -1,0 +1,73 @@
+// `fusedopt doctor`: is the optimizer worth fusing in *this* training run? From the measured step
+// time and the standard optimizer's share of it (given, read from a `--trace`, or timed here), it
+// counts the elementary ops and memory passes a for-loop torch.optim step issues for the model's
+// tensor shapes vs fusedopt's one pass, times the fused step and the bandwidth ceiling
+// (same_traffic) on buffers of exactly those shapes, and predicts the end-to-end speedup with
+// Amdahl's law: the seeds' troubleshooting section made executable. docs/doctor.md has the model.
+#pragma once
+
+#include <cstddef>
+#include <iosfwd>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fusedopt::bench {
+
+struct DoctorOptions {
+  std::string optimizer = "adamw";  // sgd, adam, adamw, rmsprop or adagrad
+  std::vector<std::size_t> numels;  // element count of every parameter tensor, optimizer order
+  std::string dtype = "f32";        // params, grads and states (as torch keeps them)
+  // NaN: torch's default for the optimizer (AdamW 1e-2, the others 0).
+  double weight_decay = std::numeric_limits<double>::quiet_NaN();
+  double momentum = 0.0;       // sgd and rmsprop
+  bool nesterov = false;       // sgd
+  std::optional<double> clip;  // clip_grad_norm_(max_norm) before the step; unset: no clipping
+  double step_ms = 0.0;        // the measured training step (median), > 0
+  // The standard optimizer's time within that step; unset: timed here (bench/standard.cc).
+  std::optional<double> optimizer_ms;
+  int threads = 0;  // 0: OpenMP's default
+  int rounds = 15;
+
+  // Filled by DoctorOptionsFromTrace; the defaults describe numbers typed on the command line.
+  std::string impl;                           // the traced implementation diagnosed; empty: none
+  std::string optimizer_ms_source = "given";  // "given" or "trace" ("measured" when unset)
+  // The same trace's fused run (impl `fused`), when it has one: its median step, for comparison.
+  std::optional<double> trace_fused_step_ms;
+};
+
+// Work of one optimizer step over all tensors.
+struct OpCount {
+  std::size_t ops = 0;  // elementary op launches (kernels), scalar bookkeeping included
+  // Full-tensor memory sweeps: bytes / (total numel × element size), i.e. how many times the step
+  // reads or writes a tensor of the model's size (param r+w = 2 passes).
+  double passes = 0.0;
+  std::size_t bytes = 0;  // bytes read plus bytes written
+};
+
+// torch.optim's single-tensor (for-loop, foreach=False) step in steady state (not the first step),
+// with clip_grad_norm_ before it when options.clip is set. Each op is one launch and moves
+// (distinct tensors read + tensors written) × numel × element size. Throws std::invalid_argument
+// for an unknown optimizer or dtype, no tensors, a zero numel or a clip that is not > 0.
+OpCount CountStandardOps(const DoctorOptions& options);
+
+// fusedopt: one fused pass over all tensors (param r+w, grad read, each state r+w; the bytes
+// `fusedopt bench` reports as bytes_per_param × numel), plus, with clip, the read-only pre-pass
+// over the grads (one more op and one more grad read).
+OpCount CountFusedOps(const DoctorOptions& options);
+
+// Validates the options, times fused, same_traffic (and standard, if optimizer_ms is unset) on
+// buffers of those shapes, interleaved, medians of `rounds`; prints the report (a table and the
+// verdict in plain language) to `report` and progress to `progress`; returns the JSON report.
+// Throws std::invalid_argument naming the field and the value for bad options.
+nlohmann::json Diagnose(const DoctorOptions& options, std::ostream& report, std::ostream& progress);
+
+// Reads a training timeline (docs/trace-format.md). Diagnoses the standard implementation (`torch`,
+// else `foreach`, else `torch_fused`; a run with only `fused` is diagnosed as already fused):
+// step_ms and optimizer_ms are the medians of its non-warm-up `step` spans and of the `optimizer`
+// spans of those steps. Throws std::invalid_argument naming what is missing or malformed.
+DoctorOptions DoctorOptionsFromTrace(const nlohmann::json& trace);
+
+}  // namespace fusedopt::bench

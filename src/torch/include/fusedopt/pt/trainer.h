@@ -1,0 +1,116 @@
+// A few-line training loop over libtorch (MindSpore's Model(net, loss_fn, optimizer).train idea):
+// the Trainer runs forward, backward and the optimizer, and wires in what a real loop needs —
+// gradient accumulation, loss scaling, global-norm clipping, an lr schedule, CPU autocast,
+// checkpoints and a timeline — for a fusedopt::pt optimizer (which does the unscale, overflow check
+// and clip inside its one fused step) or any torch::optim optimizer (torch's own way: a foreach
+// unscale + non-finite check, clip_grad_norm_, then step).
+//
+//   auto model = std::make_shared<Net>();
+//   fusedopt::pt::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+//   fusedopt::pt::Trainer trainer(model, [&](const torch::Tensor& x) { return model->forward(x); },
+//                                 torch::nn::functional::cross_entropy, optimizer,
+//                                 {.max_grad_norm = 1.0, .schedule = fusedopt::WarmupCosine(...)});
+//   trainer.Train(next_batch, /*updates=*/1000, print_progress);
+//
+// One update = accumulation_steps micro-batches (each loss divided by accumulation_steps, so the
+// gradients sum to the mean's gradient, as torch users write it) followed by one optimizer step and
+// zero_grad(). With a LossScaler the backward runs on loss * scale and a step whose gradients hold
+// Inf/NaN is skipped (params and optimizer state untouched), as torch.amp.GradScaler does.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fusedopt/pt/optim.h"
+#include "fusedopt/pt/timeline.h"
+#include "fusedopt/scaler.h"
+#include "fusedopt/schedule.h"
+
+namespace fusedopt::pt {
+
+struct Batch {
+  torch::Tensor input;
+  torch::Tensor target;
+};
+
+struct TrainerOptions {
+  int accumulation_steps = 1;  // micro-batches per optimizer update, >= 1
+  // Clip the global L2 norm of the (unscaled) gradients to this before each update; Inf: never.
+  double max_grad_norm = std::numeric_limits<double>::infinity();
+  // lr (and momentum) of update t, set on every param group before the step (ApplySchedule).
+  std::optional<Schedule> schedule = {};
+  LossScaler* scaler = nullptr;  // loss scaling; must outlive the trainer
+  // Run forward and loss under CPU autocast to this dtype (kBFloat16 or kHalf); params stay f32.
+  std::optional<c10::ScalarType> autocast_dtype = {};
+  // Save a checkpoint (model, optimizer, scaler, update count) every `checkpoint_every` updates.
+  std::string checkpoint_path = {};
+  std::int64_t checkpoint_every = 0;
+  // Record spans (step, data, forward, backward, optimizer, pre_pass, zero_grad, checkpoint) on
+  // this process.
+  Timeline* timeline = nullptr;
+  int timeline_pid = 1;
+};
+
+// What one update took and gave. Times in milliseconds, summed over its micro-batches.
+struct UpdateStats {
+  std::int64_t update = 0;  // 0-based index of this update
+  double loss = 0.0;        // mean loss of its micro-batches (unscaled)
+  bool stepped = false;     // false: skipped (non-finite gradients under loss scaling)
+  // optimizer: unscale / overflow check / clip and the update; zero_grad: releasing the gradients
+  // (torch's set_to_none), the same work for every optimizer, so it is not counted as the
+  // optimizer's. step: all of them, back to back.
+  double data_ms = 0.0, forward_ms = 0.0, backward_ms = 0.0, optimizer_ms = 0.0, zero_grad_ms = 0.0,
+         step_ms = 0.0;
+};
+
+class Trainer {
+ public:
+  using Forward = std::function<torch::Tensor(const torch::Tensor& input)>;
+  using Loss =
+      std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+  using DataSource = std::function<Batch()>;  // the next micro-batch
+
+  // Throws std::invalid_argument naming the option and value for accumulation_steps < 1,
+  // max_grad_norm < 0 or NaN, checkpoint_every < 0 (or > 0 without a path), an autocast dtype
+  // other than bf16/f16, or a null model / forward / loss.
+  Trainer(std::shared_ptr<torch::nn::Module> model, Forward forward, Loss loss,
+          torch::optim::Optimizer& optimizer, TrainerOptions options = {});
+
+  // One update. `warmup` only marks its timeline span (tables and the doctor skip warm-up steps).
+  UpdateStats Step(const DataSource& next, bool warmup = false);
+
+  // `updates` updates; `on_update` (optional) sees each one (progress bars, logging).
+  std::vector<UpdateStats> Train(const DataSource& next, std::int64_t updates,
+                                 const std::function<void(const UpdateStats&)>& on_update = {});
+
+  // Model parameters and buffers, optimizer state, scaler and update count, with torch::save's
+  // archive format. Loading restores them so that training continues bit for bit.
+  void SaveCheckpoint(const std::string& path) const;
+  void LoadCheckpoint(const std::string& path);
+
+  std::int64_t updates() const { return updates_; }
+  // True when the optimizer is a fusedopt::pt one (clipping and unscaling fused into its step).
+  bool fused() const { return fused_ != nullptr; }
+
+ private:
+  double OptimizerStep(bool& stepped);
+
+  std::shared_ptr<torch::nn::Module> model_;
+  Forward forward_;
+  Loss loss_;
+  torch::optim::Optimizer& optimizer_;
+  FusedStepOptions* fused_;  // the optimizer's fused side, or null for torch::optim
+  TrainerOptions options_;
+  std::int64_t updates_ = 0;
+};
+
+}  // namespace fusedopt::pt

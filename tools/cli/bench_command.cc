@@ -1,0 +1,89 @@
+// `fusedopt bench`: fused vs standard (for-loop) vs same_traffic steps, interleaved; with
+// --loss-scale/--clip a training-loop step, plus standard_pipeline.
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "bench/runner.h"
+#include "tools/cli/command.h"
+
+namespace fusedopt::cli {
+
+Command AddBenchCommand(CLI::App& app) {
+  // The parsed values outlive this function: the parser writes into them, run() reads them.
+  struct Values {
+    bench::BenchOptions options;
+    std::string json_path;
+    std::string clip_text;
+  };
+  auto values = std::make_shared<Values>();
+  bench::BenchOptions& options = values->options;
+  CLI::App* parser = app.add_subcommand(
+      "bench",
+      "Time fused, standard (for-loop) and same_traffic steps, interleaved; with --loss-scale or "
+      "--clip, a training-loop step, plus standard_pipeline (GradScaler + clip_grad_norm_ + "
+      "for-loop step as separate passes)");
+  parser
+      ->add_option("--optimizer", options.optimizer,
+                   "sgd (momentum 0.9), adam, adamw, rmsprop or adagrad")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw", "rmsprop", "adagrad"}))
+      ->capture_default_str();
+  auto* shapes =
+      parser->add_option("--shapes", options.shapes, "Real per-tensor shapes of a model")
+          ->check(CLI::IsMember({"mobilenet_v1", "resnet50", "bert_base", "gpt2_small"}));
+  auto* numel = parser->add_option("--numel", options.numel, "One flat tensor of N elements");
+  shapes->excludes(numel);
+  parser
+      ->add_option("--dtype", options.dtype,
+                   "Params and states, and grads unless --grad-dtype: f32, bf16 or f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+  // The values of the options below are checked by RunBench, which names the option and the value.
+  parser->add_option(
+      "--grad-dtype", options.grad_dtype,
+      "Gradients: f32, bf16 or f16 (default: --dtype; params and states keep --dtype)");
+  parser
+      ->add_option("--loss-scale", options.loss_scale,
+                   "none, static (2^16) or dynamic (torch GradScaler policy, from 2^16); not none: "
+                   "gradients hold loss * scale, and the step unscales and skips on overflow")
+      ->capture_default_str();
+  CLI::Option* clip =
+      parser
+          ->add_option(
+              "--clip", values->clip_text,
+              "Clip the global gradient norm to MAX_NORM > 0 (clip_grad_norm_); default off")
+          ->type_name("MAX_NORM");
+  parser->add_option("--threads", options.threads, "Threads (0: OpenMP default)")
+      ->check(CLI::NonNegativeNumber);
+  parser->add_option("--rounds", options.rounds, "Timed rounds (median reported)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  parser->add_option("--warmup", options.warmup, "Untimed rounds first")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  parser->add_option("--json", values->json_path, "Also write the report as JSON to this file");
+
+  return {parser, [values, clip] {
+            bench::BenchOptions& run_options = values->options;
+            try {
+              if (run_options.shapes.empty() && run_options.numel == 0)
+                run_options.shapes = "mobilenet_v1";
+              if (clip->count() > 0) run_options.clip = bench::ParseClip(values->clip_text);
+              const nlohmann::json report = bench::RunBench(run_options, std::cout, std::cerr);
+              if (!values->json_path.empty()) {
+                std::ofstream out(values->json_path);
+                if (!out) throw std::invalid_argument("cannot write " + values->json_path);
+                out << report.dump(2) << "\n";
+                std::cout << "wrote " << values->json_path << "\n";
+              }
+            } catch (const std::exception& e) {
+              std::cerr << "fusedopt bench: " << e.what() << "\n";
+              return 2;
+            }
+            return 0;
+          }};
+}
+
+}  // namespace fusedopt::cli

@@ -1,0 +1,472 @@
+// tools/train/run.h: build the impls, train them in turn, summarize, print.
+
+#include "tools/train/run.h"
+
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <memory>
+#include <numeric>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+
+#include "bench/doctor.h"
+#include "bench/report_util.h"
+#include "fusedopt/pt/optim.h"
+#include "fusedopt/pt/timeline.h"
+#include "fusedopt/runtime.h"
+
+namespace fusedopt::train {
+namespace {
+
+using bench::TrimmedMean;
+
+struct Hyper {
+  double lr, weight_decay, momentum;
+  bool nesterov;
+};
+
+Hyper ResolveHyper(const TrainOptions& o) {
+  struct Default {
+    const char* name;
+    double lr, weight_decay;
+  };
+  static constexpr Default kDefaults[] = {{"adamw", 1e-3, 1e-2},
+                                          {"adam", 1e-3, 0.0},
+                                          {"sgd", 1e-2, 1e-4},
+                                          {"rmsprop", 1e-3, 0.0},
+                                          {"adagrad", 1e-2, 0.0}};
+  for (const Default& d : kDefaults) {
+    if (o.optimizer == d.name) {
+      return {std::isnan(o.lr) ? d.lr : o.lr,
+              std::isnan(o.weight_decay) ? d.weight_decay : o.weight_decay,
+              o.optimizer == "sgd" ? o.momentum : 0.0, o.nesterov};
+    }
+  }
+  throw std::invalid_argument("invalid --optimizer '" + o.optimizer +
+                              "' (adamw, adam, sgd, rmsprop or adagrad)");
+}
+
+// torch::optim's class (impl "torch") or its fusedopt::pt subclass (impl "fused"), same options.
+template <class Torch, class Fused, class Options>
+std::unique_ptr<torch::optim::Optimizer> Make(bool fused, const std::vector<torch::Tensor>& params,
+                                              const Options& options) {
+  if (fused) return std::make_unique<Fused>(params, options);
+  return std::make_unique<Torch>(params, options);
+}
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& name, bool fused,
+                                                       const std::vector<torch::Tensor>& params,
+                                                       const Hyper& h) {
+  namespace o = torch::optim;
+  if (name == "adamw") {
+    return Make<o::AdamW, pt::AdamW>(fused, params,
+                                     o::AdamWOptions(h.lr).weight_decay(h.weight_decay));
+  }
+  if (name == "adam") {
+    return Make<o::Adam, pt::Adam>(fused, params,
+                                   o::AdamOptions(h.lr).weight_decay(h.weight_decay));
+  }
+  if (name == "sgd") {
+    return Make<o::SGD, pt::SGD>(
+        fused, params,
+        o::SGDOptions(h.lr).momentum(h.momentum).weight_decay(h.weight_decay).nesterov(h.nesterov));
+  }
+  if (name == "rmsprop") {
+    return Make<o::RMSprop, pt::RMSprop>(fused, params,
+                                         o::RMSpropOptions(h.lr).weight_decay(h.weight_decay));
+  }
+  return Make<o::Adagrad, pt::Adagrad>(fused, params,
+                                       o::AdagradOptions(h.lr).weight_decay(h.weight_decay));
+}
+
+std::string ClassName(const std::string& optimizer) {
+  if (optimizer == "adamw") return "AdamW";
+  if (optimizer == "adam") return "Adam";
+  if (optimizer == "sgd") return "SGD";
+  if (optimizer == "rmsprop") return "RMSprop";
+  return "Adagrad";
+}
+
+// One implementation: its own model copy, optimizer and trainer, and what its updates took.
+struct Run {
+  std::string impl, label;
+  Model model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<pt::Trainer> trainer;
+  std::int64_t next_batch = 0;
+  std::vector<pt::UpdateStats> timed;
+  std::vector<double> losses;
+};
+
+nlohmann::json Summarize(const Run& run, std::int64_t samples_per_update) {
+  std::vector<double> step, data, forward, backward, optimizer, zero_grad;
+  double total_ms = 0.0;
+  for (const pt::UpdateStats& s : run.timed) {
+    step.push_back(s.step_ms);
+    data.push_back(s.data_ms);
+    forward.push_back(s.forward_ms);
+    backward.push_back(s.backward_ms);
+    optimizer.push_back(s.optimizer_ms);
+    zero_grad.push_back(s.zero_grad_ms);
+    total_ms += s.step_ms;
+  }
+  const double step_ms = TrimmedMean(step);
+  const double optimizer_ms = TrimmedMean(optimizer);
+  return {{"label", run.label},
+          {"samples_per_s", static_cast<double>(samples_per_update) / (step_ms / 1000.0)},
+          {"step_ms", step_ms},
+          {"optimizer_ms", optimizer_ms},
+          {"optimizer_share", optimizer_ms / step_ms},
+          {"total_s", total_ms / 1000.0},
+          {"phases_ms",
+           {{"data", TrimmedMean(data)},
+            {"forward", TrimmedMean(forward)},
+            {"backward", TrimmedMean(backward)},
+            {"optimizer", optimizer_ms},
+            {"zero_grad", TrimmedMean(zero_grad)}}},
+          {"losses", run.losses},
+          {"final_loss", run.losses.empty() ? 0.0 : run.losses.back()}};
+}
+
+void Validate(const TrainOptions& o) {
+  const auto bad = [](const std::string& option, const std::string& value, const std::string& why) {
+    throw std::invalid_argument("invalid " + option + " " + value + " (" + why + ")");
+  };
+  if (o.impls.empty()) bad("--impl", "(none)", "give torch and/or fused");
+  for (const std::string& impl : o.impls) {
+    if (impl != "torch" && impl != "fused") bad("--impl", impl, "torch or fused");
+    if (std::count(o.impls.begin(), o.impls.end(), impl) > 1) bad("--impl", impl, "given twice");
+  }
+  if (o.steps < 1) bad("--steps", std::to_string(o.steps), "must be >= 1");
+  if (o.warmup < 0) bad("--warmup", std::to_string(o.warmup), "must be >= 0");
+  if (o.threads < 0) bad("--threads", std::to_string(o.threads), "must be >= 0");
+  if (o.dtype != "f32" && o.dtype != "bf16") bad("--dtype", o.dtype, "f32 or bf16");
+  if (o.model.image_size < 1)
+    bad("--image-size", std::to_string(o.model.image_size), "must be >= 1");
+  if (o.lr_warmup < 0) bad("--lr-warmup", std::to_string(o.lr_warmup), "must be >= 0");
+  if (!std::isnan(o.lr) && !(o.lr >= 0.0)) bad("--lr", std::to_string(o.lr), "must be >= 0");
+}
+
+// A one-line bar on a terminal; on a pipe, a line every 10 %.
+class Progress {
+ public:
+  Progress(std::ostream& out, bool enabled, int total)
+      : out_(out), enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0), total_(total) {}
+  void Update(int done, const std::vector<Run>& runs) {
+    if (!enabled_) return;
+    if (!tty_ && done != total_ && done % std::max(1, total_ / 10) != 0) return;
+    constexpr int kWidth = 24;
+    const int filled = kWidth * done / total_;
+    std::ostringstream line;
+    line << "[" << std::string(filled, '#') << std::string(kWidth - filled, '.') << "] " << done
+         << "/" << total_;
+    for (const Run& run : runs) {
+      const pt::UpdateStats* last = run.timed.empty() ? nullptr : &run.timed.back();
+      if (last != nullptr) {
+        line << "  " << run.impl << " " << std::fixed << std::setprecision(1) << last->step_ms
+             << " ms/step loss " << std::setprecision(4) << last->loss;
+      }
+    }
+    out_ << (tty_ ? "\r" : "") << line.str() << (tty_ && done != total_ ? "" : "\n") << std::flush;
+  }
+
+ private:
+  std::ostream& out_;
+  bool enabled_, tty_;
+  int total_;
+};
+
+std::string Percent(double fraction) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << 100.0 * fraction << " %";
+  return s.str();
+}
+
+std::string Fixed(double value, int digits) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(digits) << value;
+  return s.str();
+}
+
+// Rows of the seeds' table: metric, then one cell per impl, then the change (fused vs torch).
+std::vector<std::vector<std::string>> TableRows(const nlohmann::json& report) {
+  std::vector<std::string> impls;
+  for (const auto& [impl, _] : report["impls"].items()) impls.push_back(impl);
+  // torch first: the "before" column.
+  std::sort(impls.begin(), impls.end(), [](const std::string& a, const std::string& b) {
+    return (a == "torch") > (b == "torch");
+  });
+  const bool compare = report.contains("speedup");
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> header = {"metric"};
+  for (const std::string& impl : impls) header.push_back(report["impls"][impl]["label"]);
+  if (compare) header.push_back("change");
+  rows.push_back(header);
+  const auto row = [&](const std::string& metric, const std::string& key, int digits, bool percent,
+                       const std::string& change) {
+    std::vector<std::string> r = {metric};
+    for (const std::string& impl : impls) {
+      const double v = report["impls"][impl][key];
+      r.push_back(percent ? Percent(v) : Fixed(v, digits));
+    }
+    if (compare) r.push_back(change);
+    rows.push_back(r);
+  };
+  const auto rel = [&](const std::string& key) {
+    if (!compare) return std::string();
+    const double t = report["impls"]["torch"][key], f = report["impls"]["fused"][key];
+    return (f >= t ? "+" : "") + Percent(f / t - 1.0);
+  };
+  row("throughput (samples/s)", "samples_per_s", 1, false, rel("samples_per_s"));
+  row("step (ms)", "step_ms", 2, false, rel("step_ms"));
+  row("optimizer (ms)", "optimizer_ms", 2, false, rel("optimizer_ms"));
+  std::string share_change;
+  if (compare) {
+    const double t = report["impls"]["torch"]["optimizer_share"];
+    const double f = report["impls"]["fused"]["optimizer_share"];
+    share_change = Fixed(100.0 * (f - t), 1) + " points";
+  }
+  row("optimizer share of the step", "optimizer_share", 1, true, share_change);
+  row("training time (s, " + std::to_string(report["steps"].get<int>()) + " steps)", "total_s", 2,
+      false, rel("total_s"));
+  row("loss after the last step", "final_loss", 4, false, "");
+  if (compare) {
+    // With both impls the columns are: metric, torch, fused, change.
+    const std::vector<std::string> speedup = {"speedup (step time)", "1.000x",
+                                              Fixed(report["speedup"], 3) + "x", ""};
+    rows.push_back(speedup);
+    std::vector<std::string> bound(rows[0].size(), "");
+    bound[0] = "Amdahl bound (optimizer -> 0 ms)";
+    bound.back() = Fixed(report["amdahl_bound"], 3) + "x, " +
+                   Percent(report["bound_gain_captured"]) + " of its gain captured";
+    rows.push_back(bound);
+    rows.push_back({"speedup from the optimizer phase alone", "1.000x",
+                    Fixed(report["phase_speedup"], 3) + "x",
+                    Percent(report["phase_gain_captured"]) + " of the bound's gain"});
+  }
+  return rows;
+}
+
+void PrintTable(const nlohmann::json& report, std::ostream& out) {
+  const std::vector<std::vector<std::string>> rows = TableRows(report);
+  std::vector<std::size_t> width(rows[0].size(), 0);
+  for (const auto& r : rows) {
+    for (std::size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  }
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    for (std::size_t c = 0; c < rows[i].size(); ++c) {
+      out << (c == 0 ? std::left : std::right) << std::setw(static_cast<int>(width[c]))
+          << rows[i][c] << (c + 1 < rows[i].size() ? "  " : "\n");
+    }
+    if (i == 0) {
+      std::size_t total = 0;
+      for (const std::size_t w : width) total += w + 2;
+      out << std::string(total - 2, '-') << "\n";
+    }
+  }
+  out << std::left;
+}
+
+}  // namespace
+
+std::string MarkdownTable(const nlohmann::json& report) {
+  const std::vector<std::vector<std::string>> rows = TableRows(report);
+  std::ostringstream md;
+  md << "**" << report["model"].get<std::string>() << "**, "
+     << report["optimizer"].get<std::string>() << ", batch " << report["batch_size"] << ", "
+     << report["threads"] << " threads, " << report["dtype"].get<std::string>()
+     << ", trimmed means of " << report["steps"] << " steps\n\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    md << "|";
+    for (const std::string& cell : rows[i]) md << " " << cell << " |";
+    md << "\n";
+    if (i == 0) {
+      md << "|---|";
+      for (std::size_t c = 1; c < rows[i].size(); ++c) md << "--:|";
+      md << "\n";
+    }
+  }
+  return md.str();
+}
+
+nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::ostream& progress) {
+  Validate(options);
+  const Hyper hyper = ResolveHyper(options);
+  if (options.threads > 0) {
+    torch::set_num_threads(options.threads);
+    DefaultRuntime().set_num_threads(options.threads);
+  }
+  const int threads = torch::get_num_threads();
+  const Batches batches(options.model, options.data);
+  pt::Timeline timeline;
+  pt::Timeline* const trace = options.trace_path.empty() ? nullptr : &timeline;
+
+  std::vector<Run> runs;
+  for (const std::string& impl : options.impls) {
+    Run run;
+    run.impl = impl;
+    const bool fused = impl == "fused";
+    run.label = (fused ? "fusedopt::pt::" : "torch::optim::") + ClassName(options.optimizer);
+    run.model = MakeModel(options.model, /*seed=*/0);  // the same initialization for every impl
+    run.optimizer = MakeOptimizer(options.optimizer, fused, run.model.module->parameters(), hyper);
+    pt::TrainerOptions trainer_options{.accumulation_steps = options.accumulation_steps,
+                                       .max_grad_norm = options.max_grad_norm};
+    if (options.schedule) {
+      trainer_options.schedule = WarmupCosine(hyper.lr, options.lr_warmup,
+                                              options.warmup + options.steps, hyper.lr * 0.01);
+    }
+    if (options.dtype == "bf16") trainer_options.autocast_dtype = c10::kBFloat16;
+    trainer_options.timeline = trace;
+    trainer_options.timeline_pid = trace != nullptr ? timeline.AddProcess(impl, run.label) : 1;
+    run.trainer = std::make_unique<pt::Trainer>(run.model.module, run.model.forward, run.model.loss,
+                                                *run.optimizer, trainer_options);
+    runs.push_back(std::move(run));
+  }
+
+  const int total = options.warmup + options.steps;
+  Progress bar(progress, options.progress, total);
+  for (int i = 0; i < total; ++i) {
+    // Rotate the order each step: no impl always runs right after the other's memory traffic.
+    for (std::size_t k = 0; k < runs.size(); ++k) {
+      Run& run = runs[(k + static_cast<std::size_t>(i)) % runs.size()];
+      const pt::UpdateStats stats =
+          run.trainer->Step([&] { return batches.Get(run.next_batch++); }, i < options.warmup);
+      if (!std::isfinite(stats.loss)) {
+        throw std::runtime_error(run.impl + " diverged at step " + std::to_string(i) + " (loss " +
+                                 std::to_string(stats.loss) + "); lower --lr");
+      }
+      run.losses.push_back(stats.loss);
+      if (i >= options.warmup) run.timed.push_back(stats);
+    }
+    bar.Update(i + 1, runs);
+  }
+
+  std::vector<std::int64_t> numels;
+  for (const torch::Tensor& p : runs[0].model.module->parameters()) numels.push_back(p.numel());
+  const std::int64_t samples = batches.samples_per_batch() * options.accumulation_steps;
+  nlohmann::json report = {
+      {"model", options.model.name},
+      {"optimizer", options.optimizer},
+      {"data", options.data.data},
+      {"batch_size", options.data.batch_size},
+      {"image_size", options.model.image_size},
+      {"accumulation_steps", options.accumulation_steps},
+      {"steps", options.steps},
+      {"warmup", options.warmup},
+      {"threads", threads},
+      {"dtype", options.dtype},
+      {"lr", hyper.lr},
+      {"weight_decay", hyper.weight_decay},
+      {"momentum", hyper.momentum},
+      {"nesterov", hyper.nesterov},
+      {"max_grad_norm", std::isfinite(options.max_grad_norm) ? nlohmann::json(options.max_grad_norm)
+                                                             : nlohmann::json()},
+      {"num_tensors", numels.size()},
+      {"numel", std::accumulate(numels.begin(), numels.end(), std::int64_t{0})},
+      {"target", ActiveTargetName()}};
+  for (const Run& run : runs) report["impls"][run.impl] = Summarize(run, samples);
+
+  if (report["impls"].contains("torch") && report["impls"].contains("fused")) {
+    const nlohmann::json& t = report["impls"]["torch"];
+    const nlohmann::json& f = report["impls"]["fused"];
+    const double speedup = t["step_ms"].get<double>() / f["step_ms"].get<double>();
+    const double bound =
+        t["step_ms"].get<double>() / (t["step_ms"].get<double>() - t["optimizer_ms"].get<double>());
+    report["speedup"] = speedup;
+    report["amdahl_bound"] = bound;
+    report["bound_gain_captured"] = (speedup - 1.0) / (bound - 1.0);
+    // The step times carry the machine's noise in forward and backward (the same work for both
+    // impls, yet their times differ by `model_ms_spread`); the same ratios from the optimizer
+    // phases alone, the rest of the step held at torch's, are steadier. Both are reported.
+    const double rest = t["step_ms"].get<double>() - t["optimizer_ms"].get<double>();
+    const double phase_speedup =
+        t["step_ms"].get<double>() / (rest + f["optimizer_ms"].get<double>());
+    report["phase_speedup"] = phase_speedup;
+    report["phase_gain_captured"] = (phase_speedup - 1.0) / (bound - 1.0);
+    // The noise floor: how much the same model work's times differ between the impls.
+    const auto model_ms = [](const nlohmann::json& impl) {
+      return impl["phases_ms"]["forward"].get<double>() +
+             impl["phases_ms"]["backward"].get<double>();
+    };
+    report["model_ms_spread"] =
+        std::abs(model_ms(f) - model_ms(t)) / std::min(model_ms(f), model_ms(t));
+    double max_rel = 0.0;
+    const std::vector<double>& lt = runs[0].impl == "torch" ? runs[0].losses : runs[1].losses;
+    const std::vector<double>& lf = runs[0].impl == "torch" ? runs[1].losses : runs[0].losses;
+    for (std::size_t i = 0; i < std::min<std::size_t>(10, lt.size()); ++i) {
+      max_rel = std::max(max_rel, std::abs(lf[i] - lt[i]) / std::abs(lt[i]));
+    }
+    report["max_loss_rel_diff_first10"] = max_rel;
+    if (options.predict) {
+      // What the doctor predicts from the torch run alone (its step and optimizer time), by
+      // timing fusedopt's step on these shapes outside the training loop.
+      bench::DoctorOptions doctor;
+      doctor.optimizer = options.optimizer;
+      doctor.numels.assign(numels.begin(), numels.end());
+      doctor.weight_decay = hyper.weight_decay;
+      doctor.momentum = hyper.momentum;
+      doctor.nesterov = hyper.nesterov;
+      if (std::isfinite(options.max_grad_norm)) doctor.clip = options.max_grad_norm;
+      doctor.step_ms = t["step_ms"];
+      doctor.optimizer_ms = t["optimizer_ms"].get<double>();
+      doctor.threads = threads;
+      if (options.progress) progress << "doctor: timing fusedopt's step on these shapes\n";
+      std::ostringstream ignored;  // its report and progress: the table below says what matters
+      nlohmann::json diagnosis = bench::Diagnose(doctor, ignored, ignored);
+      report["doctor"] = {{"predicted_speedup", diagnosis["predicted_speedup"]},
+                          {"predicted_fused_optimizer_ms", diagnosis["measured"]["fused_ms"]},
+                          {"verdict", diagnosis["verdict"]}};
+      report["doctor_error"] = std::abs(diagnosis["predicted_speedup"].get<double>() - speedup);
+    }
+  }
+
+  out << "\n"
+      << report["model"].get<std::string>() << ", " << options.optimizer << ", batch "
+      << options.data.batch_size << " (" << options.data.data << "), " << threads << " threads, "
+      << options.dtype << ", " << options.steps << " timed steps after " << options.warmup
+      << " warm-up, trimmed means\n";
+  PrintTable(report, out);
+  if (report.contains("doctor")) {
+    out << "doctor's prediction from the torch run: "
+        << Fixed(report["doctor"]["predicted_speedup"], 3) << "x (measured "
+        << Fixed(report["speedup"], 3) << "x)\n";
+  }
+  if (report.contains("max_loss_rel_diff_first10")) {
+    out << "noise floor: forward + backward (the same work) differ by "
+        << Percent(report["model_ms_spread"])
+        << " between the impls; first 10 losses differ by at most " << std::setprecision(2)
+        << std::scientific << report["max_loss_rel_diff_first10"].get<double>() << std::defaultfloat
+        << " (relative)\n";
+  }
+
+  if (trace != nullptr) {
+    nlohmann::json other = {{"model", options.model.name},
+                            {"optimizer", options.optimizer},
+                            {"batch_size", options.data.batch_size},
+                            {"threads", threads},
+                            {"dtype", options.dtype},
+                            {"param_dtype", "f32"},
+                            {"param_numels", numels},
+                            {"lr", hyper.lr},
+                            {"weight_decay", hyper.weight_decay},
+                            {"momentum", hyper.momentum},
+                            {"nesterov", hyper.nesterov},
+                            {"max_grad_norm", report["max_grad_norm"]}};
+    timeline.Write(options.trace_path, other.dump());
+    report["trace"] = options.trace_path;
+  }
+  return report;
+}
+
+}  // namespace fusedopt::train

@@ -1,0 +1,53 @@
+// `fusedopt train`: a real libtorch training loop on one of the models of models.h, with
+// torch::optim (`torch`) or fusedopt::pt (`fused`) optimizers; with several impls (--compare), each
+// trains its own copy of one initialization on the same batches, step by step in turn, so that the
+// machine's noise hits them alike. Reports the seeds' table (throughput, optimizer time and share,
+// training time, speedup, the Amdahl bound), as text, Markdown and JSON, plus a timeline.
+#pragma once
+
+#include <iosfwd>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tools/train/models.h"
+
+namespace fusedopt::train {
+
+struct TrainOptions {
+  ModelConfig model;
+  DataConfig data;
+  std::string optimizer = "adamw";  // adamw, adam, sgd (momentum), rmsprop, adagrad
+  // NaN: the optimizer's default here (adamw 1e-3 / wd 1e-2; sgd 0.01, momentum 0.9, wd 1e-4;
+  // adam 1e-3; rmsprop 1e-3; adagrad 1e-2).
+  double lr = std::numeric_limits<double>::quiet_NaN();
+  double weight_decay = std::numeric_limits<double>::quiet_NaN();
+  double momentum = 0.9;                       // sgd
+  bool nesterov = false;                       // sgd
+  std::vector<std::string> impls = {"fused"};  // torch and/or fused
+  int steps = 30;                              // timed optimizer updates per impl
+  int warmup = 3;                              // untimed updates first
+  int threads = 0;                             // 0: the default (OMP_NUM_THREADS or one per core)
+  std::string dtype = "f32";  // f32, or bf16 (CPU autocast; params and optimizer stay f32)
+  int accumulation_steps = 1;
+  double max_grad_norm = std::numeric_limits<double>::infinity();
+  int lr_warmup = 0;       // > 0: linear warmup over that many updates, then cosine to 0.01 lr
+  bool schedule = false;   // warmup + cosine (lr_warmup, total = warmup + steps)
+  std::string trace_path;  // Chrome trace JSON
+  bool progress = true;    // a progress bar on the progress stream
+  bool predict = true;     // run the doctor on the torch impl's numbers (with torch and fused)
+};
+
+// Trains, prints the table to `out` and progress to `progress`, returns the JSON report:
+// {"model", "optimizer", ..., "impls": {"torch": {"label", "samples_per_s", "step_ms",
+//  "optimizer_ms", "optimizer_share", "total_s", "phases_ms": {...}, "losses": [...]}, "fused":
+//  ...}, and with both impls "speedup", "amdahl_bound", "bound_gain_captured",
+//  "max_loss_rel_diff_first10", "doctor": {...}}. Throws std::invalid_argument naming a bad option
+//  and its value.
+nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::ostream& progress);
+
+// The table as Markdown (for --markdown / the --compare report file).
+std::string MarkdownTable(const nlohmann::json& report);
+
+}  // namespace fusedopt::train

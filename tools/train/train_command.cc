@@ -1,0 +1,160 @@
+// `fusedopt train`: the CLI over tools/train/run.h, writing the report files (JSON, Markdown, PNG
+// chart through tools/train_chart.py in the project's .venv) and the trace.
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "tools/cli/command.h"
+#include "tools/train/run.h"
+
+namespace fusedopt::cli {
+namespace {
+
+void WriteFile(const std::string& path, const std::string& text) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::ofstream file(path);
+  if (!file) throw std::invalid_argument("cannot write " + path);
+  file << text;
+}
+
+std::string Quoted(const std::string& text) {
+  std::string out = "'";
+  for (const char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// The chart is drawn by matplotlib (tools/train_chart.py) in the project's .venv, or in
+// $FOPT_PYTHON; returns false (and says why) when that Python is not there.
+bool DrawChart(const std::string& json_path, const std::string& png_path) {
+  const char* env = std::getenv("FOPT_PYTHON");
+  const std::string python = env != nullptr ? env : FOPT_SOURCE_DIR "/.venv/bin/python";
+  const std::string script = FOPT_SOURCE_DIR "/tools/train_chart.py";
+  if (!std::filesystem::exists(python) || !std::filesystem::exists(script)) {
+    std::cerr << "chart skipped: " << python << " or " << script << " not found\n";
+    return false;
+  }
+  const std::string command =
+      Quoted(python) + " " + Quoted(script) + " " + Quoted(json_path) + " " + Quoted(png_path);
+  if (std::system(command.c_str()) != 0) {
+    std::cerr << "chart failed: " << command << "\n";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Command AddTrainCommand(CLI::App& app) {
+  struct Values {
+    train::TrainOptions options;
+    bool compare = false;
+    std::string impl = "fused";
+    std::string out_dir = "train-results";
+    std::string json_path, markdown_path, chart_path;
+    bool quiet = false;
+  };
+  auto values = std::make_shared<Values>();
+  train::TrainOptions& o = values->options;
+  CLI::App* parser = app.add_subcommand(
+      "train",
+      "Train a model with libtorch and a torch::optim or fusedopt optimizer; --compare runs both "
+      "in turn and prints the seeds' table (throughput, optimizer time and share, speedup, Amdahl "
+      "bound)");
+  parser->add_option("--model", o.model.name, "mobilenet_v1, resnet18 or transformer_small")
+      ->capture_default_str();
+  parser
+      ->add_option("--optimizer", o.optimizer,
+                   "adamw (lr 1e-3, wd 1e-2), sgd (lr 0.01, momentum 0.9, wd 1e-4), adam, "
+                   "rmsprop or adagrad")
+      ->capture_default_str();
+  parser->add_option("--impl", values->impl, "torch (torch::optim) or fused (fusedopt::pt)")
+      ->capture_default_str();
+  parser->add_flag("--compare", values->compare,
+                   "Run torch and fused in turn on copies of one model and the same batches");
+  parser->add_option("--lr", o.lr, "Learning rate (default: per optimizer, above)");
+  parser->add_option("--weight-decay", o.weight_decay, "Weight decay (default: per optimizer)");
+  parser->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  parser->add_flag("--nesterov", o.nesterov, "SGD with Nesterov momentum");
+  parser->add_option("--batch-size", o.data.batch_size, "Samples per micro-batch")
+      ->capture_default_str();
+  parser->add_option("--image-size", o.model.image_size, "Image models: input height and width")
+      ->capture_default_str();
+  parser->add_option("--classes", o.model.num_classes, "Image models: classes (synthetic data)")
+      ->capture_default_str();
+  parser->add_option("--data", o.data.data, "synthetic or digits (scikit-learn's, image models)")
+      ->capture_default_str();
+  o.data.digits_csv = FOPT_DIGITS_CSV;
+  parser->add_option("--digits-csv", o.data.digits_csv, "The digits data as CSV (scripts/build)")
+      ->capture_default_str();
+  parser->add_option("--steps", o.steps, "Timed optimizer updates per impl")->capture_default_str();
+  parser->add_option("--warmup", o.warmup, "Untimed updates first")->capture_default_str();
+  parser->add_option("--threads", o.threads, "Threads for libtorch and fusedopt (0: default)");
+  parser->add_option("--dtype", o.dtype, "f32, or bf16 (CPU autocast for forward)")
+      ->capture_default_str();
+  parser->add_option("--accumulation-steps", o.accumulation_steps, "Micro-batches per update")
+      ->capture_default_str();
+  parser->add_option("--clip", o.max_grad_norm, "Clip the global gradient norm to MAX_NORM")
+      ->type_name("MAX_NORM");
+  parser->add_option("--lr-warmup", o.lr_warmup,
+                     "Warmup + cosine schedule: linear warmup over this many updates, then cosine "
+                     "decay to lr/100 at the last step (0: constant lr)");
+  parser
+      ->add_option("--out", values->out_dir,
+                   "With --compare: the folder for <model>_<optimizer>.json/.md/.png")
+      ->capture_default_str();
+  parser->add_option("--json", values->json_path, "Write the report as JSON here");
+  parser->add_option("--markdown", values->markdown_path, "Write the table as Markdown here");
+  parser->add_option("--chart", values->chart_path, "Draw the per-phase step breakdown (PNG)");
+  parser->add_option("--trace", o.trace_path, "Write a Chrome trace-event timeline (JSON) here");
+  parser->add_flag("--quiet", values->quiet, "No progress bar");
+
+  return {parser, [values] {
+            Values& v = *values;
+            train::TrainOptions& options = v.options;
+            try {
+              options.impls = v.compare ? std::vector<std::string>{"torch", "fused"}
+                                        : std::vector<std::string>{v.impl};
+              options.schedule = options.lr_warmup > 0;
+              options.progress = !v.quiet;
+              const std::string stem =
+                  v.out_dir + "/" + options.model.name + "_" + options.optimizer;
+              if (v.compare) {
+                if (v.json_path.empty()) v.json_path = stem + ".json";
+                if (v.markdown_path.empty()) v.markdown_path = stem + ".md";
+                if (v.chart_path.empty()) v.chart_path = stem + ".png";
+              }
+              if (!options.trace_path.empty()) WriteFile(options.trace_path, "");  // fail early
+              const nlohmann::json report = train::RunTraining(options, std::cout, std::cerr);
+              std::string json_path = v.json_path;
+              if (json_path.empty() && !v.chart_path.empty()) json_path = v.chart_path + ".json";
+              if (!json_path.empty()) {
+                WriteFile(json_path, report.dump(2) + "\n");
+                std::cout << "report: " << json_path << "\n";
+              }
+              if (!v.markdown_path.empty()) {
+                WriteFile(v.markdown_path, train::MarkdownTable(report));
+                std::cout << "table:  " << v.markdown_path << "\n";
+              }
+              if (!v.chart_path.empty() && DrawChart(json_path, v.chart_path)) {
+                std::cout << "chart:  " << v.chart_path << "\n";
+              }
+              if (!options.trace_path.empty()) {
+                std::cout << "trace:  " << options.trace_path
+                          << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
+              }
+            } catch (const std::exception& e) {
+              // libtorch's errors append a C++ backtrace after the first line.
+              const std::string message = e.what();
+              std::cerr << "fusedopt train: " << message.substr(0, message.find('\n')) << "\n";
+              return 2;
+            }
+            return 0;
+          }};
+}
+
+}  // namespace fusedopt::cli

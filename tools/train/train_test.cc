@@ -1,0 +1,334 @@
+// fusedopt train's pieces against torch::optim: short end-to-end runs of every model with both
+// impls (losses fall, and the fused and torch runs' losses agree over the first 10 steps), the
+// trainer's accumulation / clipping / checkpoints, the timeline's trace-event JSON, and bad
+// options.
+
+#include <gtest/gtest.h>
+#include <torch/nn/utils/convert_parameters.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "fusedopt/pt/optim.h"
+#include "fusedopt/pt/trainer.h"
+#include "tools/train/models.h"
+#include "tools/train/run.h"
+
+namespace fusedopt::train {
+namespace {
+
+// Small versions of the three models, so a test step takes milliseconds, in settings where
+// training is not chaotic: Adam's update m / (sqrt(v) + eps) turns last-bit differences of tiny
+// gradients into whole lr-sized steps, and BatchNorm over a few samples then amplifies them, so
+// torch::optim::AdamW (mul_ + add_) and the fused AdamW (lerp, as torch.optim's Python code) part
+// after a few steps at larger lrs on the CNNs. SGD agrees bit for bit.
+TrainOptions Tiny(const std::string& model, const std::string& optimizer) {
+  TrainOptions o;
+  o.model.name = model;
+  o.model.num_classes = 10;
+  o.model.image_size = model == "mobilenet_v1" ? 32 : 16;
+  o.model.vocab = 64;
+  o.model.seq_len = 8;
+  o.model.d_model = 32;
+  o.model.n_layer = 2;
+  o.model.n_head = 2;
+  o.data.batch_size = model == "resnet18" ? 16 : 8;
+  o.data.pool = 2;
+  o.optimizer = optimizer;
+  if (optimizer == "adamw" && model != "transformer_small")
+    o.lr = model == "mobilenet_v1" ? 3e-5 : 1e-4;
+  if (optimizer == "sgd") o.lr = 0.01;
+  o.impls = {"torch", "fused"};
+  o.steps = 12;
+  o.warmup = 0;
+  o.progress = false;
+  o.predict = false;
+  return o;
+}
+
+nlohmann::json RunQuiet(const TrainOptions& options) {
+  std::ostringstream out, progress;
+  return RunTraining(options, out, progress);
+}
+
+class EndToEnd : public testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(EndToEnd, LossFallsAndTheImplsAgree) {
+  const auto& [model, optimizer] = GetParam();
+  const nlohmann::json report = RunQuiet(Tiny(model, optimizer));
+  std::vector<std::vector<double>> losses;
+  for (const char* impl : {"torch", "fused"}) {
+    losses.push_back(report["impls"][impl]["losses"]);
+    ASSERT_EQ(losses.back().size(), 12u);
+    // The pool holds two batches: compare the same batch early and late.
+    EXPECT_LT(losses.back()[10], losses.back()[0]) << impl;
+    EXPECT_LT(losses.back()[11], losses.back()[1]) << impl;
+  }
+  // The first 10 steps within 1e-4; Adam on the BatchNorm CNNs only for the first 3 (see Tiny).
+  const bool chaotic = optimizer == "adamw" && model != "transformer_small";
+  for (std::size_t i = 0; i < (chaotic ? 3u : 10u); ++i) {
+    EXPECT_NEAR(losses[1][i], losses[0][i], 1e-4 * std::abs(losses[0][i])) << "step " << i;
+  }
+  if (!chaotic) {
+    EXPECT_LE(report["max_loss_rel_diff_first10"].get<double>(), 1e-4);
+  }
+  // The report's ratios follow from its own numbers.
+  const double t_step = report["impls"]["torch"]["step_ms"];
+  const double t_opt = report["impls"]["torch"]["optimizer_ms"];
+  const double f_step = report["impls"]["fused"]["step_ms"];
+  EXPECT_DOUBLE_EQ(report["speedup"].get<double>(), t_step / f_step);
+  EXPECT_DOUBLE_EQ(report["amdahl_bound"].get<double>(), t_step / (t_step - t_opt));
+  EXPECT_DOUBLE_EQ(report["bound_gain_captured"].get<double>(),
+                   (t_step / f_step - 1.0) / (t_step / (t_step - t_opt) - 1.0));
+  const double phase_speedup =
+      t_step / (t_step - t_opt + report["impls"]["fused"]["optimizer_ms"].get<double>());
+  EXPECT_DOUBLE_EQ(report["phase_speedup"].get<double>(), phase_speedup);
+  EXPECT_DOUBLE_EQ(report["phase_gain_captured"].get<double>(),
+                   (phase_speedup - 1.0) / (t_step / (t_step - t_opt) - 1.0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EndToEnd,
+                         testing::Combine(testing::Values("mobilenet_v1", "resnet18",
+                                                          "transformer_small"),
+                                          testing::Values("adamw", "sgd")),
+                         [](const auto& test_info) {
+                           return std::get<0>(test_info.param) + "_" + std::get<1>(test_info.param);
+                         });
+
+TEST(Models, ShapesMatchThePythonModels) {
+  // bench/train_models.py builds the same models: tensor counts and sizes at full size.
+  const std::map<std::string, std::pair<std::size_t, std::int64_t>> expected = {
+      {"mobilenet_v1", {83, 4231976}},
+      {"resnet18", {62, 11689512}},
+      {"transformer_small", {101, 1856768}}};
+  for (const auto& [name, counts] : expected) {
+    ModelConfig config;
+    config.name = name;
+    const Model model = MakeModel(config, 0);
+    const std::vector<torch::Tensor> params = model.module->parameters();
+    std::int64_t numel = 0;
+    for (const torch::Tensor& p : params) numel += p.numel();
+    EXPECT_EQ(params.size(), counts.first) << name;
+    EXPECT_EQ(numel, counts.second) << name;
+  }
+  EXPECT_THROW(MakeModel(ModelConfig{.name = "vgg"}, 0), std::invalid_argument);
+}
+
+// ---- The trainer --------------------------------------------------------------------------------
+
+struct Subject {
+  Model model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+};
+
+// The trainer's tests use the transformer (no BatchNorm): well-conditioned and fast.
+Subject MakeSgd(bool fused) {
+  ModelConfig config = Tiny("transformer_small", "sgd").model;
+  Subject s{MakeModel(config, 0), nullptr};
+  const auto options = torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4);
+  if (fused) {
+    s.optimizer = std::make_unique<pt::SGD>(s.model.module->parameters(), options);
+  } else {
+    s.optimizer = std::make_unique<torch::optim::SGD>(s.model.module->parameters(), options);
+  }
+  return s;
+}
+
+torch::Tensor Flat(const Model& model) {
+  return torch::nn::utils::parameters_to_vector(model.module->parameters());
+}
+
+TEST(Trainer, AccumulationScheduleAndClipMatchTorch) {
+  const TrainOptions tiny = Tiny("transformer_small", "sgd");
+  const Batches batches(tiny.model, tiny.data);
+  std::vector<torch::Tensor> finals;
+  for (const bool fused : {false, true}) {
+    Subject s = MakeSgd(fused);
+    pt::Trainer trainer(s.model.module, s.model.forward, s.model.loss, *s.optimizer,
+                        {.accumulation_steps = 2,
+                         .max_grad_norm = 0.5,
+                         .schedule = WarmupCosine(0.05, 2, 6, 0.001)});
+    EXPECT_EQ(trainer.fused(), fused);
+    std::int64_t next = 0;
+    const auto stats = trainer.Train([&] { return batches.Get(next++); }, 6);
+    EXPECT_EQ(next, 12);  // two micro-batches per update
+    EXPECT_EQ(trainer.updates(), 6);
+    for (const pt::UpdateStats& u : stats) EXPECT_TRUE(u.stepped);
+    // The schedule set the lr of the last update (t = 5).
+    EXPECT_DOUBLE_EQ(s.optimizer->param_groups()[0].options().get_lr(),
+                     WarmupCosine(0.05, 2, 6, 0.001).Lr(5));
+    finals.push_back(Flat(s.model));
+  }
+  // Clipping folded into the fused step vs torch's clip_grad_norm_: the same up to rounding.
+  EXPECT_TRUE(torch::allclose(finals[0], finals[1], 1e-5, 1e-6))
+      << (finals[0] - finals[1]).abs().max().item<double>();
+}
+
+TEST(Trainer, LossScalingSkipsOverflowingSteps) {
+  const TrainOptions tiny = Tiny("transformer_small", "sgd");
+  const Batches batches(tiny.model, tiny.data);
+  for (const bool fused : {false, true}) {
+    Subject s = MakeSgd(fused);
+    // A loss whose scaled gradients overflow (1e30 * 1e10 > f32's max): the update is skipped,
+    // nothing changes, and the scale backs off; the next, unscaled-down update then succeeds.
+    LossScaler scaler(LossScalerOptions{.init_scale = 1e10});
+    bool huge = true;
+    const auto loss = [&](const torch::Tensor& out, const torch::Tensor& target) {
+      return s.model.loss(out, target) * (huge ? 1e30 : 1.0);
+    };
+    pt::Trainer trainer(s.model.module, s.model.forward, loss, *s.optimizer, {.scaler = &scaler});
+    const torch::Tensor before = Flat(s.model).clone();
+    std::int64_t next = 0;
+    const pt::UpdateStats first = trainer.Step([&] { return batches.Get(next++); });
+    EXPECT_FALSE(first.stepped) << fused;
+    EXPECT_TRUE(torch::equal(before, Flat(s.model))) << fused;
+    EXPECT_FLOAT_EQ(scaler.scale(), 5e9f) << fused;
+    huge = false;
+    EXPECT_TRUE(trainer.Step([&] { return batches.Get(next++); }).stepped) << fused;
+    EXPECT_FALSE(torch::equal(before, Flat(s.model))) << fused;
+  }
+}
+
+TEST(Trainer, CheckpointResumesBitExactly) {
+  const TrainOptions tiny = Tiny("transformer_small", "sgd");
+  const Batches batches(tiny.model, tiny.data);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "fusedopt_trainer_test.pt").string();
+  // Uninterrupted: 5 updates.
+  Subject a = MakeSgd(true);
+  pt::Trainer ta(a.model.module, a.model.forward, a.model.loss, *a.optimizer);
+  std::int64_t next_a = 0;
+  ta.Train([&] { return batches.Get(next_a++); }, 5);
+  // Interrupted: 3 updates, checkpoint, a fresh model and optimizer, load, 2 more.
+  Subject b = MakeSgd(true);
+  pt::Trainer tb(b.model.module, b.model.forward, b.model.loss, *b.optimizer,
+                 {.checkpoint_path = path, .checkpoint_every = 3});
+  std::int64_t next_b = 0;
+  tb.Train([&] { return batches.Get(next_b++); }, 3);
+  ASSERT_TRUE(std::filesystem::exists(path));
+  Subject c = MakeSgd(true);
+  pt::Trainer tc(c.model.module, c.model.forward, c.model.loss, *c.optimizer);
+  tc.LoadCheckpoint(path);
+  EXPECT_EQ(tc.updates(), 3);
+  tc.Train([&] { return batches.Get(next_b++); }, 2);
+  EXPECT_TRUE(torch::equal(Flat(a.model), Flat(c.model)));
+  const auto buffers_a = a.model.module->named_buffers();
+  const auto buffers_c = c.model.module->named_buffers();
+  for (const auto& item : buffers_a) {
+    EXPECT_TRUE(torch::equal(item.value(), buffers_c[item.key()])) << item.key();
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(Trainer, RejectsBadOptions) {
+  Subject s = MakeSgd(true);
+  const auto make = [&](const pt::TrainerOptions& o) {
+    pt::Trainer t(s.model.module, s.model.forward, s.model.loss, *s.optimizer, o);
+  };
+  const auto expect_named = [&](const pt::TrainerOptions& o, const std::string& name) {
+    try {
+      make(o);
+      ADD_FAILURE() << "expected an error naming " << name;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  };
+  expect_named({.accumulation_steps = 0}, "accumulation_steps 0");
+  expect_named({.max_grad_norm = -1.0}, "max_grad_norm -1");
+  expect_named({.checkpoint_every = 2}, "checkpoint_every 2");
+  expect_named({.autocast_dtype = c10::kDouble}, "autocast_dtype Double");
+}
+
+// ---- The timeline -------------------------------------------------------------------------------
+
+TEST(Timeline, TraceIsValidTraceEventJson) {
+  TrainOptions o = Tiny("mobilenet_v1", "adamw");
+  o.steps = 3;
+  o.warmup = 1;
+  o.max_grad_norm = 1.0;  // the fused impl then runs its pre-pass
+  o.trace_path = (std::filesystem::temp_directory_path() / "fusedopt_trace_test.json").string();
+  RunQuiet(o);
+  std::ifstream file(o.trace_path);
+  const nlohmann::json trace = nlohmann::json::parse(file);  // throws if not valid JSON
+  std::filesystem::remove(o.trace_path);
+
+  const nlohmann::json& other = trace["otherData"];
+  EXPECT_EQ(other["fusedopt_trace"], 1);
+  EXPECT_EQ(other["model"], "mobilenet_v1");
+  EXPECT_EQ(other["optimizer"], "adamw");
+  EXPECT_EQ(other["max_grad_norm"], 1.0);
+  EXPECT_EQ(other["param_numels"].size(), 83u);
+  EXPECT_EQ(other["impls"]["1"], "torch");
+  EXPECT_EQ(other["impls"]["2"], "fused");
+
+  std::map<int, std::set<std::string>> names;           // pid -> span names
+  std::map<std::pair<int, int>, nlohmann::json> steps;  // (pid, step) -> its step span
+  int process_names = 0;
+  for (const nlohmann::json& e : trace["traceEvents"]) {
+    if (e["ph"] == "M") {
+      EXPECT_EQ(e["name"], "process_name");
+      ++process_names;
+      continue;
+    }
+    ASSERT_EQ(e["ph"], "X");
+    for (const char* key : {"name", "ts", "dur", "pid", "tid", "args"})
+      ASSERT_TRUE(e.contains(key)) << key;
+    EXPECT_GE(e["dur"].get<double>(), 0.0);
+    names[e["pid"]].insert(e["name"]);
+    if (e["name"] == "step") steps[{e["pid"], e["args"]["step"]}] = e;
+  }
+  EXPECT_EQ(process_names, 2);
+  const std::set<std::string> phases = {"step",     "data",      "forward",
+                                        "backward", "optimizer", "zero_grad"};
+  std::set<std::string> fused_phases = phases;
+  fused_phases.insert("pre_pass");
+  EXPECT_EQ(names[1], phases);
+  EXPECT_EQ(names[2], fused_phases);
+  ASSERT_EQ(steps.size(), 8u);  // 2 impls x 4 steps
+  for (const auto& [key, span] : steps) EXPECT_EQ(span["args"]["warmup"], key.second == 0);
+  // Every phase lies inside its step's span.
+  for (const nlohmann::json& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || e["name"] == "step") continue;
+    const nlohmann::json& step = steps[{e["pid"], e["args"]["step"]}];
+    const double begin = step["ts"], end = begin + step["dur"].get<double>();
+    EXPECT_GE(e["ts"].get<double>(), begin - 1e-3) << e.dump();
+    EXPECT_LE(e["ts"].get<double>() + e["dur"].get<double>(), end + 1e-3) << e.dump();
+  }
+}
+
+// ---- Options ------------------------------------------------------------------------------------
+
+TEST(RunTraining, RejectsBadOptionsByName) {
+  const auto expect_named = [](TrainOptions o, const std::string& text) {
+    try {
+      RunQuiet(o);
+      ADD_FAILURE() << "expected an error naming " << text;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  TrainOptions o = Tiny("mobilenet_v1", "adamw");
+  o.impls = {"jax"};
+  expect_named(o, "--impl jax");
+  o = Tiny("mobilenet_v1", "lamb");
+  expect_named(o, "--optimizer 'lamb'");
+  o = Tiny("mobilenet_v1", "adamw");
+  o.steps = 0;
+  expect_named(o, "--steps 0");
+  o = Tiny("mobilenet_v1", "adamw");
+  o.dtype = "f64";
+  expect_named(o, "--dtype f64");
+  o = Tiny("mobilenet_v1", "adamw");
+  o.model.name = "vgg";
+  expect_named(o, "unknown model 'vgg'");
+}
+
+}  // namespace
+}  // namespace fusedopt::train
