@@ -289,12 +289,6 @@ void CheckStepOptions(const DoctorOptions& o) {
   if (o.rounds < 1) Bad("rounds", "--rounds", "must be >= 1, got " + std::to_string(o.rounds));
 }
 
-std::string Fixed(double v, int digits) {
-  std::ostringstream out;
-  out << std::fixed << std::setprecision(digits) << v;
-  return out.str();
-}
-
 // A duration in ms with enough digits to be read: 2 decimals from 1 ms, 3 significant digits below.
 std::string Ms(double ms) {
   if (ms >= 1.0) return Fixed(ms, 2);

@@ -3,6 +3,8 @@
 #include "bench/report_util.h"
 
 #include <algorithm>
+#include <iomanip>
+#include <sstream>
 
 #include "fusedopt/dtype.h"
 
@@ -22,6 +24,12 @@ double TrimmedMean(std::vector<double> values, double trim) {
   double sum = 0.0;
   for (std::size_t i = drop; i < values.size() - drop; ++i) sum += values[i];
   return sum / static_cast<double>(values.size() - 2 * drop);
+}
+
+std::string Fixed(double value, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << value;
+  return out.str();
 }
 
 std::string FormatCount(std::size_t n) {

@@ -19,6 +19,9 @@ double Median(std::vector<double> values);
 // step's), which the training tables need. 0 for no values.
 double TrimmedMean(std::vector<double> values, double trim = 0.1);
 
+// `value` with `digits` decimals: Fixed(1.23456, 2) == "1.23".
+std::string Fixed(double value, int digits);
+
 // 4231976 -> "4,231,976".
 std::string FormatCount(std::size_t n);
 

@@ -322,18 +322,12 @@ class Trainer:
         window (an update, or a step skipped by the loss scaler) and whether to zero the grads now."""
         opt, scaler = self.optimizer, self.scaler
         boundary = (self.step + 1) % self.accumulation_steps == 0
-        if self.fused:
-            # Every micro-batch goes through step(): it accumulates, and updates at the boundary.
-            # The scaler updates per micro-batch too: an overflow skips the window and backs off at once.
+        # A fused optimizer goes through step() on every micro-batch: it accumulates, and updates at
+        # the boundary; its scaler updates per micro-batch too (an overflow skips the window and backs
+        # off at once). Other optimizers step at the boundary, after torch's unscale_ + clip_grad_norm_.
+        if self.fused or boundary:
             self._apply_schedule()
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
-        elif boundary:
-            self._apply_schedule()
-            if self.max_grad_norm is not None:
+            if not self.fused and self.max_grad_norm is not None:
                 if scaler is not None:
                     scaler.unscale_(opt)
                 torch.nn.utils.clip_grad_norm_(self._params(), self.max_grad_norm, foreach=self._clip_foreach)

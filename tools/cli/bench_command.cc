@@ -1,7 +1,6 @@
 // `fusedopt bench`: fused vs standard (for-loop) vs same_traffic steps, interleaved; with
 // --loss-scale/--clip a training-loop step, plus standard_pipeline.
 
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -73,9 +72,7 @@ Command AddBenchCommand(CLI::App& app) {
               if (clip->count() > 0) run_options.clip = bench::ParseClip(values->clip_text);
               const nlohmann::json report = bench::RunBench(run_options, std::cout, std::cerr);
               if (!values->json_path.empty()) {
-                std::ofstream out(values->json_path);
-                if (!out) throw std::invalid_argument("cannot write " + values->json_path);
-                out << report.dump(2) << "\n";
+                WriteTextFile(values->json_path, report.dump(2) + "\n");
                 std::cout << "wrote " << values->json_path << "\n";
               }
             } catch (const std::exception& e) {

@@ -3,7 +3,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <stdexcept>
+#include <string>
 
 namespace fusedopt::cli {
 
@@ -12,6 +16,15 @@ struct Command {
   // Runs after a successful parse when this subcommand was given; returns the exit status.
   std::function<int()> run;
 };
+
+// Writes a report file, creating its folder; throws std::invalid_argument naming the path.
+inline void WriteTextFile(const std::string& path, const std::string& text) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::ofstream file(path);
+  if (!file) throw std::invalid_argument("cannot write " + path);
+  file << text;
+}
 
 Command AddBenchCommand(CLI::App& app);
 Command AddDoctorCommand(CLI::App& app);

@@ -139,9 +139,7 @@ Command AddDoctorCommand(CLI::App& app) {
               const bench::DoctorOptions resolved = Resolve(*values, given);
               const nlohmann::json report = bench::Diagnose(resolved, std::cout, std::cerr);
               if (!values->json_path.empty()) {
-                std::ofstream out(values->json_path);
-                if (!out) throw std::invalid_argument("--json: cannot write " + values->json_path);
-                out << report.dump(2) << "\n";
+                WriteTextFile(values->json_path, report.dump(2) + "\n");
                 std::cout << "wrote " << values->json_path << "\n";
               }
             } catch (const std::exception& e) {

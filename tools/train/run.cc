@@ -29,6 +29,7 @@
 namespace fusedopt::train {
 namespace {
 
+using bench::Fixed;
 using bench::TrimmedMean;
 
 struct Hyper {
@@ -190,12 +191,6 @@ class Progress {
 std::string Percent(double fraction) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(1) << 100.0 * fraction << " %";
-  return s.str();
-}
-
-std::string Fixed(double value, int digits) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(digits) << value;
   return s.str();
 }
 

@@ -3,7 +3,6 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -13,14 +12,6 @@
 
 namespace fusedopt::cli {
 namespace {
-
-void WriteFile(const std::string& path, const std::string& text) {
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
-  std::ofstream file(path);
-  if (!file) throw std::invalid_argument("cannot write " + path);
-  file << text;
-}
 
 std::string Quoted(const std::string& text) {
   std::string out = "'";
@@ -128,16 +119,16 @@ Command AddTrainCommand(CLI::App& app) {
                 if (v.markdown_path.empty()) v.markdown_path = stem + ".md";
                 if (v.chart_path.empty()) v.chart_path = stem + ".png";
               }
-              if (!options.trace_path.empty()) WriteFile(options.trace_path, "");  // fail early
+              if (!options.trace_path.empty()) WriteTextFile(options.trace_path, "");  // fail early
               const nlohmann::json report = train::RunTraining(options, std::cout, std::cerr);
               std::string json_path = v.json_path;
               if (json_path.empty() && !v.chart_path.empty()) json_path = v.chart_path + ".json";
               if (!json_path.empty()) {
-                WriteFile(json_path, report.dump(2) + "\n");
+                WriteTextFile(json_path, report.dump(2) + "\n");
                 std::cout << "report: " << json_path << "\n";
               }
               if (!v.markdown_path.empty()) {
-                WriteFile(v.markdown_path, train::MarkdownTable(report));
+                WriteTextFile(v.markdown_path, train::MarkdownTable(report));
                 std::cout << "table:  " << v.markdown_path << "\n";
               }
               if (!v.chart_path.empty() && DrawChart(json_path, v.chart_path)) {
