@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -21,16 +22,10 @@
 #include "bench/standard.h"
 #include "fusedopt/dtype.h"
 #include "fusedopt/optimizer.h"
+#include "fusedopt/runtime.h"
 
 namespace fusedopt::bench {
 namespace {
-
-// Shortest round-trip text of a number, for error messages ("1e-05", "0.25").
-std::string Num(double v) {
-  std::ostringstream out;
-  out << v;
-  return out.str();
-}
 
 [[noreturn]] void Bad(const std::string& field, const std::string& option,
                       const std::string& what) {
@@ -59,6 +54,9 @@ double EffectiveWeightDecay(const DoctorOptions& o, Algorithm a) {
   return a == Algorithm::kAdamW ? 1e-2 : 0.0;
 }
 
+// Where DoctorOptions::numels come from, for messages.
+constexpr const char* kNumelsSource = "--numels, --shapes or the trace's otherData.param_numels";
+
 // Everything the op counts depend on, checked once (the arguments torch.optim itself rejects are
 // rejected here too, naming the field and the value).
 struct Model {
@@ -83,12 +81,12 @@ Model CheckedModel(const DoctorOptions& o) {
     Bad("nesterov", "--nesterov", "needs --optimizer sgd and --momentum > 0 (as torch.optim.SGD)");
   if (o.clip && (!std::isfinite(*o.clip) || !(*o.clip > 0.0)))
     Bad("clip", "--clip", "invalid max norm '" + Num(*o.clip) + "' (a finite number > 0)");
-  if (o.numels.empty()) Bad("numels", "--numels/--shapes/--trace", "no parameter tensors given");
+  if (o.numels.empty()) Bad("numels", kNumelsSource, "no parameter tensors given");
   std::size_t numel = 0;
   for (std::size_t i = 0; i < o.numels.size(); ++i) {
     if (o.numels[i] == 0)
-      Bad("numels", "--numels", "tensor " + std::to_string(i) + " has 0 elements");
-    numel += o.numels[i];
+      Bad("numels", kNumelsSource, "tensor " + std::to_string(i) + " has 0 elements");
+    numel = CheckedAdd(numel, o.numels[i], "numels (" + std::string(kNumelsSource) + "): the sum");
   }
   return {a, dtype, wd, o.numels.size(), numel};
 }
@@ -161,7 +159,9 @@ constexpr std::size_t kClipScalarOps = 3;
 constexpr int kClipPassesPerElement = 3;
 
 OpCount MakeCount(std::size_t ops, std::size_t passes_per_element, const Model& m) {
-  const std::size_t bytes = passes_per_element * m.numel * DTypeSize(m.dtype);
+  const std::size_t bytes =
+      CheckedMul(CheckedMul(passes_per_element, m.numel, "numels (bytes moved)"),
+                 DTypeSize(m.dtype), "numels (bytes moved)");
   return {ops, static_cast<double>(passes_per_element), bytes};
 }
 
@@ -274,6 +274,16 @@ Timings Measure(const Model& m, const DoctorOptions& o, bool time_standard,
   return out;
 }
 
+// The buffers Measure allocates (param, grad and each state per element) fit in memory: checked
+// before allocating, since the sizes come from the command line or a trace.
+void CheckBuffersFit(const Model& m, const DoctorOptions& o) {
+  const int states = std::popcount(BenchRequiredStates(m.algorithm, MakeHyper(m, o)));
+  const std::string what = "numels (" + std::string(kNumelsSource) +
+                           "): " + std::to_string(m.numel) + " elements of " + o.dtype;
+  const std::size_t per_element = (2 + static_cast<std::size_t>(states)) * DTypeSize(m.dtype);
+  CheckFitsInMemory(CheckedMul(m.numel, per_element, what), what);
+}
+
 void CheckStepOptions(const DoctorOptions& o) {
   if (!std::isfinite(o.step_ms) || !(o.step_ms > 0.0))
     Bad("step_ms", "--step-ms", "must be a finite number > 0, got " + Num(o.step_ms));
@@ -285,7 +295,10 @@ void CheckStepOptions(const DoctorOptions& o) {
       Bad("optimizer_ms", "--optimizer-ms",
           "must be less than step_ms " + Num(o.step_ms) + ", got " + Num(*o.optimizer_ms));
   }
-  if (o.threads < 0) Bad("threads", "--threads", "must be >= 0, got " + std::to_string(o.threads));
+  if (o.threads < 0 || o.threads > kMaxThreads) {
+    Bad("threads", "--threads",
+        "must be 0.." + std::to_string(kMaxThreads) + ", got " + std::to_string(o.threads));
+  }
   if (o.rounds < 1) Bad("rounds", "--rounds", "must be >= 1, got " + std::to_string(o.rounds));
 }
 
@@ -403,17 +416,23 @@ std::optional<double> TypicalSpanMs(const nlohmann::json& events, int pid, const
   std::vector<double> ms;
   for (const nlohmann::json& e : events) {
     if (!e.is_object() || e.value("ph", "") != "X" || e.value("name", "") != name) continue;
-    if (!e.contains("pid") || !e["pid"].is_number() || e["pid"].get<int>() != pid) continue;
+    if (!e.contains("pid") || !e["pid"].is_number_integer() || e["pid"].get<std::int64_t>() != pid)
+      continue;
+    const std::string event = "trace: a '" + name + "' event of pid " + std::to_string(pid);
     const nlohmann::json args = e.value("args", nlohmann::json::object());
-    if (!e.contains("dur") || !e["dur"].is_number()) {
-      throw std::invalid_argument("trace: a '" + name + "' event of pid " + std::to_string(pid) +
-                                  " has no numeric dur");
-    }
+    if (!args.is_object()) throw std::invalid_argument(event + " has args that are not an object");
+    if (!e.contains("dur") || !e["dur"].is_number())
+      throw std::invalid_argument(event + " has no numeric dur");
+    if (!(e["dur"].get<double>() >= 0.0))
+      throw std::invalid_argument(event + " has a negative dur " + e["dur"].dump());
+    if (args.contains("warmup") && !args["warmup"].is_boolean())
+      throw std::invalid_argument(event + " has args.warmup " + args["warmup"].dump() +
+                                  ", not true or false");
     const std::int64_t step = args.contains("step") && args["step"].is_number_integer()
                                   ? args["step"].get<std::int64_t>()
                                   : -1;
     if (collect) {
-      if (args.value("warmup", false)) continue;
+      if (args.contains("warmup") && args["warmup"].get<bool>()) continue;
       steps.insert(step);
     } else if (!steps.contains(step)) {
       continue;
@@ -448,11 +467,11 @@ std::map<std::string, int> ImplPids(const nlohmann::json& other) {
   for (const auto& [pid, name] : impls.items()) {
     if (!name.is_string())
       throw std::invalid_argument("trace: otherData.impls." + pid + " is not a name");
-    try {
-      pids[name.get<std::string>()] = std::stoi(pid);
-    } catch (const std::exception&) {
+    int value = 0;
+    const auto [end, error] = std::from_chars(pid.data(), pid.data() + pid.size(), value);
+    if (error != std::errc() || end != pid.data() + pid.size())
       throw std::invalid_argument("trace: otherData.impls has a non-numeric pid '" + pid + "'");
-    }
+    pids[name.get<std::string>()] = value;
   }
   return pids;
 }
@@ -507,6 +526,7 @@ nlohmann::json Diagnose(const DoctorOptions& options, std::ostream& report,
                         std::ostream& progress) {
   const Model m = CheckedModel(options);
   CheckStepOptions(options);
+  CheckBuffersFit(m, options);
   const bool already_fused = options.impl == "fused";
   const OpCount standard = CountStandardOps(options);
   const OpCount fused = CountFusedOps(options);
@@ -584,7 +604,7 @@ nlohmann::json Diagnose(const DoctorOptions& options, std::ostream& report,
 
   report << "fusedopt doctor: " << options.optimizer << " on " << m.num_tensors << " tensors ("
          << FormatCount(m.numel) << " params), " << options.dtype << ", " << t.threads
-         << " threads, target " << ActiveTargetName();
+         << " threads, target " << TargetDescription(ActiveTargetName());
   if (!options.impl.empty()) report << "; traced impl " << options.impl;
   report << "\n";
   PrintTable(report, f, source);
@@ -616,6 +636,13 @@ DoctorOptions DoctorOptionsFromTrace(const nlohmann::json& trace) {
   const nlohmann::json& events = Required(trace, "traceEvents", "trace");
   if (!events.is_array()) throw std::invalid_argument("trace: traceEvents is not an array");
 
+  // The one format version this reader knows (docs/trace-format.md): a later one may mean
+  // something else by the same fields.
+  const nlohmann::json& version = Required(other, "fusedopt_trace", "otherData");
+  if (version != 1) {
+    throw std::invalid_argument("trace: otherData.fusedopt_trace is " + version.dump() +
+                                ", a format version this doctor does not read (it reads 1)");
+  }
   DoctorOptions o;
   const nlohmann::json& optimizer = Required(other, "optimizer", "otherData");
   if (!optimizer.is_string())
@@ -624,25 +651,44 @@ DoctorOptions DoctorOptionsFromTrace(const nlohmann::json& trace) {
   const nlohmann::json& numels = Required(other, "param_numels", "otherData");
   if (!numels.is_array() || numels.empty())
     throw std::invalid_argument("trace: otherData.param_numels is not a non-empty array");
+  std::size_t total = 0;
   for (const nlohmann::json& n : numels) {
-    if (!n.is_number_unsigned())
-      throw std::invalid_argument("trace: otherData.param_numels has a bad entry " + n.dump());
+    if (!n.is_number_unsigned() || n.get<std::size_t>() == 0) {
+      throw std::invalid_argument("trace: otherData.param_numels has a bad entry " + n.dump() +
+                                  " (element counts are whole numbers > 0)");
+    }
     o.numels.push_back(n.get<std::size_t>());
+    total = CheckedAdd(total, o.numels.back(), "trace: otherData.param_numels: the sum");
   }
   // param_dtype is the dtype of the params and their states; dtype is the run's (autocast) one.
+  // The first given wins; each given one must be a name (CheckedDType checks which).
+  bool dtype_given = false;
   for (const char* key : {"param_dtype", "dtype"}) {
-    if (other.contains(key) && other[key].is_string()) {
-      o.dtype = other[key].get<std::string>();
-      break;
+    if (!other.contains(key) || other[key].is_null()) continue;
+    if (!other[key].is_string()) {
+      throw std::invalid_argument("trace: otherData." + std::string(key) +
+                                  " is not a string: " + other[key].dump());
     }
+    if (!dtype_given) o.dtype = other[key].get<std::string>();
+    dtype_given = true;
   }
   o.weight_decay = NumberOr(other, "weight_decay", o.weight_decay);
   o.momentum = NumberOr(other, "momentum", 0.0);
-  if (other.contains("nesterov") && other["nesterov"].is_boolean())
+  if (other.contains("nesterov") && !other["nesterov"].is_null()) {
+    if (!other["nesterov"].is_boolean()) {
+      throw std::invalid_argument("trace: otherData.nesterov is not true or false: " +
+                                  other["nesterov"].dump());
+    }
     o.nesterov = other["nesterov"].get<bool>();
+  }
   if (other.contains("max_grad_norm") && !other["max_grad_norm"].is_null())
     o.clip = NumberOr(other, "max_grad_norm", 0.0);
-  o.threads = static_cast<int>(NumberOr(other, "threads", 0.0));
+  const double threads = NumberOr(other, "threads", 0.0);
+  if (!(threads >= 0.0 && threads <= kMaxThreads && threads == std::floor(threads))) {
+    throw std::invalid_argument("trace: otherData.threads must be a whole number in 0.." +
+                                std::to_string(kMaxThreads) + ", got " + Num(threads));
+  }
+  o.threads = static_cast<int>(threads);
 
   const std::map<std::string, int> pids = ImplPids(other);
   for (const char* impl : {"torch", "foreach", "torch_fused", "fused"}) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -318,6 +319,59 @@ TEST(DoctorBadInput, NamesTheFieldAndValue) {
   o = Tiny("adamw");
   o.clip = -1.0;
   ExpectInvalid([&] { CountStandardOps(o); }, {"clip", "-1"});
+}
+
+// Every otherData field the doctor reads is validated: a wrong type, an impossible value or an
+// unknown format version is an error naming the field and the value, never silently used or
+// ignored (issue #11, items 1 and 10).
+TEST(DoctorTrace, RejectsNonsenseFields) {
+  const auto with = [](const std::string& key, const nlohmann::json& value) {
+    nlohmann::json trace = TinyTrace();
+    trace["otherData"][key] = value;
+    return trace;
+  };
+  ExpectInvalid([&] { DoctorOptionsFromTrace(with("fusedopt_trace", 99)); },
+                {"fusedopt_trace", "99"});
+  ExpectInvalid([&] { DoctorOptionsFromTrace(with("fusedopt_trace", "1")); }, {"fusedopt_trace"});
+  ExpectInvalid([&] { DoctorOptionsFromTrace(with("threads", 1e9)); }, {"threads", "1e+09"});
+  ExpectInvalid([&] { DoctorOptionsFromTrace(with("threads", -1)); }, {"threads", "-1"});
+  ExpectInvalid([&] { DoctorOptionsFromTrace(with("threads", 1.5)); }, {"threads", "1.5"});
+  ExpectInvalid([&] { DoctorOptionsFromTrace(with("param_dtype", 16)); }, {"param_dtype", "16"});
+  ExpectInvalid([&] { DoctorOptionsFromTrace(with("nesterov", "yes")); }, {"nesterov", "yes"});
+  ExpectInvalid([&] { DoctorOptionsFromTrace(with("momentum", "0.9")); }, {"momentum"});
+  ExpectInvalid(
+      [&] {
+        DoctorOptionsFromTrace(with("param_numels", {3, 0}));
+      },
+      {"param_numels", "0"});
+  nlohmann::json trace = TinyTrace();
+  trace["otherData"].erase("fusedopt_trace");
+  ExpectInvalid([&] { DoctorOptionsFromTrace(trace); }, {"fusedopt_trace"});
+  trace = TinyTrace();
+  trace["traceEvents"][1]["dur"] = -5;
+  ExpectInvalid([&] { DoctorOptionsFromTrace(trace); }, {"dur", "-5"});
+  trace = TinyTrace();
+  trace["traceEvents"][3]["args"]["warmup"] = "no";
+  ExpectInvalid([&] { DoctorOptionsFromTrace(trace); }, {"warmup"});
+}
+
+// Sizes from a trace are summed and multiplied with checked arithmetic before anything is
+// allocated: these used to wrap around and crash in Diagnose.
+TEST(DoctorTrace, ImpossibleSizesAreErrors) {
+  std::ostringstream sink;
+  const auto diagnose = [&](const nlohmann::json& numels) {
+    nlohmann::json trace = TinyTrace();
+    trace["otherData"]["param_numels"] = numels;
+    DoctorOptions o = DoctorOptionsFromTrace(trace);
+    o.rounds = 1;
+    Diagnose(o, sink, sink);
+  };
+  const std::uint64_t big = std::uint64_t{1} << 62;
+  const std::uint64_t max63 = (std::uint64_t{1} << 63) - 1;
+  ExpectInvalid([&] { diagnose({big}); }, {"param_numels"});
+  ExpectInvalid([&] { diagnose({max63, max63}); }, {"param_numels"});
+  // Representable but larger than any machine: "needs N GiB".
+  ExpectInvalid([&] { diagnose({std::uint64_t{1} << 44}); }, {"needs", "GiB"});
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "bench/runner.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +25,7 @@
 #include "bench/standard.h"
 #include "fusedopt/grad.h"
 #include "fusedopt/optimizer.h"
+#include "fusedopt/runtime.h"
 
 namespace fusedopt::bench {
 namespace {
@@ -150,8 +152,10 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     throw std::invalid_argument("rounds must be >= 1, got " + std::to_string(options.rounds));
   if (options.warmup < 0)
     throw std::invalid_argument("warmup must be >= 0, got " + std::to_string(options.warmup));
-  if (options.threads < 0)
-    throw std::invalid_argument("threads must be >= 0, got " + std::to_string(options.threads));
+  if (options.threads < 0 || options.threads > kMaxThreads) {
+    throw std::invalid_argument("threads must be 0.." + std::to_string(kMaxThreads) + ", got " +
+                                std::to_string(options.threads));
+  }
 
   std::vector<TensorSpec> tensors;
   std::string shapes_name;
@@ -176,6 +180,18 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   const float init_scale = loop.scaler ? loop.scaler->scale() : 1.0f;
 
   const BenchHyper hyper;
+  // The buffers below, checked before they are allocated (--numel comes from the command line):
+  // param, grad and states, grads converted to the param dtype, the loop's copy of the grads.
+  const std::size_t bytes_per_element =
+      DTypeSize(dtype) *
+          (1 + static_cast<std::size_t>(std::popcount(BenchRequiredStates(algorithm, hyper))) +
+           (grad_dtype != dtype ? 1 : 0)) +
+      DTypeSize(grad_dtype) * (training_loop ? 2 : 1);
+  const std::string what = options.numel != 0 ? "--numel " + std::to_string(options.numel)
+                                              : "--shapes " + options.shapes;
+  std::size_t total_numel = 0;
+  for (const TensorSpec& t : tensors) total_numel = CheckedAdd(total_numel, t.numel, what);
+  CheckFitsInMemory(CheckedMul(total_numel, bytes_per_element, what), what);
   Runtime runtime(options.threads);
   FlatStorage storage(tensors, 1,
                       {.param_dtype = dtype, .grad_dtype = grad_dtype, .state_dtype = dtype},
@@ -284,7 +300,8 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
       progress << "off";
     }
   }
-  progress << ", " << runtime.num_threads() << " threads, target " << ActiveTargetName() << "\n";
+  progress << ", " << runtime.num_threads() << " threads, target "
+           << TargetDescription(ActiveTargetName()) << "\n";
   for (int w = 0; w < options.warmup; ++w) {
     set_step();
     for (Impl& impl : impls) impl.step();

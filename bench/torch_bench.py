@@ -258,6 +258,7 @@ def markdown_table(results: list[dict]) -> str:
 
 def write_json(result: dict, path: pathlib.Path) -> None:
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path.resolve()}", file=sys.stderr)  # relative paths are the caller's
 
 
 # ----------------------------------------------------------------------------------- main

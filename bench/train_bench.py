@@ -268,8 +268,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--impls", type=impl_list, default=list(IMPLS), help="comma-separated (default: all)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=32, help="image models (default 32)")
-    parser.add_argument("--num-classes", type=int, help="image models (default 1000; digits: 10)")
-    parser.add_argument("--dataset", choices=("synthetic", "digits"), default="synthetic", help="image models")
+    # --classes and --data: `fusedopt train`'s older spellings, accepted here too.
+    parser.add_argument("--num-classes", "--classes", type=int, help="image models (default 1000; digits: 10)")
+    parser.add_argument("--dataset", "--data", choices=("synthetic", "digits"), default="synthetic",
+                        help="image models")
     parser.add_argument("--vocab", type=int, default=1024, help="transformer_small")
     parser.add_argument("--seq-len", type=int, default=64, help="transformer_small")
     parser.add_argument("--d-model", type=int, default=128, help="transformer_small")
@@ -314,6 +316,10 @@ def main(argv: list[str] | None = None) -> dict:
         args.markdown.write_text(markdown_table(result), encoding="utf-8")
     if args.chart:
         train_chart.plot_breakdown(result, str(args.chart))
+    # Relative paths are the caller's working directory: say where each file went.
+    for path in (args.json, args.markdown, args.chart, args.trace):
+        if path:
+            print(f"wrote {path.resolve()}", file=sys.stderr)
     return result
 
 

@@ -433,7 +433,7 @@ TEST(Optimizer, PerTensorStepCounts) {
   std::copy(g0a.begin(), g0a.end(), opt.storage().grads<float>(0).begin());
   const TensorBytes t1_before = Capture(opt.storage().segments()[1]);
   const std::array<std::size_t, 1> only0 = {0};
-  opt.Step(only0);
+  opt.StepTensors(only0);
   EXPECT_EQ(opt.step_count(0), 1);
   EXPECT_EQ(opt.step_count(1), 0);
   EXPECT_EQ(Capture(opt.storage().segments()[1]), t1_before) << "a tensor not listed changed";
@@ -459,12 +459,33 @@ TEST(Optimizer, StepOfASubsetLeavesTheOthersAlone) {
   FillRandom(opt.storage().flat_grads(), DType::kF32, opt.storage().total_numel(), rng);
   const std::vector<TensorBytes> before = CaptureAll(opt);
   const std::array<std::size_t, 2> some = {2, 0};
-  opt.Step(some);
+  opt.StepTensors(some);
   const std::vector<TensorBytes> after = CaptureAll(opt);
   EXPECT_EQ(after[1], before[1]);
   EXPECT_NE(after[0].param, before[0].param);
   EXPECT_NE(after[2].param, before[2].param);
   EXPECT_EQ(StepCounts(opt, 3), (std::vector<std::int64_t>{1, 0, 1}));
+}
+
+// `opt.Step({0})` used to bind to Step(StepOptions{.scaler = 0}) and update every tensor. A braced
+// index list must not compile as Step's argument; StepTensors({0}) takes it.
+template <class O>
+concept StepTakesBracedIndex = requires(O& o) {
+  o.Step({std::size_t{0}});
+};
+static_assert(!StepTakesBracedIndex<SGD>, "Step({0}) must not compile");
+static_assert(!StepTakesBracedIndex<AdamW>, "Step({0}) must not compile");
+
+TEST(Optimizer, StepTensorsOfABracedListUpdatesOnlyThose) {
+  SGD opt({{.lr = 0.1}}, {{100, 0}, {50, 0}});
+  std::mt19937 rng(4);
+  FillRandom(opt.storage().flat_params(), DType::kF32, opt.storage().total_numel(), rng);
+  FillRandom(opt.storage().flat_grads(), DType::kF32, opt.storage().total_numel(), rng);
+  const std::vector<TensorBytes> before = CaptureAll(opt);
+  opt.StepTensors({0});
+  const std::vector<TensorBytes> after = CaptureAll(opt);
+  EXPECT_NE(after[0].param, before[0].param);
+  EXPECT_EQ(after[1], before[1]) << "StepTensors({0}) changed tensor 1";
 }
 
 TEST(Optimizer, BadTensorIndicesThrowAndChangeNothing) {
@@ -477,21 +498,21 @@ TEST(Optimizer, BadTensorIndicesThrowAndChangeNothing) {
   const std::vector<TensorBytes> before = CaptureAll(opt);
 
   const std::array<std::size_t, 3> duplicate = {1, 0, 1};
-  EXPECT_THROW(opt.Step(duplicate), Error);
+  EXPECT_THROW(opt.StepTensors(duplicate), Error);
   const std::array<std::size_t, 2> out_of_range = {0, 3};
-  EXPECT_THROW(opt.Step(out_of_range), Error);
+  EXPECT_THROW(opt.StepTensors(out_of_range), Error);
   const std::array<std::size_t, 2> huge = {2, static_cast<std::size_t>(-1)};
-  EXPECT_THROW(opt.Step(huge), Error);
+  EXPECT_THROW(opt.StepTensors(huge), Error);
   EXPECT_EQ(CaptureAll(opt), before);
   EXPECT_EQ(StepCounts(opt, 3), (std::vector<std::int64_t>{1, 1, 1}));
 
   try {
-    opt.Step(duplicate);
+    opt.StepTensors(duplicate);
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("index 1"), std::string::npos) << e.what();
   }
   try {
-    opt.Step(out_of_range);
+    opt.StepTensors(out_of_range);
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("index 3"), std::string::npos) << e.what();
   }
@@ -539,7 +560,7 @@ TEST(Optimizer, InvalidLrThrowsAndChangesNothing) {
   }
   const std::array<std::size_t, 1> only0 = {
       0};  // tensor 0's group is valid, the check is still global
-  EXPECT_THROW(opt.Step(only0), Error);
+  EXPECT_THROW(opt.StepTensors(only0), Error);
   EXPECT_EQ(CaptureAll(opt), before);
   EXPECT_EQ(StepCounts(opt, 2), (std::vector<std::int64_t>{1, 1}));
 

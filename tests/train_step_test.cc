@@ -168,7 +168,7 @@ TEST(TrainStep, RejectsBadOptionsWithoutChangingAnything) {
   const auto before = Snapshot(opt);
   EXPECT_THROW(opt.Step({.max_grad_norm = -1.0}), Error);
   const std::vector<std::size_t> some = {0};
-  EXPECT_THROW(opt.Step(some), Error);  // a tensor list with accumulation
+  EXPECT_THROW(opt.StepTensors(some), Error);  // a tensor list with accumulation
   EXPECT_EQ(Snapshot(opt), before);
   EXPECT_EQ(opt.pending_micro_batches(), 0);
   EXPECT_THROW(AdamW({AdamWHyper{}}, kTensors, {.accumulation_steps = 0}), Error);

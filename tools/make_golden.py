@@ -16,10 +16,10 @@ torch should run with the AVX2 CPU capability (it uses FMA for add_/addcmul_/ler
 §3, §10); the capability in use is recorded in each file. Set ATEN_CPU_CAPABILITY=avx2 if the machine would
 pick AVX512. Even so, the PyPI torch 2.x wheel computes sqrt through MKL VML, which is not correctly rounded
 (about 1 float32 in 5 is 1 ulp off; each file records a probe in "torch_sqrt"), so only SGD can match a
-correctly rounded kernel bit for bit. `--exact-sqrt OUT_DIR` swaps in an IEEE sqrt to check that this is
-the only difference:
+correctly rounded kernel bit for bit. `--exact-sqrt` swaps in an IEEE sqrt to check that this is the only
+difference (write those files elsewhere with --out):
 
-    .venv/bin/python tools/make_golden.py --exact-sqrt /tmp/golden_exact
+    .venv/bin/python tools/make_golden.py --exact-sqrt --out /tmp/golden_exact
     FOPT_GOLDEN_DIR=/tmp/golden_exact build/release/bin/fusedopt_tests --gtest_filter='Golden*'
 """
 

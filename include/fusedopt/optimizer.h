@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <new>
@@ -170,9 +171,16 @@ class Optimizer {
   void ZeroGrad() { storage_.ZeroGrad(); }
   // Updates every tensor (with accumulation: every accumulation_steps-th call).
   StepResult Step(const StepOptions& options = {});
+  // `Step({0})` would bind to the options (`.scaler = 0`) and update every tensor; a tensor list
+  // goes to StepTensors, so the braced call does not compile.
+  StepResult Step(std::initializer_list<std::size_t>) = delete;
   // Updates only the listed tensors (the others have no gradient this step: no update, no step
   // count). Not with accumulation_steps > 1.
-  StepResult Step(std::span<const std::size_t> tensors, const StepOptions& options = {});
+  StepResult StepTensors(std::span<const std::size_t> tensors, const StepOptions& options = {});
+  StepResult StepTensors(std::initializer_list<std::size_t> tensors,
+                         const StepOptions& options = {}) {
+    return StepTensors(std::span<const std::size_t>(tensors.begin(), tensors.size()), options);
+  }
   // Micro-batches accumulated since the last update.
   std::int64_t pending_micro_batches() const { return micro_batches_; }
 

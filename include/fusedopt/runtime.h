@@ -16,13 +16,17 @@ namespace fusedopt {
 // and vector.
 inline constexpr std::size_t kGrainElements = 32768;
 
+// The most threads a Runtime takes: far above any machine's cores, far below what makes OpenMP
+// fail to start a team (a trace's `threads: 1e9`).
+inline constexpr int kMaxThreads = 4096;
+
 class Runtime {
  public:
   // num_threads == 0 means "as many as OpenMP would use" (OMP_NUM_THREADS or the core count).
   explicit Runtime(int num_threads = 0);
 
   int num_threads() const { return num_threads_; }
-  // Throws fusedopt::Error for a negative count.
+  // Throws fusedopt::Error for a count outside [0, kMaxThreads].
   void set_num_threads(int num_threads);
 
  private:
@@ -37,10 +41,17 @@ Runtime& DefaultRuntime();
 std::vector<std::string> AvailableTargets();
 // Name of the target the next step will run on.
 std::string ActiveTargetName();
+// A target's name for people: Highway's name plus the instruction set it is known by where the
+// two differ ("AVX3 (AVX-512)"); JSON reports keep the bare name.
+std::string TargetDescription(const std::string& name);
 // Restricts dispatch to the named target (one of AvailableTargets()); an empty name restores the
 // default (best available, minus any listed in the environment variable FOPT_DISABLE_TARGETS,
 // comma-separated). Process-wide: meant for tests and benchmarks, not for concurrent use with
 // running steps.
+//
+// FOPT_DISABLE_TARGETS is read when the first Runtime is made or the targets are first asked
+// for (never at static-initialization time); a name this build does not compile makes those calls
+// throw fusedopt::Error naming it and listing the valid names.
 void ForceTarget(const std::string& name);
 
 }  // namespace fusedopt

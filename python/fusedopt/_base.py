@@ -8,14 +8,22 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import math
+import operator
 
 import torch
 
 from . import _C
 from ._flat import FlatStore
-from ._tensors import DTYPE_CODES, check_param, check_same_layout, dtype_code
+from ._tensors import (DTYPE_CODES, check_param, check_same_layout, dtype_code, first_overlap, grad_shape_error,
+                       number_error)
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_ITEM_SIZES = {0: 4, 1: 2, 2: 2}  # bytes per element of each engine dtype code
+# The largest state['step'] the engine takes (src/python/module.cc): every f32 below it is an exact
+# int64, with room to count on.
+_MAX_STEP = 2.0**62
+_ABSENT = object()  # in an undo log: the key was not there
+_SPAN = operator.itemgetter(0, 8, 9)  # a segment's param address, numel and dtype code
 
 
 class FusedOptimizerMixin:
@@ -60,6 +68,10 @@ class FusedOptimizerMixin:
         # back while an f32 master copy exists.
         self._param_marks: dict[torch.Tensor, tuple[int, int]] = {}
         self._segment_cache: dict[torch.Tensor, tuple] = {}  # see _segment
+        self._duplicates = False  # some group lists a param more than once (torch warns, and allows it)
+        self._overlap_free = False  # see _waves
+        self._wave_key: list | None = None
+        self._wave_plan: tuple | None = None
         super().__init__(params, *args, **kwargs)
         self._step_supports_amp_scaling = True  # honours grad_scale / found_inf set by GradScaler
         if flatten:
@@ -83,6 +95,8 @@ class FusedOptimizerMixin:
         gi = len(self.param_groups) - 1
         for j, p in enumerate(group["params"]):
             check_param(p, _param_name(names, gi, j))
+        self._duplicates |= len(set(group["params"])) < len(group["params"])
+        self._overlap_free = False
         self._offsets = None
         if getattr(self, "_flat", None) is not None:
             self._flat.combine()
@@ -131,7 +145,8 @@ class FusedOptimizerMixin:
         for key, value in (("_max_grad_norm", math.inf), ("_norm_code", 2), ("_accumulation_steps", 1),
                            ("_state_dtype_option", None), ("_micro_batches", 0),
                            ("_window_found_inf", False), ("last_grad_norm", None),
-                           ("_rounding", (False, 0)), ("_offsets", None)):
+                           ("_rounding", (False, 0)), ("_offsets", None), ("_duplicates", False),
+                           ("_overlap_free", False), ("_wave_key", None), ("_wave_plan", None)):
             self.__dict__.setdefault(key, value)
         self.__dict__.setdefault("_accumulators", {})
         self.__dict__.setdefault("_window", {})
@@ -153,61 +168,108 @@ class FusedOptimizerMixin:
         grad_scale = getattr(self, "grad_scale", None)
         # torch's inv_scale: 1/scale in double, rounded to f32 (by the binding).
         inv_scale = 1.0 if grad_scale is None else 1.0 / float(grad_scale)
-        grads = None
         if self._accumulation_steps > 1:
-            overflowed = self._accumulate(inv_scale, overflowed)
-            if overflowed and found_out is not None:
-                found_out.fill_(1.0)
-            self._micro_batches += 1
-            self._window_found_inf |= overflowed
-            if self._micro_batches < self._accumulation_steps:
-                return loss
-            grads = {p: self._accumulators[p] for p in self._window}
-            window_ok = not self._window_found_inf
-            self._micro_batches, self._window_found_inf, self._window = 0, False, {}
-            if not window_ok:
-                return loss
-            inv_scale, check = 1.0, False  # the accumulators hold unscaled, finite sums
-        else:
-            if overflowed:
-                return loss
-            check = found_out is not None
-        created = []
+            if self._micro_batches + 1 < self._accumulation_steps:
+                if not overflowed:
+                    overflowed = self._apply_accumulation(self._accumulation_plan(inv_scale))
+                self._end_micro_batch(overflowed, found_out)
+            else:
+                self._step_window(inv_scale, overflowed, found_out)
+            return loss
+        if overflowed:
+            return loss
+        undo: list = []
         try:
             while True:
                 try:
-                    hypers, segments = self._pack(inv_scale, created, grads)
+                    hypers, segments = self._pack(inv_scale, undo)
                     break
                 except _Relaid:  # flatten=True laid the buffers out anew: pack again from the start
                     pass
-            report = (True, False, None, 1.0)
-            if segments:
-                report = type(self)._engine_step(hypers, segments, torch.get_num_threads(),
-                                                 self._max_grad_norm, self._norm_code, check)
-            stepped, non_finite, self.last_grad_norm = report[0], report[1], report[2]
-            if non_finite and found_out is not None:
-                found_out.fill_(1.0)
-            if not stepped:
-                raise _Skipped
+            self._run_engine(hypers, segments, found_out is not None, found_out)
         except BaseException as e:
-            for state, key in created:  # a rejected or skipped step leaves no trace, not even new state
-                state.pop(key, None)
+            _roll_back(undo)  # a rejected or skipped step leaves no trace, not even new state
             if not isinstance(e, _Skipped):
                 raise
         return loss
 
-    def _accumulate(self, inv_scale: float, overflowed: bool) -> bool:
-        """accumulation_steps > 1: adds every gradient, unscaled and divided by the step count, into
-        its param's f32 accumulator (the first one of a window overwrites it). Returns whether this
-        micro-batch overflowed (then nothing is added: the window will be skipped anyway)."""
-        if overflowed:
-            return True
+    def _end_micro_batch(self, overflowed: bool, found_out) -> None:
+        if overflowed and found_out is not None:
+            found_out.fill_(1.0)
+        self._micro_batches += 1
+        self._window_found_inf |= overflowed
+
+    def _step_window(self, inv_scale: float, overflowed: bool, found_out) -> None:
+        """accumulation_steps > 1, the last micro-batch of a window: accumulate it and update with the
+        window's mean. Everything is packed and validated before the accumulation writes, so a
+        rejected call changes nothing, the window included, and can be retried."""
+        plan = None if overflowed else self._accumulation_plan(inv_scale)
+        stepping = not (overflowed or self._window_found_inf)
+        undo: list = []
+        try:
+            if stepping:
+                window = {**self._window, **dict.fromkeys(plan[2])}
+                grads = {p: self._accumulators[p] for p in window}
+                hypers, segments = self._pack(1.0, undo, grads)  # the accumulators hold unscaled sums
+                self._engine(hypers, segments, False, validate_only=True)
+            if plan is not None:
+                overflowed = self._apply_accumulation(plan)
+            self._end_micro_batch(overflowed, found_out)
+            stepping = not self._window_found_inf
+            self._micro_batches, self._window_found_inf, self._window = 0, False, {}
+            if not stepping:
+                raise _Skipped
+            self._run_engine(hypers, segments, False, found_out)
+        except BaseException as e:
+            _roll_back(undo)
+            if not isinstance(e, _Skipped):
+                raise
+
+    def _run_engine(self, hypers, segments, check: bool, found_out) -> None:
+        """The step call; raises _Skipped when its pre-pass found non-finite gradients."""
+        report = (True, False, None, 1.0)
+        if segments:
+            report = self._engine(hypers, segments, check)
+        stepped, non_finite, self.last_grad_norm = report[0], report[1], report[2]
+        if non_finite and found_out is not None:
+            found_out.fill_(1.0)
+        if not stepped:
+            raise _Skipped
+
+    def _engine(self, hypers, segments, check: bool, validate_only: bool = False):
+        waves = self._waves(segments)
+        kw = {"validate_only": True} if validate_only else {}
+        if waves is not None:
+            order, kw["wave_ends"] = waves
+            segments = [segments[i] for i in order]
+        return type(self)._engine_step(hypers, segments, torch.get_num_threads(), self._max_grad_norm,
+                                       self._norm_code, check, **kw)
+
+    def _waves(self, segments) -> tuple[list[int], list[int]] | None:
+        """None when no two segments share memory (the common case: one parallel pass). Otherwise
+        (order, wave_ends): the segments in the order of the waves the engine runs one after the
+        other, and where each wave ends (see RunStep in src/python/module.cc). Recomputed only when
+        the params' addresses, sizes or dtypes change."""
+        if self._overlap_free:
+            return None
+        if not self._duplicates and first_overlap([p for g in self.param_groups for p in g["params"]]) is None:
+            self._overlap_free = True  # until a param moves (_segment_slow) or joins (add_param_group)
+            return None
+        key = list(map(_SPAN, segments))
+        if key != self._wave_key:
+            self._wave_key, self._wave_plan = key, _plan_waves(key)
+        return self._wave_plan
+
+    def _accumulation_plan(self, inv_scale: float) -> tuple:
+        """accumulation_steps > 1: checks every gradient of this micro-batch and returns what
+        _apply_accumulation adds into which f32 accumulator, creating missing accumulators (nothing
+        else changes)."""
         fresh, add = ([], []), ([], [])
-        with_grad = []
+        with_grad: dict[torch.Tensor, None] = {}
         for gi, group in enumerate(self.param_groups):
             for j, p in enumerate(group["params"]):
                 g = p.grad
-                if g is None:
+                if g is None or p in with_grad:  # a duplicated param's grad is one gradient
                     continue
                 name = self._name(gi, j)
                 if g.is_sparse:
@@ -218,30 +280,51 @@ class FusedOptimizerMixin:
                 if acc is None or acc.shape != p.shape:
                     acc = torch.empty_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
                     self._accumulators[p] = acc
-                with_grad.append(p)
+                with_grad[p] = None
                 target = add if p in self._window else fresh
                 target[0].append((g.data_ptr(), g.numel(), code))
                 target[1].append(acc.data_ptr())
-        scale = inv_scale / self._accumulation_steps
+        return fresh, add, with_grad, inv_scale / self._accumulation_steps
+
+    def _apply_accumulation(self, plan: tuple) -> bool:
+        """Adds every gradient, unscaled and divided by the step count, into its param's accumulator
+        (the first one of a window overwrites it). Returns whether a gradient was non-finite (the
+        window will be skipped)."""
+        fresh, add, with_grad, scale = plan
         threads = torch.get_num_threads()
         bad = False
         for (grads, sums), overwrite in ((fresh, True), (add, False)):
             if grads:
                 bad |= _C.accumulate_grads(grads, sums, scale, overwrite, threads)
-        self._window.update(dict.fromkeys(with_grad))  # only now: a rejected call changes nothing
+        self._window.update(with_grad)
         return bad
 
     # ---- internals ----------------------------------------------------------------------------
-    def _pack(self, inv_scale, created, grads=None):
-        """Hypers and segments of every param with a gradient (p.grad, or grads[p] when given)."""
+    def _pack(self, inv_scale, undo, grads=None):
+        """Hypers and segments of every param with a gradient (p.grad, or grads[p] when given). A
+        param listed twice gets the same segment twice: the engine counts its step once per
+        occurrence (torch's for-loop: SGD's occurrences on a first step each start from a fresh
+        momentum buffer, since torch gathers the buffers before the loop)."""
         hypers, segments = [], []
+        seen: dict | None = {} if self._duplicates else None
         for gi, group in enumerate(self.param_groups):
-            hypers.append(self._hyper(group))
-            needed = self._needed_slots(group)
+            try:
+                hypers.append(self._hyper(group))
+                needed = self._needed_slots(group)
+            except _BadNumber as e:
+                raise number_error(f"param_groups[{gi}]{e.field}", e.value) from None
+            if seen is None:  # the common case, kept as lean as it was
+                for j, p in enumerate(group["params"]):
+                    g = p.grad if grads is None else grads.get(p)
+                    if g is not None:
+                        segments.append(self._segment(p, g, gi, j, needed, inv_scale, undo))
+                continue
             for j, p in enumerate(group["params"]):
                 g = p.grad if grads is None else grads.get(p)
                 if g is not None:
-                    segments.append(self._segment(p, g, gi, j, needed, inv_scale, created))
+                    if p not in seen:
+                        seen[p] = self._segment(p, g, gi, j, needed, inv_scale, undo)
+                    segments.append(seen[p])
         return hypers, segments
 
     def _has_master(self, p: torch.Tensor) -> bool:
@@ -252,9 +335,10 @@ class FusedOptimizerMixin:
             return self._state_dtype_option
         return torch.float32 if self._has_master(p) else p.dtype
 
-    def _segment(self, p, g, gi, j, needed, inv_scale, created) -> tuple:
+    def _segment(self, p, g, gi, j, needed, inv_scale, undo) -> tuple:
         """One parameter as the engine's Segment tuple (src/python/module.cc), creating its state on
-        its first step like torch does. `created` collects (state, key) of new entries.
+        its first step like torch does. Every change to a dict (a state entry created, converted or
+        dropped, a param mark) goes into the `undo` log first (see _roll_back).
 
         This runs for every param on every step, so it first tries the entry cached by the last
         step: valid while the param's memory, its state tensors (objects and memory) and the group's
@@ -273,9 +357,12 @@ class FusedOptimizerMixin:
                         g = self._flat.place_grad(p)
                         grad_ptr, gcode = g.data_ptr(), DTYPE_CODES[g.dtype]
                     return (c[1], grad_ptr, gcode, inv_scale) + c[5]
-        return self._segment_slow(p, g, gi, j, needed, inv_scale, created)
+        return self._segment_slow(p, g, gi, j, needed, inv_scale, undo)
 
-    def _segment_slow(self, p, g, gi, j, needed, inv_scale, created) -> tuple:
+    def _segment_slow(self, p, g, gi, j, needed, inv_scale, undo) -> tuple:
+        self._overlap_free = False  # p may have moved: _waves checks the addresses again
+        if g.shape != p.shape:  # (also before flatten=True moves the grad into a slot)
+            raise grad_shape_error(self._name(gi, j), g, p)
         if self._flat is not None:  # (never with accumulation: g is p.grad)
             # Re-combine a param or grad replaced since the last step. If that needs a new layout,
             # the segments packed so far point into the old one.
@@ -292,40 +379,40 @@ class FusedOptimizerMixin:
             pcode = dtype_code(p, f"parameter {name}")
             gcode = dtype_code(g, f"the gradient of parameter {name}")
             check_same_layout(g, p, f"the gradient of parameter {name}")
-        if g.shape != p.shape:
-            raise ValueError(f"fusedopt: the gradient of parameter {self._name(gi, j)} has shape "
-                             f"{tuple(g.shape)} but the parameter has {tuple(p.shape)}")
-        if p not in self.state:
-            created.append((self.state, p))
-        state = self.state[p]
+        # A param that needs no state (SGD without momentum) gets no entry, as in torch.
+        attached = self.state.get(p)
+        state = {} if attached is None else attached
         sdtype = self._state_dtype(p)
         ptrs = [0, 0, 0]
         fresh_buffer = False
         for slot, (key, need) in enumerate(zip(self._slot_keys, needed)):
             if need:
-                t, fresh = self._ensure_state(p, state, key, sdtype, gi, j, created)
+                t, fresh = self._ensure_state(p, state, key, sdtype, gi, j, undo)
                 ptrs[slot] = t.data_ptr()
                 fresh_buffer |= fresh
         step_ptr, step = 0, 0
         if self._counts_steps:
             s = state.get("step")
+            count = 0.0 if s is None else self._step_count(s, gi, j)
             if not (isinstance(s, torch.Tensor) and s.dtype == torch.float32 and s.device.type == "cpu"
                     and s.numel() == 1):
-                if s is None:
-                    created.append((state, "step"))
-                s = torch.tensor(0.0 if s is None else float(s), dtype=torch.float32)
+                undo.append((state, "step", _ABSENT if s is None else s))
+                s = torch.tensor(count, dtype=torch.float32)
                 state["step"] = s
             step_ptr = s.data_ptr()
         else:
             step = 1 if fresh_buffer else 2  # SGD: a new momentum buffer starts as a copy of d
         master = 0
         if self._has_master(p):
-            if self._param_marks.get(p) != (p.data_ptr(), p._version):
+            mark = self._param_marks.get(p, _ABSENT)
+            if mark != (p.data_ptr(), p._version):
                 # First step, or the param was changed outside the optimizer (a model checkpoint
                 # loaded into it, p.data = ...): the master copy restarts from the param.
-                state.pop("master_param", None)
+                if "master_param" in state:
+                    undo.append((state, "master_param", state.pop("master_param")))
+                undo.append((self._param_marks, p, mark))
             self._param_marks[p] = (p.data_ptr(), p._version)  # our raw writes leave both as they are
-            master = self._ensure_state(p, state, "master_param", torch.float32, gi, j, created)[0].data_ptr()
+            master = self._ensure_state(p, state, "master_param", torch.float32, gi, j, undo)[0].data_ptr()
         # SGD's next steps find the buffer made by this one.
         tail = (ptrs[0], ptrs[1], ptrs[2], master, p.numel(), pcode, DTYPE_CODES[sdtype], gi, step_ptr,
                 2 if not self._counts_steps and step == 1 else step) + self._rounding + (self._global_offset(p),)
@@ -333,8 +420,11 @@ class FusedOptimizerMixin:
         keys += ["step"] if self._counts_steps else []
         keys += ["master_param"] if master else []
         tensors = tuple((k, state[k], state[k].data_ptr()) for k in keys)
+        if state and attached is None:
+            undo.append((self.state, p, _ABSENT))
+            self.state[p] = attached = state
         grad_slot = self._flat.grad_slot_address(p) if self._flat is not None else None
-        self._segment_cache[p] = (needed, p.data_ptr(), state, tensors, p._version if master else None,
+        self._segment_cache[p] = (needed, p.data_ptr(), attached, tensors, p._version if master else None,
                                   tail, p.shape, grad_slot)
         return (p.data_ptr(), g.data_ptr(), gcode, inv_scale) + tail[:9] + (step,) + tail[10:]
 
@@ -349,7 +439,19 @@ class FusedOptimizerMixin:
                     total += q.numel()
         return self._offsets[p]
 
-    def _ensure_state(self, p, state, key, dtype, gi, j, created):
+    def _step_count(self, s, gi: int, j: int) -> float:
+        """The value of a state['step'] (e.g. loaded from a state_dict), checked before the engine
+        converts it to an integer."""
+        what = f"state['step'] of parameter {self._name(gi, j)}"
+        try:
+            count = float(s)
+        except (TypeError, ValueError, RuntimeError):
+            raise number_error(what, s) from None
+        if not 0.0 <= count < _MAX_STEP:
+            raise ValueError(f"fusedopt: {what} is {count:g}; it must be a finite count in [0, 2**62)")
+        return count
+
+    def _ensure_state(self, p, state, key, dtype, gi, j, undo):
         """state[key] as the engine needs it: dtype, size, p's memory layout and, with flatten=True,
         its slot in the flat buffer. A loaded or replaced tensor is converted or moved; a missing one
         is created (zeros, Adagrad's initial value, or the param itself for master_param).
@@ -372,8 +474,7 @@ class FusedOptimizerMixin:
             new.copy_(p.detach())
         elif not (key == "momentum_buffer" and not self._counts_steps):  # SGD's is filled by the step
             new.fill_(fill)
-        if t is None:
-            created.append((state, key))
+        undo.append((state, key, _ABSENT if t is None else t))  # a failed step puts a loaded tensor back
         state[key] = new
         return new, t is None
 
@@ -403,6 +504,65 @@ class _Relaid(Exception):
 
 class _Skipped(Exception):
     """The step's pre-pass found non-finite gradients: nothing was updated."""
+
+
+class _BadNumber(Exception):
+    """A group field that float() refused (see group_number); _pack names the group."""
+
+    def __init__(self, field: str, value):
+        super().__init__(field)
+        self.field, self.value = field, value
+
+
+def group_number(group: dict, key: str, index: int | None = None) -> float:
+    """float(group[key]) (or of group[key][index], e.g. betas); a value that is not one number (a
+    2-element tensor, a string) raises _BadNumber naming the field."""
+    value = group[key] if index is None else group[key][index]
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise _BadNumber(f"['{key}']" + ("" if index is None else f"[{index}]"), value) from None
+
+
+def _roll_back(undo: list) -> None:
+    """Undoes the dict changes of a failed or skipped step, newest first: entries it created are
+    removed, tensors it replaced (e.g. a loaded f32 state converted to state_dtype) put back."""
+    for d, key, old in reversed(undo):
+        if old is _ABSENT:
+            d.pop(key, None)
+        else:
+            d[key] = old
+
+
+def _plan_waves(spans: list[tuple[int, int, int]]):
+    """_waves' plan for segments given as (address, numel, dtype code). A segment's wave is one
+    more than the latest wave of the earlier segments it overlaps (0 if none), so overlapping
+    segments run in their packing order, torch's for-loop order. None if nothing overlaps."""
+    ranges = sorted((ptr, ptr + numel * _ITEM_SIZES.get(code, 4), i)
+                    for i, (ptr, numel, code) in enumerate(spans) if numel)
+    wave = [0] * len(spans)
+    cluster: list = []  # ranges that overlap, transitively
+    cluster_end = -1
+    for r in ranges + [(math.inf, math.inf, -1)]:  # a sentinel settles the last cluster
+        if r[0] < cluster_end:
+            cluster.append(r)
+            cluster_end = max(cluster_end, r[1])
+            continue
+        if len(cluster) > 1:
+            cluster.sort(key=lambda c: c[2])
+            for k, (start, end, i) in enumerate(cluster):
+                wave[i] = 1 + max((wave[o] for s, e, o in cluster[:k] if s < end and start < e), default=-1)
+        cluster, cluster_end = [r], r[1]
+    last = max(wave, default=0)
+    if last == 0:
+        return None
+    order = sorted(range(len(spans)), key=wave.__getitem__)
+    ends = [0] * (last + 1)
+    for w in wave:
+        ends[w] += 1
+    for k in range(1, last + 1):
+        ends[k] += ends[k - 1]
+    return order, ends
 
 
 def norm_type_code(norm_type) -> int:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ._tensors import first_overlap, grad_shape_error
+
 _ALIGN_BYTES = 64  # every tensor starts on a cache line
 
 
@@ -59,9 +61,19 @@ class FlatStore:
 
     def combine(self) -> None:
         """(Re)builds the layout from the current params and moves params and existing grads into
-        it. States move into their slots at the next step."""
+        it. States move into their slots at the next step. Checks everything before moving anything."""
+        params = self._params()
+        overlap = first_overlap(params)
+        if overlap is not None:
+            a, b = (self._name(params[k]) for k in overlap)
+            raise ValueError(f"fusedopt: parameters {a} and {b} overlap in memory (views into one storage); "
+                             "flatten=True would have to move them into separate slots and break that "
+                             "aliasing: use flatten=False")
+        for p in params:  # e.g. p.data resized while p.grad kept the old shape
+            if p.grad is not None and p.grad.shape != p.shape:
+                raise grad_shape_error(self._name(p), p.grad, p)
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for p in self._params():
+        for p in params:
             by_dtype.setdefault(p.dtype, []).append(p)
         self._blocks = {dt: _Block(ps, dt) for dt, ps in by_dtype.items()}
         self._block_of = {p: b for b in self._blocks.values() for p in b.offsets}
@@ -69,6 +81,14 @@ class FlatStore:
             self._place_param(p)
             if p.grad is not None:
                 self.place_grad(p)
+
+    def _name(self, p: torch.Tensor) -> str:
+        """p's name in error messages (only called on the way to an error)."""
+        for gi, group in enumerate(self._opt.param_groups):
+            for j, q in enumerate(group["params"]):
+                if q is p:
+                    return self._opt._name(gi, j)
+        return "?"
 
     def place(self, p: torch.Tensor) -> bool:
         """Re-combines p and its grad if user code replaced either since the last step. Returns

@@ -63,3 +63,27 @@ def check_same_layout(t: torch.Tensor, p: torch.Tensor, what: str) -> None:
             f"fusedopt: {what} has strides {t.stride()} but its parameter has {p.stride()}; "
             "fusedopt needs them to match"
         )
+
+
+def grad_shape_error(name: str, g: torch.Tensor, p: torch.Tensor) -> ValueError:
+    return ValueError(f"fusedopt: the gradient of parameter {name} has shape {tuple(g.shape)} but the parameter "
+                      f"has {tuple(p.shape)}")
+
+
+def number_error(what: str, value) -> Exception:
+    """The error for a hyper-parameter or state['step'] that float() refused."""
+    if isinstance(value, torch.Tensor):
+        return ValueError(f"fusedopt: {what} must be a number or a 1-element tensor, got a tensor of shape "
+                          f"{tuple(value.shape)}")
+    return TypeError(f"fusedopt: {what} must be a number or a 1-element tensor, got {value!r}")
+
+
+def first_overlap(tensors: list[torch.Tensor]) -> tuple[int, int] | None:
+    """Indices of two dense tensors whose memory overlaps, or None. Sorted by start address, some
+    overlapping pair is always a neighbouring one."""
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), k)
+                   for k, t in enumerate(tensors) if t.numel())
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        if start < end:
+            return a, b
+    return None

@@ -29,10 +29,7 @@ import torch
 
 from . import _C
 from ._base import FusedOptimizerMixin
-
-
-def _f(x) -> float:
-    return float(x)  # hyper-parameters may be 1-element tensors (lr, betas)
+from ._base import group_number as _f  # hyper-parameters may be 1-element tensors (lr, betas)
 
 
 class FusedSGD(FusedOptimizerMixin, torch.optim.SGD):
@@ -42,12 +39,12 @@ class FusedSGD(FusedOptimizerMixin, torch.optim.SGD):
     _sparse_message = "SGD does not support sparse gradients"
 
     def _hyper(self, g):
-        return _C.SgdHyper(lr=_f(g["lr"]), momentum=_f(g["momentum"]), dampening=_f(g["dampening"]),
-                           weight_decay=_f(g["weight_decay"]), nesterov=bool(g["nesterov"]),
+        return _C.SgdHyper(lr=_f(g, "lr"), momentum=_f(g, "momentum"), dampening=_f(g, "dampening"),
+                           weight_decay=_f(g, "weight_decay"), nesterov=bool(g["nesterov"]),
                            maximize=bool(g["maximize"]))
 
     def _needed_slots(self, g):
-        return (_f(g["momentum"]) != 0.0,)
+        return (_f(g, "momentum") != 0.0,)
 
 
 class _AdamLike(FusedOptimizerMixin):
@@ -55,9 +52,8 @@ class _AdamLike(FusedOptimizerMixin):
     _slot_keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
     def _hyper(self, g):
-        beta1, beta2 = g["betas"]
-        return _C.AdamHyper(lr=_f(g["lr"]), beta1=_f(beta1), beta2=_f(beta2), eps=_f(g["eps"]),
-                            weight_decay=_f(g["weight_decay"]), amsgrad=bool(g["amsgrad"]),
+        return _C.AdamHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
+                            weight_decay=_f(g, "weight_decay"), amsgrad=bool(g["amsgrad"]),
                             maximize=bool(g["maximize"]),
                             decoupled_weight_decay=bool(g.get("decoupled_weight_decay", False)))
 
@@ -79,12 +75,12 @@ class FusedRMSprop(FusedOptimizerMixin, torch.optim.RMSprop):
     _sparse_message = "RMSprop does not support sparse gradients"
 
     def _hyper(self, g):
-        return _C.RmspropHyper(lr=_f(g["lr"]), alpha=_f(g["alpha"]), eps=_f(g["eps"]),
-                               weight_decay=_f(g["weight_decay"]), momentum=_f(g["momentum"]),
+        return _C.RmspropHyper(lr=_f(g, "lr"), alpha=_f(g, "alpha"), eps=_f(g, "eps"),
+                               weight_decay=_f(g, "weight_decay"), momentum=_f(g, "momentum"),
                                centered=bool(g["centered"]), maximize=bool(g["maximize"]))
 
     def _needed_slots(self, g):
-        return (True, _f(g["momentum"]) > 0.0, bool(g["centered"]))
+        return (True, _f(g, "momentum") > 0.0, bool(g["centered"]))
 
 
 class FusedAdagrad(FusedOptimizerMixin, torch.optim.Adagrad):
@@ -93,14 +89,14 @@ class FusedAdagrad(FusedOptimizerMixin, torch.optim.Adagrad):
     _sparse_message = "fusedopt: FusedAdagrad does not support sparse gradients; use torch.optim.Adagrad"
 
     def _hyper(self, g):
-        return _C.AdagradHyper(lr=_f(g["lr"]), lr_decay=_f(g["lr_decay"]),
-                               weight_decay=_f(g["weight_decay"]),
-                               initial_accumulator_value=_f(g["initial_accumulator_value"]),
-                               eps=_f(g["eps"]), maximize=bool(g["maximize"]))
+        return _C.AdagradHyper(lr=_f(g, "lr"), lr_decay=_f(g, "lr_decay"),
+                               weight_decay=_f(g, "weight_decay"),
+                               initial_accumulator_value=_f(g, "initial_accumulator_value"),
+                               eps=_f(g, "eps"), maximize=bool(g["maximize"]))
 
     def _needed_slots(self, g):
         return (True,)
 
     def _initial_state_value(self, key):
         # torch 2.13 fills a new 'sum' with the constructor's value, whatever the group says.
-        return _f(self.defaults["initial_accumulator_value"]) if key == "sum" else 0.0
+        return _f(self.defaults, "initial_accumulator_value") if key == "sum" else 0.0

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import time
 from typing import Any, Callable, Iterable, Iterator
 
@@ -43,6 +44,7 @@ from .timeline import Tracer
 
 PHASES = ("data", "forward", "backward", "optimizer", "zero_grad")
 CHECKPOINT_FORMAT = "fusedopt.Trainer/1"
+_CHECKPOINT_NAME = re.compile(r"step-(\d{8,})\.pt")  # what train_step writes (not the .tmp of a save)
 _AMP_DTYPES = {None: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
 # Most derived first: torch 2.13's AdamW is an Adam.
@@ -99,12 +101,25 @@ class Trainer:
     checkpoint_dir, checkpoint_every
                        write checkpoint_dir/step-NNNNNNNN.pt every `checkpoint_every` updates (NNNNNNNN:
                        micro-batches trained so far); resume with load_checkpoint(path).
+    resume             True: continue from the newest checkpoint in checkpoint_dir (latest_checkpoint();
+                       a folder without one starts from step 0). False (default): start from step 0,
+                       whatever the folder holds; its checkpoints are overwritten as training reaches
+                       their steps.
     trace              None, a path (a Chrome trace JSON written at the end of every train() call) or a
                        fusedopt.timeline.Tracer shared with other trainers (its owner writes it).
     name               the model's name in the trace (default: the model's class name).
 
     `train()` counts micro-batches in `self.step` and updates in `self.updates`; both survive a
-    checkpoint. The fused optimizers' pre-pass (overflow check + global norm) runs inside the C++
+    checkpoint.
+
+    Resuming: build the Trainer as for the first run (same model class, optimizer, scaler and
+    schedule), with `resume=True` (or call `load_checkpoint(path)`), then call `train()` with the same
+    totals: it skips the micro-batches already trained and continues bit for bit::
+
+        trainer = fusedopt.Trainer(model, loss_fn, opt, checkpoint_dir="ckpt", checkpoint_every=500,
+                                   resume=True)
+        trainer.train(loader, epochs=3)  # epochs / steps count the whole run, not this call
+ The fused optimizers' pre-pass (overflow check + global norm) runs inside the C++
     step call, so in Python it is part of the `optimizer` span and has no `pre_pass` span.
     """
 
@@ -112,7 +127,8 @@ class Trainer:
                  amp_dtype: torch.dtype | None = None, scaler: Any = None, accumulation_steps: int = 1,
                  max_grad_norm: float | None = None, schedule: Any = None, progress: bool | str = True,
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0,
-                 trace: str | os.PathLike | Tracer | None = None, name: str | None = None):
+                 trace: str | os.PathLike | Tracer | None = None, name: str | None = None,
+                 resume: bool = False):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not callable(loss_fn):
@@ -134,6 +150,10 @@ class Trainer:
             raise ValueError(f"checkpoint_every={checkpoint_every} needs a checkpoint_dir")
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str or None, got {name!r}")
+        if not isinstance(resume, bool):
+            raise TypeError(f"resume must be True or False, got {resume!r}")
+        if resume and checkpoint_dir is None:
+            raise ValueError("resume=True needs a checkpoint_dir")
 
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.fused = isinstance(optimizer, FusedOptimizerMixin)
@@ -152,6 +172,9 @@ class Trainer:
         # Torch's clip_grad_norm_ in the optimizer's own style: per-tensor loop for the for-loop one.
         self._clip_foreach = optimizer_kind(optimizer) in ("foreach", "torch_fused")
         self._trace_path, self.tracer, self.trace_pid = self._make_tracer(trace)
+        newest = self.latest_checkpoint(self.checkpoint_dir) if resume else None
+        if newest is not None:
+            self.load_checkpoint(newest)
 
     # ---- construction helpers ----------------------------------------------------------------
     def _reconcile_fused_options(self, accumulation_steps: int, max_grad_norm: float | None):
@@ -371,6 +394,17 @@ class Trainer:
         tmp = os.fspath(path) + ".tmp"
         torch.save(state, tmp)
         os.replace(tmp, path)  # a crash while saving never leaves a truncated checkpoint
+
+    @staticmethod
+    def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
+        """The path of the newest step-NNNNNNNN.pt in checkpoint_dir (the highest step), or None if
+        there is none or the folder does not exist."""
+        try:
+            names = os.listdir(checkpoint_dir)
+        except FileNotFoundError:
+            return None
+        found = {int(m.group(1)): m.group(0) for m in map(_CHECKPOINT_NAME.fullmatch, names) if m is not None}
+        return os.path.join(os.fspath(checkpoint_dir), found[max(found)]) if found else None
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         """Restores a save_checkpoint() file into this Trainer's model, optimizer, scaler and lr

@@ -174,25 +174,25 @@ template <class Hyper>
 StepResult Optimizer<Hyper>::Step(const StepOptions& options) {
   std::vector<std::size_t> all(storage_.num_tensors());
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
-  return Step(all, options);
+  return StepTensors(all, options);
 }
 
 template <class Hyper>
-StepResult Optimizer<Hyper>::Step(std::span<const std::size_t> tensors,
-                                  const StepOptions& options) {
+StepResult Optimizer<Hyper>::StepTensors(std::span<const std::size_t> tensors,
+                                         const StepOptions& options) {
   const std::int64_t accumulation = storage_.options().accumulation_steps;
   std::vector<bool> seen(storage_.num_tensors(), false);
   for (std::size_t t : tensors) {
     if (t >= storage_.num_tensors()) {
-      throw Error("Optimizer::Step: tensor index " + std::to_string(t) + " out of range (" +
+      throw Error("Optimizer::StepTensors: tensor index " + std::to_string(t) + " out of range (" +
                   std::to_string(storage_.num_tensors()) + " tensors)");
     }
     if (seen[t])
-      throw Error("Optimizer::Step: tensor index " + std::to_string(t) + " listed twice");
+      throw Error("Optimizer::StepTensors: tensor index " + std::to_string(t) + " listed twice");
     seen[t] = true;
   }
   if (accumulation > 1 && tensors.size() != storage_.num_tensors()) {
-    throw Error("Optimizer::Step: a tensor list needs accumulation_steps 1 (it is " +
+    throw Error("Optimizer::StepTensors: a tensor list needs accumulation_steps 1 (it is " +
                 std::to_string(accumulation) + ")");
   }
   if (!(options.max_grad_norm >= 0.0)) {

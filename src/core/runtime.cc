@@ -24,6 +24,36 @@ std::int64_t TargetBit(const std::string& name) {
   return 0;
 }
 
+// The names of the compiled targets, best first: the names FOPT_DISABLE_TARGETS accepts.
+std::string CompiledTargetNames() {
+  std::string names;
+  for (std::int64_t bits = HWY_TARGETS; bits != 0; bits &= bits - 1)
+    names += (names.empty() ? "" : ", ") + std::string(hwy::TargetName(bits & -bits));
+  return names;
+}
+
+// The targets named in FOPT_DISABLE_TARGETS (comma-separated, blanks around names ignored). An
+// unknown name is an error rather than ignored: a typo would otherwise silently test the wrong
+// target.
+std::int64_t DisabledTargets() {
+  const char* env = std::getenv("FOPT_DISABLE_TARGETS");
+  if (env == nullptr) return 0;
+  std::int64_t disabled = 0;
+  std::stringstream list(env);
+  for (std::string name; std::getline(list, name, ',');) {
+    const std::size_t first = name.find_first_not_of(" \t");
+    if (first == std::string::npos) continue;
+    name = name.substr(first, name.find_last_not_of(" \t") - first + 1);
+    const std::int64_t bit = TargetBit(name);
+    if (bit == 0) {
+      throw Error("FOPT_DISABLE_TARGETS: unknown target '" + name +
+                  "'; valid names: " + CompiledTargetNames());
+    }
+    disabled |= bit;
+  }
+  return disabled;
+}
+
 // Dispatch uses hwy's test mock (SetSupportedTargetsForTest) for every restriction: in
 // Highway 1.0.3 each call of SupportedTargets() re-chooses the target from the unmasked CPU set,
 // silently undoing DisableTargets.
@@ -37,12 +67,8 @@ void Restrict(std::int64_t mask) {
 std::int64_t DefaultMask() {
   static const std::int64_t mask = [] {
     const std::int64_t detected = hwy::SupportedTargets() & HWY_TARGETS;
-    std::int64_t disabled = 0;
-    if (const char* env = std::getenv("FOPT_DISABLE_TARGETS")) {
-      std::stringstream list(env);
-      for (std::string name; std::getline(list, name, ',');) disabled |= TargetBit(name);
-    }
-    const std::int64_t allowed = detected & ~disabled;
+    // A throw leaves the static uninitialized: the next call reads the variable again.
+    const std::int64_t allowed = detected & ~DisabledTargets();
     return allowed != 0 ? allowed : detected;  // never disable everything
   }();
   return mask;
@@ -69,7 +95,10 @@ Runtime::Runtime(int num_threads) : num_threads_(0) {
 }
 
 void Runtime::set_num_threads(int num_threads) {
-  if (num_threads < 0) throw Error("Runtime: invalid num_threads: " + std::to_string(num_threads));
+  if (num_threads < 0 || num_threads > kMaxThreads) {
+    throw Error("Runtime: invalid num_threads: " + std::to_string(num_threads) + " (must be 0.." +
+                std::to_string(kMaxThreads) + ")");
+  }
   num_threads_ = num_threads == 0 ? omp_get_max_threads() : num_threads;
 }
 
@@ -84,6 +113,12 @@ std::string ActiveTargetName() {
   Available();
   const std::int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
   return hwy::TargetName(targets & -targets);  // the best (lowest-bit) target is the one dispatched
+}
+
+std::string TargetDescription(const std::string& name) {
+  // Highway numbers its x86 levels; the README and CPU vendors say AVX-512.
+  if (name.starts_with("AVX3")) return name + " (AVX-512)";
+  return name;
 }
 
 void ForceTarget(const std::string& name) {

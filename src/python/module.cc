@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -55,8 +57,28 @@ T* Ptr(std::uintptr_t address) {
   return reinterpret_cast<T*>(address);  // NOLINT(performance-no-int-to-ptr)
 }
 
-std::vector<Segment> ToSegments(const std::vector<SegmentTuple>& packed) {
+// The largest state['step'] accepted: any f32 below it converts to int64 exactly, with room for the
+// step being taken (and one more per repeated occurrence of the param).
+constexpr float kMaxStepCount = 0x1p62f;
+
+// torch keeps the count in an f32 tensor; the step being taken is one more. The float is checked
+// before the cast (NaN, Inf or a value beyond int64 would make it undefined behaviour).
+std::int64_t NextStep(std::size_t segment, std::uintptr_t step_ptr) {
+  const float count = *Ptr<const float>(step_ptr);
+  if (!(count >= 0.0f && count < kMaxStepCount)) {
+    std::ostringstream out;
+    out << "segment " << segment << ": invalid state['step']: " << count
+        << " (must be a finite count in [0, 2^62))";
+    throw Error(out.str());
+  }
+  return static_cast<std::int64_t>(count) + 1;
+}
+
+// With `repeats`, a counter that several segments share (the same param listed twice) advances
+// once per occurrence, as torch's for-loop does: the k-th occurrence takes step count + k.
+std::vector<Segment> ToSegments(const std::vector<SegmentTuple>& packed, bool repeats) {
   std::vector<Segment> segments(packed.size());
+  std::unordered_map<std::uintptr_t, std::int64_t> taken;  // step_ptr -> occurrences so far
   for (std::size_t i = 0; i < packed.size(); ++i) {
     const auto& [param, grad, gd, grad_scale, s0, s1, s2, master, numel, pd, sd, group, step_ptr,
                  step, stochastic, seed, offset] = packed[i];
@@ -72,8 +94,8 @@ std::vector<Segment> ToSegments(const std::vector<SegmentTuple>& packed) {
     s.grad_dtype = static_cast<DType>(gd);
     s.state_dtype = static_cast<DType>(sd);
     s.group = group;
-    // torch keeps the count in an f32 tensor; the step being taken is one more.
-    s.step = step_ptr != 0 ? static_cast<std::int64_t>(*Ptr<const float>(step_ptr)) + 1 : step;
+    s.step = step;
+    if (step_ptr != 0) s.step = NextStep(i, step_ptr) + (repeats ? taken[step_ptr]++ : 0);
     s.grad_scale = grad_scale;
     s.stochastic_rounding = stochastic;
     s.rounding_seed = seed;
@@ -85,18 +107,50 @@ std::vector<Segment> ToSegments(const std::vector<SegmentTuple>& packed) {
 // What a step call reports back to Python: (stepped, found_inf, grad_norm or None, clip_coef).
 using StepReport = std::tuple<bool, bool, std::optional<double>, float>;
 
+// Runs every check of a step call over all segments and writes nothing: the step functions
+// validate all arguments before touching a buffer, and with no elements they touch none. (The
+// checks that need elements are the null-pointer ones, which Python's packing cannot fail: a
+// tensor with elements has a non-null data_ptr.)
+template <class Hyper, class StepFn>
+void ValidateOnly(const std::vector<Hyper>& groups, std::vector<Segment> segments, Runtime& runtime,
+                  StepFn step_fn) {
+  for (Segment& s : segments) s.numel = 0;
+  step_fn(std::span<const Hyper>(groups), std::span<const Segment>(segments), runtime);
+}
+
 // Runs one fused step over every segment, then advances the step counters (only once the step
 // has succeeded, so a rejected or skipped call changes nothing). With `check` or a finite max_norm,
 // the fused pre-pass runs first: one read of the gradients for overflow and norm, the clip factor
 // folded into each segment's grad_scale; an overflow skips the update.
+//
+// `wave_ends` splits the segments into waves updated one after the other (empty: one wave). Python
+// puts a param listed twice, or params that overlap in memory, into different waves, so that the
+// engine's parallel pass never updates one element from two segments at once and the later
+// occurrence sees the earlier one's update, like torch's for-loop. Everything is validated and the
+// pre-pass runs once, over all segments, before the first wave writes. With `validate_only`, only
+// the checks run.
 template <class Hyper, class StepFn>
 StepReport RunStep(const std::vector<Hyper>& groups, const std::vector<SegmentTuple>& packed,
-                   int num_threads, double max_norm, int norm_type, bool check, StepFn step_fn) {
-  std::vector<Segment> segments = ToSegments(packed);
+                   int num_threads, double max_norm, int norm_type, bool check,
+                   const std::vector<std::size_t>& wave_ends, bool validate_only, StepFn step_fn) {
+  for (std::size_t w = 0; w < wave_ends.size(); ++w) {
+    const std::size_t begin = w == 0 ? 0 : wave_ends[w - 1];
+    if (wave_ends[w] < begin || wave_ends[w] > packed.size() ||
+        (w + 1 == wave_ends.size() && wave_ends[w] != packed.size())) {
+      throw Error("fusedopt: invalid wave_ends (must rise to the number of segments, " +
+                  std::to_string(packed.size()) + ")");
+    }
+  }
+  const bool waves = wave_ends.size() > 1;
+  std::vector<Segment> segments = ToSegments(packed, waves);
   StepReport report{false, false, std::nullopt, 1.0f};
   {
     py::gil_scoped_release release;
     Runtime runtime(num_threads);
+    if (waves || validate_only) {
+      ValidateOnly(groups, segments, runtime, step_fn);
+      if (validate_only) return report;
+    }
     if (check || std::isfinite(max_norm)) {
       // Validate the hyper-parameters before the pre-pass may change grad_scale.
       step_fn(std::span<const Hyper>(groups), std::span<const Segment>(), runtime);
@@ -107,8 +161,15 @@ StepReport RunStep(const std::vector<Hyper>& groups, const std::vector<SegmentTu
       std::get<3>(report) = pre.clip_coef;
       if (pre.non_finite) return report;
     }
-    step_fn(std::span<const Hyper>(groups), std::span<const Segment>(segments), runtime);
+    const std::span<const Segment> all(segments);
+    const std::vector<std::size_t> ends = waves ? wave_ends : std::vector{segments.size()};
+    std::size_t begin = 0;
+    for (std::size_t end : ends) {
+      step_fn(std::span<const Hyper>(groups), all.subspan(begin, end - begin), runtime);
+      begin = end;
+    }
   }
+  // In packing order, so a repeated counter ends at its last (largest) occurrence.
   for (std::size_t i = 0; i < packed.size(); ++i) {
     const std::uintptr_t step_ptr = std::get<12>(packed[i]);
     if (step_ptr != 0) *Ptr<float>(step_ptr) = static_cast<float>(segments[i].step);
@@ -166,19 +227,23 @@ PYBIND11_MODULE(_C, m) {
            py::arg("lr"), py::arg("lr_decay"), py::arg("weight_decay"),
            py::arg("initial_accumulator_value"), py::arg("eps"), py::arg("maximize"));
 
-  // step functions: (groups, segments, num_threads, max_norm, norm_type, check) -> StepReport;
-  // fusedopt::Error surfaces as ValueError. norm_type: 2, 1, or 0 for inf.
+  // step functions: (groups, segments, num_threads, max_norm, norm_type, check, wave_ends,
+  // validate_only) -> StepReport (see RunStep); fusedopt::Error surfaces as ValueError.
+  // norm_type: 2, 1, or 0 for inf.
   const auto bind_step = [&m](const char* name, auto hyper_tag, auto step_fn) {
     using Hyper = typename decltype(hyper_tag)::type;
     m.def(
         name,
         [step_fn](const std::vector<Hyper>& g, const std::vector<SegmentTuple>& s, int threads,
-                  double max_norm, int norm_type, bool check) {
-          return RunStep(g, s, threads, max_norm, norm_type, check, step_fn);
+                  double max_norm, int norm_type, bool check,
+                  const std::vector<std::size_t>& wave_ends, bool validate_only) {
+          return RunStep(g, s, threads, max_norm, norm_type, check, wave_ends, validate_only,
+                         step_fn);
         },
         py::arg("groups"), py::arg("segments"), py::arg("num_threads"),
         py::arg("max_norm") = std::numeric_limits<double>::infinity(), py::arg("norm_type") = 2,
-        py::arg("check") = false);
+        py::arg("check") = false, py::arg("wave_ends") = std::vector<std::size_t>{},
+        py::arg("validate_only") = false);
   };
   bind_step("sgd_step", std::type_identity<SgdHyper>{}, SgdStep);
   bind_step("adam_step", std::type_identity<AdamHyper>{}, AdamStep);

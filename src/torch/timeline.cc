@@ -2,7 +2,9 @@
 
 #include "fusedopt/pt/timeline.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -109,8 +111,13 @@ std::string Timeline::ToJson(const std::string& other_data_json) const {
 
 void Timeline::Write(const std::string& path, const std::string& other_data_json) const {
   std::ofstream file(path);
-  if (!file) throw std::invalid_argument("cannot write the trace file " + path);
-  file << ToJson(other_data_json);
+  if (file) {
+    file << ToJson(other_data_json);
+    file.close();  // flushes: a full disk shows here
+  }
+  if (!file) {
+    throw std::runtime_error("cannot write the trace file '" + path + "': " + std::strerror(errno));
+  }
 }
 
 }  // namespace fusedopt::pt

@@ -32,7 +32,8 @@ Command AddBenchCommand(CLI::App& app) {
   auto* shapes =
       parser->add_option("--shapes", options.shapes, "Real per-tensor shapes of a model")
           ->check(CLI::IsMember({"mobilenet_v1", "resnet50", "bert_base", "gpt2_small"}));
-  auto* numel = parser->add_option("--numel", options.numel, "One flat tensor of N elements");
+  auto* numel = parser->add_option("--numel", options.numel, "One flat tensor of N elements")
+                    ->check(ElementCount());
   shapes->excludes(numel);
   parser
       ->add_option("--dtype", options.dtype,
@@ -65,21 +66,18 @@ Command AddBenchCommand(CLI::App& app) {
   parser->add_option("--json", values->json_path, "Also write the report as JSON to this file");
 
   return {parser, [values, clip] {
-            bench::BenchOptions& run_options = values->options;
-            try {
+            return RunCommand("bench", [&] {
+              bench::BenchOptions& run_options = values->options;
               if (run_options.shapes.empty() && run_options.numel == 0)
                 run_options.shapes = "mobilenet_v1";
               if (clip->count() > 0) run_options.clip = bench::ParseClip(values->clip_text);
+              if (!values->json_path.empty()) CheckWritable(values->json_path);  // before timing
               const nlohmann::json report = bench::RunBench(run_options, std::cout, std::cerr);
               if (!values->json_path.empty()) {
                 WriteTextFile(values->json_path, report.dump(2) + "\n");
                 std::cout << "wrote " << values->json_path << "\n";
               }
-            } catch (const std::exception& e) {
-              std::cerr << "fusedopt bench: " << e.what() << "\n";
-              return 2;
-            }
-            return 0;
+            });
           }};
 }
 

@@ -3,11 +3,15 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <filesystem>
-#include <fstream>
+#include <cerrno>
+#include <cstdlib>
+#include <exception>
 #include <functional>
+#include <iostream>
 #include <stdexcept>
 #include <string>
+
+#include "bench/report_util.h"
 
 namespace fusedopt::cli {
 
@@ -17,13 +21,49 @@ struct Command {
   std::function<int()> run;
 };
 
-// Writes a report file, creating its folder; throws std::invalid_argument naming the path.
-inline void WriteTextFile(const std::string& path, const std::string& text) {
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
-  std::ofstream file(path);
-  if (!file) throw std::invalid_argument("cannot write " + path);
-  file << text;
+using bench::CheckWritable;
+using bench::WriteTextFile;
+
+// Runs a command's body and returns the exit status: 0; 2 for a bad argument
+// (std::invalid_argument, fusedopt::Error included), like CLI11's usage errors in main.cc; 1 for
+// any other failure (a report that cannot be written, a run that diverged). Each failure prints
+// "fusedopt <name>: error: <message>", the message's first line only (libtorch appends a C++
+// backtrace to its errors).
+inline int RunCommand(const std::string& name, const std::function<void()>& body) {
+  const auto print = [&](const std::exception& e) {
+    const std::string message = e.what();
+    std::cerr << "fusedopt " << name << ": error: " << message.substr(0, message.find('\n'))
+              << "\n";
+  };
+  try {
+    body();
+    return 0;
+  } catch (const std::invalid_argument& e) {
+    print(e);
+    return 2;
+  } catch (const std::exception& e) {
+    print(e);
+    return 1;
+  }
+}
+
+// Checks an element count: a decimal whole number in [1, 2^64). CLI11 alone would read "-1" as
+// 2^64 - 1 (strtoull wraps it), clamp "2^64" to 2^64 - 1 and read "010" as octal. The text is
+// rewritten in plain decimal for CLI11's conversion.
+inline CLI::Validator ElementCount() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const bool digits =
+            !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        if (!digits) return "'" + text + "' is not a whole number > 0";
+        errno = 0;
+        const unsigned long long value = std::strtoull(text.c_str(), nullptr, 10);
+        if (errno == ERANGE) return "'" + text + "' is too large (the most is 2^64 - 1)";
+        if (value == 0) return "'" + text + "' is not a whole number > 0";
+        text = std::to_string(value);
+        return "";
+      },
+      "N>0");
 }
 
 Command AddBenchCommand(CLI::App& app);

@@ -4,6 +4,7 @@
 // --step-ms (and optionally --optimizer-ms), or a --trace of `fusedopt train`; flags given with
 // --trace override its values.
 
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -78,6 +79,9 @@ bench::DoctorOptions Resolve(Values& v, const Given& given) {
   } else if (given.step_ms->count() == 0) {
     throw std::invalid_argument("--step-ms: required (the measured training step) without --trace");
   }
+  // NaN is DoctorOptions' "not given": given, it would silently mean torch's default.
+  if (given.weight_decay->count() > 0 && std::isnan(v.options.weight_decay))
+    throw std::invalid_argument("--weight-decay: must be a finite number >= 0, got nan");
   if (given.shapes->count() > 0) o.numels = ModelNumels(v.shapes);
   if (given.numels->count() > 0) o.numels = v.numels;
   if (given.clip->count() > 0) o.clip = bench::ParseClip(v.clip_text);
@@ -108,7 +112,8 @@ Command AddDoctorCommand(CLI::App& app) {
   given.numels = parser
                      ->add_option("--numels", values->numels,
                                   "Element count of every parameter tensor: N,N,...")
-                     ->delimiter(',');
+                     ->delimiter(',')
+                     ->check(ElementCount());
   given.shapes->excludes(given.numels);
   parser->add_option("--trace", values->trace_path,
                      "A `fusedopt train --trace` timeline (docs/trace-format.md)");
@@ -135,18 +140,15 @@ Command AddDoctorCommand(CLI::App& app) {
   parser->add_option("--json", values->json_path, "Also write the report as JSON to this file");
 
   return {parser, [values, given] {
-            try {
+            return RunCommand("doctor", [&] {
               const bench::DoctorOptions resolved = Resolve(*values, given);
+              if (!values->json_path.empty()) CheckWritable(values->json_path);  // before timing
               const nlohmann::json report = bench::Diagnose(resolved, std::cout, std::cerr);
               if (!values->json_path.empty()) {
                 WriteTextFile(values->json_path, report.dump(2) + "\n");
                 std::cout << "wrote " << values->json_path << "\n";
               }
-            } catch (const std::exception& e) {
-              std::cerr << "fusedopt doctor: " << e.what() << "\n";
-              return 2;
-            }
-            return 0;
+            });
           }};
 }
 

@@ -2,6 +2,7 @@
 // timeline), `doctor` (what fusing can save for a model's shapes and step time), `bench` (the
 // optimizer step alone: fused vs standard vs the bandwidth ceiling) and `info`.
 
+#include <iostream>
 #include <vector>
 
 #include "tools/cli/command.h"
@@ -16,7 +17,17 @@ int main(int argc, char** argv) {
   commands.push_back(fusedopt::cli::AddDoctorCommand(app));
   commands.push_back(fusedopt::cli::AddBenchCommand(app));
   commands.push_back(fusedopt::cli::AddInfoCommand(app));
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // A usage error reads and exits like a bad value that a command rejects (RunCommand): exit
+    // code 2 instead of CLI11's own codes (105, 106, ...).
+    const std::vector<CLI::App*> given = app.get_subcommands();
+    std::cerr << "fusedopt" << (given.empty() ? "" : " " + given[0]->get_name())
+              << ": error: " << e.what() << "\nRun with --help for more information.\n";
+    return 2;
+  }
   for (const fusedopt::cli::Command& command : commands) {
     if (command.parser->parsed()) return command.run();
   }

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -217,7 +218,8 @@ Model MakeModel(const ModelConfig& config, std::uint64_t seed) {
 
 namespace {
 
-// scikit-learn's digits as exported by scripts/build: 64 pixels (0..16) and a label per line.
+// scikit-learn's digits as exported by scripts/build: 64 pixels (0..16) and a label (0..9) per
+// line. Every error names the file, and the line for a bad row.
 std::pair<torch::Tensor, torch::Tensor> LoadDigits(const std::string& path) {
   std::ifstream file(path);
   if (!file) {
@@ -227,15 +229,30 @@ std::pair<torch::Tensor, torch::Tensor> LoadDigits(const std::string& path) {
   std::vector<float> pixels;
   std::vector<int64_t> labels;
   std::string line;
-  while (std::getline(file, line)) {
+  for (int number = 1; std::getline(file, line); ++number) {
+    const auto bad = [&](const std::string& why) {
+      throw std::invalid_argument("the digits file '" + path + "' is malformed: line " +
+                                  std::to_string(number) + " " + why + ": " + line.substr(0, 80));
+    };
     std::istringstream fields(line);
     std::string field;
     std::vector<float> row;
-    while (std::getline(fields, field, ',')) row.push_back(std::stof(field));
-    if (row.size() != 65) throw std::invalid_argument("bad digits row in " + path + ": " + line);
+    while (std::getline(fields, field, ',')) {
+      char* end = nullptr;
+      const float value = std::strtof(field.c_str(), &end);
+      if (field.empty() || end != field.c_str() + field.size() || !std::isfinite(value))
+        bad("has a field that is not a number, '" + field + "'");
+      row.push_back(value);
+    }
+    if (row.size() != 65)
+      bad("has " + std::to_string(row.size()) + " fields, not 64 pixels and a label");
+    if (row[64] != std::floor(row[64]) || row[64] < 0 || row[64] > 9)
+      bad("has a label that is not 0..9");
     pixels.insert(pixels.end(), row.begin(), row.begin() + 64);
     labels.push_back(static_cast<int64_t>(row[64]));
   }
+  if (file.bad()) throw std::invalid_argument("cannot read the digits file '" + path + "'");
+  if (labels.empty()) throw std::invalid_argument("the digits file '" + path + "' is empty");
   const auto n = static_cast<int64_t>(labels.size());
   return {torch::tensor(pixels).view({n, 1, 8, 8}) / 16.0, torch::tensor(labels)};
 }
@@ -266,11 +283,16 @@ Batches::Batches(const ModelConfig& model, const DataConfig& data) {
       x = torch::constant_pad_nd(x, {pad / 2, pad - pad / 2, pad / 2, pad - pad / 2});
       batches_.push_back({x.contiguous(), labels.index_select(0, index)});
     }
-    if (batches_.empty()) throw std::invalid_argument("batch size larger than the digits set");
+    if (batches_.empty()) {
+      const int64_t n = images.size(0);
+      throw std::invalid_argument(
+          "batch size " + std::to_string(b) + " larger than the digits set (" + std::to_string(n) +
+          (n == 1 ? " sample" : " samples") + " in '" + data.digits_csv + "')");
+    }
     return;
   }
   if (data.data != "synthetic") {
-    throw std::invalid_argument("unknown data '" + data.data + "' (known: synthetic digits)");
+    throw std::invalid_argument("unknown --dataset '" + data.data + "' (known: synthetic digits)");
   }
   for (int i = 0; i < data.pool; ++i) {
     if (transformer) {

@@ -49,8 +49,7 @@ Hyper ResolveHyper(const TrainOptions& o) {
                                           {"adagrad", 1e-2, 0.0}};
   for (const Default& d : kDefaults) {
     if (o.optimizer == d.name) {
-      return {std::isnan(o.lr) ? d.lr : o.lr,
-              std::isnan(o.weight_decay) ? d.weight_decay : o.weight_decay,
+      return {o.lr.value_or(d.lr), o.weight_decay.value_or(d.weight_decay),
               o.optimizer == "sgd" ? o.momentum : 0.0, o.nesterov};
     }
   }
@@ -156,7 +155,13 @@ void Validate(const TrainOptions& o) {
   if (o.model.image_size < 1)
     bad("--image-size", std::to_string(o.model.image_size), "must be >= 1");
   if (o.lr_warmup < 0) bad("--lr-warmup", std::to_string(o.lr_warmup), "must be >= 0");
-  if (!std::isnan(o.lr) && !(o.lr >= 0.0)) bad("--lr", std::to_string(o.lr), "must be >= 0");
+  // Given hyper-parameters: finite and >= 0 (NaN would otherwise slip through every comparison).
+  const auto hyper = [&](const std::string& option, const std::optional<double>& value) {
+    if (value && !(std::isfinite(*value) && *value >= 0.0))
+      bad(option, bench::Num(*value), "must be a finite number >= 0");
+  };
+  hyper("--lr", o.lr);
+  hyper("--weight-decay", o.weight_decay);
 }
 
 // A one-line bar on a terminal; on a pipe, a line every 10 %.
@@ -458,7 +463,8 @@ nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::
                             {"momentum", hyper.momentum},
                             {"nesterov", hyper.nesterov},
                             {"max_grad_norm", report["max_grad_norm"]}};
-    timeline.Write(options.trace_path, other.dump());
+    // Checked and atomic: a failed write is an error, and leaves no partial trace behind.
+    bench::WriteTextFile(options.trace_path, timeline.ToJson(other.dump()));
     report["trace"] = options.trace_path;
   }
   return report;

@@ -8,6 +8,7 @@
 #include <iosfwd>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,10 +20,10 @@ struct TrainOptions {
   ModelConfig model;
   DataConfig data;
   std::string optimizer = "adamw";  // adamw, adam, sgd (momentum), rmsprop, adagrad
-  // NaN: the optimizer's default here (adamw 1e-3 / wd 1e-2; sgd 0.01, momentum 0.9, wd 1e-4;
-  // adam 1e-3; rmsprop 1e-3; adagrad 1e-2).
-  double lr = std::numeric_limits<double>::quiet_NaN();
-  double weight_decay = std::numeric_limits<double>::quiet_NaN();
+  // Unset: the optimizer's default here (adamw 1e-3 / wd 1e-2; sgd 0.01, momentum 0.9, wd 1e-4;
+  // adam 1e-3; rmsprop 1e-3; adagrad 1e-2). Set: a finite number >= 0 (NaN is an error).
+  std::optional<double> lr;
+  std::optional<double> weight_decay;
   double momentum = 0.9;                       // sgd
   bool nesterov = false;                       // sgd
   std::vector<std::string> impls = {"fused"};  // torch and/or fused
@@ -34,7 +35,7 @@ struct TrainOptions {
   double max_grad_norm = std::numeric_limits<double>::infinity();
   int lr_warmup = 0;       // > 0: linear warmup over that many updates, then cosine to 0.01 lr
   bool schedule = false;   // warmup + cosine (lr_warmup, total = warmup + steps)
-  std::string trace_path;  // Chrome trace JSON
+  std::string trace_path;  // Chrome trace JSON, written (checked, atomically) at the end of a run
   bool progress = true;    // a progress bar on the progress stream
   bool predict = true;     // run the doctor on the torch impl's numbers (with torch and fused)
 };

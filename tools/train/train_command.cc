@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "tools/cli/command.h"
@@ -20,7 +21,8 @@ std::string Quoted(const std::string& text) {
 }
 
 // The chart is drawn by matplotlib (tools/train_chart.py) in the project's .venv, or in
-// $FOPT_PYTHON; returns false (and says why) when that Python is not there.
+// $FOPT_PYTHON; returns false (and says why) when that Python is not there, and throws
+// std::runtime_error naming the chart when it is there but fails (e.g. cannot write the PNG).
 bool DrawChart(const std::string& json_path, const std::string& png_path) {
   const char* env = std::getenv("FOPT_PYTHON");
   const std::string python = env != nullptr ? env : FOPT_SOURCE_DIR "/.venv/bin/python";
@@ -31,10 +33,8 @@ bool DrawChart(const std::string& json_path, const std::string& png_path) {
   }
   const std::string command =
       Quoted(python) + " " + Quoted(script) + " " + Quoted(json_path) + " " + Quoted(png_path);
-  if (std::system(command.c_str()) != 0) {
-    std::cerr << "chart failed: " << command << "\n";
-    return false;
-  }
+  if (std::system(command.c_str()) != 0)
+    throw std::runtime_error("cannot draw the chart '" + png_path + "': " + command + " failed");
   return true;
 }
 
@@ -47,6 +47,7 @@ Command AddTrainCommand(CLI::App& app) {
     std::string impl = "fused";
     std::string out_dir = "train-results";
     std::string json_path, markdown_path, chart_path;
+    double lr = 0.0, weight_decay = 0.0;  // given: TrainOptions' optional values
     bool quiet = false;
   };
   auto values = std::make_shared<Values>();
@@ -67,17 +68,24 @@ Command AddTrainCommand(CLI::App& app) {
       ->capture_default_str();
   parser->add_flag("--compare", values->compare,
                    "Run torch and fused in turn on copies of one model and the same batches");
-  parser->add_option("--lr", o.lr, "Learning rate (default: per optimizer, above)");
-  parser->add_option("--weight-decay", o.weight_decay, "Weight decay (default: per optimizer)");
+  CLI::Option* lr =
+      parser->add_option("--lr", values->lr, "Learning rate (default: per optimizer, above)");
+  CLI::Option* weight_decay = parser->add_option("--weight-decay", values->weight_decay,
+                                                 "Weight decay (default: per optimizer)");
   parser->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   parser->add_flag("--nesterov", o.nesterov, "SGD with Nesterov momentum");
   parser->add_option("--batch-size", o.data.batch_size, "Samples per micro-batch")
       ->capture_default_str();
   parser->add_option("--image-size", o.model.image_size, "Image models: input height and width")
       ->capture_default_str();
-  parser->add_option("--classes", o.model.num_classes, "Image models: classes (synthetic data)")
+  // The spelling of scripts/bench-train; --classes and --data are the older names, still accepted.
+  parser
+      ->add_option("--num-classes,--classes", o.model.num_classes,
+                   "Image models: classes (synthetic data)")
       ->capture_default_str();
-  parser->add_option("--data", o.data.data, "synthetic or digits (scikit-learn's, image models)")
+  parser
+      ->add_option("--dataset,--data", o.data.data,
+                   "synthetic or digits (scikit-learn's, image models)")
       ->capture_default_str();
   o.data.digits_csv = FOPT_DIGITS_CSV;
   parser->add_option("--digits-csv", o.data.digits_csv, "The digits data as CSV (scripts/build)")
@@ -104,10 +112,12 @@ Command AddTrainCommand(CLI::App& app) {
   parser->add_option("--trace", o.trace_path, "Write a Chrome trace-event timeline (JSON) here");
   parser->add_flag("--quiet", values->quiet, "No progress bar");
 
-  return {parser, [values] {
-            Values& v = *values;
-            train::TrainOptions& options = v.options;
-            try {
+  return {parser, [values, lr, weight_decay] {
+            return RunCommand("train", [&] {
+              Values& v = *values;
+              train::TrainOptions& options = v.options;
+              if (lr->count() > 0) options.lr = v.lr;
+              if (weight_decay->count() > 0) options.weight_decay = v.weight_decay;
               options.impls = v.compare ? std::vector<std::string>{"torch", "fused"}
                                         : std::vector<std::string>{v.impl};
               options.schedule = options.lr_warmup > 0;
@@ -119,10 +129,15 @@ Command AddTrainCommand(CLI::App& app) {
                 if (v.markdown_path.empty()) v.markdown_path = stem + ".md";
                 if (v.chart_path.empty()) v.chart_path = stem + ".png";
               }
-              if (!options.trace_path.empty()) WriteTextFile(options.trace_path, "");  // fail early
-              const nlohmann::json report = train::RunTraining(options, std::cout, std::cerr);
               std::string json_path = v.json_path;
               if (json_path.empty() && !v.chart_path.empty()) json_path = v.chart_path + ".json";
+              // Fail before training, not after it; creates nothing, so a failed run leaves no
+              // file.
+              for (const std::string* path :
+                   {&json_path, &v.markdown_path, &v.chart_path, &options.trace_path}) {
+                if (!path->empty()) CheckWritable(*path);
+              }
+              const nlohmann::json report = train::RunTraining(options, std::cout, std::cerr);
               if (!json_path.empty()) {
                 WriteTextFile(json_path, report.dump(2) + "\n");
                 std::cout << "report: " << json_path << "\n";
@@ -138,13 +153,7 @@ Command AddTrainCommand(CLI::App& app) {
                 std::cout << "trace:  " << options.trace_path
                           << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
               }
-            } catch (const std::exception& e) {
-              // libtorch's errors append a C++ backtrace after the first line.
-              const std::string message = e.what();
-              std::cerr << "fusedopt train: " << message.substr(0, message.find('\n')) << "\n";
-              return 2;
-            }
-            return 0;
+            });
           }};
 }
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -305,29 +306,78 @@ TEST(Timeline, TraceIsValidTraceEventJson) {
 
 // ---- Options ------------------------------------------------------------------------------------
 
+// The run is refused with an std::invalid_argument whose message contains `text`.
+void ExpectRunRejected(const TrainOptions& o, const std::string& text) {
+  try {
+    RunQuiet(o);
+    ADD_FAILURE() << "expected an error naming " << text;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
 TEST(RunTraining, RejectsBadOptionsByName) {
-  const auto expect_named = [](TrainOptions o, const std::string& text) {
+  TrainOptions o = Tiny("mobilenet_v1", "adamw");
+  o.impls = {"jax"};
+  ExpectRunRejected(o, "--impl jax");
+  o = Tiny("mobilenet_v1", "lamb");
+  ExpectRunRejected(o, "--optimizer 'lamb'");
+  o = Tiny("mobilenet_v1", "adamw");
+  o.steps = 0;
+  ExpectRunRejected(o, "--steps 0");
+  o = Tiny("mobilenet_v1", "adamw");
+  o.dtype = "f64";
+  ExpectRunRejected(o, "--dtype f64");
+  o = Tiny("mobilenet_v1", "adamw");
+  o.model.name = "vgg";
+  ExpectRunRejected(o, "unknown model 'vgg'");
+}
+
+// NaN is not "the optimizer's default" (issue #11, item 7): a given lr or weight decay must be a
+// finite number >= 0, and the error names the option and the value.
+TEST(RunTraining, RejectsNonFiniteHyperParameters) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  TrainOptions o = Tiny("mobilenet_v1", "adamw");
+  o.lr = nan;
+  ExpectRunRejected(o, "--lr nan");
+  o = Tiny("mobilenet_v1", "sgd");
+  o.weight_decay = nan;
+  ExpectRunRejected(o, "--weight-decay nan");
+  o = Tiny("mobilenet_v1", "adamw");
+  o.weight_decay = std::numeric_limits<double>::infinity();
+  ExpectRunRejected(o, "--weight-decay inf");
+}
+
+// An empty or malformed digits file is named with its path (issue #11, item 13), not reported as
+// "batch size larger than the digits set".
+TEST(Batches, NamesAnEmptyOrMalformedDigitsFile) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "fopt_digits_test";
+  std::filesystem::create_directories(dir);
+  ModelConfig model;
+  model.image_size = 8;
+  DataConfig data;
+  data.data = "digits";
+  data.batch_size = 2;
+  const auto expect_named = [&](const std::string& name, const std::string& content,
+                                const std::string& text) {
+    data.digits_csv = (dir / name).string();
+    std::ofstream(data.digits_csv) << content;
     try {
-      RunQuiet(o);
-      ADD_FAILURE() << "expected an error naming " << text;
+      Batches batches(model, data);
+      ADD_FAILURE() << "expected an error for " << name;
     } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(data.digits_csv), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
     }
   };
-  TrainOptions o = Tiny("mobilenet_v1", "adamw");
-  o.impls = {"jax"};
-  expect_named(o, "--impl jax");
-  o = Tiny("mobilenet_v1", "lamb");
-  expect_named(o, "--optimizer 'lamb'");
-  o = Tiny("mobilenet_v1", "adamw");
-  o.steps = 0;
-  expect_named(o, "--steps 0");
-  o = Tiny("mobilenet_v1", "adamw");
-  o.dtype = "f64";
-  expect_named(o, "--dtype f64");
-  o = Tiny("mobilenet_v1", "adamw");
-  o.model.name = "vgg";
-  expect_named(o, "unknown model 'vgg'");
+  expect_named("empty.csv", "", "empty");
+  expect_named("letters.csv", "1,2,x\n", "line 1");
+  expect_named("short.csv", std::string(64, '0') + "\n", "line 1");
+  std::string row;
+  for (int i = 0; i < 64; ++i) row += "0,";
+  expect_named("label.csv", row + "10\n", "label");
+  expect_named("one.csv", row + "3\n", "1 sample");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

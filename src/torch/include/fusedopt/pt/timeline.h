@@ -70,7 +70,8 @@ class Timeline {
   // The trace as JSON text; `other_data_json` is a JSON object (text) stored as otherData, to
   // which "fusedopt_trace" and "impls" are added.
   std::string ToJson(const std::string& other_data_json) const;
-  // Writes ToJson to `path`; throws std::invalid_argument naming the path if it cannot.
+  // Writes ToJson to `path`; throws std::runtime_error naming the path and the reason if it cannot
+  // (also when the disk fills up).
   void Write(const std::string& path, const std::string& other_data_json) const;
 
  private:

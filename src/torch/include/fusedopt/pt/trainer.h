@@ -5,12 +5,16 @@
 // and clip inside its one fused step) or any torch::optim optimizer (torch's own way: a foreach
 // unscale + non-finite check, clip_grad_norm_, then step).
 //
-//   auto model = std::make_shared<Net>();
+//   torch::nn::Sequential model(torch::nn::Linear(784, 128), torch::nn::ReLU(),
+//                               torch::nn::Linear(128, 10));
 //   fusedopt::pt::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
 //   fusedopt::pt::Trainer trainer(model, [&](const torch::Tensor& x) { return model->forward(x); },
 //                                 torch::nn::functional::cross_entropy, optimizer,
-//                                 {.max_grad_norm = 1.0, .schedule = fusedopt::WarmupCosine(...)});
-//   trainer.Train(next_batch, /*updates=*/1000, print_progress);
+//                                 {.max_grad_norm = 1.0,
+//                                  .schedule = fusedopt::WarmupCosine(1e-3, 100, 1000, 1e-5)});
+//   trainer.Train(next_batch, /*updates=*/1000);  // next_batch() returns the next Batch
+//
+// (docs/train.md has the same example with every option; the docs check compiles and runs it.)
 //
 // One update = accumulation_steps micro-batches (each loss divided by accumulation_steps, so the
 // gradients sum to the mean's gradient, as torch users write it) followed by one optimizer step and
@@ -20,6 +24,7 @@
 
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -28,6 +33,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fusedopt/pt/optim.h"
@@ -72,11 +79,39 @@ struct UpdateStats {
          step_ms = 0.0;
 };
 
+// The loss: any callable (output, target) -> scalar tensor, a loss module such as
+// torch::nn::CrossEntropyLoss(), or a torch::nn::functional loss like cross_entropy, whose options
+// struct is a defaulted third parameter (a function pointer loses the default; it is supplied
+// here).
+class LossFunction {
+ public:
+  using Fn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+
+  LossFunction() = default;
+  template <class F>
+  requires std::is_invocable_r_v<torch::Tensor, F&, const torch::Tensor&, const torch::Tensor&>
+  LossFunction(F fn) : fn_(std::move(fn)) {}  // NOLINT(google-explicit-constructor)
+  template <class Options>
+  LossFunction(torch::Tensor (*fn)(const torch::Tensor&, const torch::Tensor&,
+                                   const Options&))  // NOLINT(google-explicit-constructor)
+      : fn_(fn == nullptr ? Fn()
+                          : Fn([fn](const torch::Tensor& output, const torch::Tensor& target) {
+                              return fn(output, target, Options{});
+                            })) {}
+
+  torch::Tensor operator()(const torch::Tensor& output, const torch::Tensor& target) const {
+    return fn_(output, target);
+  }
+  explicit operator bool() const { return static_cast<bool>(fn_); }
+
+ private:
+  Fn fn_;
+};
+
 class Trainer {
  public:
   using Forward = std::function<torch::Tensor(const torch::Tensor& input)>;
-  using Loss =
-      std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+  using Loss = LossFunction;
   using DataSource = std::function<Batch()>;  // the next micro-batch
 
   // Throws std::invalid_argument naming the option and value for accumulation_steps < 1,
@@ -84,6 +119,12 @@ class Trainer {
   // other than bf16/f16, or a null model / forward / loss.
   Trainer(std::shared_ptr<torch::nn::Module> model, Forward forward, Loss loss,
           torch::optim::Optimizer& optimizer, TrainerOptions options = {});
+  // A module holder as libtorch builds them: torch::nn::Sequential, torch::nn::Linear,
+  // TORCH_MODULE.
+  template <class Impl>
+  Trainer(const torch::nn::ModuleHolder<Impl>& model, Forward forward, Loss loss,
+          torch::optim::Optimizer& optimizer, TrainerOptions options = {})
+      : Trainer(model.ptr(), std::move(forward), std::move(loss), optimizer, std::move(options)) {}
 
   // One update. `warmup` only marks its timeline span (tables and the doctor skip warm-up steps).
   UpdateStats Step(const DataSource& next, bool warmup = false);

@@ -1,0 +1,27 @@
+# cli.bench_scripts: scripts/bench-torch and scripts/bench-train write relative output paths into
+# the caller's working directory (not the checkout) and say where they wrote (issue #11, item 18).
+# Tiny sizes; timings are never asserted. Run with -DSOURCE_DIR=<the checkout> -DWORK_DIR=<a
+# scratch dir>.
+set(dir ${WORK_DIR}/cli_bench_scripts)
+file(REMOVE_RECURSE ${dir})
+file(MAKE_DIRECTORY ${dir})
+file(REMOVE ${SOURCE_DIR}/fopt_scripts_torch.json ${SOURCE_DIR}/fopt_scripts_train.json)
+
+function(run_script script json)
+  execute_process(COMMAND ${SOURCE_DIR}/scripts/${script} ${ARGN} --json ${json}
+                  WORKING_DIRECTORY ${dir}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "scripts/${script} exited with ${rc}:\n${out}\n${err}")
+  endif()
+  if(NOT EXISTS ${dir}/${json} OR EXISTS ${SOURCE_DIR}/${json})
+    message(FATAL_ERROR "scripts/${script} --json ${json} from ${dir} did not write ${dir}/${json}")
+  endif()
+  if(NOT err MATCHES "wrote ${dir}/${json}")
+    message(FATAL_ERROR "scripts/${script} does not say where it wrote:\n${err}")
+  endif()
+endfunction()
+
+run_script(bench-torch fopt_scripts_torch.json --optimizer sgd --numel 1000 --rounds 1 --warmup 0)
+run_script(bench-train fopt_scripts_train.json --model mobilenet_v1 --image-size 8 --num-classes 10
+           --batch-size 2 --steps 1 --warmup 0 --impls fused)
