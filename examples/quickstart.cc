@@ -7,12 +7,14 @@
 
 int main() {
   // Two tensors (a weight and a bias) in one parameter group.
-  fusedopt::AdamW opt({fusedopt::AdamWHyper{.lr = 0.05, .weight_decay = 0.0}}, {{.numel = 1}, {.numel = 1}});
+  fusedopt::AdamW opt({fusedopt::AdamWHyper{.lr = 0.05, .weight_decay = 0.0}},
+                      {{.numel = 1}, {.numel = 1}});
   std::span<float> w = opt.storage().params<float>(0);
   std::span<float> b = opt.storage().params<float>(1);
   for (int step = 0; step < 500; ++step) {
     opt.ZeroGrad();
-    // Mean squared error over x in {-1, -0.5, 0, 0.5, 1}: write dL/dw and dL/db into the grad arena.
+    // Mean squared error over x in {-1, -0.5, 0, 0.5, 1}: write dL/dw and dL/db into the grad
+    // arena.
     std::span<float> dw = opt.storage().grads<float>(0);
     std::span<float> db = opt.storage().grads<float>(1);
     for (float x : {-1.0f, -0.5f, 0.0f, 0.5f, 1.0f}) {

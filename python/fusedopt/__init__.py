@@ -15,12 +15,10 @@ import torch  # noqa: F401  (loads torch's OpenMP runtime before the engine's)
 # scripts/build's .pth file puts on the path.
 __path__ = pkgutil.extend_path(__path__, __name__)
 
-from . import _C
+from . import _C, schedules, timeline
 from .amp import GradScaler
 from .clip import clip_grad_norm_, clip_grad_value_
 from .optim import FusedAdagrad, FusedAdam, FusedAdamW, FusedRMSprop, FusedSGD
-from . import schedules
-from . import timeline
 from .trainer import Model, Trainer
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "GradScaler",

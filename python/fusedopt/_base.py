@@ -5,17 +5,23 @@ single multi-threaded, vectorized pass."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import math
 import operator
+from typing import Any, Callable
 
 import torch
 
 from . import _C
 from ._flat import FlatStore
-from ._tensors import (DTYPE_CODES, check_param, check_same_layout, dtype_code, first_overlap, grad_shape_error,
-                       number_error)
+from ._tensors import (
+    DTYPE_CODES,
+    check_param,
+    check_same_layout,
+    dtype_code,
+    first_overlap,
+    grad_shape_error,
+    number_error,
+)
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _ITEM_SIZES = {0: 4, 1: 2, 2: 2}  # bytes per element of each engine dtype code

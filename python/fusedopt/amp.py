@@ -10,8 +10,9 @@ too, with a separate check pass before the step."""
 
 from __future__ import annotations
 
-import torch
 from torch.amp.grad_scaler import OptState
+
+import torch
 
 from . import _C
 from ._base import FusedOptimizerMixin

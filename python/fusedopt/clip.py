@@ -9,7 +9,7 @@ max_grad_norm=."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

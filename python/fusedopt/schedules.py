@@ -30,7 +30,8 @@ arguments raise ValueError naming the argument. See docs/schedules.md.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from collections.abc import Sequence
+from typing import Callable, Union
 
 import torch
 

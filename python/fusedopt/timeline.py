@@ -19,7 +19,8 @@ import contextlib
 import json
 import os
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 IMPL_KINDS = ("torch", "foreach", "torch_fused", "fused")
 SPAN_NAMES = ("step", "data", "forward", "backward", "optimizer", "pre_pass", "zero_grad", "communication",

@@ -33,7 +33,8 @@ import math
 import os
 import re
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any, Callable
 
 import torch
 

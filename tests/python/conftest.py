@@ -13,11 +13,11 @@ import os
 import subprocess
 import sys
 
+import fusedopt
 import numpy as np
 import pytest
-import torch
 
-import fusedopt
+import torch
 
 # Sizes of the random multi-tensor problem: 1 element, 7 elements, more than ATen's and fusedopt's
 # 32768-element grain, a 2-D and a 3-D tensor.

@@ -6,12 +6,26 @@ from __future__ import annotations
 
 import math
 
-import pytest
-import torch
-
 import fusedopt
-from conftest import (BASE_KW, FUSED, NAMES, TORCH, ULP_BOUND, assert_bitwise, assert_unchanged, clone_params,
-                      groups_of, has_grad, make_params, set_grads, snapshot, ulp_err)
+import pytest
+from conftest import (
+    BASE_KW,
+    FUSED,
+    NAMES,
+    TORCH,
+    ULP_BOUND,
+    assert_bitwise,
+    assert_unchanged,
+    clone_params,
+    groups_of,
+    has_grad,
+    make_params,
+    set_grads,
+    snapshot,
+    ulp_err,
+)
+
+import torch
 
 INIT_SCALE = 2.0 ** 10
 GROWTH_INTERVAL = 3

@@ -7,10 +7,23 @@ import copy
 import io
 
 import pytest
-import torch
+from conftest import (
+    BASE_KW,
+    FUSED,
+    NAMES,
+    TORCH,
+    assert_bitwise,
+    clone_params,
+    compare_opts,
+    groups_of,
+    has_grad,
+    make_params,
+    run,
+    run_isolated,
+    set_grads,
+)
 
-from conftest import (BASE_KW, FUSED, NAMES, TORCH, assert_bitwise, clone_params, compare_opts, groups_of,
-                      has_grad, make_params, run, run_isolated, set_grads)
+import torch
 
 
 def _pair(name, seed=0, **extra):

@@ -4,10 +4,10 @@ within 0.5 points. Marked `convergence` (deselect with -m "not convergence"); 5-
 
 from __future__ import annotations
 
-import pytest
-import torch
-
 import fusedopt
+import pytest
+
+import torch
 
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
 sklearn_split = pytest.importorskip("sklearn.model_selection")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 import re
 
-import pytest
-import torch
-
 import fusedopt
-from conftest import (BASE_KW, FUSED, NAMES, TORCH, assert_bitwise, assert_unchanged, compare_opts, snapshot)
+import pytest
+from conftest import BASE_KW, FUSED, NAMES, TORCH, assert_bitwise, assert_unchanged, compare_opts, snapshot
+
+import torch
 
 # torch.optim's for-loop over duplicated / overlapping params, with the option sets below.
 DUP_KW = {

@@ -6,10 +6,22 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
+from conftest import (
+    BASE_KW,
+    FUSED,
+    NAMES,
+    TORCH,
+    assert_unchanged,
+    clone_params,
+    compare_opts,
+    groups_of,
+    make_params,
+    run,
+    set_grads,
+    snapshot,
+)
 
-from conftest import (BASE_KW, FUSED, NAMES, TORCH, assert_unchanged, clone_params, compare_opts, groups_of,
-                      make_params, run, set_grads, snapshot)
+import torch
 
 
 def _raises_like_torch(fn_torch, fn_fused):
@@ -133,7 +145,7 @@ def test_invalid_constructor_args_like_torch(name, kw):
 def test_invalid_params_argument_like_torch(name):
     p = torch.nn.Parameter(torch.zeros(2))
     for arg in (p, [], [p * 2], [1.0], [{"params": [p]}, {"params": [p]}]):
-        _raises_like_torch(lambda: TORCH[name](arg), lambda: FUSED[name](arg))
+        _raises_like_torch(lambda arg=arg: TORCH[name](arg), lambda arg=arg: FUSED[name](arg))
     opt_t, opt_f = TORCH[name]([p]), FUSED[name]([torch.nn.Parameter(torch.zeros(2))])
     _raises_like_torch(lambda: opt_t.add_param_group({"params": {torch.nn.Parameter(torch.zeros(1))}}),
                        lambda: opt_f.add_param_group({"params": {torch.nn.Parameter(torch.zeros(1))}}))

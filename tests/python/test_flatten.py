@@ -7,12 +7,23 @@ from __future__ import annotations
 import copy
 import gc
 
-import pytest
-import torch
-
 import fusedopt
-from conftest import (BASE_KW, FUSED, NAMES, TORCH, assert_bitwise, clone_params, compare_opts, groups_of,
-                      make_params, run, set_grads)
+import pytest
+from conftest import (
+    BASE_KW,
+    FUSED,
+    NAMES,
+    TORCH,
+    assert_bitwise,
+    clone_params,
+    compare_opts,
+    groups_of,
+    make_params,
+    run,
+    set_grads,
+)
+
+import torch
 
 BF16_SIZES = [(3,), (100,), (2, 9)]
 
@@ -45,7 +56,7 @@ def _check_layout(params):
     for p in params:
         by_dtype.setdefault(p.dtype, []).append(p)
     storages = set()
-    for dtype, ps in by_dtype.items():
+    for ps in by_dtype.values():
         base = ps[0].untyped_storage().data_ptr()
         assert base not in storages
         storages.add(base)
@@ -320,7 +331,7 @@ def test_flat_grads_are_the_grads_for_one_collective_per_dtype():
     x = torch.randn(8, 5)
     fus = fusedopt.FusedSGD(model.parameters(), lr=0.1, flatten=True)
     tor = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for m, opt in ((model, fus), (ref, tor)):
+    for m in (model, ref):
         m[1](m[0](x).bfloat16()).float().sum().backward()
     buffers = fus.flat_grads()
     assert sorted(str(b.dtype) for b in buffers) == ["torch.bfloat16", "torch.float32"]

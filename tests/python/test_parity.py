@@ -8,10 +8,26 @@ differences feed back); param 1 and 3 have no grad on some steps and param 4 onl
 from __future__ import annotations
 
 import pytest
-import torch
+from conftest import (
+    FUSED,
+    NAMES,
+    TORCH,
+    ULP_BOUND,
+    as_int,
+    assert_bitwise,
+    assert_close,
+    clone_params,
+    compare_opts,
+    groups_of,
+    has_grad,
+    make_params,
+    run,
+    set_fixed_grads,
+    set_grads,
+    ulp_err,
+)
 
-from conftest import (FUSED, NAMES, TORCH, ULP_BOUND, as_int, assert_bitwise, assert_close, clone_params,
-                      compare_opts, groups_of, has_grad, make_params, run, set_fixed_grads, set_grads, ulp_err)
+import torch
 
 T = torch.tensor
 

@@ -7,10 +7,10 @@ import copy
 import warnings
 
 import pytest
-import torch
+from conftest import FUSED, TORCH, clone_params, compare_opts, groups_of, make_params, set_grads
 from torch.optim import lr_scheduler as S
 
-from conftest import FUSED, TORCH, clone_params, compare_opts, groups_of, make_params, set_grads
+import torch
 
 STEPS = 30
 

@@ -14,12 +14,12 @@ import io
 import math
 import warnings
 
+import fusedopt
 import pytest
-import torch
+from fusedopt import schedules as fs
 from torch.optim import lr_scheduler as S
 
-import fusedopt
-from fusedopt import schedules as fs
+import torch
 
 REL = 1e-12
 ABS_FACTOR = 1e-14

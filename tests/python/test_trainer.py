@@ -12,12 +12,12 @@ import math
 import pathlib
 import sys
 
-import pytest
-import torch
-
 import fusedopt
+import pytest
 from fusedopt.progress import ProgressBar
 from fusedopt.timeline import Tracer
+
+import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))

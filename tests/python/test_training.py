@@ -8,11 +8,11 @@ from __future__ import annotations
 import copy
 import math
 
-import pytest
-import torch
-
 import fusedopt
+import pytest
 from fusedopt import _C
+
+import torch
 
 SHAPES = [(1,), (7,), (40000,), (33, 17)]
 
