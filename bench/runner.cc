@@ -19,13 +19,13 @@
 #include <vector>
 
 #include "bench/elementwise.h"
-#include "bench/model_shapes.h"
 #include "bench/pipeline.h"
-#include "bench/report_util.h"
 #include "bench/standard.h"
 #include "fusedopt/grad.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/runtime.h"
+#include "src/doctor/model_shapes.h"
+#include "src/doctor/report_util.h"
 
 namespace fusedopt::bench {
 namespace {

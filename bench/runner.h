@@ -15,7 +15,7 @@ namespace fusedopt::bench {
 
 struct BenchOptions {
   std::string optimizer = "adamw";
-  std::string shapes;         // a model name (model_shapes.h), or empty with numel > 0
+  std::string shapes;         // a model name (src/doctor/model_shapes.h), or empty with numel > 0
   std::size_t numel = 0;      // one flat tensor of this size
   std::string dtype = "f32";  // params and states, as torch keeps states in the param dtype
   std::string grad_dtype;     // gradients; empty: dtype

@@ -1,4 +1,4 @@
-# JSON checks for the CLI tests' `cmake -P` scripts (bench/CMakeLists.txt, tools/train/CMakeLists.txt),
+# JSON checks for the CLI tests' `cmake -P` scripts (tests/cli/*.cmake),
 # which include this file: string(JSON) instead of a Python dependency.
 
 # expect_key(<json> <expected value or *> <path...>): the key exists (and has that value).

@@ -1,6 +1,6 @@
 // Kernel tests: the public <Algo>Step entry points (step.h) against the double-precision oracle in
-// reference/reference.h, once per SIMD target (style.md §9). Each suite is instantiated per target,
-// named Targets/<Suite>.<Algo>/<TARGET>:
+// tests/reference/reference.h, once per SIMD target (style.md §9). Each suite is instantiated per
+// target, named Targets/<Suite>.<Algo>/<TARGET>:
 //   KernelSweep    option combinations × dtype combos × base offset × {1, 20} steps, each one
 //                  call over segments of sizes {0, 1, 7, 8, 9, 63, 64, 65} in two groups with
 //                  different lr/weight_decay and different per-segment step counts;
@@ -44,7 +44,7 @@
 #include "fusedopt/hyper.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
-#include "reference/reference.h"
+#include "tests/reference/reference.h"
 #include "tests/test_support.h"
 
 namespace fusedopt {

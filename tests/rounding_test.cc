@@ -41,7 +41,7 @@
 #include "fusedopt/hyper.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
-#include "reference/reference.h"
+#include "tests/reference/reference.h"
 #include "tests/test_support.h"
 
 namespace fusedopt {

@@ -62,7 +62,7 @@ def test_example_runs(block, workdir):
 # Paths into the project that the docs name, e.g. `docs/train.md`, python/fusedopt/_base.py, and
 # bare names of our docs (trainer.md); shared/ is the team's reference folder, not part of the project.
 _PATH = re.compile(r"(?<![\w./-])((?:docs|src|include|tools|tests|bench|python|scripts|examples|reference|cmake|shared)"
-                   r"/[\w./-]*[\w/])(\.\{[\w,]+\})?(?![<\w])")  # bench/doctor.{h,cc}; not prelude_<kind>.h
+                   r"/[\w./-]*[\w/])(\.\{[\w,]+\})?(?![<\w])")  # src/doctor/doctor.{h,cc}; not prelude_<kind>.h
 _DOC_NAME = re.compile(r"(?<![\w./-])([\w-]+\.md)\b")
 
 

@@ -52,7 +52,7 @@ def test_golden_vectors_regenerate_from_torch(tmp_path):
 def test_model_shapes_regenerate_identically(tmp_path):
     out = tmp_path / "model_shapes.cc"
     run("tools/gen_model_shapes.py", "--out", str(out))
-    assert out.read_text() == (ROOT / "bench" / "model_shapes.cc").read_text()
+    assert out.read_text() == (ROOT / "src" / "doctor" / "model_shapes.cc").read_text()
 
 
 def test_schedule_goldens_regenerate_from_torch(tmp_path):

@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "bench/report_util.h"
+#include "src/doctor/report_util.h"
 
 namespace fusedopt::cli {
 

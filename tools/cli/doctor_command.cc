@@ -1,8 +1,8 @@
 // `fusedopt doctor`: the optimizer's share of a training step, the ops and memory passes a
 // for-loop optimizer issues for those shapes vs fused, the achieved vs ceiling bandwidth, and the
-// predicted end-to-end speedup, in plain language (bench/doctor.h). Input: --shapes/--numels plus
-// --step-ms (and optionally --optimizer-ms), or a --trace of `fusedopt train`; flags given with
-// --trace override its values.
+// predicted end-to-end speedup, in plain language (src/doctor/doctor.h). Input: --shapes/--numels
+// plus --step-ms (and optionally --optimizer-ms), or a --trace of `fusedopt train`; flags given
+// with --trace override its values.
 
 #include <cmath>
 #include <fstream>
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "bench/doctor.h"
-#include "bench/model_shapes.h"
 #include "bench/runner.h"
+#include "src/doctor/doctor.h"
+#include "src/doctor/model_shapes.h"
 #include "tools/cli/command.h"
 
 namespace fusedopt::cli {

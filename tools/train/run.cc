@@ -20,11 +20,11 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "bench/doctor.h"
-#include "bench/report_util.h"
 #include "fusedopt/pt/optim.h"
 #include "fusedopt/pt/timeline.h"
 #include "fusedopt/runtime.h"
+#include "src/doctor/doctor.h"
+#include "src/doctor/report_util.h"
 
 namespace fusedopt::train {
 namespace {

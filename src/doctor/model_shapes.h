@@ -1,5 +1,5 @@
-// Per-tensor parameter shapes of real models, used by the benchmarks so that "83 small tensors" is
-// measured as such.
+// Per-tensor parameter shapes of real models, used by the benchmarks and the doctor so that "83
+// small tensors" is measured as such.
 #pragma once
 
 #include <cstddef>

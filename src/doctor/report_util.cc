@@ -1,6 +1,6 @@
-// bench/report_util.h.
+// src/doctor/report_util.h.
 
-#include "bench/report_util.h"
+#include "src/doctor/report_util.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -2,7 +2,7 @@
 // (T = 2 tensors, N = 8 elements), its trace reader on a hand-written timeline, and Diagnose's JSON
 // (formulas only: timings are never asserted, the machine is shared).
 
-#include "bench/doctor.h"
+#include "src/doctor/doctor.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "bench/doctor.h"
+#include "src/doctor/doctor.h"
 
 #include <algorithm>
 #include <bit>
@@ -16,13 +16,13 @@
 #include <stdexcept>
 #include <utility>
 
-#include "bench/model_shapes.h"
 #include "bench/pipeline.h"
-#include "bench/report_util.h"
 #include "bench/standard.h"
 #include "fusedopt/dtype.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/runtime.h"
+#include "src/doctor/model_shapes.h"
+#include "src/doctor/report_util.h"
 
 namespace fusedopt::bench {
 namespace {

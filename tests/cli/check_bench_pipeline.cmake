@@ -1,0 +1,83 @@
+# cli.bench_pipeline: `fusedopt bench --json` on tiny sizes (2 rounds), its JSON keys checked with
+# string(JSON) in a cmake -P script (no Python): the default impls and keys, the training-loop
+# step (--grad-dtype, --loss-scale, --clip) with standard_pipeline and no skipped step, and bad
+# option values (a non-zero exit naming the option and the value). Timings are never asserted.
+# Run with -DFUSEDOPT=<the CLI> -DWORK_DIR=<a scratch dir> -DFOPT_CMAKE_DIR=<cmake/>.
+include(${FOPT_CMAKE_DIR}/FoptCheckJson.cmake)
+set(tiny --numel 70000 --rounds 2 --warmup 1)
+
+function(run_bench name)
+  set(out_json ${WORK_DIR}/cli_bench_${name}.json)
+  file(REMOVE ${out_json})
+  execute_process(COMMAND ${FUSEDOPT} bench ${ARGN} --json ${out_json}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "fusedopt bench ${ARGN} exited with ${rc}:\n${out}\n${err}")
+  endif()
+  file(READ ${out_json} json)
+  set(json "${json}" PARENT_SCOPE)
+endfunction()
+
+function(expect_impl json impl)
+  foreach(field median_ms min_ms samples_ms gparam_per_s gb_per_s)
+    expect_key("${json}" "*" impls ${impl} ${field})
+  endforeach()
+endfunction()
+
+# Without --loss-scale/--clip: the impls and keys as before.
+run_bench(default --optimizer adamw ${tiny})
+foreach(impl fused standard same_traffic)
+  expect_impl("${json}" ${impl})
+endforeach()
+foreach(key speedup_vs_standard bandwidth_fraction numel threads target)
+  expect_key("${json}" "*" ${key})
+endforeach()
+expect_key("${json}" 28 bytes_per_param)
+foreach(key speedup_vs_standard_pipeline loss_scale clip grad_dtype state_bytes_per_param)
+  expect_no_key("${json}" ${key})
+endforeach()
+expect_no_key("${json}" impls standard_pipeline)
+
+# The acceptance configuration, tiny: bf16 grads of f32 params, dynamic loss scale, clip 1.0.
+run_bench(pipeline --optimizer adamw --grad-dtype bf16 --loss-scale dynamic --clip 1.0 ${tiny})
+foreach(impl fused standard standard_pipeline same_traffic)
+  expect_impl("${json}" ${impl})
+endforeach()
+foreach(key speedup_vs_standard_pipeline speedup_vs_standard bandwidth_fraction grad_norm
+            clip_coef loss_scale_init)
+  expect_key("${json}" "*" ${key})
+endforeach()
+expect_key("${json}" bf16 grad_dtype)
+expect_key("${json}" dynamic loss_scale)
+expect_key("${json}" 1 clip)
+expect_key("${json}" 8 state_bytes_per_param)
+expect_key("${json}" 28 bytes_per_param)  # f32 param r+w 8, bf16 grad 2 + 2 (pre-pass), 2 states 16
+expect_key("${json}" 0 impls fused skipped_steps)
+expect_key("${json}" 0 impls standard_pipeline skipped_steps)
+expect_key("${json}" 65536 impls fused final_loss_scale)
+foreach(pass convert unscale inf_check norm clip step)
+  expect_key("${json}" "*" impls standard_pipeline passes_median_ms ${pass})
+endforeach()
+string(JSON coef GET "${json}" clip_coef)
+if(NOT coef LESS 1)
+  message(FATAL_ERROR "the clip should be active (clip_coef < 1), clip_coef = ${coef}")
+endif()
+
+# f16 grads of bf16 params, static scale, no clip; SGD.
+run_bench(static --optimizer sgd --dtype bf16 --grad-dtype f16 --loss-scale static ${tiny})
+expect_key("${json}" f16 grad_dtype)
+expect_key("${json}" static loss_scale)
+expect_null("${json}" clip)
+expect_key("${json}" 0 impls standard_pipeline skipped_steps)
+expect_no_key("${json}" impls standard_pipeline passes_median_ms norm)
+
+# Bad values: a non-zero exit and a message naming the option and the value.
+foreach(bad "--loss-scale;bogus" "--grad-dtype;f64" "--clip;abc" "--clip=-1" "--clip;0")
+  execute_process(COMMAND ${FUSEDOPT} bench ${tiny} ${bad}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  list(GET bad 0 option)
+  string(REGEX REPLACE "=.*" "" option "${option}")
+  if(rc EQUAL 0 OR NOT err MATCHES "${option}")
+    message(FATAL_ERROR "fusedopt bench ${bad}: expected a failure naming ${option}, got ${rc}:\n${err}")
+  endif()
+endforeach()

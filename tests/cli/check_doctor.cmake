@@ -1,0 +1,51 @@
+# cli.doctor: `fusedopt doctor --trace` on a tiny hand-written timeline (torch and fused,
+# tests/cli/data/doctor_tiny_trace.json), then --numels with given times, its JSON keys checked; bad
+# values exit non-zero naming the option. Run with -DFUSEDOPT=<the CLI> -DWORK_DIR=<a scratch dir>
+# -DFOPT_CMAKE_DIR=<cmake/> -DTRACE=<the tiny trace>.
+include(${FOPT_CMAKE_DIR}/FoptCheckJson.cmake)
+function(run_doctor name)
+  set(out_json ${WORK_DIR}/cli_doctor_${name}.json)
+  file(REMOVE ${out_json})
+  execute_process(COMMAND ${FUSEDOPT} doctor ${ARGN} --rounds 2 --json ${out_json}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "verdict: ")
+    message(FATAL_ERROR "fusedopt doctor ${ARGN} exited with ${rc}:\n${out}\n${err}")
+  endif()
+  file(READ ${out_json} json)
+  set(json "${json}" PARENT_SCOPE)
+endfunction()
+
+
+run_doctor(trace --trace ${TRACE})
+expect_key("${json}" torch impl)
+expect_key("${json}" trace optimizer_ms_source)
+expect_key("${json}" 2 num_tensors)
+expect_key("${json}" 800 numel)
+expect_key("${json}" 16 standard ops)      # AdamW, wd 0.01: 8 ops per tensor
+expect_key("${json}" 22400 fused bytes)    # 7 passes x 800 x 4 bytes
+foreach(key step_ms optimizer_ms optimizer_share amdahl_bound predicted_step_ms predicted_speedup
+            predicted_bound_gain_captured verdict)
+  expect_key("${json}" "*" ${key})
+endforeach()
+foreach(key fused_ms same_traffic_ms ceiling_gb_per_s standard_gb_per_s)
+  expect_key("${json}" "*" measured ${key})
+endforeach()
+expect_key("${json}" "*" trace_fused measured_speedup)
+
+run_doctor(numels --numels 300,500 --optimizer sgd --momentum 0.9 --weight-decay 1e-4 --clip 1
+           --step-ms 10 --optimizer-ms 1)
+expect_key("${json}" given optimizer_ms_source)
+expect_key("${json}" 15 standard ops)      # 4 ops x 2 tensors + clip 2 x 2 + 3
+
+# Each entry: the bad option and value first, then what else it needs.
+foreach(bad "--optimizer;lamb;--step-ms;10" "--step-ms;-1" "--optimizer-ms;20;--step-ms;10"
+            "--clip;abc;--step-ms;10" "--dtype;f64;--step-ms;10")
+  execute_process(COMMAND ${FUSEDOPT} doctor --numels 300,500 --rounds 1 ${bad}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  list(GET bad 0 option)
+  list(GET bad 1 value)
+  if(rc EQUAL 0 OR NOT err MATCHES "${option}" OR NOT err MATCHES "${value}")
+    message(FATAL_ERROR "fusedopt doctor ${bad}: expected a failure naming ${option} and ${value}, "
+                        "got ${rc}:\n${err}")
+  endif()
+endforeach()
