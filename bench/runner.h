@@ -1,7 +1,8 @@
-// `fusedopt bench`: fused, standard and same_traffic (and, with --loss-scale or --clip,
-// standard_pipeline) run interleaved in one process on the same buffers, warm-up first, then rounds
-// whose order rotates, reported as medians and ratios (never asserted in tests: the machine is
-// shared and noisy).
+// `fusedopt bench`: fused, standard and the same_traffic variants (and, with --loss-scale or
+// --clip, standard_pipeline) run interleaved in one process on the same buffers, warm-up first,
+// then rounds in a balanced order (RoundOrder in runner.cc), reported as medians and ratios, the
+// fastest same_traffic variant as the ceiling (never asserted in tests: the machine is shared and
+// noisy).
 #pragma once
 
 #include <cstddef>

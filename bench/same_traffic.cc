@@ -1,10 +1,21 @@
-// same_traffic: per segment, read the grad and read+write the param, master and every state the
-// step touches, in the same chunks and threads as the fused step, with no math beyond one fma per
-// written array. Its time is the memory-bandwidth floor of the fused step on this machine.
-// SameTrafficGradRead is the floor of the fused pre-pass (GradPrePass): one read of every gradient
-// in the step's chunks, one add per vector.
+// same_traffic: the memory-bandwidth ceiling of the fused step (same_traffic.h). Built like the
+// real kernels (src/cpu/loop-inl.h): one parallel region per step over the kGrainElements chunks,
+// each piece of a segment run by a flattened loop instantiated for its storage types, its number
+// of states, its master and its store kind, so the loop body tests nothing per vector. Its math is
+// one multiply-add per written array (x + c·g), which keeps the loads live and, with c = 0, the
+// values. SameTrafficGradRead is the floor of the fused pre-pass (GradPrePass): one read of every
+// gradient in the step's chunks, one add per vector.
 
-#include <variant>
+#include "bench/same_traffic.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "bench/standard.h"
@@ -16,6 +27,7 @@
 #define HWY_TARGET_INCLUDE "bench/same_traffic.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // clang-format on
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "src/cpu/io-inl.h"
 #include "src/cpu/loop-inl.h"
@@ -23,25 +35,164 @@
 HWY_BEFORE_NAMESPACE();
 namespace fusedopt::bench::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-using fusedopt::HWY_NAMESPACE::ForEachVector;
 using fusedopt::HWY_NAMESPACE::Io;
-using fusedopt::HWY_NAMESPACE::RunPlanChunks;
+using fusedopt::HWY_NAMESPACE::WithFlags;
 using fusedopt::HWY_NAMESPACE::WithStorageType;
+using fusedopt::HWY_NAMESPACE::WithStorageTypes;
 
-void TrafficChunks(const StepPlan<std::monostate>& plan, std::size_t chunk_begin,
-                   std::size_t chunk_end) {
-  RunPlanChunks(plan, chunk_begin, chunk_end,
-                [](const auto& b, std::monostate, std::size_t begin, std::size_t end) HWY_ATTR {
-                  ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
-                    // x + 0·g keeps every value (barring NaN/Inf) yet depends on the load of g.
-                    const auto g = hn::Mul(b.Grad(d, i), hn::Zero(d));
-                    b.param.Store(d, hn::Add(b.param.Load(d, i), g), i);
-                    for (int slot = 0; slot < kMaxStates; ++slot) {
-                      if (b.state[slot] != nullptr)
-                        b.StoreState(d, slot, hn::Add(b.LoadState(d, slot, i), g), i);
-                    }
+// What a traffic loop moves per element: the step (grad read; param or master read and written,
+// the param of a master written; states read and written), a copy (a read, p written) or a fill.
+enum Kind : int { kStep, kCopy, kFill };
+
+// Stores an f32 vector as T. 16-bit values are converted by Highway's demotion, which truncates
+// (not the real kernels' rounding: enough for values that c = 0 leaves exact). Stream needs an
+// aligned address (the caller's job) and, in Highway 1.0.3 on x86, writes 16 bytes even for a
+// smaller vector: those stay regular stores.
+template <class T, bool kStream, class DF>
+HWY_INLINE void TrafficStore(DF df, hn::Vec<DF> v, T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    if constexpr (kStream) {
+      hn::Stream(v, df, p);
+    } else {
+      hn::StoreU(v, df, p);
+    }
+  } else {
+    const hn::Rebind<T, DF> dt;
+    if constexpr (kStream && hn::MaxLanes(hn::Rebind<T, DF>()) * sizeof(T) >= 16) {
+      hn::Stream(hn::DemoteTo(dt, v), dt, p);
+    } else {
+      hn::StoreU(hn::DemoteTo(dt, v), dt, p);
+    }
+  }
+}
+
+template <class T>
+HWY_INLINE bool IsAligned(const T* p, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+// One piece [begin, end) of a segment, flattened like RunPiece (loop-inl.h): full vectors, then
+// 1-lane vectors for the tail. With kStream the full vectors use non-temporal stores once 1-lane
+// steps (at most one vector's worth) have aligned every written array; arrays that never align at
+// the same index keep regular stores.
+template <int kKind, class G, class P, class S, int kStates, bool kMaster, bool kStream>
+HWY_NOINLINE FOPT_FLATTEN void TrafficPiece(const Segment& seg, float c, std::size_t begin,
+                                            std::size_t end) {
+  const G* g = static_cast<const G*>(seg.grad);
+  P* p = static_cast<P*>(seg.param);
+  float* m = seg.master;
+  std::array<S*, kStates> s{};  // the allocated slots, in slot order
+  for (int slot = 0, k = 0; slot < kMaxStates && k < kStates; ++slot) {
+    if (seg.state[slot] != nullptr) s[k++] = static_cast<S*>(seg.state[slot]);
+  }
+  const auto body = [&](auto d, std::size_t i, auto stream) HWY_ATTR {
+    constexpr bool kNt = decltype(stream)::value;
+    const auto cv = hn::Set(d, c);
+    if constexpr (kKind == kFill) {
+      TrafficStore<P, kNt>(d, cv, p + i);
+    } else {
+      const auto v = hn::Mul(Io<G>::Load(d, g + i), cv);
+      if constexpr (kKind == kCopy) {
+        TrafficStore<P, kNt>(d, v, p + i);
+      } else {
+        // Every load before the first store, as in the real kernels: no store sits between loads
+        // that the CPU must then check for aliasing.
+        const auto x = hn::Add(kMaster ? Io<float>::Load(d, m + i) : Io<P>::Load(d, p + i), v);
+        const auto state = [&](auto k) HWY_ATTR {
+          if constexpr (decltype(k)::value < kStates) {
+            return hn::Add(Io<S>::Load(d, s[decltype(k)::value] + i), v);
+          } else {
+            return v;  // no such state: never stored
+          }
+        };
+        const auto x0 = state(std::integral_constant<int, 0>{});
+        const auto x1 = state(std::integral_constant<int, 1>{});
+        const auto x2 = state(std::integral_constant<int, 2>{});
+        static_assert(kMaxStates == 3);
+        if constexpr (kMaster) TrafficStore<float, kNt>(d, x, m + i);
+        TrafficStore<P, kNt>(d, x, p + i);
+        if constexpr (kStates > 0) TrafficStore<S, kNt>(d, x0, s[0] + i);
+        if constexpr (kStates > 1) TrafficStore<S, kNt>(d, x1, s[1] + i);
+        if constexpr (kStates > 2) TrafficStore<S, kNt>(d, x2, s[2] + i);
+      }
+    }
+  };
+  const hn::ScalableTag<float> d;
+  const hn::CappedTag<float, 1> d1;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = begin;
+  if constexpr (kStream) {
+    const auto aligned = [&](std::size_t at) HWY_ATTR {
+      bool ok = IsAligned(p + at, lanes * sizeof(P));
+      if constexpr (kMaster) ok = ok && IsAligned(m + at, lanes * sizeof(float));
+      for (int k = 0; k < kStates; ++k) ok = ok && IsAligned(s[k] + at, lanes * sizeof(S));
+      return ok;
+    };
+    const std::size_t peel_end = std::min(end, begin + lanes);
+    while (i < peel_end && !aligned(i)) body(d1, i++, std::false_type{});
+    if (aligned(i)) {
+      for (; i + lanes <= end; i += lanes) body(d, i, std::true_type{});
+    }
+  }
+  for (; i + lanes <= end; i += lanes) body(d, i, std::false_type{});
+  for (; i < end; ++i) body(d1, i, std::false_type{});
+}
+
+// Calls f(std::integral_constant<int, n>) for n = count in [0, kMaxStates].
+template <class F>
+HWY_INLINE void WithStateCount(int count, const F& f) {
+  static_assert(kMaxStates == 3);
+  switch (count) {
+    case 0:
+      return f(std::integral_constant<int, 0>{});
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    default:
+      return f(std::integral_constant<int, 3>{});
+  }
+}
+
+// Runs chunks [chunk_begin, chunk_end) of a plan whose scalars are each segment's c. kCopy and
+// kFill exist for f32 segments without states only (the STREAM-style kernels).
+void TrafficChunks(const StepPlan<float>& plan, std::size_t chunk_begin, std::size_t chunk_end,
+                   int kind, bool stream) {
+  plan.chunks.ForEachPiece(
+      chunk_begin, chunk_end, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
+        const Segment& seg = plan.chunks.segments()[i];
+        const float c = plan.scalars[i];
+        WithFlags(
+            [&](auto nt) HWY_ATTR {
+              constexpr bool kNt = decltype(nt)::value;
+              if (kind == kCopy)
+                return TrafficPiece<kCopy, float, float, float, 0, false, kNt>(seg, c, begin, end);
+              if (kind == kFill)
+                return TrafficPiece<kFill, float, float, float, 0, false, kNt>(seg, c, begin, end);
+              int states = 0;
+              for (const void* state : seg.state) states += state != nullptr ? 1 : 0;
+              WithStorageTypes(
+                  seg.param_dtype, seg.grad_dtype, seg.state_dtype,
+                  [&](auto pt, auto gt, auto st) HWY_ATTR {
+                    using P = typename decltype(pt)::type;
+                    WithStateCount(states, [&](auto n) HWY_ATTR {
+                      using G = typename decltype(gt)::type;
+                      using S = typename decltype(st)::type;
+                      constexpr int kStates = decltype(n)::value;
+                      // Only a 16-bit param has a master (validated by the library).
+                      if (!std::is_same_v<P, float> && seg.master != nullptr) {
+                        if constexpr (!std::is_same_v<P, float>) {
+                          TrafficPiece<kStep, G, P, S, kStates, true, kNt>(seg, c, begin, end);
+                        }
+                      } else {
+                        TrafficPiece<kStep, G, P, S, kStates, false, kNt>(seg, c, begin, end);
+                      }
+                    });
                   });
-                });
+            },
+            stream);
+      });
+  if (stream) hwy::FlushStream();  // non-temporal stores are weakly ordered: done before we return
 }
 
 // Sum of every gradient element of chunks [chunk_begin, chunk_end): four vector accumulators, so
@@ -83,13 +234,43 @@ namespace fusedopt::bench {
 HWY_EXPORT(TrafficChunks);
 HWY_EXPORT(GradReadChunks);
 
-void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime) {
-  const StepPlan<std::monostate> plan{ChunkPlan(segments),
-                                      std::vector<std::monostate>(segments.size())};
+namespace {
+
+constexpr int kStepKind = 0;  // the Kind enum of the per-target code
+constexpr int kCopyKind = 1;
+constexpr int kFillKind = 2;
+
+void RunTraffic(std::span<const Segment> segments, const Runtime& runtime, int kind,
+                TrafficStores stores, float c) {
+  const StepPlan<float> plan{ChunkPlan(segments), std::vector<float>(segments.size(), c)};
+  const bool stream = stores == TrafficStores::kStream;
   ParallelForChunks(plan.chunks.num_chunks(), runtime.num_threads(),
                     [&](std::size_t c0, std::size_t c1) {
-                      HWY_DYNAMIC_DISPATCH(TrafficChunks)(plan, c0, c1);
+                      HWY_DYNAMIC_DISPATCH(TrafficChunks)(plan, c0, c1, kind, stream);
                     });
+}
+
+Segment F32Array(const float* read, float* write, std::size_t n) {
+  Segment s;
+  s.param = write;
+  s.grad = read;
+  s.numel = n;
+  return s;
+}
+
+}  // namespace
+
+const char* TrafficStoresName(TrafficStores stores) {
+  return stores == TrafficStores::kStream ? "stream" : "store";
+}
+
+void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime,
+                     TrafficStores stores, float c) {
+  RunTraffic(segments, runtime, kStepKind, stores, c);
+}
+
+void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime) {
+  SameTrafficStep(segments, runtime, TrafficStores::kRegular);
 }
 
 float SameTrafficGradRead(std::span<const Segment> segments, const Runtime& runtime) {
@@ -103,6 +284,64 @@ float SameTrafficGradRead(std::span<const Segment> segments, const Runtime& runt
   float total = 0.0f;
   for (const float p : partial) total += p;
   return total;
+}
+
+double TrafficRead(const float* a, std::size_t n, const Runtime& runtime) {
+  const Segment s = F32Array(a, nullptr, n);
+  return SameTrafficGradRead({&s, 1}, runtime);
+}
+
+void TrafficFill(float* a, std::size_t n, float value, const Runtime& runtime,
+                 TrafficStores stores) {
+  const Segment s = F32Array(nullptr, a, n);
+  RunTraffic({&s, 1}, runtime, kFillKind, stores, value);
+}
+
+void TrafficCopy(const float* a, float* b, std::size_t n, const Runtime& runtime,
+                 TrafficStores stores) {
+  const Segment s = F32Array(a, b, n);
+  RunTraffic({&s, 1}, runtime, kCopyKind, stores, 1.0f);
+}
+
+StreamBandwidth MeasureStreamBandwidth(std::size_t array_bytes, int rounds,
+                                       const Runtime& runtime) {
+  if (rounds < 1) throw std::invalid_argument("rounds must be >= 1");
+  const std::size_t n = std::max<std::size_t>(array_bytes / sizeof(float), 1);
+  struct Free {
+    void operator()(float* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  const auto alloc = [&] {
+    return std::unique_ptr<float[], Free>(new (std::align_val_t{64}) float[n]);
+  };
+  const auto a = alloc();
+  const auto b = alloc();
+  // First touch by the threads that later stream them (pages land near them), untimed.
+  TrafficFill(a.get(), n, 1.0f, runtime, TrafficStores::kRegular);
+  TrafficFill(b.get(), n, 2.0f, runtime, TrafficStores::kRegular);
+
+  const double bytes = static_cast<double>(n * sizeof(float));
+  const auto best_gbps = [&](double moved, const auto& kernel) {
+    double best_s = 0.0;
+    for (int r = 0; r < rounds; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      kernel();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r == 0 || s < best_s) best_s = s;
+    }
+    return moved / best_s * 1e-9;
+  };
+  StreamBandwidth result{
+      .array_bytes = n * sizeof(float), .threads = runtime.num_threads(), .rounds = rounds};
+  volatile double sink = 0.0;  // keeps the sums, so the reads cannot be dropped
+  result.read_gb_per_s = best_gbps(bytes, [&] { sink = sink + TrafficRead(a.get(), n, runtime); });
+  for (const TrafficStores stores : kAllTrafficStores) {
+    const auto k = static_cast<std::size_t>(stores);
+    result.write_gb_per_s[k] =
+        best_gbps(bytes, [&] { TrafficFill(b.get(), n, 3.0f, runtime, stores); });
+    result.copy_gb_per_s[k] =
+        best_gbps(2 * bytes, [&] { TrafficCopy(a.get(), b.get(), n, runtime, stores); });
+  }
+  return result;
 }
 
 }  // namespace fusedopt::bench

@@ -1,0 +1,51 @@
+// The traffic kernels (same_traffic.cc): per element, the bytes a fused step reads and writes, with
+// one multiply-add of math, built like the real kernels (src/cpu/loop-inl.h: the step's chunks and
+// threads, one loop per dtype combination, state count and store kind). `fusedopt bench` takes the
+// fastest store kind as its memory-bandwidth ceiling; `fusedopt info --bandwidth` times the
+// STREAM-style read, write and copy built on the same loops.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+#include "fusedopt/runtime.h"
+#include "fusedopt/step.h"
+
+namespace fusedopt::bench {
+
+// How a traffic kernel writes: regular stores, or non-temporal ones for every full vector (they
+// skip the read-for-ownership of the line, which can be the faster ceiling on large arrays).
+enum class TrafficStores { kRegular, kStream };
+inline constexpr TrafficStores kAllTrafficStores[] = {TrafficStores::kRegular,
+                                                      TrafficStores::kStream};
+const char* TrafficStoresName(TrafficStores stores);  // "store" or "stream"
+
+// One step's traffic on every segment: x += c · g for the param (its f32 master when there is one:
+// then the 16-bit param receives the new master, truncated) and every allocated state, g the
+// gradient. c = 0 keeps every value (barring Inf/NaN gradients): what benchmarks run between real
+// steps on the same buffers. Ignores stochastic rounding.
+void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime,
+                     TrafficStores stores, float c = 0.0f);
+
+// STREAM-style kernels on f32 arrays of n elements, in the step's chunks and threads.
+double TrafficRead(const float* a, std::size_t n, const Runtime& runtime);  // returns the sum
+void TrafficFill(float* a, std::size_t n, float value, const Runtime& runtime,
+                 TrafficStores stores);
+void TrafficCopy(const float* a, float* b, std::size_t n, const Runtime& runtime,
+                 TrafficStores stores);
+
+// The machine's read, write (fill) and copy bandwidth on arrays of array_bytes each: the best of
+// `rounds` timed calls of each kernel, with all of runtime's threads. Write and copy report the
+// faster store kind. GB/s are 1e9 bytes per second; copy counts the bytes read and written.
+struct StreamBandwidth {
+  std::size_t array_bytes = 0;
+  int threads = 0;
+  int rounds = 0;
+  double read_gb_per_s = 0.0;
+  double write_gb_per_s[2] = {};  // indexed by TrafficStores
+  double copy_gb_per_s[2] = {};
+};
+StreamBandwidth MeasureStreamBandwidth(std::size_t array_bytes, int rounds, const Runtime& runtime);
+
+}  // namespace fusedopt::bench
