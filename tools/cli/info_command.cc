@@ -46,7 +46,8 @@ void PrintBandwidth(std::size_t mib) {
 }  // namespace
 
 Command AddInfoCommand(CLI::App& app) {
-  CLI::App* info = app.add_subcommand("info", "Print the SIMD targets and thread count");
+  CLI::App* info = app.add_subcommand(
+      "info", "Print the SIMD targets and thread count; --bandwidth: the memory bandwidth (GB/s)");
   struct Options {
     bool bandwidth = false;
     std::size_t bandwidth_mib = kDefaultBandwidthMiB;

@@ -55,7 +55,8 @@ Command AddTrainCommand(CLI::App& app) {
   CLI::App* parser = app.add_subcommand(
       "train",
       "Train a model with libtorch and a torch::optim or fusedopt optimizer; --compare runs both "
-      "in turn and prints the seeds' table (throughput, optimizer time and share, speedup, Amdahl "
+      "in turn and prints a comparison table (throughput, optimizer time and share, speedup, "
+      "Amdahl "
       "bound)");
   parser->add_option("--model", o.model.name, "mobilenet_v1, resnet18 or transformer_small")
       ->capture_default_str();
