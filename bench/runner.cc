@@ -249,10 +249,15 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   for (int slot = 0; slot < kMaxStates; ++slot)
     num_states += segments.empty() || segments[0].state[slot] == nullptr ? 0 : 1;
   // Bytes one fused step moves per element: param read+write, grad read, each state read+write;
-  // the training loop's pre-pass reads the grad once more.
-  const std::size_t bytes_per_param = 2 * DTypeSize(dtype) +
-                                      DTypeSize(grad_dtype) * (training_loop ? 2 : 1) +
-                                      2 * DTypeSize(dtype) * static_cast<std::size_t>(num_states);
+  // the training loop's pre-pass reads the grad once more; a two-phase step's reduction pass
+  // (LAMB) reads the param, the grad and each state once more.
+  const bool reduction_pass = HasReductionPass(algorithm);
+  const std::size_t bytes_per_param =
+      2 * DTypeSize(dtype) + DTypeSize(grad_dtype) * (training_loop ? 2 : 1) +
+      2 * DTypeSize(dtype) * static_cast<std::size_t>(num_states) +
+      (reduction_pass
+           ? DTypeSize(dtype) * (1 + static_cast<std::size_t>(num_states)) + DTypeSize(grad_dtype)
+           : 0);
 
   // `standard` steps on grads of the param dtype: a copy made here, untimed, if the dtypes differ.
   std::vector<Segment> standard_segments = segments;
@@ -290,6 +295,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
             clock->Start();
             SameTrafficGradRead(segments, runtime);
             clock->Lap("pre_pass");
+            if (reduction_pass) SameTrafficReduce(segments, runtime);
             SameTrafficStep(segments, runtime, stores);
             clock->Lap("step");
           },
@@ -300,8 +306,10 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     impls.emplace_back("standard",
                        [&] { StandardStep(algorithm, hyper, standard_segments, runtime); });
     for (const TrafficStores stores : kAllTrafficStores) {
-      impls.emplace_back(TrafficImplName(stores),
-                         [&, stores] { SameTrafficStep(segments, runtime, stores); });
+      impls.emplace_back(TrafficImplName(stores), [&, stores] {
+        if (reduction_pass) SameTrafficReduce(segments, runtime);
+        SameTrafficStep(segments, runtime, stores);
+      });
     }
   }
   const auto find = [&](std::string_view name) -> Impl* {
@@ -374,7 +382,8 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
                            {"threads", runtime.num_threads()},
                            {"target", ActiveTargetName()},
                            {"rounds", options.rounds},
-                           {"bytes_per_param", bytes_per_param}};
+                           {"bytes_per_param", bytes_per_param},
+                           {"reduction_pass", reduction_pass}};
   if (grad_dtype != dtype || training_loop) report["grad_dtype"] = grad_dtype_name;
   if (training_loop) {
     report["loss_scale"] = options.loss_scale;

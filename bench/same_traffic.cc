@@ -3,8 +3,10 @@
 // each piece of a segment run by a flattened loop instantiated for its storage types, its number
 // of states, its master and its store kind, so the loop body tests nothing per vector. Its math is
 // one multiply-add per written array (x + c·g), which keeps the loads live and, with c = 0, the
-// values. SameTrafficGradRead is the floor of the fused pre-pass (GradPrePass): one read of every
-// gradient in the step's chunks, one add per vector.
+// values. SameTrafficReduce is the floor of a two-phase step's reduction pass (LAMB's Σp², Σu²):
+// the same loop reading the same arrays, storing nothing, one add per vector into a sum.
+// SameTrafficGradRead is the floor of the fused pre-pass (GradPrePass): one read of every gradient
+// in the step's chunks, one add per vector.
 
 #include "bench/same_traffic.h"
 
@@ -41,8 +43,9 @@ using fusedopt::HWY_NAMESPACE::WithStorageType;
 using fusedopt::HWY_NAMESPACE::WithStorageTypes;
 
 // What a traffic loop moves per element: the step (grad read; param or master read and written,
-// the param of a master written; states read and written), a copy (a read, p written) or a fill.
-enum Kind : int { kStep, kCopy, kFill };
+// the param of a master written; states read and written), a reduction (the step's reads, nothing
+// written), a copy (a read, p written) or a fill.
+enum Kind : int { kStep, kCopy, kFill, kReduce };
 
 // Stores an f32 vector as T. 16-bit values are converted by Highway's demotion, which truncates
 // (not the real kernels' rounding: enough for values that c = 0 leaves exact). Stream needs an
@@ -74,10 +77,11 @@ HWY_INLINE bool IsAligned(const T* p, std::size_t bytes) {
 // One piece [begin, end) of a segment, flattened like RunPiece (loop-inl.h): full vectors, then
 // 1-lane vectors for the tail. With kStream the full vectors use non-temporal stores once 1-lane
 // steps (at most one vector's worth) have aligned every written array; arrays that never align at
-// the same index keep regular stores.
+// the same index keep regular stores. Returns the sum of the loaded values for kReduce, else 0.
 template <int kKind, class G, class P, class S, int kStates, bool kMaster, bool kStream>
-HWY_NOINLINE FOPT_FLATTEN void TrafficPiece(const Segment& seg, float c, std::size_t begin,
-                                            std::size_t end) {
+HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, std::size_t begin,
+                                             std::size_t end) {
+  static_assert(kKind != kReduce || !kStream, "a reduction stores nothing");
   const G* g = static_cast<const G*>(seg.grad);
   P* p = static_cast<P*>(seg.param);
   float* m = seg.master;
@@ -85,22 +89,37 @@ HWY_NOINLINE FOPT_FLATTEN void TrafficPiece(const Segment& seg, float c, std::si
   for (int slot = 0, k = 0; slot < kMaxStates && k < kStates; ++slot) {
     if (seg.state[slot] != nullptr) s[k++] = static_cast<S*>(seg.state[slot]);
   }
-  const auto body = [&](auto d, std::size_t i, auto stream) HWY_ATTR {
+  const hn::ScalableTag<float> d;
+  const hn::CappedTag<float, 1> d1;
+  // kReduce: one running sum per vector type (full vectors, the 1-lane tail), so each vector costs
+  // one add on the loop-carried chain.
+  auto acc = hn::Zero(d);
+  auto acc1 = hn::Zero(d1);
+  const auto body = [&](auto dv, std::size_t i, auto stream) HWY_ATTR {
     constexpr bool kNt = decltype(stream)::value;
-    const auto cv = hn::Set(d, c);
-    if constexpr (kKind == kFill) {
-      TrafficStore<P, kNt>(d, cv, p + i);
+    if constexpr (kKind == kReduce) {
+      // The step's loads (grad, param or master, each state), added up, then one add into the sum.
+      auto sum = hn::Add(Io<G>::Load(dv, g + i),
+                         kMaster ? Io<float>::Load(dv, m + i) : Io<P>::Load(dv, p + i));
+      for (int k = 0; k < kStates; ++k) sum = hn::Add(sum, Io<S>::Load(dv, s[k] + i));
+      if constexpr (hn::MaxLanes(dv) == 1) {
+        acc1 = hn::Add(acc1, sum);
+      } else {
+        acc = hn::Add(acc, sum);
+      }
+    } else if constexpr (kKind == kFill) {
+      TrafficStore<P, kNt>(dv, hn::Set(dv, c), p + i);
     } else {
-      const auto v = hn::Mul(Io<G>::Load(d, g + i), cv);
+      const auto v = hn::Mul(Io<G>::Load(dv, g + i), hn::Set(dv, c));
       if constexpr (kKind == kCopy) {
-        TrafficStore<P, kNt>(d, v, p + i);
+        TrafficStore<P, kNt>(dv, v, p + i);
       } else {
         // Every load before the first store, as in the real kernels: no store sits between loads
         // that the CPU must then check for aliasing.
-        const auto x = hn::Add(kMaster ? Io<float>::Load(d, m + i) : Io<P>::Load(d, p + i), v);
+        const auto x = hn::Add(kMaster ? Io<float>::Load(dv, m + i) : Io<P>::Load(dv, p + i), v);
         const auto state = [&](auto k) HWY_ATTR {
           if constexpr (decltype(k)::value < kStates) {
-            return hn::Add(Io<S>::Load(d, s[decltype(k)::value] + i), v);
+            return hn::Add(Io<S>::Load(dv, s[decltype(k)::value] + i), v);
           } else {
             return v;  // no such state: never stored
           }
@@ -109,16 +128,14 @@ HWY_NOINLINE FOPT_FLATTEN void TrafficPiece(const Segment& seg, float c, std::si
         const auto x1 = state(std::integral_constant<int, 1>{});
         const auto x2 = state(std::integral_constant<int, 2>{});
         static_assert(kMaxStates == 3);
-        if constexpr (kMaster) TrafficStore<float, kNt>(d, x, m + i);
-        TrafficStore<P, kNt>(d, x, p + i);
-        if constexpr (kStates > 0) TrafficStore<S, kNt>(d, x0, s[0] + i);
-        if constexpr (kStates > 1) TrafficStore<S, kNt>(d, x1, s[1] + i);
-        if constexpr (kStates > 2) TrafficStore<S, kNt>(d, x2, s[2] + i);
+        if constexpr (kMaster) TrafficStore<float, kNt>(dv, x, m + i);
+        TrafficStore<P, kNt>(dv, x, p + i);
+        if constexpr (kStates > 0) TrafficStore<S, kNt>(dv, x0, s[0] + i);
+        if constexpr (kStates > 1) TrafficStore<S, kNt>(dv, x1, s[1] + i);
+        if constexpr (kStates > 2) TrafficStore<S, kNt>(dv, x2, s[2] + i);
       }
     }
   };
-  const hn::ScalableTag<float> d;
-  const hn::CappedTag<float, 1> d1;
   const std::size_t lanes = hn::Lanes(d);
   std::size_t i = begin;
   if constexpr (kStream) {
@@ -136,6 +153,11 @@ HWY_NOINLINE FOPT_FLATTEN void TrafficPiece(const Segment& seg, float c, std::si
   }
   for (; i + lanes <= end; i += lanes) body(d, i, std::false_type{});
   for (; i < end; ++i) body(d1, i, std::false_type{});
+  if constexpr (kKind == kReduce) {
+    return hn::GetLane(hn::SumOfLanes(d, acc)) + hn::GetLane(acc1);
+  } else {
+    return 0.0f;
+  }
 }
 
 // Calls f(std::integral_constant<int, n>) for n = count in [0, kMaxStates].
@@ -154,6 +176,35 @@ HWY_INLINE void WithStateCount(int count, const F& f) {
   }
 }
 
+// Runs TrafficPiece<kKind, G, P, S, kStates, kMaster, kNt> on one piece of a step's segment, the
+// template arguments from the segment (its storage types, allocated states and master); returns
+// its sum.
+template <int kKind, bool kNt>
+HWY_INLINE float SegmentTrafficPiece(const Segment& seg, float c, std::size_t begin,
+                                     std::size_t end) {
+  int states = 0;
+  for (const void* state : seg.state) states += state != nullptr ? 1 : 0;
+  float sum = 0.0f;
+  WithStorageTypes(
+      seg.param_dtype, seg.grad_dtype, seg.state_dtype, [&](auto pt, auto gt, auto st) HWY_ATTR {
+        using P = typename decltype(pt)::type;
+        WithStateCount(states, [&](auto n) HWY_ATTR {
+          using G = typename decltype(gt)::type;
+          using S = typename decltype(st)::type;
+          constexpr int kStates = decltype(n)::value;
+          // Only a 16-bit param has a master (validated by the library).
+          if (!std::is_same_v<P, float> && seg.master != nullptr) {
+            if constexpr (!std::is_same_v<P, float>) {
+              sum = TrafficPiece<kKind, G, P, S, kStates, true, kNt>(seg, c, begin, end);
+            }
+          } else {
+            sum = TrafficPiece<kKind, G, P, S, kStates, false, kNt>(seg, c, begin, end);
+          }
+        });
+      });
+  return sum;
+}
+
 // Runs chunks [chunk_begin, chunk_end) of a plan whose scalars are each segment's c. kCopy and
 // kFill exist for f32 segments without states only (the STREAM-style kernels).
 void TrafficChunks(const StepPlan<float>& plan, std::size_t chunk_begin, std::size_t chunk_end,
@@ -165,34 +216,28 @@ void TrafficChunks(const StepPlan<float>& plan, std::size_t chunk_begin, std::si
         WithFlags(
             [&](auto nt) HWY_ATTR {
               constexpr bool kNt = decltype(nt)::value;
-              if (kind == kCopy)
-                return TrafficPiece<kCopy, float, float, float, 0, false, kNt>(seg, c, begin, end);
-              if (kind == kFill)
-                return TrafficPiece<kFill, float, float, float, 0, false, kNt>(seg, c, begin, end);
-              int states = 0;
-              for (const void* state : seg.state) states += state != nullptr ? 1 : 0;
-              WithStorageTypes(
-                  seg.param_dtype, seg.grad_dtype, seg.state_dtype,
-                  [&](auto pt, auto gt, auto st) HWY_ATTR {
-                    using P = typename decltype(pt)::type;
-                    WithStateCount(states, [&](auto n) HWY_ATTR {
-                      using G = typename decltype(gt)::type;
-                      using S = typename decltype(st)::type;
-                      constexpr int kStates = decltype(n)::value;
-                      // Only a 16-bit param has a master (validated by the library).
-                      if (!std::is_same_v<P, float> && seg.master != nullptr) {
-                        if constexpr (!std::is_same_v<P, float>) {
-                          TrafficPiece<kStep, G, P, S, kStates, true, kNt>(seg, c, begin, end);
-                        }
-                      } else {
-                        TrafficPiece<kStep, G, P, S, kStates, false, kNt>(seg, c, begin, end);
-                      }
-                    });
-                  });
+              if (kind == kCopy) {
+                TrafficPiece<kCopy, float, float, float, 0, false, kNt>(seg, c, begin, end);
+              } else if (kind == kFill) {
+                TrafficPiece<kFill, float, float, float, 0, false, kNt>(seg, c, begin, end);
+              } else {
+                SegmentTrafficPiece<kStep, kNt>(seg, c, begin, end);
+              }
             },
             stream);
       });
   if (stream) hwy::FlushStream();  // non-temporal stores are weakly ordered: done before we return
+}
+
+// The reduction pass's traffic over chunks [chunk_begin, chunk_end): the step's loads of every
+// piece, nothing stored; returns the sum of the pieces' sums.
+float ReduceTrafficChunks(const ChunkPlan& plan, std::size_t chunk_begin, std::size_t chunk_end) {
+  float total = 0.0f;
+  plan.ForEachPiece(
+      chunk_begin, chunk_end, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
+        total += SegmentTrafficPiece<kReduce, false>(plan.segments()[i], 0.0f, begin, end);
+      });
+  return total;
 }
 
 // Sum of every gradient element of chunks [chunk_begin, chunk_end): four vector accumulators, so
@@ -232,6 +277,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace fusedopt::bench {
 HWY_EXPORT(TrafficChunks);
+HWY_EXPORT(ReduceTrafficChunks);
 HWY_EXPORT(GradReadChunks);
 
 namespace {
@@ -271,6 +317,19 @@ void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime,
 
 void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime) {
   SameTrafficStep(segments, runtime, TrafficStores::kRegular);
+}
+
+float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime) {
+  const ChunkPlan plan(segments);
+  std::vector<float> partial(plan.num_chunks(), 0.0f);  // one per chunk, written by its thread
+  ParallelForChunks(partial.size(), runtime.num_threads(), [&](std::size_t c0, std::size_t c1) {
+    for (std::size_t c = c0; c < c1; ++c) {
+      partial[c] = HWY_DYNAMIC_DISPATCH(ReduceTrafficChunks)(plan, c, c + 1);
+    }
+  });
+  float total = 0.0f;
+  for (const float p : partial) total += p;
+  return total;
 }
 
 float SameTrafficGradRead(std::span<const Segment> segments, const Runtime& runtime) {

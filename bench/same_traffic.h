@@ -1,8 +1,9 @@
-// The traffic kernels (same_traffic.cc): per element, the bytes a fused step reads and writes, with
-// one multiply-add of math, built like the real kernels (src/cpu/loop-inl.h: the step's chunks and
-// threads, one loop per dtype combination, state count and store kind). `fusedopt bench` takes the
-// fastest store kind as its memory-bandwidth ceiling; `fusedopt info --bandwidth` times the
-// STREAM-style read, write and copy built on the same loops.
+// The traffic kernels (same_traffic.cc): per element, the bytes a fused step reads and writes (for
+// a two-phase step, its read-only reduction pass too), with one multiply-add of math, built like
+// the real kernels (src/cpu/loop-inl.h: the step's chunks and threads, one loop per dtype
+// combination, state count and store kind). `fusedopt bench` takes the fastest store kind as its
+// memory-bandwidth ceiling; `fusedopt info --bandwidth` times the STREAM-style read, write and copy
+// built on the same loops.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +28,13 @@ const char* TrafficStoresName(TrafficStores stores);  // "store" or "stream"
 // steps on the same buffers. Ignores stochastic rounding.
 void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime,
                      TrafficStores stores, float c = 0.0f);
+
+// The traffic of a two-phase step's reduction pass (LAMB's Σp², Σu², HasReductionPass in
+// standard.h), run before SameTrafficStep: the same loop over the same chunks reading what the
+// step reads (the gradient, the param or its f32 master, every allocated state) and writing
+// nothing, one add per loaded vector. Returns the sum of the loaded values (so the loads cannot be
+// dropped).
+float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime);
 
 // STREAM-style kernels on f32 arrays of n elements, in the step's chunks and threads.
 double TrafficRead(const float* a, std::size_t n, const Runtime& runtime);  // returns the sum

@@ -10,6 +10,15 @@ seed) and fixed random grads, set once and never zeroed, so only optimizer.step(
   fused          fusedopt.Fused<X>()
   fused_flat     fusedopt.Fused<X>(flatten=True)
 
+Lion and LAMB have no torch.optim twin; their references run instead of the three torch impls:
+
+  lion_pytorch               lucidrains' lion_pytorch.Lion (the reference of FusedLion)
+  lamb_reference             tools/lamb_reference.py, apex FusedLAMB's formulas in torch ops (the
+                             reference of FusedLAMB)
+  pytorch_optimizer          pytorch_optimizer.Lamb(foreach=False), the LAMB people pip-install;
+  pytorch_optimizer_foreach  ... foreach=True. Its formula differs (trust ratio min(‖p‖, 10) /
+                             (‖u‖ + eps), step size bias-corrected), so it is timed, not compared.
+
 Before timing, every impl takes 3 steps and is compared with torch_forloop (a warning, not an
 error, if they disagree). Then come --warmup steps and --rounds rounds; each round steps every impl
 once, in an order that rotates from round to round so that drift in machine load is spread evenly.
@@ -39,16 +48,39 @@ import gen_model_shapes  # noqa: E402  (tools/ is not a package)
 
 LR = 1e-3
 # --optimizer -> (torch.optim class name, arguments beyond lr; torch's defaults otherwise)
-OPTIMIZERS = {
+TORCH_OPTIMIZERS = {
     "sgd": ("SGD", {"momentum": 0.9}),
     "adam": ("Adam", {}),
     "adamw": ("AdamW", {}),
     "rmsprop": ("RMSprop", {}),
     "adagrad": ("Adagrad", {}),
 }
+LION_KW = {"weight_decay": 0.1}  # lion-pytorch's defaults otherwise (betas 0.9, 0.99)
+LAMB_KW = {"weight_decay": 0.01, "max_grad_norm": 1.0}  # apex FusedLAMB's defaults
+
+
+def lion_references() -> dict:
+    import lion_pytorch
+    return {"lion_pytorch": lambda params: lion_pytorch.Lion(params, lr=LR, **LION_KW)}
+
+
+def lamb_references() -> dict:
+    import pytorch_optimizer
+    from lamb_reference import LambReference
+
+    def third_party(foreach):  # the closest options: wd added to the update, global-norm clipping
+        return lambda params: pytorch_optimizer.Lamb(params, lr=LR, weight_decay=LAMB_KW["weight_decay"],
+                                                     weight_decouple=False, pre_norm=True, eps=1e-6,
+                                                     max_grad_norm=LAMB_KW["max_grad_norm"], foreach=foreach)
+
+    return {"lamb_reference": lambda params: LambReference(params, lr=LR, **LAMB_KW),
+            "pytorch_optimizer": third_party(False), "pytorch_optimizer_foreach": third_party(True)}
+
+
+OPTIMIZERS = (*TORCH_OPTIMIZERS, "lion", "lamb")
+UNCOMPARED = {"pytorch_optimizer", "pytorch_optimizer_foreach"}  # another formula: timed only
 MODELS = {name: constructor for name, constructor, _, _ in gen_model_shapes.MODELS}
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-IMPLS = ("torch_forloop", "torch_foreach", "torch_fused", "fused", "fused_flat")
 TORCH_IMPLS = ("torch_forloop", "torch_foreach", "torch_fused")
 FUSEDOPT_IMPLS = ("fused", "fused_flat")
 
@@ -84,7 +116,7 @@ def make_params(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list[torch
 
 def torch_fused_supported(optimizer: str, dtype: torch.dtype) -> bool:
     """Whether torch.optim.<X>(fused=True) accepts CPU params of `dtype` and can step them."""
-    name, kwargs = OPTIMIZERS[optimizer]
+    name, kwargs = TORCH_OPTIMIZERS[optimizer]
     p = torch.zeros(4, dtype=dtype, requires_grad=True)
     p.grad = torch.ones(4, dtype=dtype)
     try:
@@ -94,16 +126,28 @@ def torch_fused_supported(optimizer: str, dtype: torch.dtype) -> bool:
     return True
 
 
-def build(impl: str, optimizer: str, shapes: list[tuple[int, ...]],
-          dtype: torch.dtype) -> torch.optim.Optimizer:
-    """One impl (see IMPLS) over its own freshly made params."""
-    name, kwargs = OPTIMIZERS[optimizer]
-    params = make_params(shapes, dtype)
-    if impl in TORCH_IMPLS:
-        variant = {"torch_forloop": {"foreach": False}, "torch_foreach": {"foreach": True},
-                   "torch_fused": {"fused": True}}[impl]
-        return getattr(torch.optim, name)(params, lr=LR, **kwargs, **variant)
-    return getattr(fusedopt, "Fused" + name)(params, lr=LR, flatten=impl == "fused_flat", **kwargs)
+def references(optimizer: str, dtype: torch.dtype) -> dict:
+    """The reference impls of an optimizer: name -> constructor(params); the first is the one the
+    others are checked against. torch_fused is left out where torch has no such kernel."""
+    if optimizer == "lion":
+        return lion_references()
+    if optimizer == "lamb":
+        return lamb_references()
+    name, kwargs = TORCH_OPTIMIZERS[optimizer]
+    variants = {"torch_forloop": {"foreach": False}, "torch_foreach": {"foreach": True}}
+    if torch_fused_supported(optimizer, dtype):
+        variants["torch_fused"] = {"fused": True}
+    return {impl: (lambda params, v=v: getattr(torch.optim, name)(params, lr=LR, **kwargs, **v))
+            for impl, v in variants.items()}
+
+
+def build_fused(optimizer: str, params: list[torch.Tensor], flatten: bool) -> torch.optim.Optimizer:
+    if optimizer == "lion":
+        return fusedopt.FusedLion(params, lr=LR, flatten=flatten, **LION_KW)
+    if optimizer == "lamb":
+        return fusedopt.FusedLAMB(params, lr=LR, flatten=flatten, **LAMB_KW)
+    name, kwargs = TORCH_OPTIMIZERS[optimizer]
+    return getattr(fusedopt, "Fused" + name)(params, lr=LR, flatten=flatten, **kwargs)
 
 
 def params_of(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -132,25 +176,30 @@ def compare(param: torch.Tensor, reference: torch.Tensor,
 
 def check_agreement(optimizers: dict, dtype: torch.dtype) -> dict[str, dict]:
     """Steps every impl CHECK_STEPS times from identical params and grads and compares its params
-    with torch_forloop's; warns on stderr where the relative diff exceeds CHECK_TOLERANCE, where
-    inf/nan sit elsewhere, or where torch_forloop's own params are no longer finite."""
-    initial = [p.detach().clone() for p in params_of(optimizers["torch_forloop"])]
+    with the first impl's (the reference: torch_forloop, lion_pytorch, lamb_reference); warns on
+    stderr where the relative diff exceeds CHECK_TOLERANCE, where inf/nan sit elsewhere, or where
+    the reference's own params are no longer finite."""
+    first = next(iter(optimizers))
+    initial = [p.detach().clone() for p in params_of(optimizers[first])]
     for opt in optimizers.values():
         for _ in range(CHECK_STEPS):
             opt.step()
-    reference = [p.detach() for p in params_of(optimizers["torch_forloop"])]
+    reference = [p.detach() for p in params_of(optimizers[first])]
     non_finite = sum(int((~p.isfinite()).sum()) for p in reference)
     if non_finite:
-        print(f"WARNING: after {CHECK_STEPS} steps in {dtype}, {non_finite:,} of torch_forloop's "
+        print(f"WARNING: after {CHECK_STEPS} steps in {dtype}, {non_finite:,} of {first}'s "
               f"params are inf/nan; the timings run on them", file=sys.stderr)
     checks = {}
     for impl, opt in optimizers.items():
+        if impl in UNCOMPARED:
+            checks[impl] = None
+            continue
         pairs = [compare(p.detach(), ref, p0)
                  for p, ref, p0 in zip(params_of(opt), reference, initial)]
         diff, mismatches = max(d for d, _ in pairs), sum(m for _, m in pairs)
         checks[impl] = {"max_rel_diff": diff, "non_finite_mismatches": mismatches}
         if diff > CHECK_TOLERANCE[dtype] or mismatches:
-            print(f"WARNING: {impl} differs from torch_forloop after {CHECK_STEPS} steps: max diff "
+            print(f"WARNING: {impl} differs from {first} after {CHECK_STEPS} steps: max diff "
                   f"{diff:.3g} x the update (tolerance {CHECK_TOLERANCE[dtype]:g}), {mismatches:,} "
                   f"params finite in one and inf/nan in the other", file=sys.stderr)
     return checks
@@ -190,27 +239,34 @@ def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, 
     total = sum(torch.Size(d).numel() for d in dims)
     if rounds is None:
         rounds = DEFAULT_ROUNDS_BIG if total > BIG_NUMEL else DEFAULT_ROUNDS
-    impls = [i for i in IMPLS if i != "torch_fused" or torch_fused_supported(optimizer, dtype)]
+    refs = references(optimizer, dtype)
     shapes_name = shapes or "flat"
     print(f"{optimizer} on {shapes_name}: {len(dims)} tensors, {total:,} params, {dtype_name}, "
           f"{torch.get_num_threads()} threads, {rounds} rounds", file=sys.stderr)
-    optimizers = {impl: build(impl, optimizer, dims, dtype) for impl in impls}
+    optimizers = {impl: make(make_params(dims, dtype)) for impl, make in refs.items()}
+    for impl in FUSEDOPT_IMPLS:
+        optimizers[impl] = build_fused(optimizer, make_params(dims, dtype), impl == "fused_flat")
     checks = check_agreement(optimizers, dtype)
     samples = time_steps(optimizers, warmup, rounds, progress=total > BIG_NUMEL)
     del optimizers
     gc.collect()  # fused_flat's store and its optimizer reference each other
 
-    results = {impl: None for impl in IMPLS}
-    for impl in impls:
-        results[impl] = summary(samples[impl]) | {"check_vs_forloop": checks[impl]}
+    # torch's three impls are always listed (null: no fused=True kernel), as the README tables expect.
+    results = {impl: None for impl in TORCH_IMPLS} if optimizer in TORCH_OPTIMIZERS else {}
+    for impl in optimizers_order(refs):
+        results[impl] = summary(samples[impl]) | {"check_vs_reference": checks[impl]}
     best = min(results[i]["median_ms"] for i in FUSEDOPT_IMPLS)
     return {
         "optimizer": optimizer, "shapes": shapes_name, "tensors": len(dims), "numel": total,
         "dtype": dtype_name, "threads": torch.get_num_threads(), "rounds": rounds, "warmup": warmup,
         "torch_version": torch.__version__, "target": fusedopt.active_target(), "impls": results,
         **{f"speedup_vs_{impl}": None if r is None else r["median_ms"] / best
-           for impl, r in results.items() if impl in TORCH_IMPLS},
+           for impl, r in results.items() if impl not in FUSEDOPT_IMPLS},
     }
+
+
+def optimizers_order(refs: dict) -> list[str]:
+    return list(refs) + list(FUSEDOPT_IMPLS)
 
 
 # -------------------------------------------------------------------------------- reports
@@ -222,16 +278,17 @@ def fusedopt_best_ms(result: dict) -> float:
 
 def text_table(result: dict) -> str:
     best = fusedopt_best_ms(result)
+    width = max(15, *(len(impl) + 2 for impl in result["impls"]))
     lines = [f"{result['optimizer']} on {result['shapes']} ({result['tensors']} tensors, "
              f"{result['numel']:,} params, {result['dtype']}, {result['threads']} threads, "
              f"{result['target']}, torch {result['torch_version']})",
-             f"{'impl':<15}{'median ms':>11}{'min ms':>11}{'fusedopt speedup':>18}"]
+             f"{'impl':<{width}}{'median ms':>11}{'min ms':>11}{'fusedopt speedup':>18}"]
     for impl, r in result["impls"].items():
         if r is None:
-            lines.append(f"{impl:<15}  n/a: torch {result['torch_version']} has no fused=True CPU "
+            lines.append(f"{impl:<{width}}  n/a: torch {result['torch_version']} has no fused=True CPU "
                          f"kernel for this optimizer")
         else:
-            lines.append(f"{impl:<15}{r['median_ms']:>11.3f}{r['min_ms']:>11.3f}"
+            lines.append(f"{impl:<{width}}{r['median_ms']:>11.3f}{r['min_ms']:>11.3f}"
                          f"{r['median_ms'] / best:>17.2f}x")
     return "\n".join(lines)
 
@@ -278,7 +335,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per impl (default 3)")
     parser.add_argument("--json", type=pathlib.Path, help="write the result here")
     parser.add_argument("--all", action="store_true",
-                        help="every optimizer on every model; prints a Markdown table")
+                        help="every torch.optim optimizer on every model; prints a Markdown table")
     parser.add_argument("--json-dir", type=pathlib.Path,
                         help="with --all: one OPTIMIZER_SHAPES.json per run here")
     args = parser.parse_args()
@@ -311,7 +368,7 @@ def main() -> None:
         args.json_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for shapes in MODELS:
-        for optimizer in OPTIMIZERS:
+        for optimizer in TORCH_OPTIMIZERS:
             result = run(optimizer, shapes, None, args.dtype, args.rounds, args.warmup)
             print(text_table(result), file=sys.stderr)
             if args.json_dir:

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -171,6 +172,28 @@ TEST(ClipCoefficient, IsTorchsF32Formula) {
   EXPECT_EQ(ClipCoefficient(1e30, std::numeric_limits<double>::infinity()), 1.0f);
 }
 
+TEST(ClipCoefficient, LambRuleIsApexsF32Division) {
+  // apex FusedLAMB divides by norm / max_norm where norm > max_norm; the factor is the f32 division
+  // f32(max_norm) / f32(norm), and 1 (no clipping) otherwise.
+  for (double norm : {1e-8, 0.5, 1.0, 3.0, 12345.678, 1e30}) {
+    for (double max_norm : {0.1, 1.0, 5.0, 1e9}) {
+      const float want =
+          norm > max_norm ? static_cast<float>(max_norm) / static_cast<float>(norm) : 1.0f;
+      EXPECT_EQ(LambClipCoefficient(norm, max_norm), want) << norm << " " << max_norm;
+    }
+  }
+  // Exactly at the limit: not clipped (torch's rule would give max / (norm + 1e-6)).
+  EXPECT_EQ(LambClipCoefficient(3.0, 3.0), 1.0f);
+  // max_norm = 0 does not disable clipping: every non-zero norm gives 0 (apex: g / inf).
+  for (double norm : {1e-30, 1e-8, 1.0, 1e30}) EXPECT_EQ(LambClipCoefficient(norm, 0.0), 0.0f);
+  // A zero norm is never clipped, whatever max_norm.
+  EXPECT_EQ(LambClipCoefficient(0.0, 0.0), 1.0f);
+  EXPECT_EQ(LambClipCoefficient(0.0, 1.0), 1.0f);
+  // An infinite norm gives 0; an infinite max_norm never clips.
+  EXPECT_EQ(LambClipCoefficient(std::numeric_limits<double>::infinity(), 1.0), 0.0f);
+  EXPECT_EQ(LambClipCoefficient(1e30, std::numeric_limits<double>::infinity()), 1.0f);
+}
+
 TEST(ClipGradNorm, ScalesEveryElementByTheCoefficientAndReturnsTheNorm) {
   for (DType t : kDTypes) {
     for (NormType type : kNormTypes) {
@@ -308,6 +331,48 @@ TEST(GradPrePass, FoldedClipAndUnscaleEqualSeparatePasses) {
     }
     EXPECT_EQ(fused.p0, separate.p0);
     EXPECT_EQ(fused.p1, separate.p1);
+    EXPECT_EQ(fused.v0, separate.v0);
+  }
+}
+
+// ClipRule::kLamb: the pre-pass folds LambClipCoefficient(norm, max_norm) into every grad_scale
+// (on top of the unscale factor), and LAMB after it equals LAMB on gradients multiplied by that
+// factor beforehand, as tools/lamb_reference.py clips them.
+TEST(GradPrePass, LambRuleFoldsTheLambCoefficientIntoGradScale) {
+  const LambHyper h{.lr = 1e-2, .weight_decay = 0.01};
+  const float unscale = 0.5f;
+  for (double max_norm : {5.0, 0.0, 1e9}) {
+    SCOPED_TRACE("max_norm " + std::to_string(max_norm));
+    AdamRun fused, separate;  // two tensors with states in slots 0 and 1, as LAMB's
+    for (int step = 1; step <= 3; ++step) {
+      Grads g(DType::kF32, {1000, 77}, 60 + step);  // norm about 3·√1077 / 2 ≈ 49 after unscale
+      Grads g2 = g;
+      std::vector<Segment> s = fused.Segments(g, unscale);
+      const PrePassResult pre =
+          GradPrePass(s, {.max_norm = max_norm, .clip_rule = ClipRule::kLamb});
+      ASSERT_FALSE(pre.non_finite);
+      const float coef = LambClipCoefficient(pre.norm, max_norm);
+      EXPECT_EQ(pre.clip_coef, coef);
+      const float expected_kind = max_norm == 0.0 ? 0.0f : 1.0f;  // 0: all clipped, 1e9: none
+      if (max_norm == 5.0) {
+        EXPECT_LT(coef, 1.0f);
+      } else {
+        EXPECT_EQ(coef, expected_kind);
+      }
+      for (const Segment& x : s) EXPECT_EQ(x.grad_scale, unscale * coef);
+      for (Segment& x : s) x.step = step;
+      LambStep(std::span<const LambHyper>(&h, 1), s);
+      // Separate: the gradients multiplied by the same f32 factor first, then a plain step.
+      for (std::size_t b = 0; b < g2.sizes.size(); ++b) {
+        for (std::size_t i = 0; i < g2.sizes[b]; ++i) g2.Set(b, i, g2.Get(b, i) * (unscale * coef));
+      }
+      std::vector<Segment> s2 = separate.Segments(g2, 1.0f);
+      for (Segment& x : s2) x.step = step;
+      LambStep(std::span<const LambHyper>(&h, 1), s2);
+    }
+    EXPECT_EQ(fused.p0, separate.p0);
+    EXPECT_EQ(fused.p1, separate.p1);
+    EXPECT_EQ(fused.m1, separate.m1);
     EXPECT_EQ(fused.v0, separate.v0);
   }
 }

@@ -9,7 +9,8 @@
 //   KernelLarge    4099 elements on every 16-bit combo (bias check) and 1000003 elements on two
 //                  combos (skipped when FOPT_TEST_SMALL is set), with Runtime(2);
 //   KernelSpecial  zero, huge, eps-dominated and NaN/Inf gradients; zero-size segments;
-//   Determinism    Runtime(1) vs Runtime(2), bit for bit, over several 32768-element chunks.
+//   Determinism    Runtime(1) vs Runtime(2) vs Runtime(3), bit for bit, over several 32768-element
+//                  chunks; for Lion and LAMB also across targets (DeterminismAcrossTargets).
 //
 // Pass rules. f32 storage: |k − r| ≤ max(rtol·|r|, atol), with rtol 2e-6 after one step and 1e-5
 // after 20, atol = 8·FLT_EPSILON·max|r| (max over the buffer's oracle values before and after the
@@ -35,9 +36,11 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fusedopt/dtype.h"
@@ -553,6 +556,144 @@ struct AdagradAlgo {
   }
 };
 
+// A fixed sign for element index i, mixed by a hash so that SIMD lanes and tails see both: Lion's
+// and LAMB's inputs keep it on every step (see LionAlgo and LambAlgo).
+int ElementSign(std::size_t i) {
+  return ((static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ull) >> 40 & 1u) != 0 ? -1 : 1;
+}
+
+// Lion's update is ±lr·sign(c), c = β1·m + (1 − β1)·g: where |c| is tiny next to its terms, f32
+// and the double oracle may disagree on the sign, and the param then differs by 2·lr. Lion's inputs
+// therefore keep c far from 0: element i has the sign s_i = ElementSign(i) and a class k_i, the
+// same on every step, so its gradients never change sign and its momentum does not cross 0 within
+// a case (20 steps, β1 >= 0.8, β2 = 0.99):
+//   k = 0: g = s·[0.2, 1],  m = s'·[0, 0.5]: c has the sign of g, |c| < 1;
+//   k = 1: g = s·[50, 100], m = s'·[0, 0.5]: c has the sign of g, |c| >= 5;
+//   k = 2: g = s·[0.2, 1],  m = −s'·[3, 6]:  c has the sign of m, against g; |c| ~ 1.6 to 5.4;
+// s' = s, or −s with maximize. Fresh tensors start from m = 0, so there k = 2 acts as k = 0. A sign
+// that is right only for |c| in [2, 4), as DeepSpeed's AVX Lion computes it (its mask keeps the
+// exponent bits of −1), fails on classes 0 and 1; sign(g) or sign(m) alone fails on class 2 or on
+// fresh tensors.
+int LionElementClass(std::size_t i) {
+  return static_cast<int>(((static_cast<std::uint64_t>(i) * 0xC2B2AE3D27D4EB4Full) >> 33) % 3u);
+}
+
+struct LionAlgo {
+  using Hyper = LionHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    LionStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
+                  std::span<const double> g, const StateSpans& st) {
+    ref::LionStep(h, p, g, st[0]);
+  }
+  static unsigned States(const Hyper& /*h*/) { return 1u; }
+  // weight_decay {0, 0.5} × maximize.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (double wd : {0.0, 0.5}) {
+      for (bool maximize : {false, true}) {
+        out.push_back({.lr = 0.01, .weight_decay = wd, .maximize = maximize});
+      }
+    }
+    return out;
+  }
+  // β2 stays 0.99: the class-2 momentum must not decay through 0 within 20 steps.
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.2 : 0.0;
+    h.maximize = !h.maximize;
+    h.beta1 = 0.8;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "Lion{lr=" << h.lr << " betas=(" << h.beta1 << "," << h.beta2 << ") wd=" << h.weight_decay
+      << " maximize=" << h.maximize << "}";
+    return o.str();
+  }
+  // Zero at step 1 (as lion-pytorch); later the magnitude of the class's momentum, to which
+  // MakeSegment gives its sign.
+  static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
+    return step == 1 ? 0.0 : rng.Uniform(0.0, 1.0);
+  }
+  // Element i's momentum from InitState's u in [0, 1) (see the classes above).
+  static double Momentum(const Hyper& h, std::size_t i, double u) {
+    const double s = ElementSign(i) * (h.maximize ? -1.0 : 1.0);
+    return LionElementClass(i) == 2 ? -s * (3.0 + 3.0 * u) : s * 0.5 * u;
+  }
+};
+
+// LAMB moves a one-element tensor by lr·|θ|·sign(u) (the trust ratio is lr·|θ|/|u|), so there a u
+// that cancels to near 0 (m = β1·m + β3·g with m against g, or u + λθ against u) may take another
+// sign in f32 than in double, as Lion's c. LAMB's inputs therefore give element i's gradients the
+// sign ElementSign(i) on every step, and its momentum and param that sign at the start: m never
+// cancels, and u + λθ adds terms of one sign until θ crosses 0, which a one-element θ never does
+// (it shrinks by lr·|θ|). In longer tensors a near-zero u costs only its own tiny share of the
+// update.
+struct LambAlgo {
+  using Hyper = LambHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_avg_sq", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    LambStep(g, s, rt);
+  }
+  // The oracle computes its own ‖θ‖ and ‖u‖ of the whole tensor in double.
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::LambStep(h, t, p, g, st[0], st[1]);
+  }
+  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
+  // Weight decay {0.02, 0, 0 with use_nvlamb} × adam_w_mode, each with two of the four
+  // (bias_correction, grad_averaging) pairs, so that every pair meets both modes and all three
+  // decays. The first has FusedLAMB's default modes; first and last have a trust ratio.
+  static std::vector<Hyper> Options() {
+    struct Row {
+      double wd;
+      bool nvlamb, adam_w_mode, bias_correction, grad_averaging;
+    };
+    constexpr Row kRows[] = {
+        {0.02, false, true, true, true},   {0.02, false, true, false, false},
+        {0.0, false, true, true, false},   {0.0, false, true, false, true},
+        {0.0, true, true, true, true},     {0.0, true, true, false, false},
+        {0.0, false, false, true, true},   {0.0, false, false, false, false},
+        {0.0, true, false, true, false},   {0.0, true, false, false, true},
+        {0.02, false, false, true, false}, {0.02, false, false, false, true},
+    };
+    std::vector<Hyper> out;
+    for (const Row& r : kRows) {
+      out.push_back({.lr = 0.01,
+                     .weight_decay = r.wd,
+                     .bias_correction = r.bias_correction,
+                     .adam_w_mode = r.adam_w_mode,
+                     .grad_averaging = r.grad_averaging,
+                     .use_nvlamb = r.nvlamb});
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.05 : 0.0;
+    h.use_nvlamb = !h.use_nvlamb;
+    h.beta1 = 0.8;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "LAMB{lr=" << h.lr << " betas=(" << h.beta1 << "," << h.beta2 << ") eps=" << h.eps
+      << " wd=" << h.weight_decay << " bias_correction=" << h.bias_correction
+      << " adam_w_mode=" << h.adam_w_mode << " grad_averaging=" << h.grad_averaging
+      << " use_nvlamb=" << h.use_nvlamb << "}";
+    return o.str();
+  }
+  // Zero at step 1 (as apex); later a plausible state.
+  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
+    if (step == 1) return 0.0;
+    if (slot == kLambExpAvg) return rng.Uniform(-0.3, 0.3);
+    return rng.Uniform(0.01, 0.5);
+  }
+};
+
 // ------------------------------------------------------------------------------------------------
 // Test cases: segments with their buffers, the oracle's copy, and one driver
 
@@ -657,6 +798,18 @@ SegData MakeSegment(const SegSpec& spec, const typename A::Hyper& h, Rng& rng) {
     for (std::size_t i = 0; i < spec.n; ++i)
       s.state[k]->Set(i, A::InitState(h, k, spec.first_step, rng));
   }
+  if constexpr (std::is_same_v<A, LambAlgo>) {
+    for (std::size_t i = 0; i < spec.n; ++i) {  // the element's sign, see LambAlgo
+      const double sign = ElementSign(i);
+      if (s.master) {
+        s.master->Set(i, sign * std::abs(s.master->Get(i)));
+        s.param.Set(i, s.master->Get(i));
+      } else {
+        s.param.Set(i, sign * std::abs(s.param.Get(i)));
+      }
+      s.state[kLambExpAvg]->Set(i, sign * std::abs(s.state[kLambExpAvg]->Get(i)));
+    }
+  }
   if (spec.first_step > 1) {
     // Cross-state invariants of a real run.
     if constexpr (std::is_same_v<A, AdamAlgo> || std::is_same_v<A, AdamWAlgo>) {
@@ -664,6 +817,11 @@ SegData MakeSegment(const SegSpec& spec, const typename A::Hyper& h, Rng& rng) {
         for (std::size_t i = 0; i < spec.n; ++i) {
           s.state[kMaxExpAvgSq]->Set(i, s.state[kExpAvgSq]->Get(i) + rng.Uniform(0.0, 0.2));
         }
+      }
+    }
+    if constexpr (std::is_same_v<A, LionAlgo>) {
+      for (std::size_t i = 0; i < spec.n; ++i) {
+        s.state[kLionExpAvg]->Set(i, LionAlgo::Momentum(h, i, s.state[kLionExpAvg]->Get(i)));
       }
     }
     if constexpr (std::is_same_v<A, RmspropAlgo>) {
@@ -679,26 +837,50 @@ SegData MakeSegment(const SegSpec& spec, const typename A::Hyper& h, Rng& rng) {
   return s;
 }
 
+// Lion's gradient of element i: the sign s_i on every step and, for random gradients, the class's
+// magnitude (see the comment above LionElementClass).
+double LionGrad(GradKind kind, std::size_t i, Rng& rng) {
+  const double s = ElementSign(i);
+  switch (kind) {
+    case GradKind::kRandom:
+    case GradKind::kNonFinite:
+      return s * (LionElementClass(i) == 1 ? rng.Uniform(50.0, 100.0) : rng.Uniform(0.2, 1.0));
+    case GradKind::kZero:
+      return 0.0;
+    case GradKind::kHuge:
+      return s * rng.Uniform(0.5, 1.0) * 1e4;
+    case GradKind::kTiny:
+      return s * rng.Uniform(0.1, 1.0) * 1e-12;
+  }
+  return 0.0;
+}
+
+template <class A>
 void FillGrads(SegData& s, GradKind kind, Rng& rng) {
   for (std::size_t i = 0; i < s.spec.n; ++i) {
     double g = 0.0;
-    switch (kind) {
-      case GradKind::kRandom:
-      case GradKind::kNonFinite:
-        // |g| >= 0.2 keeps g + λθ away from 0: near |g| ~ eps the first steps of Adam, RMSprop and
-        // Adagrad compute g / (|g| + eps), which amplifies f32 rounding of g + λθ without bound.
-        // Zero and tiny gradients have their own cases.
-        g = rng.Uniform(0.2, 1.0) * (rng.Next() & 1 ? 1.0 : -1.0);
-        break;
-      case GradKind::kZero:
-        g = 0.0;
-        break;
-      case GradKind::kHuge:
-        g = rng.Uniform(0.5, 1.0) * (rng.Next() & 1 ? 1e4 : -1e4);
-        break;
-      case GradKind::kTiny:
-        g = rng.Uniform(-1.0, 1.0) * 1e-12;
-        break;
+    if constexpr (std::is_same_v<A, LionAlgo>) {
+      g = LionGrad(kind, i, rng);
+    } else {
+      switch (kind) {
+        case GradKind::kRandom:
+        case GradKind::kNonFinite:
+          // |g| >= 0.2 keeps g + λθ away from 0: near |g| ~ eps the first steps of Adam, RMSprop
+          // and Adagrad compute g / (|g| + eps), which amplifies f32 rounding of g + λθ without
+          // bound. Zero and tiny gradients have their own cases.
+          g = rng.Uniform(0.2, 1.0) * (rng.Next() & 1 ? 1.0 : -1.0);
+          break;
+        case GradKind::kZero:
+          g = 0.0;
+          break;
+        case GradKind::kHuge:
+          g = rng.Uniform(0.5, 1.0) * (rng.Next() & 1 ? 1e4 : -1e4);
+          break;
+        case GradKind::kTiny:
+          g = rng.Uniform(-1.0, 1.0) * 1e-12;
+          break;
+      }
+      if constexpr (std::is_same_v<A, LambAlgo>) g = ElementSign(i) * std::abs(g);
     }
     s.grad.Set(i, g);
   }
@@ -774,7 +956,7 @@ bool RunCase(const Case<A>& c, const std::string& target) {
     std::vector<Segment> table;
     std::vector<Buffer> grad_copies;
     for (SegData& s : segs) {
-      FillGrads(s, c.grads, rng);
+      FillGrads<A>(s, c.grads, rng);
       grad_copies.push_back(s.grad);
       if (!s.free_running) s.SyncOracle();
       s.TrackScale();
@@ -889,6 +1071,8 @@ TEST_P(KernelSweep, Adam) { RunSweep<AdamAlgo>(target()); }
 TEST_P(KernelSweep, AdamW) { RunSweep<AdamWAlgo>(target()); }
 TEST_P(KernelSweep, Rmsprop) { RunSweep<RmspropAlgo>(target()); }
 TEST_P(KernelSweep, Adagrad) { RunSweep<AdagradAlgo>(target()); }
+TEST_P(KernelSweep, Lion) { RunSweep<LionAlgo>(target()); }
+TEST_P(KernelSweep, Lamb) { RunSweep<LambAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelMixed: every option combination is its own group, with one segment each; the segments cycle
@@ -921,6 +1105,8 @@ TEST_P(KernelMixed, Adam) { RunMixed<AdamAlgo>(target()); }
 TEST_P(KernelMixed, AdamW) { RunMixed<AdamWAlgo>(target()); }
 TEST_P(KernelMixed, Rmsprop) { RunMixed<RmspropAlgo>(target()); }
 TEST_P(KernelMixed, Adagrad) { RunMixed<AdagradAlgo>(target()); }
+TEST_P(KernelMixed, Lion) { RunMixed<LionAlgo>(target()); }
+TEST_P(KernelMixed, Lamb) { RunMixed<LambAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelLarge: 4099 elements on every 16-bit combo (so the bias check runs), and 1000003 elements
@@ -959,6 +1145,8 @@ TEST_P(KernelLarge, Adam) { RunLarge<AdamAlgo>(target()); }
 TEST_P(KernelLarge, AdamW) { RunLarge<AdamWAlgo>(target()); }
 TEST_P(KernelLarge, Rmsprop) { RunLarge<RmspropAlgo>(target()); }
 TEST_P(KernelLarge, Adagrad) { RunLarge<AdagradAlgo>(target()); }
+TEST_P(KernelLarge, Lion) { RunLarge<LionAlgo>(target()); }
+TEST_P(KernelLarge, Lamb) { RunLarge<LambAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelSpecial: zero, huge, eps-dominated and NaN/Inf gradients against the oracle (NaN/Inf must
@@ -991,7 +1179,7 @@ void RunZeroSize(const std::string& target) {
   const unsigned states = A::States(h);
   Rng rng(3);
   SegData real = MakeSegment<A>({.n = 9, .combo = {kBF16, kBF16, kF32, true}}, h, rng);
-  FillGrads(real, GradKind::kRandom, rng);
+  FillGrads<A>(real, GradKind::kRandom, rng);
   Buffer canary(kF32, 0, false);
   Segment null_seg;  // numel 0, all pointers null
   null_seg.step = 1;
@@ -1031,20 +1219,73 @@ TEST_P(KernelSpecial, AdamValues) { RunSpecialValues<AdamAlgo>(target()); }
 TEST_P(KernelSpecial, AdamWValues) { RunSpecialValues<AdamWAlgo>(target()); }
 TEST_P(KernelSpecial, RmspropValues) { RunSpecialValues<RmspropAlgo>(target()); }
 TEST_P(KernelSpecial, AdagradValues) { RunSpecialValues<AdagradAlgo>(target()); }
+TEST_P(KernelSpecial, LionValues) { RunSpecialValues<LionAlgo>(target()); }
+TEST_P(KernelSpecial, LambValues) { RunSpecialValues<LambAlgo>(target()); }
 TEST_P(KernelSpecial, SgdZeroSize) { RunZeroSize<SgdAlgo>(target()); }
 TEST_P(KernelSpecial, AdamZeroSize) { RunZeroSize<AdamAlgo>(target()); }
 TEST_P(KernelSpecial, AdamWZeroSize) { RunZeroSize<AdamWAlgo>(target()); }
 TEST_P(KernelSpecial, RmspropZeroSize) { RunZeroSize<RmspropAlgo>(target()); }
 TEST_P(KernelSpecial, AdagradZeroSize) { RunZeroSize<AdagradAlgo>(target()); }
+TEST_P(KernelSpecial, LionZeroSize) { RunZeroSize<LionAlgo>(target()); }
+TEST_P(KernelSpecial, LambZeroSize) { RunZeroSize<LambAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
-// Determinism: Runtime(1) and Runtime(2) give bit-identical buffers over several chunks and
-// segments.
+// Determinism: Runtime(1), Runtime(2) and Runtime(3) give bit-identical buffers over several
+// chunks and segments.
+
+// The workload: segments of 143342 elements in all (5 chunks) in two groups, fresh or at step 4.
+constexpr std::size_t kDeterminismSizes[] = {40000, 0, 1, 70001, 33333, 7};
+
+template <class A>
+std::vector<SegData> DeterminismSegments(const std::vector<typename A::Hyper>& groups,
+                                         const Combo& combo) {
+  Rng rng(42);
+  std::vector<SegData> out;
+  for (std::size_t i = 0; i < std::size(kDeterminismSizes); ++i) {
+    const SegSpec spec{.n = kDeterminismSizes[i],
+                       .combo = combo,
+                       .group = static_cast<std::uint32_t>(i % 2),
+                       .first_step = i % 3 == 0 ? 1 : 4,
+                       .unaligned = i % 2 == 1};
+    out.push_back(MakeSegment<A>(spec, groups[spec.group], rng));
+  }
+  return out;
+}
+
+// Step t (0-based) of the workload: the same gradients for the same t, then one call.
+template <class A>
+void DeterminismStep(std::vector<SegData>& segs, const std::vector<typename A::Hyper>& groups,
+                     int t, int threads) {
+  Rng rng(100 + static_cast<std::uint64_t>(t));
+  std::vector<Segment> table;
+  for (SegData& s : segs) {
+    FillGrads<A>(s, GradKind::kRandom, rng);
+    table.push_back(s.ToSegment());
+    ++s.step;
+  }
+  Runtime runtime(threads);
+  A::Step(groups, table, runtime);
+}
+
+// "" if every buffer of a and b holds the same bytes, else the first that does not.
+template <class A>
+std::string FirstDifference(const std::vector<SegData>& a, const std::vector<SegData>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::string seg =
+        "segment " + std::to_string(i) + " (n=" + std::to_string(a[i].spec.n) + "): ";
+    if (!a[i].param.SameBytes(b[i].param)) return seg + "param differs";
+    if (a[i].master && !a[i].master->SameBytes(*b[i].master)) return seg + "master differs";
+    for (int k = 0; k < kMaxStates; ++k) {
+      if (a[i].state[k] && !a[i].state[k]->SameBytes(*b[i].state[k]))
+        return seg + A::kStateNames[k] + " differs";
+    }
+  }
+  return "";
+}
 
 template <class A>
 void RunDeterminism(const std::string& target) {
   const std::vector<typename A::Hyper> options = A::Options();
-  const std::size_t sizes[] = {40000, 0, 1, 70001, 33333, 7};  // 143342 elements: 5 chunks
   // FOPT_TEST_SMALL (sanitizer runs): one option set and two combos, still over 5 chunks.
   std::vector<typename A::Hyper> hypers = {options.back()};
   std::vector<Combo> combos = {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}};
@@ -1052,51 +1293,21 @@ void RunDeterminism(const std::string& target) {
     hypers.push_back(options.front());
     combos.push_back(Combo{kF16, kF16, kF32, true});
   }
+  constexpr int kThreads[] = {1, 2, 3};
   for (const typename A::Hyper& h : hypers) {
     const std::vector<typename A::Hyper> groups = {h, A::OtherGroup(h)};
     for (const Combo& combo : combos) {
-      std::array<std::vector<SegData>, 2> runs;
-      for (auto& run : runs) {
-        Rng rng(42);
-        for (std::size_t i = 0; i < std::size(sizes); ++i) {
-          const SegSpec spec{.n = sizes[i],
-                             .combo = combo,
-                             .group = static_cast<std::uint32_t>(i % 2),
-                             .first_step = i % 3 == 0 ? 1 : 4,
-                             .unaligned = i % 2 == 1};
-          run.push_back(MakeSegment<A>(spec, groups[spec.group], rng));
-        }
-      }
+      std::array<std::vector<SegData>, std::size(kThreads)> runs;
+      for (auto& run : runs) run = DeterminismSegments<A>(groups, combo);
       for (int t = 0; t < 3; ++t) {
-        for (int r = 0; r < 2; ++r) {
-          Rng rng(100 + static_cast<std::uint64_t>(t));
-          std::vector<Segment> table;
-          for (SegData& s : runs[r]) {
-            FillGrads(s, GradKind::kRandom, rng);
-            table.push_back(s.ToSegment());
-            ++s.step;
-          }
-          Runtime runtime(r + 1);
-          A::Step(groups, table, runtime);
+        for (std::size_t r = 0; r < runs.size(); ++r) {
+          DeterminismStep<A>(runs[r], groups, t, kThreads[r]);
         }
-        for (std::size_t i = 0; i < std::size(sizes); ++i) {
-          const SegData& a = runs[0][i];
-          const SegData& b = runs[1][i];
-          const std::string where = "target " + target + ", " + A::Describe(h) + ", " +
-                                    ComboName(combo) + ", segment " + std::to_string(i) +
-                                    " (n=" + std::to_string(sizes[i]) + "), step " +
-                                    std::to_string(t + 1) + ": ";
-          ASSERT_TRUE(a.param.SameBytes(b.param))
-              << where << "param differs between 1 and 2 threads";
-          if (a.master) {
-            ASSERT_TRUE(a.master->SameBytes(*b.master)) << where << "master differs";
-          }
-          for (int k = 0; k < kMaxStates; ++k) {
-            if (a.state[k]) {
-              ASSERT_TRUE(a.state[k]->SameBytes(*b.state[k]))
-                  << where << A::kStateNames[k] << " differs";
-            }
-          }
+        for (std::size_t r = 1; r < runs.size(); ++r) {
+          ASSERT_EQ(FirstDifference<A>(runs[0], runs[r]), "")
+              << "target " << target << ", " << A::Describe(h) << ", " << ComboName(combo)
+              << ", step " << t + 1 << ": Runtime(" << kThreads[0] << ") vs Runtime(" << kThreads[r]
+              << ")";
         }
       }
     }
@@ -1108,6 +1319,87 @@ TEST_P(Determinism, Adam) { RunDeterminism<AdamAlgo>(target()); }
 TEST_P(Determinism, AdamW) { RunDeterminism<AdamWAlgo>(target()); }
 TEST_P(Determinism, Rmsprop) { RunDeterminism<RmspropAlgo>(target()); }
 TEST_P(Determinism, Adagrad) { RunDeterminism<AdagradAlgo>(target()); }
+TEST_P(Determinism, Lion) { RunDeterminism<LionAlgo>(target()); }
+TEST_P(Determinism, Lamb) { RunDeterminism<LambAlgo>(target()); }
+
+// ------------------------------------------------------------------------------------------------
+// DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3
+// threads in turn). Targets of one class (FMA: AVX2 and up; non-FMA: SSE4, SSSE3, SCALAR) must
+// agree bit for bit whatever their vector width: LAMB's per-tensor norms are reduced in a fixed
+// order of 16 accumulators, never per lane. Between the classes only MulAdd rounds differently, so
+// inputs where every MulAdd is exact must agree on every target:
+//   Lion with β1 = β2 = 0.5: c and m are fma(0.5, g, 0.5·m), whose product is exact;
+//   LAMB with β1 = β2 = 0, no grad averaging or bias correction, eps 0, no weight decay,
+//   use_nvlamb, and 16-bit gradients (g² exact in f32): m = g, v = g², u = ±1 exactly, so p ∓ ratio
+//   rounds once on every target and the result checks ‖θ‖ and the trust ratio across vector widths.
+
+template <class A>
+void RunAcrossTargets(const std::vector<std::vector<typename A::Hyper>>& group_sets,
+                      const std::vector<Combo>& combos, bool all_targets_agree) {
+  test::TargetGuard guard;
+  const std::vector<std::string> targets = AvailableTargets();
+  for (const auto& groups : group_sets) {
+    for (const Combo& combo : combos) {
+      // The first target of each class and its result.
+      std::optional<std::pair<std::string, std::vector<SegData>>> first[2];
+      for (std::size_t ti = 0; ti < targets.size(); ++ti) {
+        ForceTarget(targets[ti]);
+        ASSERT_EQ(ActiveTargetName(), targets[ti]);
+        const int threads = static_cast<int>(ti % 3) + 1;
+        std::vector<SegData> run = DeterminismSegments<A>(groups, combo);
+        for (int t = 0; t < 3; ++t) DeterminismStep<A>(run, groups, t, threads);
+        auto& baseline = first[all_targets_agree || IsFmaTarget(targets[ti]) ? 1 : 0];
+        if (!baseline) {
+          baseline.emplace(targets[ti], std::move(run));
+          continue;
+        }
+        EXPECT_EQ(FirstDifference<A>(baseline->second, run), "")
+            << A::Describe(groups[0]) << " / " << A::Describe(groups[1]) << ", " << ComboName(combo)
+            << ", after 3 steps: target " << targets[ti] << " (Runtime(" << threads << ")) vs "
+            << baseline->first;
+      }
+    }
+  }
+}
+
+TEST(DeterminismAcrossTargets, Lion) {
+  const std::vector<LionHyper> options = LionAlgo::Options();
+  std::vector<std::vector<LionHyper>> per_class;
+  for (const LionHyper& h : {options.front(), options.back()})
+    per_class.push_back({h, LionAlgo::OtherGroup(h)});
+  const std::vector<Combo> combos = {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16},
+                                     Combo{kF16, kF16, kF32, true}};
+  RunAcrossTargets<LionAlgo>(per_class, combos, /*all_targets_agree=*/false);
+  const LionHyper exact{.lr = 0.01, .beta1 = 0.5, .beta2 = 0.5, .weight_decay = 0.5};
+  const LionHyper exact_other{
+      .lr = 0.025, .beta1 = 0.5, .beta2 = 0.5, .weight_decay = 0.0, .maximize = true};
+  RunAcrossTargets<LionAlgo>({{exact, exact_other}}, combos, /*all_targets_agree=*/true);
+}
+
+TEST(DeterminismAcrossTargets, Lamb) {
+  const std::vector<LambHyper> options = LambAlgo::Options();
+  std::vector<std::vector<LambHyper>> per_class;
+  for (const LambHyper& h : {options.front(), options.back()})
+    per_class.push_back({h, LambAlgo::OtherGroup(h)});
+  RunAcrossTargets<LambAlgo>(
+      per_class,
+      {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
+      /*all_targets_agree=*/false);
+  const LambHyper exact{.lr = 0.01,
+                        .beta1 = 0.0,
+                        .beta2 = 0.0,
+                        .eps = 0.0,
+                        .weight_decay = 0.0,
+                        .bias_correction = false,
+                        .grad_averaging = false,
+                        .use_nvlamb = true};
+  LambHyper exact_other = exact;
+  exact_other.lr = 0.03;
+  RunAcrossTargets<LambAlgo>(
+      {{exact, exact_other}},
+      {Combo{kF32, kBF16, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
+      /*all_targets_agree=*/true);
+}
 
 INSTANTIATE_TEST_SUITE_P(Targets, KernelSweep, ::testing::ValuesIn(AvailableTargets()),
                          TargetParamName);

@@ -107,6 +107,8 @@ void RawStep(std::span<const AdamHyper> g, std::span<const Segment> s) { AdamSte
 void RawStep(std::span<const AdamWHyper> g, std::span<const Segment> s) { AdamWStep(g, s); }
 void RawStep(std::span<const RmspropHyper> g, std::span<const Segment> s) { RmspropStep(g, s); }
 void RawStep(std::span<const AdagradHyper> g, std::span<const Segment> s) { AdagradStep(g, s); }
+void RawStep(std::span<const LionHyper> g, std::span<const Segment> s) { LionStep(g, s); }
+void RawStep(std::span<const LambHyper> g, std::span<const Segment> s) { LambStep(g, s); }
 
 template <class Hyper>
 const char* StepName() {
@@ -115,6 +117,8 @@ const char* StepName() {
   if constexpr (std::is_same_v<Hyper, AdamWHyper>) return "AdamWStep";
   if constexpr (std::is_same_v<Hyper, RmspropHyper>) return "RmspropStep";
   if constexpr (std::is_same_v<Hyper, AdagradHyper>) return "AdagradStep";
+  if constexpr (std::is_same_v<Hyper, LionHyper>) return "LionStep";
+  if constexpr (std::is_same_v<Hyper, LambHyper>) return "LambStep";
 }
 
 // Two valid segments in group 0 (one spans several chunks), then segment 2 (64 elements) in group
@@ -247,6 +251,61 @@ TEST(Validation, AdagradNegativeInitialAccumulatorValue) {
                  {"initial_accumulator_value", "-0.5"});
 }
 
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Lion: lr >= 0 (lion-pytorch asserts lr > 0 in its constructor only), betas in [0, 1] (1 allowed,
+// as lion-pytorch's assert), a finite weight_decay (lion-pytorch does not check it; a non-finite
+// one would poison every param).
+TEST(Validation, LionRejectsBadHyperParameters) {
+  ExpectBadGroup(LionHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(LionHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(LionHyper{.beta1 = -0.1}, {"beta1", "-0.1", "[0, 1]"});
+  ExpectBadGroup(LionHyper{.beta1 = 1.5}, {"beta1", "1.5", "[0, 1]"});
+  ExpectBadGroup(LionHyper{.beta1 = kNaN}, {"beta1", "nan"});
+  ExpectBadGroup(LionHyper{.beta2 = -0.25}, {"beta2", "-0.25"});
+  ExpectBadGroup(LionHyper{.beta2 = 1.25}, {"beta2", "1.25"});
+  ExpectBadGroup(LionHyper{.weight_decay = kInf}, {"weight_decay", "inf"});
+  ExpectBadGroup(LionHyper{.weight_decay = -kInf}, {"weight_decay", "-inf"});
+  ExpectBadGroup(LionHyper{.weight_decay = kNaN}, {"weight_decay", "nan"});
+}
+
+// The edges lion-pytorch accepts: lr 0 (a schedule may reach it), betas 0 and 1, and a negative
+// (finite) weight_decay, which it does not check either.
+TEST(Validation, LionAcceptsTheEdges) {
+  for (const LionHyper& h :
+       {LionHyper{.lr = 0.0}, LionHyper{.beta1 = 1.0, .beta2 = 1.0},
+        LionHyper{.beta1 = 0.0, .beta2 = 0.0}, LionHyper{.weight_decay = -0.5}}) {
+    Model m = MakeModel(h, h);
+    const std::vector<LionHyper> groups = {h, h};
+    EXPECT_NO_THROW(LionStep(groups, m.segments()));
+  }
+}
+
+// LAMB: lr >= 0, eps >= 0, betas in [0, 1), weight_decay >= 0 (tools/lamb_reference.py's checks).
+TEST(Validation, LambRejectsBadHyperParameters) {
+  ExpectBadGroup(LambHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(LambHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(LambHyper{.eps = -0.25}, {"eps", "-0.25"});
+  ExpectBadGroup(LambHyper{.eps = kNaN}, {"eps", "nan"});
+  ExpectBadGroup(LambHyper{.beta1 = 1.0}, {"beta1: 1", "[0, 1)"});
+  ExpectBadGroup(LambHyper{.beta1 = -0.1}, {"beta1", "-0.1"});
+  ExpectBadGroup(LambHyper{.beta2 = 1.0}, {"beta2: 1", "[0, 1)"});
+  ExpectBadGroup(LambHyper{.beta2 = -0.1}, {"beta2", "-0.1"});
+  ExpectBadGroup(LambHyper{.beta2 = kNaN}, {"beta2", "nan"});
+  ExpectBadGroup(LambHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(LambHyper{.weight_decay = kNaN}, {"weight_decay", "nan"});
+}
+
+TEST(Validation, LambAcceptsTheEdges) {
+  for (const LambHyper& h :
+       {LambHyper{.lr = 0.0}, LambHyper{.beta1 = 0.0, .beta2 = 0.0}, LambHyper{.eps = 0.0},
+        LambHyper{.weight_decay = 0.0}, LambHyper{.weight_decay = 0.0, .use_nvlamb = true}}) {
+    Model m = MakeModel(h, h);
+    const std::vector<LambHyper> groups = {h, h};
+    EXPECT_NO_THROW(LambStep(groups, m.segments()));
+  }
+}
+
 TEST(Validation, SegmentGroupOutOfRange) {
   Model m = MakeModel(AdamHyper{}, AdamHyper{});
   m.segment(2).group = 5;
@@ -295,6 +354,8 @@ TEST(Validation, NullBuffersAreFineWithNumelZero) {
   ExpectEmptyNullSegmentAccepted(AdamWHyper{});
   ExpectEmptyNullSegmentAccepted(RmspropHyper{.momentum = 0.5, .centered = true});
   ExpectEmptyNullSegmentAccepted(AdagradHyper{});
+  ExpectEmptyNullSegmentAccepted(LionHyper{});
+  ExpectEmptyNullSegmentAccepted(LambHyper{});
 }
 
 // Segment 2 lacks state[slot], which `h` requires.
@@ -323,6 +384,9 @@ TEST(Validation, MissingState) {
   ExpectMissingState(RmspropHyper{.centered = true}, kGradAvg, {"grad_avg"});
   ExpectMissingState(RmspropHyper{.momentum = 0.5}, kRmspropMomentumBuffer, {"momentum_buffer"});
   ExpectMissingState(AdagradHyper{}, kSum, {"sum"});
+  ExpectMissingState(LionHyper{}, kLionExpAvg, {"exp_avg"});
+  ExpectMissingState(LambHyper{}, kLambExpAvg, {"exp_avg"});
+  ExpectMissingState(LambHyper{}, kLambExpAvgSq, {"exp_avg_sq"});
 }
 
 // The required slots come from each segment's own group.
@@ -406,6 +470,8 @@ TEST(Validation, SegmentsWithNoGroups) {
   ExpectRejected(m, [&] { AdamWStep({}, m.segments()); }, {"AdamWStep", "no groups"});
   ExpectRejected(m, [&] { RmspropStep({}, m.segments()); }, {"RmspropStep", "no groups"});
   ExpectRejected(m, [&] { AdagradStep({}, m.segments()); }, {"AdagradStep", "no groups"});
+  ExpectRejected(m, [&] { LionStep({}, m.segments()); }, {"LionStep", "no groups"});
+  ExpectRejected(m, [&] { LambStep({}, m.segments()); }, {"LambStep", "no groups"});
 }
 
 TEST(Validation, NothingToDoIsAccepted) {
@@ -483,6 +549,17 @@ TEST(Validation, RequiredStates) {
 
   EXPECT_EQ(RequiredStates(AdagradHyper{}), 0b001u);
   EXPECT_EQ(RequiredStates(AdagradHyper{.initial_accumulator_value = 0.1}), 0b001u);
+
+  // Lion: exp_avg only; LAMB: exp_avg and exp_avg_sq, whatever the options.
+  EXPECT_EQ(RequiredStates(LionHyper{}), 0b001u);
+  EXPECT_EQ(RequiredStates(LionHyper{.weight_decay = 0.1, .maximize = true}), 0b001u);
+  EXPECT_EQ(RequiredStates(LambHyper{}), 0b011u);
+  EXPECT_EQ(RequiredStates(LambHyper{.weight_decay = 0.0}), 0b011u);
+  EXPECT_EQ(RequiredStates(LambHyper{.bias_correction = false,
+                                     .adam_w_mode = false,
+                                     .grad_averaging = false,
+                                     .use_nvlamb = true}),
+            0b011u);
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Writes the torch.optim golden vectors under tests/golden/ (checked by tests/golden_test.cc).
+"""Writes the golden vectors under tests/golden/ (checked by tests/golden_test.cc).
 
-Run from the repository root with the project venv (torch 2.x):
+Run from the repository root with the project venv (torch 2.x, lion-pytorch 0.2.5):
 
     .venv/bin/python tools/make_golden.py
 
-Every case runs torch.optim's single-tensor path (foreach=False, fused=False) on float32 CPU tensors for
+The references: torch.optim's SGD, Adam, AdamW, RMSprop and Adagrad; lucidrains' lion_pytorch.Lion (the
+independent reference of Lion); and tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
+from its formulas: apex itself is CUDA only). Every case runs the single-tensor path (foreach=False and
+fused=False where the class takes them) on float32 CPU tensors for
 STEPS steps and records the params and the optimizer state (torch state_dict keys) after the steps in
 CHECKPOINTS. Inputs are not stored: the initial params and every gradient come from a 32-bit integer hash
 that the C++ test reimplements bit for bit (see `value` below), so each file holds only the hyper-parameters,
@@ -24,6 +27,7 @@ difference (write those files elsewhere with --out):
 """
 
 import argparse
+import importlib.metadata
 import inspect
 import json
 import math
@@ -31,7 +35,12 @@ import os
 import sys
 
 import numpy as np
+from lion_pytorch import Lion
+
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: lamb_reference.py
+from lamb_reference import LambReference  # noqa: E402
 
 STEPS = 20
 CHECKPOINTS = [1, 5, 20]
@@ -114,9 +123,9 @@ def run_case(cls, name, seed, groups, group_of, has_grad):
     if order != list(range(n_tensors)):
         raise RuntimeError(f"{name}: tensors must be listed group by group")
 
-    flags = {"foreach": False}
-    if "fused" in inspect.signature(cls.__init__).parameters:
-        flags["fused"] = False  # RMSprop has no fused implementation (and no such argument)
+    # Only the arguments the class takes: RMSprop has no `fused`, Lion and LambReference have neither.
+    accepted = inspect.signature(cls.__init__).parameters
+    flags = {k: False for k in ("foreach", "fused") if k in accepted}
     opt = cls(torch_groups, **constructor, **flags)
     checkpoints = []
     for step in range(1, STEPS + 1):
@@ -145,7 +154,7 @@ def run_case(cls, name, seed, groups, group_of, has_grad):
     saved_groups = []
     for g in opt.state_dict()["param_groups"]:
         saved_groups.append({k: jsonable(v) for k, v in sorted(g.items()) if k != "params"})
-    return {
+    case = {
         "name": name,
         "seed": seed,
         "sizes": SIZES[:n_tensors],
@@ -153,8 +162,12 @@ def run_case(cls, name, seed, groups, group_of, has_grad):
         "groups": saved_groups,
         "group_of": group_of,
         "has_grad": has_grad,
-        "checkpoints": checkpoints,
     }
+    if "max_grad_norm" in opt.defaults:
+        # LAMB: the global clipping threshold (the copies in the group dicts are ignored).
+        case["max_grad_norm"] = opt.defaults["max_grad_norm"]
+    case["checkpoints"] = checkpoints
+    return case
 
 
 def all_grads():
@@ -258,6 +271,58 @@ SCENARIOS = {
             ),
         ],
     ),
+    # The new algorithms come after the torch.optim ones: seeds follow SCENARIOS order, so appending keeps
+    # the older files byte for byte.
+    "Lion": (
+        Lion,
+        [
+            ("default", [{"lr": 1e-3}]),
+            ("weight_decay", [{"lr": 3e-3, "weight_decay": 0.1}]),
+            ("betas", [{"lr": 3e-3, "betas": (0.95, 0.98)}]),
+            # lion-pytorch divides wd by the constructor lr: p *= 1 - lr * (wd / init_lr) = 0.9 every step.
+            ("decoupled_weight_decay", [{"lr": 1e-2, "weight_decay": 0.1, "decoupled_weight_decay": True}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 3e-3, "weight_decay": 0.02},
+                    {"lr": 1e-2, "weight_decay": 0.1},
+                ],
+            ),
+        ],
+    ),
+    "LAMB": (
+        LambReference,
+        [
+            # The hash grads have a global norm of about 6, so the default max_grad_norm=1.0 clips too.
+            ("default", [{"lr": 1e-2}]),
+            ("no_bias_correction", [{"lr": 1e-2, "bias_correction": False}]),
+            ("l2_mode", [{"lr": 1e-2, "adam_w_mode": False, "weight_decay": 0.05}]),
+            ("no_grad_averaging", [{"lr": 1e-2, "grad_averaging": False}]),
+            ("no_weight_decay", [{"lr": 1e-2, "weight_decay": 0.0}]),  # no trust ratio
+            ("nvlamb", [{"lr": 1e-2, "weight_decay": 0.0, "use_nvlamb": True}]),
+            ("clipping", [{"lr": 1e-2, "max_grad_norm": 0.5}]),
+            ("no_clipping", [{"lr": 1e-2, "max_grad_norm": 1e9}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 1e-2},
+                    {"lr": 5e-3, "weight_decay": 0.1, "betas": (0.8, 0.99)},
+                ],
+            ),
+        ],
+    ),
+}
+
+# What each non-torch.optim file says about its reference (the torch.optim files have no such entry).
+REFERENCES = {
+    "Lion": {
+        "reference": "lion_pytorch.Lion (lucidrains/lion-pytorch) %s; its state has no step; "
+        "decoupled_weight_decay is a constructor argument (wd is divided by the constructor lr)",
+    },
+    "LAMB": {
+        "reference": "tools/lamb_reference.py LambReference: apex FusedLAMB written from its formulas, with a "
+        "per-param state step; max_grad_norm is global (each case's max_grad_norm; the group copies are ignored)",
+    },
 }
 
 
@@ -353,7 +418,10 @@ def main():
             else:
                 group_of, has_grad = TWO_GROUPS, none_grad_pattern()
             out_cases.append(run_case(cls, name, seed, groups, group_of, has_grad))
-        doc = {"algorithm": algo, **header, "cases": out_cases}
+        extra = dict(REFERENCES.get(algo, {}))
+        if algo == "Lion":
+            extra["reference"] %= importlib.metadata.version("lion-pytorch")
+        doc = {"algorithm": algo, **header, **extra, "cases": out_cases}
         path = os.path.join(out_dir, f"{algo.lower()}.json")
         with open(path, "w", encoding="utf-8", newline="\n") as f:
             f.write(dump(doc) + "\n")

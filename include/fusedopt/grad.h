@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <vector>
 
 #include "fusedopt/dtype.h"
 #include "fusedopt/runtime.h"
@@ -54,6 +55,17 @@ GradStats GradNorm(std::span<const GradBuffer> grads, NormType type = NormType::
 // min(1, max_norm / (norm + 1e-6)); NaN when norm is NaN, 0 when it is Inf.
 float ClipCoefficient(double norm, double max_norm);
 
+// How a global norm turns into the factor that scales the gradients.
+enum class ClipRule : std::uint8_t {
+  kTorch,  // ClipCoefficient: torch.nn.utils.clip_grad_norm_
+  kLamb,   // LambClipCoefficient: apex FusedLAMB's max_grad_norm
+};
+
+// apex FusedLAMB's global clipping as a factor: f32(max_norm) / f32(norm) when norm > max_norm,
+// else 1 (apex divides the gradients by norm / max_norm: at most 1 ulp from multiplying by this).
+// max_norm = 0 gives 0 for any non-zero norm, as apex's division by an infinite ratio does.
+float LambClipCoefficient(double norm, double max_norm);
+
 // torch.nn.utils.clip_grad_norm_: computes the global norm (one read) and multiplies every element
 // by ClipCoefficient (one read and write, skipped when the factor is exactly 1). Returns the norm.
 // With error_if_nonfinite, a non-finite norm throws fusedopt::Error and changes nothing.
@@ -84,20 +96,43 @@ bool AccumulateGrads(std::span<const GradBuffer> grads, std::span<float* const> 
 struct PrePassOptions {
   double max_norm = std::numeric_limits<double>::infinity();  // Inf: no clipping
   NormType norm_type = NormType::kL2;
+  ClipRule clip_rule = ClipRule::kTorch;
 };
 struct PrePassResult {
   bool non_finite =
       false;          // skip the step: some gradient element (times its grad_scale) is not finite
   double norm = 0.0;  // global norm of the gradients times their grad_scale
-  float clip_coef = 1.0f;  // ClipCoefficient(norm, max_norm), already folded into grad_scale
+  float clip_coef = 1.0f;  // the clip_rule's factor, already folded into grad_scale
 };
 
 // Reads every segment's gradient once (as grad · grad_scale, i.e. unscaled) for the non-finite flag
 // and the global norm. If all is finite, multiplies every segment's grad_scale by the clip
 // coefficient, so the step that follows reads clipped gradients; otherwise leaves the segments
 // unchanged, and the caller skips the step. Validates grads, dtypes, grad_scale and options first
-// (fusedopt::Error, nothing changed).
+// (fusedopt::Error, nothing changed). It is the two halves below, one after the other.
 PrePassResult GradPrePass(std::span<Segment> segments, const PrePassOptions& options = {},
                           Runtime& runtime = DefaultRuntime());
+
+// One fixed chunk's share of the global norm (the chunks of the step's plan: kGrainElements of
+// the segments' concatenated elements each): the sum of x² or |x| in double, and the largest |x|
+// as f32 bits (integer max also orders NaN above Inf). A NaN or Inf element makes the sum
+// non-finite, so the partials carry the overflow check too.
+struct NormPartial {
+  double sum = 0.0;
+  std::uint32_t max_abs_bits = 0;
+};
+
+// The local half: validates like GradPrePass and returns the partial of every chunk, in chunk
+// order. A data-parallel step reduces these across ranks (element-wise, in rank order) before the
+// finish, so every rank finishes with the same norm.
+std::vector<NormPartial> GradPrePassPartials(std::span<const Segment> segments,
+                                             const PrePassOptions& options = {},
+                                             Runtime& runtime = DefaultRuntime());
+
+// The finish: combines the partials in their order (sums added one after the other, maxima
+// taken), turns the norm into the clip factor of options.clip_rule and, when everything is
+// finite, folds it into every segment's grad_scale.
+PrePassResult FinishGradPrePass(std::span<const NormPartial> partials, std::span<Segment> segments,
+                                const PrePassOptions& options = {});
 
 }  // namespace fusedopt

@@ -71,4 +71,36 @@ struct AdagradHyper {
 };
 enum AdagradState : int { kSum = 0 };
 
+// Lion (Chen et al. 2023) as lucidrains' lion-pytorch computes it: the update is the sign of an
+// interpolation of momentum and gradient, with weight decay decoupled and scaled by lr.
+// lion-pytorch's decoupled_weight_decay=True divides weight_decay by the constructor's lr; the
+// Python class does that division, so weight_decay here is the factor that multiplies lr. State:
+// exp_avg.
+struct LionHyper {
+  double lr = 1e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double weight_decay = 0.0;
+  bool maximize = false;
+};
+enum LionState : int { kLionExpAvg = 0 };
+
+// LAMB as apex's FusedLAMB defines it: Adam's moments, then a per-tensor trust ratio ‖p‖ / ‖u‖ of
+// the param and its Adam update u (only where weight_decay != 0 or use_nvlamb, and both norms are
+// non-zero). The global gradient-norm clipping of FusedLAMB (max_grad_norm) is the step's pre-pass
+// (PrePassOptions::clip_rule = ClipRule::kLamb), not part of this struct. State: exp_avg,
+// exp_avg_sq.
+struct LambHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-6;
+  double weight_decay = 0.01;
+  bool bias_correction = true;
+  bool adam_w_mode = true;     // weight decay added to the update (true) or to the gradient (L2)
+  bool grad_averaging = true;  // exp_avg takes (1 − beta1)·g (true) or g
+  bool use_nvlamb = false;     // trust ratio also where weight_decay == 0
+};
+enum LambState : int { kLambExpAvg = 0, kLambExpAvgSq = 1 };
+
 }  // namespace fusedopt

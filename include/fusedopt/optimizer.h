@@ -38,6 +38,7 @@
 #include "fusedopt/runtime.h"
 #include "fusedopt/scaler.h"
 #include "fusedopt/step.h"
+#include "fusedopt/training_step.h"
 
 namespace fusedopt {
 
@@ -142,17 +143,13 @@ struct StepOptions {
   // Inf: no clipping.
   double max_grad_norm = std::numeric_limits<double>::infinity();
   NormType norm_type = NormType::kL2;
+  // How the norm becomes the clip factor: torch's clip_grad_norm_, or apex FusedLAMB's
+  // max_grad_norm (ClipRule::kLamb, the rule fusedopt.FusedLAMB uses).
+  ClipRule clip_rule = ClipRule::kTorch;
 };
 
-struct StepResult {
-  bool stepped = false;    // the params were updated
-  bool found_inf = false;  // this call's gradients held Inf/NaN (the step, or the accumulation
-                           // window it belongs to, is skipped)
-  std::optional<double> grad_norm;  // global norm of the unscaled gradients, when computed
-  float clip_coef = 1.0f;           // the clip factor folded into the update
-};
-
-// Hyper is one of SgdHyper, AdamHyper, AdamWHyper, RmspropHyper, AdagradHyper.
+// Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
+// AdagradHyper, LionHyper, LambHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -202,11 +199,15 @@ using Adam = Optimizer<AdamHyper>;
 using AdamW = Optimizer<AdamWHyper>;
 using RMSprop = Optimizer<RmspropHyper>;
 using Adagrad = Optimizer<AdagradHyper>;
+using Lion = Optimizer<LionHyper>;
+using LAMB = Optimizer<LambHyper>;
 
 extern template class Optimizer<SgdHyper>;
 extern template class Optimizer<AdamHyper>;
 extern template class Optimizer<AdamWHyper>;
 extern template class Optimizer<RmspropHyper>;
 extern template class Optimizer<AdagradHyper>;
+extern template class Optimizer<LionHyper>;
+extern template class Optimizer<LambHyper>;
 
 }  // namespace fusedopt

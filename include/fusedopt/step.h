@@ -74,13 +74,23 @@ void RmspropStep(std::span<const RmspropHyper> groups, std::span<const Segment> 
                  Runtime& runtime = DefaultRuntime());
 void AdagradStep(std::span<const AdagradHyper> groups, std::span<const Segment> segments,
                  Runtime& runtime = DefaultRuntime());
+void LionStep(std::span<const LionHyper> groups, std::span<const Segment> segments,
+              Runtime& runtime = DefaultRuntime());
+// LAMB runs two passes: per-tensor norms of the param and of its Adam update, then the update
+// scaled by the trust ratio. Both norms are deterministic like the global gradient norm (grad.h).
+void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segments,
+              Runtime& runtime = DefaultRuntime());
+
+// The same steps chosen by the Hyper type, for generic code: FusedStep(std::span<const
+// LionHyper>(...), ...) is LionStep. Defined for every Hyper struct of hyper.h.
+template <class Hyper>
+void FusedStep(std::span<const Hyper> groups, std::span<const Segment> segments,
+               Runtime& runtime = DefaultRuntime());
 
 // Which Segment::state slots a tensor needs under these hyper-parameters: bit i stands for state[i]
-// (e.g. 0b111 for Adam with amsgrad, 0b101 for centered RMSprop without momentum).
-unsigned RequiredStates(const SgdHyper& h);
-unsigned RequiredStates(const AdamHyper& h);
-unsigned RequiredStates(const AdamWHyper& h);
-unsigned RequiredStates(const RmspropHyper& h);
-unsigned RequiredStates(const AdagradHyper& h);
+// (e.g. 0b111 for Adam with amsgrad, 0b101 for centered RMSprop without momentum). Defined for
+// every Hyper struct of hyper.h.
+template <class Hyper>
+unsigned RequiredStates(const Hyper& h);
 
 }  // namespace fusedopt

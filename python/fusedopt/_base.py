@@ -35,10 +35,18 @@ _SPAN = operator.itemgetter(0, 8, 9)  # a segment's param address, numel and dty
 class FusedOptimizerMixin:
     """Put before the torch.optim class in the bases. Subclasses set the class attributes below."""
 
-    _engine_step: Callable  # _C.<algo>_step(hypers, segments, num_threads)
-    _slot_keys: tuple[str, ...]  # torch state keys of the engine's state slots 0, 1, 2
-    _counts_steps = True  # keeps torch's per-param state['step'] (all but SGD)
+    _algorithm: str  # the engine's name of the update rule (a key of _C.algorithms)
+    _counts_steps = True  # keeps torch's per-param state['step'] (all but SGD and Lion)
     _sparse_message = ""  # torch's error text for a sparse gradient
+    _clip_rule = 0  # how max_grad_norm clips: 0 torch's clip_grad_norm_, 1 apex FusedLAMB's
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        algorithm = cls.__dict__.get("_algorithm")
+        if algorithm is not None:  # what the engine says of it: its step and its state keys
+            entry = _C.algorithms[algorithm]
+            cls._engine_step = staticmethod(entry["step"])
+            cls._slot_keys = entry["state_names"]
 
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
                  max_grad_norm: float | None = None, norm_type: float = 2.0, accumulation_steps: int = 1,
@@ -85,9 +93,6 @@ class FusedOptimizerMixin:
 
     # ---- what each algorithm defines ----------------------------------------------------------
     def _hyper(self, group: dict) -> Any:
-        raise NotImplementedError
-
-    def _needed_slots(self, group: dict) -> tuple[bool, ...]:
         raise NotImplementedError
 
     def _initial_state_value(self, key: str) -> float:
@@ -249,7 +254,7 @@ class FusedOptimizerMixin:
             order, kw["wave_ends"] = waves
             segments = [segments[i] for i in order]
         return type(self)._engine_step(hypers, segments, torch.get_num_threads(), self._max_grad_norm,
-                                       self._norm_code, check, **kw)
+                                       self._norm_code, self._clip_rule, check, **kw)
 
     def _waves(self, segments) -> tuple[list[int], list[int]] | None:
         """None when no two segments share memory (the common case: one parallel pass). Otherwise
@@ -315,8 +320,10 @@ class FusedOptimizerMixin:
         seen: dict | None = {} if self._duplicates else None
         for gi, group in enumerate(self.param_groups):
             try:
-                hypers.append(self._hyper(group))
-                needed = self._needed_slots(group)
+                hyper = self._hyper(group)
+                hypers.append(hyper)
+                slots = hyper.required_states()
+                needed = tuple(bool(slots >> k & 1) for k in range(len(self._slot_keys)))
             except _BadNumber as e:
                 raise number_error(f"param_groups[{gi}]{e.field}", e.value) from None
             if seen is None:  # the common case, kept as lean as it was

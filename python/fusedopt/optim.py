@@ -1,7 +1,8 @@
-"""The five fused optimizers. Each one *is* its torch.optim twin (a subclass), so it takes the same
-arguments with the same defaults and errors, keeps the same param_groups and state (per-param
+"""The fused optimizers. Each of torch.optim's five *is* its torch.optim twin (a subclass), so it takes the
+same arguments with the same defaults and errors, keeps the same param_groups and state (per-param
 state['step'], torch's state keys and dtypes) and exchanges state_dicts with torch both ways; only
-step() is replaced by one fused pass over all parameters (see _base.py).
+step() is replaced by one fused pass over all parameters (see _base.py). FusedLion and FusedLAMB take
+the arguments of their references (lion-pytorch's Lion, apex's FusedLAMB) in the same way.
 
 Extra keyword arguments:
   master_weights=True  fp16/bf16 params keep an f32 master copy (state['master_param']) and f32
@@ -33,8 +34,7 @@ from ._base import group_number as _f  # hyper-parameters may be 1-element tenso
 
 
 class FusedSGD(FusedOptimizerMixin, torch.optim.SGD):
-    _engine_step = staticmethod(_C.sgd_step)
-    _slot_keys = ("momentum_buffer",)
+    _algorithm = "sgd"
     _counts_steps = False
     _sparse_message = "SGD does not support sparse gradients"
 
@@ -43,22 +43,15 @@ class FusedSGD(FusedOptimizerMixin, torch.optim.SGD):
                            weight_decay=_f(g, "weight_decay"), nesterov=bool(g["nesterov"]),
                            maximize=bool(g["maximize"]))
 
-    def _needed_slots(self, g):
-        return (_f(g, "momentum") != 0.0,)
-
 
 class _AdamLike(FusedOptimizerMixin):
-    _engine_step = staticmethod(_C.adam_step)
-    _slot_keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+    _algorithm = "adam"
 
     def _hyper(self, g):
         return _C.AdamHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
                             weight_decay=_f(g, "weight_decay"), amsgrad=bool(g["amsgrad"]),
                             maximize=bool(g["maximize"]),
                             decoupled_weight_decay=bool(g.get("decoupled_weight_decay", False)))
-
-    def _needed_slots(self, g):
-        return (True, True, bool(g["amsgrad"]))
 
 
 class FusedAdam(_AdamLike, torch.optim.Adam):
@@ -70,8 +63,7 @@ class FusedAdamW(_AdamLike, torch.optim.AdamW):
 
 
 class FusedRMSprop(FusedOptimizerMixin, torch.optim.RMSprop):
-    _engine_step = staticmethod(_C.rmsprop_step)
-    _slot_keys = ("square_avg", "momentum_buffer", "grad_avg")
+    _algorithm = "rmsprop"
     _sparse_message = "RMSprop does not support sparse gradients"
 
     def _hyper(self, g):
@@ -79,13 +71,9 @@ class FusedRMSprop(FusedOptimizerMixin, torch.optim.RMSprop):
                                weight_decay=_f(g, "weight_decay"), momentum=_f(g, "momentum"),
                                centered=bool(g["centered"]), maximize=bool(g["maximize"]))
 
-    def _needed_slots(self, g):
-        return (True, _f(g, "momentum") > 0.0, bool(g["centered"]))
-
 
 class FusedAdagrad(FusedOptimizerMixin, torch.optim.Adagrad):
-    _engine_step = staticmethod(_C.adagrad_step)
-    _slot_keys = ("sum",)
+    _algorithm = "adagrad"
     _sparse_message = "fusedopt: FusedAdagrad does not support sparse gradients; use torch.optim.Adagrad"
 
     def _hyper(self, g):
@@ -94,9 +82,102 @@ class FusedAdagrad(FusedOptimizerMixin, torch.optim.Adagrad):
                                initial_accumulator_value=_f(g, "initial_accumulator_value"),
                                eps=_f(g, "eps"), maximize=bool(g["maximize"]))
 
-    def _needed_slots(self, g):
-        return (True,)
-
     def _initial_state_value(self, key):
         # torch 2.13 fills a new 'sum' with the constructor's value, whatever the group says.
         return _f(self.defaults, "initial_accumulator_value") if key == "sum" else 0.0
+
+
+class _LionGroups(torch.optim.Optimizer):
+    """lion-pytorch's Lion constructor (arguments, defaults, param groups); FusedLion supplies the step."""
+
+    def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0,
+                 use_triton: bool = False, decoupled_weight_decay: bool = False):
+        # lion-pytorch asserts these (AssertionError, no message); ours say what is wrong.
+        if not lr > 0.0:
+            raise ValueError(f"Invalid learning rate: {lr} (Lion requires lr > 0)")
+        for i, beta in enumerate(betas):
+            if not 0.0 <= beta <= 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {beta} (must be in [0, 1])")
+        if use_triton:
+            raise ValueError("fusedopt: FusedLion runs on the CPU engine; use_triton=True is lion-pytorch's GPU kernel")
+        self._init_lr = lr
+        self.decoupled_wd = decoupled_weight_decay
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+
+class FusedLion(FusedOptimizerMixin, _LionGroups):
+    """Lion (Chen et al. 2023) with lion-pytorch's arguments, defaults, state ('exp_avg' only, no 'step') and
+    update, fused. With decoupled_weight_decay=True the weight decay is divided by the constructor's lr, as
+    lion-pytorch does."""
+
+    _algorithm = "lion"
+    _counts_steps = False
+    _sparse_message = "fusedopt: FusedLion does not support sparse gradients"
+
+    def _hyper(self, g):
+        wd = _f(g, "weight_decay")
+        if self.decoupled_wd:
+            wd /= self._init_lr
+        return _C.LionHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), weight_decay=wd,
+                            maximize=bool(g.get("maximize", False)))
+
+
+class _LambGroups(torch.optim.Optimizer):
+    """apex FusedLAMB's constructor (arguments, defaults, checks, param groups); FusedLAMB supplies the step."""
+
+    def __init__(self, params, lr: float = 1e-3, bias_correction: bool = True, betas=(0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.01, amsgrad: bool = False, adam_w_mode: bool = True,
+                 grad_averaging: bool = True, set_grad_none: bool = True, use_nvlamb: bool = False,
+                 max_grad_norm: float | None = 1.0):
+        if amsgrad:
+            raise RuntimeError("FusedLAMB does not support the AMSGrad variant.")
+        if not lr >= 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not eps >= 0.0:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        for i, beta in enumerate(betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
+        if not weight_decay >= 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps, weight_decay=weight_decay,
+                        grad_averaging=grad_averaging, adam_w_mode=adam_w_mode, max_grad_norm=max_grad_norm,
+                        use_nvlamb=use_nvlamb)
+        super().__init__(params, defaults)
+        self.set_grad_none = set_grad_none
+
+
+class FusedLAMB(FusedOptimizerMixin, _LambGroups):
+    """LAMB with apex FusedLAMB's arguments, defaults and formulas, fused: each step runs one pass for the
+    global gradient norm (clipping by max_grad_norm, apex's rule: divide by norm/max_grad_norm when above it;
+    here multiplied by max_grad_norm/norm), one for every tensor's ‖p‖ and ‖update‖ (the trust ratio), and
+    the update. Differences from apex: the step count is torch's per-param state['step'] (apex keeps one
+    group['step']), and max_grad_norm is the constructor's (as apex reads it from the defaults)."""
+
+    _algorithm = "lamb"
+    _clip_rule = 1  # apex's max_grad_norm, not clip_grad_norm_'s max/(norm + 1e-6)
+    _sparse_message = "FusedLAMB does not support sparse gradients, please consider SparseAdam instead"
+
+    def __init__(self, params, lr: float = 1e-3, bias_correction: bool = True, betas=(0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.01, amsgrad: bool = False, adam_w_mode: bool = True,
+                 grad_averaging: bool = True, set_grad_none: bool = True, max_grad_norm: float = 1.0,
+                 use_nvlamb: bool = False, **kwargs):
+        if "norm_type" in kwargs:
+            raise TypeError("FusedLAMB clips by the L2 norm only (apex's max_grad_norm); norm_type is not taken")
+        super().__init__(params, lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
+                         weight_decay=weight_decay, amsgrad=amsgrad, adam_w_mode=adam_w_mode,
+                         grad_averaging=grad_averaging, set_grad_none=set_grad_none, use_nvlamb=use_nvlamb,
+                         max_grad_norm=max_grad_norm, **kwargs)
+        # The mixin took max_grad_norm; the groups carry it too, as apex's do (the step reads only this one).
+        self.defaults["max_grad_norm"] = max_grad_norm
+        for group in self.param_groups:
+            group["max_grad_norm"] = max_grad_norm
+
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
+
+    def _hyper(self, g):
+        return _C.LambHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
+                            weight_decay=_f(g, "weight_decay"), bias_correction=bool(g["bias_correction"]),
+                            adam_w_mode=bool(g["adam_w_mode"]), grad_averaging=bool(g["grad_averaging"]),
+                            use_nvlamb=bool(g["use_nvlamb"]))

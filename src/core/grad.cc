@@ -56,31 +56,40 @@ bool RunElementwise(std::span<const Segment> segments, GradOp op, float value, R
   return std::any_of(found.begin(), found.end(), [](char f) { return f != 0; });
 }
 
-// The norm of all segments' grad · grad_scale: per-chunk partials in parallel, combined in chunk
-// order.
-GradStats RunNorm(std::span<const Segment> segments, NormType type, Runtime& runtime) {
+// The per-chunk partials of the norm of all segments' grad · grad_scale, computed in parallel.
+std::vector<NormPartial> NormPartials(std::span<const Segment> segments, NormType type,
+                                      Runtime& runtime) {
   const ChunkPlan plan(segments);
-  std::vector<ChunkNorm> partial(plan.num_chunks());
+  std::vector<NormPartial> partial(plan.num_chunks());
   ParallelForChunks(plan.num_chunks(), runtime.num_threads(),
                     [&](std::size_t begin, std::size_t end) {
                       for (std::size_t c = begin; c < end; ++c) {
                         partial[c] = RunGradChunkNorm(plan, c, type);
                       }
                     });
+  return partial;
+}
+
+// The partials combined in their order.
+GradStats CombineNorm(std::span<const NormPartial> partials, NormType type) {
   GradStats stats;
   if (type == NormType::kInf) {
     std::uint32_t bits = 0;
-    for (const ChunkNorm& p : partial) bits = std::max(bits, p.max_abs_bits);
+    for (const NormPartial& p : partials) bits = std::max(bits, p.max_abs_bits);
     stats.norm = std::bit_cast<float>(bits);
   } else {
     double sum = 0.0;
-    for (const ChunkNorm& p : partial) sum += p.sum;
+    for (const NormPartial& p : partials) sum += p.sum;
     stats.norm = type == NormType::kL2 ? std::sqrt(sum) : sum;
   }
   // Squares and magnitudes of f32 values cannot overflow a double sum, so only non-finite input
   // makes the norm non-finite.
   stats.non_finite = !std::isfinite(stats.norm);
   return stats;
+}
+
+GradStats RunNorm(std::span<const Segment> segments, NormType type, Runtime& runtime) {
+  return CombineNorm(NormPartials(segments, type, runtime), type);
 }
 
 void CheckNormType(std::string_view fn, NormType type) {
@@ -113,6 +122,13 @@ float ClipCoefficient(double norm, double max_norm) {
   const float denominator = static_cast<float>(norm) + 1e-6f;
   const float coef = (1.0f / denominator) * static_cast<float>(max_norm);
   return coef > 1.0f ? 1.0f : coef;
+}
+
+float LambClipCoefficient(double norm, double max_norm) {
+  if (!(norm > max_norm)) return std::isnan(norm) ? static_cast<float>(norm) : 1.0f;
+  const float coef = static_cast<float>(max_norm) / static_cast<float>(norm);
+  // Both rounded to Inf (or to 0) in f32: their ratio, in (0, 1), still has a value.
+  return std::isnan(coef) ? static_cast<float>(max_norm / norm) : coef;
 }
 
 double ClipGradNorm(std::span<const GradBuffer> grads, double max_norm, NormType type,
@@ -162,11 +178,13 @@ bool AccumulateGrads(std::span<const GradBuffer> grads, std::span<float* const> 
   return RunElementwise(segments, overwrite ? GradOp::kScale : GradOp::kAccumulate, 0.0f, runtime);
 }
 
-PrePassResult GradPrePass(std::span<Segment> segments, const PrePassOptions& options,
-                          Runtime& runtime) {
+std::vector<NormPartial> GradPrePassPartials(std::span<const Segment> segments,
+                                             const PrePassOptions& options, Runtime& runtime) {
   constexpr std::string_view fn = "GradPrePass";
   CheckNormType(fn, options.norm_type);
   CheckMaxNorm(fn, options.max_norm);
+  if (options.clip_rule != ClipRule::kTorch && options.clip_rule != ClipRule::kLamb)
+    Fail(fn, "invalid clip rule code ", static_cast<int>(options.clip_rule));
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     if (!ValidDType(s.grad_dtype)) {
@@ -178,14 +196,27 @@ PrePassResult GradPrePass(std::span<Segment> segments, const PrePassOptions& opt
       Fail(fn, "segment ", i, ": invalid grad_scale: ", s.grad_scale, " (must be finite)");
     }
   }
-  const GradStats stats = RunNorm(segments, options.norm_type, runtime);
+  return NormPartials(segments, options.norm_type, runtime);
+}
+
+PrePassResult FinishGradPrePass(std::span<const NormPartial> partials, std::span<Segment> segments,
+                                const PrePassOptions& options) {
+  const GradStats stats = CombineNorm(partials, options.norm_type);
   PrePassResult result{.non_finite = stats.non_finite, .norm = stats.norm};
   if (stats.non_finite) return result;
-  result.clip_coef = ClipCoefficient(stats.norm, options.max_norm);
+  result.clip_coef = options.clip_rule == ClipRule::kLamb
+                         ? LambClipCoefficient(stats.norm, options.max_norm)
+                         : ClipCoefficient(stats.norm, options.max_norm);
   if (result.clip_coef != 1.0f) {
     for (Segment& s : segments) s.grad_scale *= result.clip_coef;
   }
   return result;
+}
+
+PrePassResult GradPrePass(std::span<Segment> segments, const PrePassOptions& options,
+                          Runtime& runtime) {
+  const std::vector<NormPartial> partials = GradPrePassPartials(segments, options, runtime);
+  return FinishGradPrePass(partials, segments, options);
 }
 
 }  // namespace fusedopt

@@ -15,12 +15,8 @@ namespace fusedopt {
 // every target, so the additions happen in the same order whatever the vector width.
 inline constexpr std::size_t kNormAccumulators = 16;
 
-// One chunk's share of a norm: the sum of |x| or x² in double (L1, L2) or the largest |x| as f32
-// bits (Inf; integer max also orders NaN above Inf).
-struct ChunkNorm {
-  double sum = 0.0;
-  std::uint32_t max_abs_bits = 0;
-};
+// One chunk's share of a norm (grad.h: NormPartial).
+using ChunkNorm = NormPartial;
 
 ChunkNorm RunGradChunkNorm(const ChunkPlan& plan, std::size_t chunk, NormType type);
 

@@ -1,5 +1,7 @@
 // Entry points of the per-target kernels (src/cpu/<algo>.cc): each updates the pieces of chunks
-// [chunk_begin, chunk_end) of a plan on the SIMD target chosen at run time.
+// [chunk_begin, chunk_end) of a plan on the SIMD target chosen at run time. A two-phase algorithm
+// also has a reduction entry point: for one chunk, it writes its sums for each piece of the chunk
+// (in piece order, Descriptor::kReductions doubles each).
 #pragma once
 
 #include <cstddef>
@@ -16,5 +18,10 @@ void RunRmspropChunks(const StepPlan<RmspropScalars>& plan, std::size_t chunk_be
                       std::size_t chunk_end);
 void RunAdagradChunks(const StepPlan<AdagradScalars>& plan, std::size_t chunk_begin,
                       std::size_t chunk_end);
+void RunLionChunks(const StepPlan<LionScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end);
+void RunLambReduceChunk(const StepPlan<LambScalars>& plan, std::size_t chunk, double* sums);
+void RunLambChunks(const StepPlan<LambScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end);
 
 }  // namespace fusedopt

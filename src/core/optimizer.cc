@@ -6,38 +6,9 @@
 #include <type_traits>
 #include <utility>
 
+#include "src/algos/registry.h"
+
 namespace fusedopt {
-namespace {
-
-void ApplyStep(std::span<const SgdHyper> g, std::span<const Segment> s, Runtime& r) {
-  SgdStep(g, s, r);
-}
-void ApplyStep(std::span<const AdamHyper> g, std::span<const Segment> s, Runtime& r) {
-  AdamStep(g, s, r);
-}
-void ApplyStep(std::span<const AdamWHyper> g, std::span<const Segment> s, Runtime& r) {
-  AdamWStep(g, s, r);
-}
-void ApplyStep(std::span<const RmspropHyper> g, std::span<const Segment> s, Runtime& r) {
-  RmspropStep(g, s, r);
-}
-void ApplyStep(std::span<const AdagradHyper> g, std::span<const Segment> s, Runtime& r) {
-  AdagradStep(g, s, r);
-}
-
-// torch creates Adagrad's sum eagerly, filled with initial_accumulator_value; all other states
-// start at 0.
-template <class Hyper>
-float InitialStateValue(const Hyper& /*h*/) {
-  return 0.0f;
-}
-template <>
-float InitialStateValue(const AdagradHyper& h) {
-  return static_cast<float>(h.initial_accumulator_value);
-}
-
-}  // namespace
-
 FlatStorage::Arena FlatStorage::Allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   // Round up to whole cache lines; zero-filled so fresh states and grads start at 0.
@@ -161,12 +132,15 @@ Optimizer<Hyper>::Optimizer(std::vector<Hyper> groups, std::vector<TensorSpec> t
       buffer_steps_(tensors.size(), 0),
       runtime_(&runtime) {
   // Validate the hyper-parameters now rather than at the first step.
-  ApplyStep(std::span<const Hyper>(groups_), {}, *runtime_);
-  for (std::size_t i = 0; i < storage_.num_tensors(); ++i) {
-    const float init = InitialStateValue(groups_[storage_.segments()[i].group]);
-    if (init == 0.0f) continue;
-    const Segment& s = storage_.segments()[i];
-    for (std::size_t k = 0; k < s.numel; ++k) StoreFromF32(s.state[0], s.state_dtype, k, init);
+  FusedStep(std::span<const Hyper>(groups_), {}, *runtime_);
+  // States start at 0 (the arenas are zero-filled) except where the algorithm says otherwise
+  // (Adagrad's sum: torch creates it eagerly, filled with initial_accumulator_value).
+  for (const Segment& s : storage_.segments()) {
+    for (int slot = 0; slot < kMaxStates; ++slot) {
+      const float init = algos::DescriptorOf<Hyper>::InitialState(groups_[s.group], slot);
+      if (init == 0.0f || s.state[slot] == nullptr) continue;
+      for (std::size_t k = 0; k < s.numel; ++k) StoreFromF32(s.state[slot], s.state_dtype, k, init);
+    }
   }
 }
 
@@ -200,7 +174,7 @@ StepResult Optimizer<Hyper>::StepTensors(std::span<const std::size_t> tensors,
                 " (must be >= 0; Inf: no clipping)");
   }
   // Validate the (live) hyper-parameters before anything is written.
-  ApplyStep(std::span<const Hyper>(groups_), {}, *runtime_);
+  FusedStep(std::span<const Hyper>(groups_), {}, *runtime_);
   storage_.AllocateStates(AllRequiredStates(groups_));
   const float inv_scale = options.scaler != nullptr ? options.scaler->inv_scale() : 1.0f;
   StepResult result;
@@ -234,19 +208,6 @@ StepResult Optimizer<Hyper>::StepTensors(std::span<const std::size_t> tensors,
     for (Segment& s : segments) s.grad_scale = inv_scale;
   }
 
-  // The fused pre-pass: needed to detect overflow (loss scaling) or to clip; otherwise the update
-  // reads the gradients once, as they are.
-  const bool clip = std::isfinite(options.max_grad_norm);
-  if (clip || (options.scaler != nullptr && accumulation == 1)) {
-    const PrePassResult pre = GradPrePass(
-        segments, {.max_norm = options.max_grad_norm, .norm_type = options.norm_type}, *runtime_);
-    result.grad_norm = pre.norm;
-    result.clip_coef = pre.clip_coef;
-    result.found_inf = result.found_inf || pre.non_finite;
-    if (options.scaler != nullptr && accumulation == 1) options.scaler->Update(pre.non_finite);
-    if (pre.non_finite) return result;
-  }
-
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::size_t t = tensors[i];
     segments[i].step = steps_[t] + 1;
@@ -256,14 +217,26 @@ StepResult Optimizer<Hyper>::StepTensors(std::span<const std::size_t> tensors,
     // Masters are seeded from the params the user wrote before the tensor's first step.
     if (steps_[t] == 0) storage_.SyncMaster(t);
   }
-  ApplyStep(std::span<const Hyper>(groups_), segments, *runtime_);
+  // With accumulation the scaler saw every micro-batch above; the window's sums are checked only
+  // when clipping needs their norm.
+  const StepResult step =
+      TrainingStep(std::span<const Hyper>(groups_), std::span<Segment>(segments),
+                   {.scaler = accumulation == 1 ? options.scaler : nullptr,
+                    .max_grad_norm = options.max_grad_norm,
+                    .norm_type = options.norm_type,
+                    .clip_rule = options.clip_rule},
+                   *runtime_);
+  result.stepped = step.stepped;
+  result.found_inf = result.found_inf || step.found_inf;
+  result.grad_norm = step.grad_norm;
+  result.clip_coef = step.clip_coef;
+  if (!step.stepped) return result;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     ++steps_[tensors[i]];
     if constexpr (std::is_same_v<Hyper, SgdHyper>) {
       if (groups_[segments[i].group].momentum != 0.0) ++buffer_steps_[tensors[i]];
     }
   }
-  result.stepped = true;
   return result;
 }
 
@@ -272,5 +245,7 @@ template class Optimizer<AdamHyper>;
 template class Optimizer<AdamWHyper>;
 template class Optimizer<RmspropHyper>;
 template class Optimizer<AdagradHyper>;
+template class Optimizer<LionHyper>;
+template class Optimizer<LambHyper>;
 
 }  // namespace fusedopt

@@ -1,77 +1,137 @@
-// The public step functions: validate everything, compute each segment's coefficients in double,
-// then run the kernel over all chunks in one parallel region.
+// The public step functions, one template over the algorithm descriptors (src/algos/): validate
+// everything, compute each segment's coefficients in double, run the reduction pass of a two-phase
+// algorithm and finish its coefficients, then run the kernel over all chunks in one parallel
+// region.
 
 #include "fusedopt/step.h"
 
-#include <string_view>
+#include <cstddef>
+#include <span>
 #include <vector>
 
-#include "src/core/coefficients.h"
-#include "src/core/kernels.h"
+#include "src/algos/registry.h"
 #include "src/core/parallel.h"
 #include "src/core/validate.h"
 
 namespace fusedopt {
 namespace {
 
-constexpr StateNames kSgdStates = {"momentum_buffer", "", ""};
-constexpr StateNames kAdamStates = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-constexpr StateNames kRmspropStates = {"square_avg", "momentum_buffer", "grad_avg"};
-constexpr StateNames kAdagradStates = {"sum", "", ""};
+template <class A>
+concept TwoPhase = requires {
+  A::kReductions;
+};
 
-template <class Scalars, class Hyper, class MakeScalars, class RunChunks>
-void RunStep(std::string_view fn, std::span<const Hyper> groups, std::span<const Segment> segments,
-             const StateNames& state_names, Runtime& runtime, const MakeScalars& make_scalars,
-             const RunChunks& run_chunks) {
-  ValidateStep(fn, groups, segments, state_names);
-  StepPlan<Scalars> plan{ChunkPlan(segments), {}};
+template <class A>
+void ValidateStep(std::span<const typename A::Hyper> groups, std::span<const Segment> segments) {
+  if (groups.empty() && !segments.empty())
+    Fail(A::kStepName, "no groups given for ", segments.size(), " segments");
+  for (std::size_t g = 0; g < groups.size(); ++g) A::Validate({A::kStepName, g}, groups[g]);
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    ValidateSegment(A::kStepName, i, s, groups.size());
+    if (s.numel > 0) {
+      ValidateStates(A::kStepName, i, s, A::RequiredStates(groups[s.group]), A::kStates);
+    }
+  }
+}
+
+// The reduction pass of a two-phase algorithm: every chunk's piece sums in parallel, then each
+// segment's sums added up in chunk order (so they do not depend on the thread count), then the
+// segment's coefficients finished from them.
+template <TwoPhase A>
+void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scalars>& plan,
+            Runtime& runtime) {
+  constexpr std::size_t k = A::kReductions;
+  const std::size_t num_chunks = plan.chunks.num_chunks();
+  std::vector<std::size_t> first_piece(num_chunks + 1, 0);
+  for (std::size_t c = 0; c < num_chunks; ++c) {
+    std::size_t pieces = 0;
+    plan.chunks.ForEachPiece(c, c + 1, [&](std::size_t, std::size_t, std::size_t) { ++pieces; });
+    first_piece[c + 1] = first_piece[c] + pieces;
+  }
+  std::vector<double> piece_sums(first_piece.back() * k);
+  ParallelForChunks(num_chunks, runtime.num_threads(), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t c = begin; c < end; ++c) A::kReduce(plan, c, &piece_sums[first_piece[c] * k]);
+  });
+  const std::span<const Segment> segments = plan.chunks.segments();
+  std::vector<double> sums(segments.size() * k, 0.0);
+  std::size_t piece = 0;
+  for (std::size_t c = 0; c < num_chunks; ++c) {
+    plan.chunks.ForEachPiece(c, c + 1, [&](std::size_t s, std::size_t, std::size_t) {
+      for (std::size_t j = 0; j < k; ++j) sums[s * k + j] += piece_sums[piece * k + j];
+      ++piece;
+    });
+  }
+  for (std::size_t s = 0; s < segments.size(); ++s) {
+    A::Finish(groups[segments[s].group], segments[s], std::span<const double, k>(&sums[s * k], k),
+              plan.scalars[s]);
+  }
+}
+
+template <class A>
+void RunStep(std::span<const typename A::Hyper> groups, std::span<const Segment> segments,
+             Runtime& runtime) {
+  ValidateStep<A>(groups, segments);
+  StepPlan<typename A::Scalars> plan{ChunkPlan(segments), {}};
   plan.scalars.reserve(segments.size());
-  for (const Segment& s : segments) plan.scalars.push_back(make_scalars(groups[s.group], s));
+  for (const Segment& s : segments) plan.scalars.push_back(A::MakeScalars(groups[s.group], s));
+  if constexpr (TwoPhase<A>) Reduce<A>(groups, plan, runtime);
   ParallelForChunks(plan.chunks.num_chunks(), runtime.num_threads(),
-                    [&](std::size_t begin, std::size_t end) { run_chunks(plan, begin, end); });
+                    [&](std::size_t begin, std::size_t end) { A::kRun(plan, begin, end); });
 }
 
 }  // namespace
 
+template <class Hyper>
+void FusedStep(std::span<const Hyper> groups, std::span<const Segment> segments, Runtime& runtime) {
+  RunStep<algos::DescriptorOf<Hyper>>(groups, segments, runtime);
+}
+
+template <class Hyper>
+unsigned RequiredStates(const Hyper& h) {
+  return algos::DescriptorOf<Hyper>::RequiredStates(h);
+}
+
+// The algorithms of src/algos/registry.h.
+#define FOPT_INSTANTIATE(A)                                                                      \
+  template void FusedStep(std::span<const algos::A::Hyper>, std::span<const Segment>, Runtime&); \
+  template unsigned RequiredStates(const algos::A::Hyper&)
+FOPT_INSTANTIATE(Sgd);
+FOPT_INSTANTIATE(Adam);
+FOPT_INSTANTIATE(AdamW);
+FOPT_INSTANTIATE(Rmsprop);
+FOPT_INSTANTIATE(Adagrad);
+FOPT_INSTANTIATE(Lion);
+FOPT_INSTANTIATE(Lamb);
+#undef FOPT_INSTANTIATE
+
 void SgdStep(std::span<const SgdHyper> groups, std::span<const Segment> segments,
              Runtime& runtime) {
-  RunStep<SgdScalars>("SgdStep", groups, segments, kSgdStates, runtime, MakeSgdScalars,
-                      RunSgdChunks);
+  FusedStep(groups, segments, runtime);
 }
-
 void AdamStep(std::span<const AdamHyper> groups, std::span<const Segment> segments,
               Runtime& runtime) {
-  RunStep<AdamScalars>("AdamStep", groups, segments, kAdamStates, runtime, MakeAdamScalars,
-                       RunAdamChunks);
+  FusedStep(groups, segments, runtime);
 }
-
 void AdamWStep(std::span<const AdamWHyper> groups, std::span<const Segment> segments,
                Runtime& runtime) {
-  std::vector<AdamHyper> adam;
-  adam.reserve(groups.size());
-  for (const AdamWHyper& h : groups) adam.push_back(h.ToAdam());
-  RunStep<AdamScalars>("AdamWStep", std::span<const AdamHyper>(adam), segments, kAdamStates,
-                       runtime, MakeAdamScalars, RunAdamChunks);
+  FusedStep(groups, segments, runtime);
 }
-
 void RmspropStep(std::span<const RmspropHyper> groups, std::span<const Segment> segments,
                  Runtime& runtime) {
-  RunStep<RmspropScalars>("RmspropStep", groups, segments, kRmspropStates, runtime,
-                          MakeRmspropScalars, RunRmspropChunks);
+  FusedStep(groups, segments, runtime);
 }
-
 void AdagradStep(std::span<const AdagradHyper> groups, std::span<const Segment> segments,
                  Runtime& runtime) {
-  RunStep<AdagradScalars>("AdagradStep", groups, segments, kAdagradStates, runtime,
-                          MakeAdagradScalars, RunAdagradChunks);
+  FusedStep(groups, segments, runtime);
 }
-
-unsigned RequiredStates(const SgdHyper& h) { return h.momentum != 0.0 ? 1u : 0u; }
-unsigned RequiredStates(const AdamHyper& h) { return h.amsgrad ? 0b111u : 0b011u; }
-unsigned RequiredStates(const AdamWHyper& h) { return RequiredStates(h.ToAdam()); }
-unsigned RequiredStates(const RmspropHyper& h) {
-  return 1u | (h.momentum > 0.0 ? 0b010u : 0u) | (h.centered ? 0b100u : 0u);
+void LionStep(std::span<const LionHyper> groups, std::span<const Segment> segments,
+              Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
 }
-unsigned RequiredStates(const AdagradHyper& /*h*/) { return 1u; }
+void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segments,
+              Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
 
 }  // namespace fusedopt

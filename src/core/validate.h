@@ -1,6 +1,6 @@
-// Argument checks of the public step functions. They run before any buffer is touched, so a
-// rejected call changes nothing; each message names the function, the group or segment, the field
-// and its value.
+// Argument checks of the public step functions (the hyper-parameter rules are in each algorithm's
+// descriptor, src/algos/). They run before any buffer is touched, so a rejected call changes
+// nothing; each message names the function, the group or segment, the field and its value.
 #pragma once
 
 #include <array>
@@ -10,7 +10,6 @@
 #include <string_view>
 
 #include "fusedopt/error.h"
-#include "fusedopt/hyper.h"
 #include "fusedopt/step.h"
 
 namespace fusedopt {
@@ -28,18 +27,14 @@ template <class... Args>
 // One of the DType enumerators (a raw code from a binding may be anything).
 bool ValidDType(DType t);
 
-void ValidateHyper(std::string_view fn, std::size_t group, const SgdHyper& h);
-void ValidateHyper(std::string_view fn, std::size_t group, const AdamHyper& h);
-void ValidateHyper(std::string_view fn, std::size_t group, const RmspropHyper& h);
-void ValidateHyper(std::string_view fn, std::size_t group, const AdagradHyper& h);
+// The checks of one segment that do not depend on its algorithm: group index, dtypes, master copy,
+// step, grad_scale, (with stochastic rounding) global_offset, and non-null param and grad when
+// numel > 0.
+void ValidateSegment(std::string_view fn, std::size_t index, const Segment& s,
+                     std::size_t num_groups);
 
-// Checks every group, then every segment: group index, pointers for numel > 0, the state slots its
-// group's RequiredStates() asks for, dtypes, master copy, step, grad_scale and (with stochastic
-// rounding) global_offset. torch's state_dict key of each Segment::state slot, for messages.
-using StateNames = std::array<const char*, kMaxStates>;
-
-template <class Hyper>
-void ValidateStep(std::string_view fn, std::span<const Hyper> groups,
-                  std::span<const Segment> segments, const StateNames& state_names);
+// Every state slot in `required` (bit i: state[i]) is non-null; names[i] is torch's state key.
+void ValidateStates(std::string_view fn, std::size_t index, const Segment& s, unsigned required,
+                    const std::array<const char*, kMaxStates>& names);
 
 }  // namespace fusedopt

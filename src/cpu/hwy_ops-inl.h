@@ -33,6 +33,13 @@ struct HwyOps {
   HWY_INLINE V Max(V a, V b) const {
     return hn::IfThenElse(hn::Or(hn::IsNaN(a), hn::IsNaN(b)), hn::Add(a, b), hn::Max(a, b));
   }
+  // +1, −1 or 0 as torch.sgn on CPU: 0 for ±0 and for NaN (neither compare holds).
+  HWY_INLINE V Sign(V a) const {
+    const V zero = hn::Zero(d);
+    const V one = hn::Set(d, 1.0f);
+    return hn::Sub(hn::IfThenElseZero(hn::Gt(a, zero), one),
+                   hn::IfThenElseZero(hn::Lt(a, zero), one));
+  }
 };
 
 }  // namespace fusedopt::HWY_NAMESPACE

@@ -32,13 +32,27 @@ namespace {
   throw std::invalid_argument(field + " (" + option + "): " + what);
 }
 
+// The optimizers the doctor models.
+constexpr const char* kDoctorOptimizers = "sgd, adam, adamw, rmsprop, adagrad, lion";
+
 Algorithm CheckedAlgorithm(const DoctorOptions& o) {
+  Algorithm a = Algorithm::kAdamW;
   try {
-    return ParseAlgorithm(o.optimizer);
+    a = ParseAlgorithm(o.optimizer);
   } catch (const std::invalid_argument&) {
     Bad("optimizer", "--optimizer",
-        "unknown optimizer '" + o.optimizer + "'; known: sgd, adam, adamw, rmsprop, adagrad");
+        "unknown optimizer '" + o.optimizer + "'; known: " + kDoctorOptimizers);
   }
+  // LAMB's step is two-phase (a reduction pass, then the update) and its reference takes a global
+  // gradient norm of its own: neither the op counts nor the ceiling below model that.
+  if (a == Algorithm::kLamb) {
+    Bad("optimizer", "--optimizer",
+        "'" + o.optimizer +
+            "' is not supported by the doctor (its two-phase step is not "
+            "modeled; time it with `fusedopt bench --optimizer lamb`); known: " +
+            kDoctorOptimizers);
+  }
+  return a;
 }
 
 DType CheckedDType(const DoctorOptions& o) {
@@ -48,7 +62,8 @@ DType CheckedDType(const DoctorOptions& o) {
   return dtype;
 }
 
-// torch's default weight decay when none is given (NaN): AdamW 1e-2, every other optimizer 0.
+// torch's default weight decay when none is given (NaN): AdamW 1e-2, every other optimizer 0 (Lion:
+// lion-pytorch's 0).
 double EffectiveWeightDecay(const DoctorOptions& o, Algorithm a) {
   if (!std::isnan(o.weight_decay)) return o.weight_decay;
   return a == Algorithm::kAdamW ? 1e-2 : 0.0;
@@ -148,6 +163,18 @@ std::vector<TensorOp> StandardOpsPerTensor(const Model& m, const DoctorOptions& 
       ops.push_back({1, 1});          //    .add_(eps)
       ops.push_back({3, 1});          // param.addcdiv_(grad, std, value=-clr)
       break;
+    case Algorithm::kLion:    // lion-pytorch's update_fn: its decay runs even when wd == 0
+      ops.push_back({1, 1});  // p.data.mul_(1 - lr*wd)
+      ops.push_back({1, 1});  // update = exp_avg.clone()
+      ops.push_back({1, 1});  //    .mul_(beta1)
+      ops.push_back({2, 1});  //    .add(grad, alpha=1-beta1): a new tensor
+      ops.push_back({1, 1});  //    .sgn_()
+      ops.push_back({2, 1});  // p.add_(update, alpha=-lr)
+      ops.push_back({1, 1});  // exp_avg.mul_(beta2)
+      ops.push_back({2, 1});  //    .add_(grad, alpha=1-beta2)
+      break;
+    case Algorithm::kLamb:  // rejected by CheckedAlgorithm
+      break;
   }
   return ops;
 }
@@ -174,6 +201,7 @@ BenchHyper MakeHyper(const Model& m, const DoctorOptions& o) {
   h.rmsprop.weight_decay = m.weight_decay;
   h.rmsprop.momentum = o.momentum;
   h.adagrad.weight_decay = m.weight_decay;
+  h.lion.weight_decay = m.weight_decay;
   return h;
 }
 

@@ -17,7 +17,7 @@
 namespace fusedopt::bench {
 
 struct DoctorOptions {
-  std::string optimizer = "adamw";  // sgd, adam, adamw, rmsprop or adagrad
+  std::string optimizer = "adamw";  // sgd, adam, adamw, rmsprop, adagrad or lion (not lamb)
   std::vector<std::size_t> numels;  // element count of every parameter tensor, optimizer order
   std::string dtype = "f32";        // params, grads and states (as torch keeps them)
   // NaN: torch's default for the optimizer (AdamW 1e-2, the others 0).

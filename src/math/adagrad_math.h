@@ -4,7 +4,7 @@
 
 // p: param (f32), g: gradient, sum: state_sum. The weight-decay flag is a template parameter.
 template <bool kWeightDecay, class Ops, class V>
-inline void AdagradMath(const Ops& o, const AdagradScalars& s, V& p, V g, V& sum) {
+FOPT_HOST_DEVICE inline void AdagradMath(const Ops& o, const AdagradScalars& s, V& p, V g, V& sum) {
   // g = ±∇ (maximize)
   g = o.Mul(g, o.Set(s.grad_mul));
   // g = g + λθ                                  grad.add(param, alpha=weight_decay)

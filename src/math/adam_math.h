@@ -5,7 +5,8 @@
 // p: param (f32), g: gradient, m: exp_avg, v: exp_avg_sq, v_max: max_exp_avg_sq (amsgrad only).
 // Mode flags are template parameters: each combination compiles to a branch-free loop.
 template <bool kCoupledWeightDecay, bool kAmsgrad, class Ops, class V>
-inline void AdamMath(const Ops& o, const AdamScalars& s, V& p, V g, V& m, V& v, V& v_max) {
+FOPT_HOST_DEVICE inline void AdamMath(const Ops& o, const AdamScalars& s, V& p, V g, V& m, V& v,
+                                      V& v_max) {
   // g = ±∇ (maximize)
   g = o.Mul(g, o.Set(s.grad_mul));
   // Adam (L2): g = g + λθ                       grad.add(param, alpha=weight_decay)

@@ -4,7 +4,7 @@
 
 // self ← lerp(self, end, w), rounded as ATen's CPU kernel rounds it.
 template <class Ops, class V>
-inline V Lerp(const Ops& o, V self, V end, const LerpCoef& c) {
+FOPT_HOST_DEVICE inline V Lerp(const Ops& o, V self, V end, const LerpCoef& c) {
   const V diff = o.Sub(end, self);
   return c.from_end ? o.MulAdd(o.Set(c.weight_minus_one), diff, end)
                     : o.MulAdd(o.Set(c.weight), diff, self);

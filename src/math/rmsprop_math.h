@@ -4,7 +4,8 @@
 // p: param (f32), g: gradient, sq: square_avg, buf: momentum_buffer, ga: grad_avg.
 // Mode flags are template parameters: each combination compiles to a branch-free loop.
 template <bool kWeightDecay, bool kCentered, bool kMomentum, class Ops, class V>
-inline void RmspropMath(const Ops& o, const RmspropScalars& s, V& p, V g, V& sq, V& buf, V& ga) {
+FOPT_HOST_DEVICE inline void RmspropMath(const Ops& o, const RmspropScalars& s, V& p, V g, V& sq,
+                                         V& buf, V& ga) {
   // g = ±∇ (maximize)
   g = o.Mul(g, o.Set(s.grad_mul));
   // g = g + λθ                                  grad.add(param, alpha=weight_decay)

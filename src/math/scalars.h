@@ -3,6 +3,13 @@
 // bodies in <algo>_math.h read only these.
 #pragma once
 
+// Marks the math bodies (<algo>_math.h) for a device compiler: empty for the CPU, where Highway's
+// per-target code and plain scalar Ops (tests/math_scalar_test.cc) instantiate them; a CUDA
+// backend defines it as __host__ __device__ before including them.
+#ifndef FOPT_HOST_DEVICE
+#  define FOPT_HOST_DEVICE
+#endif
+
 namespace fusedopt {
 
 // lerp_(end, w) as ATen evaluates it: for w < 0.5 `self + w·(end − self)`,
@@ -60,6 +67,33 @@ struct AdagradScalars {
   float eps;
   float neg_clr;  // −lr / (1 + (step − 1)·lr_decay)
   bool has_weight_decay;
+};
+
+struct LionScalars {
+  float grad_mul;
+  float decay_mul;  // f32(1 − lr·wd): lion-pytorch multiplies even when wd = 0 (exactly 1 then)
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float neg_lr;
+};
+
+// The first pass of LAMB reduces ‖p‖² and ‖u‖² per tensor; the second applies p −= ratio·u with
+// ratio from those norms (Lamb::Finish fills neg_ratio in between).
+struct LambScalars {
+  float grad_mul;  // grad_scale: the loss-scale and clip factors, applied as the gradient is read
+  float weight_decay;
+  float beta1;
+  float beta3;  // 1 − beta1 with grad_averaging, else 1
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction1;  // 1 with bias_correction off
+  float bias_correction2;
+  float eps;
+  float neg_ratio;  // −lr·‖p‖/‖u‖ (trust ratio) or −lr, set after the reduction pass
+  bool l2_weight_decay;         // wd added to the gradient (adam_w_mode off, wd != 0)
+  bool decoupled_weight_decay;  // wd·p added to the update (adam_w_mode on, wd != 0)
 };
 
 }  // namespace fusedopt

@@ -5,7 +5,7 @@
 // Mode flags are template parameters, so each combination compiles to a branch-free loop; the first
 // step, which comes once per tensor, is a select instead of one more flag.
 template <bool kWeightDecay, bool kMomentum, bool kNesterov, class Ops, class V>
-inline void SgdMath(const Ops& o, const SgdScalars& s, V& p, V g, V& buf) {
+FOPT_HOST_DEVICE inline void SgdMath(const Ops& o, const SgdScalars& s, V& p, V g, V& buf) {
   // d = ±g (maximize)
   V d = o.Mul(g, o.Set(s.grad_mul));
   // d = d + λθ                                  grad.add(param, alpha=weight_decay)

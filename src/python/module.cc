@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -25,6 +26,8 @@
 #include "fusedopt/runtime.h"
 #include "fusedopt/scaler.h"
 #include "fusedopt/step.h"
+#include "fusedopt/training_step.h"
+#include "src/algos/registry.h"
 
 namespace py = pybind11;
 
@@ -107,74 +110,48 @@ std::vector<Segment> ToSegments(const std::vector<SegmentTuple>& packed, bool re
 // What a step call reports back to Python: (stepped, found_inf, grad_norm or None, clip_coef).
 using StepReport = std::tuple<bool, bool, std::optional<double>, float>;
 
-// Runs every check of a step call over all segments and writes nothing: the step functions
-// validate all arguments before touching a buffer, and with no elements they touch none. (The
-// checks that need elements are the null-pointer ones, which Python's packing cannot fail: a
-// tensor with elements has a non-null data_ptr.)
-template <class Hyper, class StepFn>
-void ValidateOnly(const std::vector<Hyper>& groups, std::vector<Segment> segments, Runtime& runtime,
-                  StepFn step_fn) {
-  for (Segment& s : segments) s.numel = 0;
-  step_fn(std::span<const Hyper>(groups), std::span<const Segment>(segments), runtime);
-}
-
-// Runs one fused step over every segment, then advances the step counters (only once the step
-// has succeeded, so a rejected or skipped call changes nothing). With `check` or a finite max_norm,
-// the fused pre-pass runs first: one read of the gradients for overflow and norm, the clip factor
-// folded into each segment's grad_scale; an overflow skips the update.
+// Runs one fused training step (fusedopt/training_step.h) over every segment, then advances the
+// step counters (only once the step has succeeded, so a rejected or skipped call changes nothing).
+// With `check` or a finite max_norm, the pre-pass runs first: one read of the gradients for
+// overflow and norm, the clip factor folded into each segment's grad_scale; an overflow skips the
+// update.
 //
 // `wave_ends` splits the segments into waves updated one after the other (empty: one wave). Python
 // puts a param listed twice, or params that overlap in memory, into different waves, so that the
 // engine's parallel pass never updates one element from two segments at once and the later
-// occurrence sees the earlier one's update, like torch's for-loop. Everything is validated and the
-// pre-pass runs once, over all segments, before the first wave writes. With `validate_only`, only
-// the checks run.
-template <class Hyper, class StepFn>
+// occurrence sees the earlier one's update, like torch's for-loop. With `validate_only`, only the
+// checks run (the step functions validate before touching a buffer, and with no elements they
+// touch none).
+template <class Hyper>
 StepReport RunStep(const std::vector<Hyper>& groups, const std::vector<SegmentTuple>& packed,
-                   int num_threads, double max_norm, int norm_type, bool check,
-                   const std::vector<std::size_t>& wave_ends, bool validate_only, StepFn step_fn) {
-  for (std::size_t w = 0; w < wave_ends.size(); ++w) {
-    const std::size_t begin = w == 0 ? 0 : wave_ends[w - 1];
-    if (wave_ends[w] < begin || wave_ends[w] > packed.size() ||
-        (w + 1 == wave_ends.size() && wave_ends[w] != packed.size())) {
-      throw Error("fusedopt: invalid wave_ends (must rise to the number of segments, " +
-                  std::to_string(packed.size()) + ")");
-    }
-  }
-  const bool waves = wave_ends.size() > 1;
-  std::vector<Segment> segments = ToSegments(packed, waves);
+                   int num_threads, double max_norm, int norm_type, int clip_rule, bool check,
+                   const std::vector<std::size_t>& wave_ends, bool validate_only) {
+  std::vector<Segment> segments = ToSegments(packed, wave_ends.size() > 1);
   StepReport report{false, false, std::nullopt, 1.0f};
   {
     py::gil_scoped_release release;
     Runtime runtime(num_threads);
-    if (waves || validate_only) {
-      ValidateOnly(groups, segments, runtime, step_fn);
-      if (validate_only) return report;
+    if (validate_only) {
+      for (Segment& s : segments) s.numel = 0;
+      FusedStep(std::span<const Hyper>(groups), std::span<const Segment>(segments), runtime);
+      return report;
     }
-    if (check || std::isfinite(max_norm)) {
-      // Validate the hyper-parameters before the pre-pass may change grad_scale.
-      step_fn(std::span<const Hyper>(groups), std::span<const Segment>(), runtime);
-      const PrePassResult pre = GradPrePass(
-          segments, {.max_norm = max_norm, .norm_type = static_cast<NormType>(norm_type)}, runtime);
-      std::get<1>(report) = pre.non_finite;
-      std::get<2>(report) = pre.norm;
-      std::get<3>(report) = pre.clip_coef;
-      if (pre.non_finite) return report;
-    }
-    const std::span<const Segment> all(segments);
-    const std::vector<std::size_t> ends = waves ? wave_ends : std::vector{segments.size()};
-    std::size_t begin = 0;
-    for (std::size_t end : ends) {
-      step_fn(std::span<const Hyper>(groups), all.subspan(begin, end - begin), runtime);
-      begin = end;
-    }
+    const StepResult step =
+        TrainingStep(std::span<const Hyper>(groups), std::span<Segment>(segments),
+                     {.check_overflow = check,
+                      .max_grad_norm = max_norm,
+                      .norm_type = static_cast<NormType>(norm_type),
+                      .clip_rule = static_cast<ClipRule>(clip_rule),
+                      .wave_ends = wave_ends},
+                     runtime);
+    report = {step.stepped, step.found_inf, step.grad_norm, step.clip_coef};
+    if (!step.stepped) return report;
   }
   // In packing order, so a repeated counter ends at its last (largest) occurrence.
   for (std::size_t i = 0; i < packed.size(); ++i) {
     const std::uintptr_t step_ptr = std::get<12>(packed[i]);
     if (step_ptr != 0) *Ptr<float>(step_ptr) = static_cast<float>(segments[i].step);
   }
-  std::get<0>(report) = true;
   return report;
 }
 
@@ -187,6 +164,56 @@ std::vector<GradBuffer> ToGradBuffers(const std::vector<GradTuple>& packed) {
   return grads;
 }
 
+// Binds A::Hyper as _C.<Name>Hyper (keyword arguments and attributes: the descriptor's fields,
+// defaults: the C++ struct's) and its step as _C.<name>_step(groups, segments, num_threads,
+// max_norm, norm_type, clip_rule, check, wave_ends, validate_only) -> StepReport (see RunStep;
+// fusedopt::Error surfaces as ValueError; norm_type 2, 1, or 0 for inf; clip_rule 0 torch, 1
+// LAMB). algorithms[name] = {"hyper": class, "step": function, "state_names": torch's keys of the
+// state slots}.
+template <class A>
+void BindAlgorithm(py::module_& m, py::dict& algorithms) {
+  using Hyper = typename A::Hyper;
+  const std::string step_name = A::kStepName;  // "LionStep" -> "LionHyper"
+  const std::string class_name = step_name.substr(0, step_name.size() - 4) + "Hyper";
+  py::class_<Hyper> hyper(m, class_name.c_str());
+  hyper.def(py::init([](const py::kwargs& fields) {
+    Hyper h;
+    std::size_t used = 0;
+    std::apply(
+        [&](const auto&... f) {
+          const auto set = [&](const auto& field) {
+            if (!fields.contains(field.name)) return;
+            using T = std::remove_reference_t<decltype(h.*(field.member))>;
+            h.*(field.member) = fields[field.name].template cast<T>();
+            ++used;
+          };
+          (set(f), ...);
+        },
+        A::kFields);
+    if (used != fields.size()) {
+      throw py::type_error(std::string(A::kName) + ": unknown hyper-parameter in " +
+                           py::str(fields).cast<std::string>());
+    }
+    return h;
+  }));
+  std::apply([&](const auto&... f) { (hyper.def_readwrite(f.name, f.member), ...); }, A::kFields);
+  hyper.def("required_states", [](const Hyper& h) { return A::RequiredStates(h); });
+  const std::string fn_name = std::string(A::kName) + "_step";
+  m.def(fn_name.c_str(), &RunStep<Hyper>, py::arg("groups"), py::arg("segments"),
+        py::arg("num_threads"), py::arg("max_norm") = std::numeric_limits<double>::infinity(),
+        py::arg("norm_type") = 2, py::arg("clip_rule") = 0, py::arg("check") = false,
+        py::arg("wave_ends") = std::vector<std::size_t>{}, py::arg("validate_only") = false);
+  py::list state_names;
+  for (const char* name : A::kStates) {
+    if (*name != '\0') state_names.append(name);
+  }
+  py::dict entry;
+  entry["hyper"] = hyper;
+  entry["step"] = m.attr(fn_name.c_str());
+  entry["state_names"] = py::tuple(state_names);
+  algorithms[A::kName] = entry;
+}
+
 }  // namespace
 }  // namespace fusedopt
 
@@ -194,61 +221,12 @@ PYBIND11_MODULE(_C, m) {
   using namespace fusedopt;
   m.doc() = "fusedopt's fused CPU engine (internal: use the fusedopt package)";
 
-  // Hyper-parameter structs, constructed from Python keyword arguments with torch's names.
-  py::class_<SgdHyper>(m, "SgdHyper")
-      .def(py::init([](double lr, double momentum, double dampening, double weight_decay,
-                       bool nesterov, bool maximize) {
-             return SgdHyper{lr, momentum, dampening, weight_decay, nesterov, maximize};
-           }),
-           py::arg("lr"), py::arg("momentum"), py::arg("dampening"), py::arg("weight_decay"),
-           py::arg("nesterov"), py::arg("maximize"));
-  py::class_<AdamHyper>(m, "AdamHyper")
-      .def(py::init([](double lr, double beta1, double beta2, double eps, double weight_decay,
-                       bool amsgrad, bool maximize, bool decoupled_weight_decay) {
-             return AdamHyper{lr,           beta1,   beta2,    eps,
-                              weight_decay, amsgrad, maximize, decoupled_weight_decay};
-           }),
-           py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
-           py::arg("weight_decay"), py::arg("amsgrad"), py::arg("maximize"),
-           py::arg("decoupled_weight_decay"));
-  py::class_<RmspropHyper>(m, "RmspropHyper")
-      .def(py::init([](double lr, double alpha, double eps, double weight_decay, double momentum,
-                       bool centered, bool maximize) {
-             return RmspropHyper{lr, alpha, eps, weight_decay, momentum, centered, maximize};
-           }),
-           py::arg("lr"), py::arg("alpha"), py::arg("eps"), py::arg("weight_decay"),
-           py::arg("momentum"), py::arg("centered"), py::arg("maximize"));
-  py::class_<AdagradHyper>(m, "AdagradHyper")
-      .def(py::init([](double lr, double lr_decay, double weight_decay,
-                       double initial_accumulator_value, double eps, bool maximize) {
-             return AdagradHyper{lr,  lr_decay, weight_decay, initial_accumulator_value,
-                                 eps, maximize};
-           }),
-           py::arg("lr"), py::arg("lr_decay"), py::arg("weight_decay"),
-           py::arg("initial_accumulator_value"), py::arg("eps"), py::arg("maximize"));
-
-  // step functions: (groups, segments, num_threads, max_norm, norm_type, check, wave_ends,
-  // validate_only) -> StepReport (see RunStep); fusedopt::Error surfaces as ValueError.
-  // norm_type: 2, 1, or 0 for inf.
-  const auto bind_step = [&m](const char* name, auto hyper_tag, auto step_fn) {
-    using Hyper = typename decltype(hyper_tag)::type;
-    m.def(
-        name,
-        [step_fn](const std::vector<Hyper>& g, const std::vector<SegmentTuple>& s, int threads,
-                  double max_norm, int norm_type, bool check,
-                  const std::vector<std::size_t>& wave_ends, bool validate_only) {
-          return RunStep(g, s, threads, max_norm, norm_type, check, wave_ends, validate_only,
-                         step_fn);
-        },
-        py::arg("groups"), py::arg("segments"), py::arg("num_threads"),
-        py::arg("max_norm") = std::numeric_limits<double>::infinity(), py::arg("norm_type") = 2,
-        py::arg("check") = false, py::arg("wave_ends") = std::vector<std::size_t>{},
-        py::arg("validate_only") = false);
-  };
-  bind_step("sgd_step", std::type_identity<SgdHyper>{}, SgdStep);
-  bind_step("adam_step", std::type_identity<AdamHyper>{}, AdamStep);
-  bind_step("rmsprop_step", std::type_identity<RmspropHyper>{}, RmspropStep);
-  bind_step("adagrad_step", std::type_identity<AdagradHyper>{}, AdagradStep);
+  // Every algorithm of the registry (src/algos/registry.h): its Hyper struct, its step function
+  // and what Python needs to know of its state.
+  py::dict algorithms;
+  algos::All::ForEach(
+      [&](auto descriptor) { BindAlgorithm<typename decltype(descriptor)::type>(m, algorithms); });
+  m.attr("algorithms") = algorithms;
 
   m.def(
       "grad_norm",

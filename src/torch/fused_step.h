@@ -1,29 +1,28 @@
 // The step shared by the five fusedopt::pt optimizers: gather every param with a defined grad, over
-// all param groups, into fusedopt::Segments and run the core's <Algo>Step once.
+// all param groups, into fusedopt::Segments and run the core's TrainingStep once.
 //
 // An optimizer plugs in through a Traits struct (optim.cc):
 //   Options, State, Hyper        torch's options and param-state classes, the core's hyper struct
 //   kName                        "fusedopt::pt::Adam", for messages
-//   kStateKeys[slot]             torch's state key of each Segment::state slot
 //   ToHyper(options)             one Hyper per param group, re-read on every step (schedulers edit
 //                                the options in place)
 //   Slots(state)[slot]           the State member holding that slot's tensor
 //   NextStep(state)              the step being taken (torch's state step + 1)
 //   SetStep(state, step)         stores it after a successful step
-//   InitialValue(hyper, slot)    the value a new state tensor starts with
-//   Run(hypers, segments)        the core call
+// The state keys of the slots and the values new state tensors start from are the descriptor's
+// (src/algos/<algo>.h), as is the step that TrainingStep runs.
 //
 // Nothing is changed unless the whole step succeeds: new states, new state tensors and state
 // tensors converted to the param's dtype are kept aside and committed, with the step counts, only
 // after the core returns (the core itself writes no buffer when it rejects a call). A failed check
 // leaves params, state() and step counts as they were, as torch's own checks do.
 //
-// TrainingOptions (optim.h) as fusedopt::Optimizer::Step applies StepOptions: with a scaler every
-// segment's grad_scale is scaler->inv_scale(); with a scaler or a finite max_grad_norm the
-// hyper-parameters are validated, then GradPrePass reads the gradients (non-finite flag, global
-// norm, clip coefficient folded into grad_scale). A non-finite gradient skips the step before the
-// commit (nothing changed) and calls scaler->Update(true); a successful step is followed by
-// scaler->Update(false). A step that throws leaves the scaler as it was.
+// TrainingOptions (optim.h) go to the core's TrainingStep (fusedopt/training_step.h) as
+// fusedopt::Optimizer::Step passes StepOptions: with a scaler every segment's grad_scale is
+// scaler->inv_scale(); with a scaler or a finite max_grad_norm the pre-pass reads the gradients
+// (non-finite flag, global norm, clip coefficient folded into grad_scale). A non-finite gradient
+// skips the step before the commit (nothing changed) and calls scaler->Update(true); a successful
+// step is followed by scaler->Update(false). A step that throws leaves the scaler as it was.
 #pragma once
 
 #include <ATen/core/grad_mode.h>
@@ -46,6 +45,8 @@
 #include "fusedopt/optimizer.h"
 #include "fusedopt/pt/optim.h"
 #include "fusedopt/step.h"
+#include "fusedopt/training_step.h"
+#include "src/algos/registry.h"
 #include "src/torch/tensor_checks.h"
 
 namespace fusedopt::pt::detail {
@@ -58,6 +59,7 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   using State = typename Traits::State;
   using Options = typename Traits::Options;
   using Hyper = typename Traits::Hyper;
+  using Descriptor = algos::DescriptorOf<Hyper>;
 
   // As torch::optim: the closure runs with grad mode on, the update without.
   at::Tensor loss;
@@ -129,11 +131,12 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
           if ((required >> slot & 1u) == 0) continue;
           at::Tensor& held = *slots[slot];
           if (held.defined()) {
-            at::Tensor ready = CheckedState(Traits::kName, name, Traits::kStateKeys[slot], p, held);
+            at::Tensor ready =
+                CheckedState(Traits::kName, name, Descriptor::kStates[slot], p, held);
             seg.state[slot] = ready.data_ptr();
             if (!ready.is_same(held)) new_tensors.emplace_back(&held, std::move(ready));
           } else {
-            at::Tensor fresh = at::full_like(p, Traits::InitialValue(hyper, slot),
+            at::Tensor fresh = at::full_like(p, Descriptor::InitialState(hyper, slot),
                                              at::TensorOptions{}, at::MemoryFormat::Contiguous);
             seg.state[slot] = fresh.data_ptr();
             new_tensors.emplace_back(&held, std::move(fresh));
@@ -151,27 +154,20 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
 
   StepResult outcome;
   try {
-    if (scaler != nullptr || std::isfinite(training.max_grad_norm)) {
-      // Validate the hyper-parameters first, so that an invalid one fails this call rather than
-      // only the first call whose gradients are finite (the scaler is then left as it was).
-      Traits::Run(std::span<const Hyper>(hypers), std::span<const Segment>());
-      const auto begin = std::chrono::steady_clock::now();
-      const PrePassResult pre =
-          GradPrePass(std::span<Segment>(segments),
-                      {.max_norm = training.max_grad_norm, .norm_type = training.norm_type});
-      pre_pass = FusedStepOptions::Interval{begin, std::chrono::steady_clock::now()};
-      outcome.grad_norm = pre.norm;
-      outcome.clip_coef = pre.clip_coef;
-      outcome.found_inf = pre.non_finite;
-      if (pre.non_finite) {  // skip: nothing new is committed, params are untouched
-        if (scaler != nullptr) scaler->Update(true);
-        result = outcome;
-        return loss;
-      }
-    }
-    Traits::Run(std::span<const Hyper>(hypers), std::span<const Segment>(segments));
+    outcome = TrainingStep(std::span<const Hyper>(hypers), std::span<Segment>(segments),
+                           {.scaler = scaler,
+                            .max_grad_norm = training.max_grad_norm,
+                            .norm_type = training.norm_type},
+                           DefaultRuntime());
   } catch (const fusedopt::Error& e) {
     TORCH_CHECK(false, Traits::kName, ": ", e.what());
+  }
+  if (outcome.pre_pass_begin) {
+    pre_pass = FusedStepOptions::Interval{*outcome.pre_pass_begin, *outcome.pre_pass_end};
+  }
+  if (!outcome.stepped) {  // skipped: nothing new is committed, params are untouched
+    result = outcome;
+    return loss;
   }
 
   // Commit: the step happened.
@@ -183,8 +179,6 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
     if (!params[k].is_inference()) params[k].unsafeGetTensorImpl()->bump_version();
   }
   for (auto& [key, state] : new_states) state_map[key] = std::move(state);
-  if (scaler != nullptr) scaler->Update(false);
-  outcome.stepped = true;
   result = outcome;
   return loss;
 }

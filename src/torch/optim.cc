@@ -1,5 +1,6 @@
 // The five fusedopt::pt optimizers: how each maps torch::optim's options and param state onto the
-// core's hyper struct and Segment::state slots (the loop itself is fused_step.h).
+// core's hyper struct and Segment::state slots (the loop itself is fused_step.h; state keys and
+// initial values come from the algorithm's descriptor, src/algos/).
 
 #include "fusedopt/pt/optim.h"
 
@@ -16,14 +17,12 @@ namespace fusedopt::pt {
 namespace {
 
 using StateSlots = std::array<at::Tensor*, kMaxStates>;
-using Keys = std::array<const char*, kMaxStates>;
 
 struct SgdTraits {
   using Options = torch::optim::SGDOptions;
   using State = torch::optim::SGDParamState;
   using Hyper = SgdHyper;
   static constexpr const char* kName = "fusedopt::pt::SGD";
-  static constexpr Keys kStateKeys = {"momentum_buffer", "", ""};
 
   static Hyper ToHyper(const Options& o) {
     return {.lr = o.lr(),
@@ -37,8 +36,6 @@ struct SgdTraits {
   // when it has none, which the core does for step 1.
   static std::int64_t NextStep(const State& s) { return s.momentum_buffer().defined() ? 2 : 1; }
   static void SetStep(State& /*s*/, std::int64_t /*step*/) {}
-  static double InitialValue(const Hyper& /*h*/, int /*slot*/) { return 0.0; }
-  static void Run(std::span<const Hyper> h, std::span<const Segment> s) { SgdStep(h, s); }
 };
 
 // Adam and AdamW share state slots and step count; only options and hyper differ.
@@ -47,7 +44,6 @@ struct AdamFamilyTraits {
   using Options = OptionsT;
   using State = StateT;
   using Hyper = HyperT;
-  static constexpr Keys kStateKeys = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
 
   static Hyper ToHyper(const Options& o) {
     Hyper h;
@@ -62,19 +58,16 @@ struct AdamFamilyTraits {
   static StateSlots Slots(State& s) { return {&s.exp_avg(), &s.exp_avg_sq(), &s.max_exp_avg_sq()}; }
   static std::int64_t NextStep(const State& s) { return s.step() + 1; }
   static void SetStep(State& s, std::int64_t step) { s.step(step); }
-  static double InitialValue(const Hyper& /*h*/, int /*slot*/) { return 0.0; }
 };
 
 struct AdamTraits
     : AdamFamilyTraits<torch::optim::AdamOptions, torch::optim::AdamParamState, AdamHyper> {
   static constexpr const char* kName = "fusedopt::pt::Adam";
-  static void Run(std::span<const Hyper> h, std::span<const Segment> s) { AdamStep(h, s); }
 };
 
 struct AdamWTraits
     : AdamFamilyTraits<torch::optim::AdamWOptions, torch::optim::AdamWParamState, AdamWHyper> {
   static constexpr const char* kName = "fusedopt::pt::AdamW";
-  static void Run(std::span<const Hyper> h, std::span<const Segment> s) { AdamWStep(h, s); }
 };
 
 struct RmspropTraits {
@@ -82,7 +75,6 @@ struct RmspropTraits {
   using State = torch::optim::RMSpropParamState;
   using Hyper = RmspropHyper;
   static constexpr const char* kName = "fusedopt::pt::RMSprop";
-  static constexpr Keys kStateKeys = {"square_avg", "momentum_buffer", "grad_avg"};
 
   static Hyper ToHyper(const Options& o) {
     return {.lr = o.lr(),
@@ -97,8 +89,6 @@ struct RmspropTraits {
   }
   static std::int64_t NextStep(const State& s) { return s.step() + 1; }
   static void SetStep(State& s, std::int64_t step) { s.step(step); }
-  static double InitialValue(const Hyper& /*h*/, int /*slot*/) { return 0.0; }
-  static void Run(std::span<const Hyper> h, std::span<const Segment> s) { RmspropStep(h, s); }
 };
 
 struct AdagradTraits {
@@ -106,7 +96,6 @@ struct AdagradTraits {
   using State = torch::optim::AdagradParamState;
   using Hyper = AdagradHyper;
   static constexpr const char* kName = "fusedopt::pt::Adagrad";
-  static constexpr Keys kStateKeys = {"sum", "", ""};
 
   static Hyper ToHyper(const Options& o) {
     return {.lr = o.lr(),
@@ -118,9 +107,6 @@ struct AdagradTraits {
   static StateSlots Slots(State& s) { return {&s.sum(), nullptr, nullptr}; }
   static std::int64_t NextStep(const State& s) { return s.step() + 1; }
   static void SetStep(State& s, std::int64_t step) { s.step(step); }
-  // Only reached for params added after construction (the constructor fills every sum).
-  static double InitialValue(const Hyper& h, int /*slot*/) { return h.initial_accumulator_value; }
-  static void Run(std::span<const Hyper> h, std::span<const Segment> s) { AdagradStep(h, s); }
 };
 
 }  // namespace

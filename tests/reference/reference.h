@@ -1,5 +1,6 @@
 // Test-only oracle: torch.optim's single-tensor update rules (shared/docs/torch-semantics.md §3,
-// torch 2.x) as plain per-element loops in double. It shares no code with src/math: it is written
+// torch 2.x), lion-pytorch's Lion and apex FusedLAMB's LAMB (shared/docs/algorithms-more.md §4,
+// §3.1) as plain per-element loops in double. It shares no code with src/math: it is written
 // from the torch docs and code, so a kernel and the oracle agreeing means something.
 // Hyper-parameters are used exactly as given (no rounding of scalars to f32), so the same functions
 // reproduce torch's float64 path.
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <vector>
 
 #include "fusedopt/hyper.h"
 
@@ -118,6 +120,60 @@ inline void AdagradStep(const AdagradHyper& h, std::int64_t step, std::span<doub
     sum[i] += gi * gi;                               // G = G + g²
     p[i] -= clr * gi / (std::sqrt(sum[i]) + h.eps);  // θ = θ − γ̃ g / (√G + ε)
   }
+}
+
+// Lion as lion-pytorch computes it (lion-pytorch has no step counter). weight_decay is the factor
+// of lr (hyper.h: the decoupled_weight_decay division by the constructor's lr is the caller's).
+inline void LionStep(const LionHyper& h, std::span<double> p, std::span<const double> g,
+                     std::span<double> exp_avg) {
+  // sign(c) as torch.sgn: +1, −1, or 0 for ±0 and NaN (neither comparison holds).
+  const auto sign = [](double c) { return c > 0.0 ? 1.0 : (c < 0.0 ? -1.0 : 0.0); };
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const double gi = h.maximize ? -g[i] : g[i];  // g = -∇ if maximize else ∇
+    double& m = exp_avg[i];
+    p[i] *= 1.0 - h.lr * h.weight_decay;                  // θ = θ (1 − γλ) (also when λ = 0)
+    const double c = h.beta1 * m + (1.0 - h.beta1) * gi;  // c = β1 m + (1 − β1) g
+    p[i] -= h.lr * sign(c);                               // θ = θ − γ sign(c)
+    m = h.beta2 * m + (1.0 - h.beta2) * gi;               // m = β2 m + (1 − β2) g
+  }
+}
+
+// LAMB as apex FusedLAMB computes it, per tensor; `g` is the gradient already clipped (apex's
+// global max_grad_norm clipping is the caller's). Two passes: the Adam update u of every element,
+// then p −= ratio·u with the trust ratio of the whole tensor.
+inline void LambStep(const LambHyper& h, std::int64_t step, std::span<double> p,
+                     std::span<const double> g, std::span<double> exp_avg,
+                     std::span<double> exp_avg_sq) {
+  const auto t = static_cast<double>(step);
+  const double bias_correction1 =
+      h.bias_correction ? 1.0 - std::pow(h.beta1, t) : 1.0;  // bc1 = 1 − β1^t (or 1)
+  const double bias_correction2 =
+      h.bias_correction ? 1.0 - std::pow(h.beta2, t) : 1.0;     // bc2 = 1 − β2^t (or 1)
+  const double beta3 = h.grad_averaging ? 1.0 - h.beta1 : 1.0;  // β3 = 1 − β1 (or 1)
+  const bool decay = h.weight_decay != 0.0;
+  std::vector<double> u(p.size());
+  double param_sq = 0.0;
+  double update_sq = 0.0;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    double gi = g[i];
+    if (!h.adam_w_mode && decay) gi += h.weight_decay * p[i];  // L2 mode: g = g + λθ
+    double& m = exp_avg[i];
+    double& v = exp_avg_sq[i];
+    m = h.beta1 * m + beta3 * gi;                 // m = β1 m + β3 g
+    v = h.beta2 * v + (1.0 - h.beta2) * gi * gi;  // v = β2 v + (1 − β2) g²
+    u[i] = (m / bias_correction1) /
+           (std::sqrt(v / bias_correction2) + h.eps);  // u = (m / bc1) / (√(v / bc2) + ε)
+    if (h.adam_w_mode && decay) u[i] += h.weight_decay * p[i];  // AdamW mode: u = u + λθ
+    param_sq += p[i] * p[i];                                    // ‖θ‖² (θ before the update)
+    update_sq += u[i] * u[i];                                   // ‖u‖²
+  }
+  const double param_norm = std::sqrt(param_sq);
+  const double update_norm = std::sqrt(update_sq);
+  // ratio = γ ‖θ‖ / ‖u‖ where (nvlamb or λ ≠ 0) and both norms are non-zero, else γ
+  const double ratio = (h.use_nvlamb || decay) && param_norm != 0.0 && update_norm != 0.0
+                           ? h.lr * (param_norm / update_norm)
+                           : h.lr;
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] -= ratio * u[i];  // θ = θ − ratio u
 }
 
 }  // namespace fusedopt::ref

@@ -26,8 +26,9 @@ Command AddBenchCommand(CLI::App& app) {
       "for-loop step as separate passes)");
   parser
       ->add_option("--optimizer", options.optimizer,
-                   "sgd (momentum 0.9), adam, adamw, rmsprop or adagrad")
-      ->check(CLI::IsMember({"sgd", "adam", "adamw", "rmsprop", "adagrad"}))
+                   "sgd (momentum 0.9), adam, adamw, rmsprop, adagrad, lion (lr 1e-4, weight "
+                   "decay 0.1) or lamb (two-phase; standard includes its global grad norm)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw", "rmsprop", "adagrad", "lion", "lamb"}))
       ->capture_default_str();
   auto* shapes =
       parser->add_option("--shapes", options.shapes, "Real per-tensor shapes of a model")

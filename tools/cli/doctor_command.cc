@@ -104,7 +104,9 @@ Command AddDoctorCommand(CLI::App& app) {
       "for-loop optimizer vs fused, GB/s vs the bandwidth ceiling, and the predicted speedup");
   Given given{};
   given.optimizer =
-      parser->add_option("--optimizer", options.optimizer, "sgd, adam, adamw, rmsprop or adagrad")
+      parser
+          ->add_option("--optimizer", options.optimizer,
+                       "sgd, adam, adamw, rmsprop, adagrad or lion (lamb: use `bench`)")
           ->capture_default_str();
   given.shapes =
       parser->add_option("--shapes", values->shapes, "Real per-tensor shapes of a model")

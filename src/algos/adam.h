@@ -1,0 +1,84 @@
+// Adam and AdamW (torch.optim.Adam / AdamW, amsgrad, maximize): the descriptors the engine, the
+// bindings and the tools read. The update rule is src/math/adam_math.h, run by src/cpu/adam.cc.
+#pragma once
+
+#include <cmath>
+
+#include "fusedopt/hyper.h"
+#include "fusedopt/step.h"
+#include "src/algos/descriptor.h"
+#include "src/core/kernels.h"
+#include "src/math/scalars.h"
+
+namespace fusedopt::algos {
+
+struct Adam {
+  using Hyper = AdamHyper;
+  using Scalars = AdamScalars;
+  static constexpr const char* kName = "adam";
+  static constexpr const char* kStepName = "AdamStep";
+  static constexpr StateNames kStates = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  static constexpr auto kFields =
+      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1}, Field{"beta2", &Hyper::beta2},
+             Field{"eps", &Hyper::eps}, Field{"weight_decay", &Hyper::weight_decay},
+             Field{"amsgrad", &Hyper::amsgrad}, Field{"maximize", &Hyper::maximize},
+             Field{"decoupled_weight_decay", &Hyper::decoupled_weight_decay});
+
+  static unsigned RequiredStates(const Hyper& h) { return h.amsgrad ? 0b111u : 0b011u; }
+  static float InitialState(const Hyper& /*h*/, int /*slot*/) { return 0.0f; }
+
+  static void Validate(const HyperCheck& c, const Hyper& h) {
+    c.AtLeast("lr", h.lr, 0.0);
+    c.AtLeast("eps", h.eps, 0.0);
+    c.Beta("beta1", h.beta1);
+    c.Beta("beta2", h.beta2);
+    c.AtLeast("weight_decay", h.weight_decay, 0.0);
+  }
+
+  static Scalars MakeScalars(const Hyper& h, const Segment& s) {
+    const auto t = static_cast<double>(s.step);
+    const double bias_correction1 = 1.0 - std::pow(h.beta1, t);
+    const double bias_correction2 = 1.0 - std::pow(h.beta2, t);
+    const bool decoupled = h.decoupled_weight_decay && h.weight_decay != 0.0;
+    return {
+        .grad_mul = GradMul(h.maximize, s.grad_scale),
+        .weight_decay = static_cast<float>(h.weight_decay),
+        .decay_mul = decoupled ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f,
+        .beta1_lerp = MakeLerp(1.0 - h.beta1),
+        .beta2 = static_cast<float>(h.beta2),
+        .one_minus_beta2 = static_cast<float>(1.0 - h.beta2),
+        .bias_correction2_sqrt =
+            static_cast<float>(std::pow(bias_correction2, 0.5)),  // Python's bc2**0.5
+        .eps = static_cast<float>(h.eps),
+        .neg_step_size = static_cast<float>(-(h.lr / bias_correction1)),
+        .coupled_weight_decay = !h.decoupled_weight_decay && h.weight_decay != 0.0,
+        .amsgrad = h.amsgrad,
+    };
+  }
+
+  static constexpr auto kRun = RunAdamChunks;
+};
+
+// AdamW is Adam with decoupled weight decay and torch's AdamW defaults (weight_decay 1e-2).
+struct AdamW {
+  using Hyper = AdamWHyper;
+  using Scalars = AdamScalars;
+  static constexpr const char* kName = "adamw";
+  static constexpr const char* kStepName = "AdamWStep";
+  static constexpr StateNames kStates = Adam::kStates;
+  static constexpr auto kFields =
+      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1}, Field{"beta2", &Hyper::beta2},
+             Field{"eps", &Hyper::eps}, Field{"weight_decay", &Hyper::weight_decay},
+             Field{"amsgrad", &Hyper::amsgrad}, Field{"maximize", &Hyper::maximize});
+
+  static unsigned RequiredStates(const Hyper& h) { return Adam::RequiredStates(h.ToAdam()); }
+  static float InitialState(const Hyper& /*h*/, int /*slot*/) { return 0.0f; }
+  static void Validate(const HyperCheck& c, const Hyper& h) { Adam::Validate(c, h.ToAdam()); }
+  static Scalars MakeScalars(const Hyper& h, const Segment& s) {
+    return Adam::MakeScalars(h.ToAdam(), s);
+  }
+
+  static constexpr auto kRun = RunAdamChunks;
+};
+
+}  // namespace fusedopt::algos

@@ -1,0 +1,89 @@
+// What every algorithm descriptor (src/algos/<algo>.h) is made of. A descriptor is a struct with
+// static members only, the one place that says, for its algorithm:
+//
+//   Hyper, Scalars      the public hyper-parameter struct (fusedopt/hyper.h) and the per-tensor f32
+//                       coefficients its math body reads (src/math/scalars.h)
+//   kName, kStepName    "lion" (CLI, Python) and "LionStep" (error messages)
+//   kStates             torch's state_dict key of each Segment::state slot
+//   kFields             every Hyper field with its name, for the bindings
+//   RequiredStates(h)   which state slots the hyper-parameters need (bit i: state[i])
+//   InitialState(h, k)  the value a fresh state slot k starts from
+//   Validate(check, h)  the rules of the hyper-parameters
+//   MakeScalars(h, s)   the coefficients of one tensor, computed in double and rounded once
+//   kRun                the kernel (src/core/kernels.h), which runs src/math/<algo>_math.h
+// and, for a two-phase algorithm (a per-tensor reduction before the update, e.g. LAMB's norms):
+//   kReductions         how many sums the reduction pass gives per tensor
+//   kReduce             the reduction kernel
+//   Finish(h, s, sums, scalars)  turns a tensor's sums into its update coefficients
+//
+// src/algos/registry.h lists the descriptors; the step functions, Optimizer<>, the Python module
+// and the tools loop over that list.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <string_view>
+#include <tuple>
+
+#include "fusedopt/step.h"
+#include "src/core/validate.h"
+#include "src/math/scalars.h"
+
+namespace fusedopt::algos {
+
+// torch's state_dict key of each Segment::state slot ("" for an unused slot).
+using StateNames = std::array<const char*, kMaxStates>;
+
+class HyperCheck {
+ public:
+  HyperCheck(std::string_view fn, std::size_t group) : fn_(fn), group_(group) {}
+
+  // `!(x >= lo)` also rejects NaN.
+  void AtLeast(const char* name, double value, double lo) const {
+    if (!(value >= lo))
+      Fail(fn_, "group ", group_, ": invalid ", name, ": ", value, " (must be >= ", lo, ")");
+  }
+  // A decay rate of a running average: [0, 1), or [0, 1] when `one_allowed`.
+  void Beta(const char* name, double value, bool one_allowed = false) const {
+    if (!(value >= 0.0 && (value < 1.0 || (one_allowed && value == 1.0)))) {
+      Fail(fn_, "group ", group_, ": invalid ", name, ": ", value,
+           one_allowed ? " (must be in [0, 1])" : " (must be in [0, 1))");
+    }
+  }
+  void Finite(const char* name, double value) const {
+    if (!std::isfinite(value)) Fail(fn_, "group ", group_, ": invalid ", name, ": ", value);
+  }
+  template <class... Args>
+  [[noreturn]] void Reject(const Args&... args) const {
+    Fail(fn_, "group ", group_, ": ", args...);
+  }
+
+ private:
+  std::string_view fn_;
+  std::size_t group_;
+};
+
+// A named field of a Hyper struct.
+template <class Hyper, class T>
+struct Field {
+  const char* name;
+  T Hyper::*member;
+};
+template <class... F>
+constexpr auto Fields(F... fields) {
+  return std::tuple<F...>(fields...);
+}
+
+// fl(g·scale) then negation is exact, so folding the sign into the multiplier changes nothing.
+inline float GradMul(bool maximize, float grad_scale) {
+  return maximize ? -grad_scale : grad_scale;
+}
+
+// torch's lerp_(end, w) receives w as a double and evaluates in f32 (see LerpCoef).
+inline LerpCoef MakeLerp(double w) {
+  const auto wf = static_cast<float>(w);
+  return {wf, wf - 1.0f, !(std::abs(wf) < 0.5f)};
+}
+
+}  // namespace fusedopt::algos

@@ -1,0 +1,79 @@
+// LAMB (apex FusedLAMB's formulas, shared/docs/algorithms-more.md §3.1): the descriptor the engine,
+// the bindings and the tools read. Two phases: src/cpu/lamb.cc first reduces ‖p‖² and ‖u‖² of
+// every tensor (u: its Adam update), then applies p −= ratio·u with the trust ratio from Finish.
+// The math is src/math/lamb_math.h.
+#pragma once
+
+#include <cmath>
+#include <span>
+
+#include "fusedopt/hyper.h"
+#include "fusedopt/step.h"
+#include "src/algos/descriptor.h"
+#include "src/core/kernels.h"
+#include "src/math/scalars.h"
+
+namespace fusedopt::algos {
+
+struct Lamb {
+  using Hyper = LambHyper;
+  using Scalars = LambScalars;
+  static constexpr const char* kName = "lamb";
+  static constexpr const char* kStepName = "LambStep";
+  static constexpr StateNames kStates = {"exp_avg", "exp_avg_sq", ""};
+  static constexpr auto kFields = Fields(
+      Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1}, Field{"beta2", &Hyper::beta2},
+      Field{"eps", &Hyper::eps}, Field{"weight_decay", &Hyper::weight_decay},
+      Field{"bias_correction", &Hyper::bias_correction}, Field{"adam_w_mode", &Hyper::adam_w_mode},
+      Field{"grad_averaging", &Hyper::grad_averaging}, Field{"use_nvlamb", &Hyper::use_nvlamb});
+
+  static unsigned RequiredStates(const Hyper& /*h*/) { return 0b011u; }
+  static float InitialState(const Hyper& /*h*/, int /*slot*/) { return 0.0f; }
+
+  static void Validate(const HyperCheck& c, const Hyper& h) {
+    c.AtLeast("lr", h.lr, 0.0);
+    c.AtLeast("eps", h.eps, 0.0);
+    c.Beta("beta1", h.beta1);
+    c.Beta("beta2", h.beta2);
+    c.AtLeast("weight_decay", h.weight_decay, 0.0);
+  }
+
+  static Scalars MakeScalars(const Hyper& h, const Segment& s) {
+    const auto t = static_cast<double>(s.step);
+    const bool wd = h.weight_decay != 0.0;
+    return {
+        .grad_mul = s.grad_scale,
+        .weight_decay = static_cast<float>(h.weight_decay),
+        .beta1 = static_cast<float>(h.beta1),
+        .beta3 = static_cast<float>(h.grad_averaging ? 1.0 - h.beta1 : 1.0),
+        .beta2 = static_cast<float>(h.beta2),
+        .one_minus_beta2 = static_cast<float>(1.0 - h.beta2),
+        .bias_correction1 =
+            static_cast<float>(h.bias_correction ? 1.0 - std::pow(h.beta1, t) : 1.0),
+        .bias_correction2 =
+            static_cast<float>(h.bias_correction ? 1.0 - std::pow(h.beta2, t) : 1.0),
+        .eps = static_cast<float>(h.eps),
+        .neg_ratio = static_cast<float>(-h.lr),
+        .l2_weight_decay = !h.adam_w_mode && wd,
+        .decoupled_weight_decay = h.adam_w_mode && wd,
+    };
+  }
+
+  // The reduction pass gives Σp² and Σu² of the tensor (u: the update before the trust ratio).
+  static constexpr int kReductions = 2;
+  static constexpr auto kReduce = RunLambReduceChunk;
+  // ratio = lr·‖p‖/‖u‖ where weight decay is on (or use_nvlamb) and both norms are non-zero, else
+  // lr: apex's rule, so biases and norms without decay take a plain Adam step.
+  static void Finish(const Hyper& h, const Segment& /*s*/, std::span<const double, 2> sums,
+                     Scalars& scalars) {
+    const double param_norm = std::sqrt(sums[0]);
+    const double update_norm = std::sqrt(sums[1]);
+    const bool trust =
+        (h.use_nvlamb || h.weight_decay != 0.0) && param_norm != 0.0 && update_norm != 0.0;
+    scalars.neg_ratio = static_cast<float>(-(trust ? h.lr * (param_norm / update_norm) : h.lr));
+  }
+
+  static constexpr auto kRun = RunLambChunks;
+};
+
+}  // namespace fusedopt::algos

@@ -1,0 +1,44 @@
+// Every algorithm of the engine, one descriptor each (src/algos/descriptor.h says what one holds).
+// Adding an optimizer: write its descriptor, math body and kernel file, and list it here.
+#pragma once
+
+#include <cstddef>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "src/algos/adagrad.h"
+#include "src/algos/adam.h"
+#include "src/algos/lamb.h"
+#include "src/algos/lion.h"
+#include "src/algos/rmsprop.h"
+#include "src/algos/sgd.h"
+
+namespace fusedopt::algos {
+
+template <class... A>
+struct List {
+  // Calls f(std::type_identity<A>{}) for each descriptor, in order.
+  template <class F>
+  static void ForEach(F&& f) {
+    (f(std::type_identity<A>{}), ...);
+  }
+  template <class Hyper>
+  static constexpr std::size_t IndexOf() {
+    constexpr bool match[] = {std::is_same_v<typename A::Hyper, Hyper>...};
+    for (std::size_t i = 0; i < sizeof...(A); ++i) {
+      if (match[i]) return i;
+    }
+    return sizeof...(A);
+  }
+  // The descriptor of a Hyper struct (each belongs to exactly one algorithm).
+  template <class Hyper>
+  using Of = std::tuple_element_t<IndexOf<Hyper>(), std::tuple<A...>>;
+};
+
+using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb>;
+
+template <class Hyper>
+using DescriptorOf = All::Of<Hyper>;
+
+}  // namespace fusedopt::algos

@@ -1,0 +1,84 @@
+#include "fusedopt/training_step.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "fusedopt/error.h"
+#include "src/algos/registry.h"
+#include "src/core/validate.h"
+
+namespace fusedopt {
+namespace {
+
+constexpr const char* kFn = "TrainingStep";
+
+void CheckWaves(std::span<const std::size_t> wave_ends, std::size_t num_segments) {
+  for (std::size_t w = 0; w < wave_ends.size(); ++w) {
+    const std::size_t begin = w == 0 ? 0 : wave_ends[w - 1];
+    if (wave_ends[w] < begin || wave_ends[w] > num_segments ||
+        (w + 1 == wave_ends.size() && wave_ends[w] != num_segments)) {
+      Fail(kFn, "invalid wave_ends (must rise to the number of segments, ", num_segments, ")");
+    }
+  }
+}
+
+}  // namespace
+
+template <class Hyper>
+StepResult TrainingStep(std::span<const Hyper> groups, std::span<Segment> segments,
+                        const TrainingStepOptions& options, Runtime& runtime) {
+  if (!(options.max_grad_norm >= 0.0)) {
+    Fail(kFn, "invalid max_grad_norm: ", options.max_grad_norm,
+         " (must be >= 0; Inf: no clipping)");
+  }
+  CheckWaves(options.wave_ends, segments.size());
+  // Everything the waves will check, checked now: the step functions validate before touching a
+  // buffer, and with no elements they touch none.
+  std::vector<Segment> empty(segments.begin(), segments.end());
+  for (Segment& s : empty) s.numel = 0;
+  FusedStep(groups, std::span<const Segment>(empty), runtime);
+
+  StepResult result;
+  if (options.scaler != nullptr || options.check_overflow || std::isfinite(options.max_grad_norm)) {
+    result.pre_pass_begin = std::chrono::steady_clock::now();
+    const PrePassResult pre = GradPrePass(segments,
+                                          {.max_norm = options.max_grad_norm,
+                                           .norm_type = options.norm_type,
+                                           .clip_rule = options.clip_rule},
+                                          runtime);
+    result.pre_pass_end = std::chrono::steady_clock::now();
+    result.grad_norm = pre.norm;
+    result.clip_coef = pre.clip_coef;
+    result.found_inf = pre.non_finite;
+    if (pre.non_finite) {
+      if (options.scaler != nullptr) options.scaler->Update(true);
+      return result;
+    }
+  }
+  const std::span<const Segment> all(segments);
+  std::size_t begin = 0;
+  for (std::size_t end : options.wave_ends) {
+    FusedStep(groups, all.subspan(begin, end - begin), runtime);
+    begin = end;
+  }
+  if (begin < all.size()) FusedStep(groups, all.subspan(begin), runtime);
+  if (options.scaler != nullptr) options.scaler->Update(false);
+  result.stepped = true;
+  return result;
+}
+
+// The algorithms of src/algos/registry.h.
+#define FOPT_INSTANTIATE(A)                                                              \
+  template StepResult TrainingStep(std::span<const algos::A::Hyper>, std::span<Segment>, \
+                                   const TrainingStepOptions&, Runtime&)
+FOPT_INSTANTIATE(Sgd);
+FOPT_INSTANTIATE(Adam);
+FOPT_INSTANTIATE(AdamW);
+FOPT_INSTANTIATE(Rmsprop);
+FOPT_INSTANTIATE(Adagrad);
+FOPT_INSTANTIATE(Lion);
+FOPT_INSTANTIATE(Lamb);
+#undef FOPT_INSTANTIATE
+
+}  // namespace fusedopt
