@@ -31,15 +31,15 @@ void FusedLoop::Run(Runtime& runtime) {
   // grad_scale is reset every call: the pre-pass folds the clip factor into it.
   const float inv_scale = options_.scaler ? options_.scaler->inv_scale() : 1.0f;
   for (Segment& s : segments_) s.grad_scale = inv_scale;
-  const PrePassResult pre = GradPrePass(segments_, {.max_norm = options_.max_norm}, runtime);
-  clock_.Lap("pre_pass");
-  if (pre.non_finite) {
-    ++skipped_;
-  } else {
-    FusedStep(algorithm_, hyper_, segments_, runtime);
-  }
+  const StepResult result = FusedTrainingStep(
+      algorithm_, hyper_, segments_,
+      {.scaler = options_.scaler ? &*options_.scaler : nullptr,
+       .check_overflow = true,  // the loop always checks, as the standard loop does
+       .max_grad_norm = options_.max_norm},
+      runtime);
+  clock_.LapAt("pre_pass", *result.pre_pass_end);
   clock_.Lap("step");
-  if (options_.scaler) options_.scaler->Update(pre.non_finite);
+  if (!result.stepped) ++skipped_;
 }
 
 // Fairness of the scratch. torch unscales and clips `.grad` in place. Here the gradient buffers are

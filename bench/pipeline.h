@@ -1,10 +1,10 @@
 // The training-loop step of `fusedopt bench --loss-scale ... --clip ...`: loss-scale unscaling, the
 // overflow check, global-norm clipping and the update, run two ways over the same buffers:
 //
-// - FusedLoop: what fusedopt does. Every segment's grad_scale is set to 1/loss_scale, GradPrePass
-//   reads each gradient once for the overflow flag and the global norm and folds the clip factor
-//   into grad_scale, then the fused step applies both as it reads the gradient (skipped on
-//   overflow). Gradients are read twice in all, and never written.
+// - FusedLoop: what fusedopt does, the core's TrainingStep. Every segment's grad_scale is set to
+//   1/loss_scale, the pre-pass reads each gradient once for the overflow flag and the global norm
+//   and folds the clip factor into grad_scale, then the fused step applies both as it reads the
+//   gradient (skipped on overflow). Gradients are read twice in all, and never written.
 // - StandardLoop (`standard_pipeline`): what a PyTorch loop with GradScaler, clip_grad_norm_ and a
 //   for-loop optimizer does, as separate vectorized passes per tensor with the ATen-like ops of
 //   elementwise.h, one stage after another over all tensors (as torch's foreach loops run):
@@ -54,6 +54,11 @@ class PassClock {
     const auto now = std::chrono::steady_clock::now();
     times_.emplace_back(name, std::chrono::duration<double, std::milli>(now - last_).count());
     last_ = now;
+  }
+  // The same, for a pass that ended at `end` (measured by the code that ran it).
+  void LapAt(std::string_view name, std::chrono::steady_clock::time_point end) {
+    times_.emplace_back(name, std::chrono::duration<double, std::milli>(end - last_).count());
+    last_ = end;
   }
   const PassTimes& times() const { return times_; }
 

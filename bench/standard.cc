@@ -369,24 +369,37 @@ unsigned BenchRequiredStates(Algorithm a, const BenchHyper& h) {
   return 0;
 }
 
-void FusedStep(Algorithm a, const BenchHyper& h, std::span<const Segment> segments,
-               Runtime& runtime) {
+// Calls f(groups) with the one-group span of the algorithm's hyper-parameters.
+template <class F>
+static decltype(auto) WithGroups(Algorithm a, const BenchHyper& h, const F& f) {
   switch (a) {
     case Algorithm::kSgd:
-      return SgdStep({&h.sgd, 1}, segments, runtime);
+      return f(std::span<const SgdHyper>(&h.sgd, 1));
     case Algorithm::kAdam:
-      return AdamStep({&h.adam, 1}, segments, runtime);
+      return f(std::span<const AdamHyper>(&h.adam, 1));
     case Algorithm::kAdamW:
-      return AdamWStep({&h.adamw, 1}, segments, runtime);
+      return f(std::span<const AdamWHyper>(&h.adamw, 1));
     case Algorithm::kRmsprop:
-      return RmspropStep({&h.rmsprop, 1}, segments, runtime);
+      return f(std::span<const RmspropHyper>(&h.rmsprop, 1));
     case Algorithm::kAdagrad:
-      return AdagradStep({&h.adagrad, 1}, segments, runtime);
+      return f(std::span<const AdagradHyper>(&h.adagrad, 1));
     case Algorithm::kLion:
-      return LionStep({&h.lion, 1}, segments, runtime);
+      return f(std::span<const LionHyper>(&h.lion, 1));
     case Algorithm::kLamb:
-      return LambStep({&h.lamb, 1}, segments, runtime);
+      break;
   }
+  return f(std::span<const LambHyper>(&h.lamb, 1));
+}
+
+void FusedStep(Algorithm a, const BenchHyper& h, std::span<const Segment> segments,
+               Runtime& runtime) {
+  WithGroups(a, h, [&](auto groups) { fusedopt::FusedStep(groups, segments, runtime); });
+}
+
+StepResult FusedTrainingStep(Algorithm a, const BenchHyper& h, std::span<Segment> segments,
+                             const TrainingStepOptions& options, Runtime& runtime) {
+  return WithGroups(a, h,
+                    [&](auto groups) { return TrainingStep(groups, segments, options, runtime); });
 }
 
 void StandardStep(Algorithm a, const BenchHyper& h, std::span<const Segment> segments,

@@ -16,6 +16,7 @@
 #include "fusedopt/hyper.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
+#include "fusedopt/training_step.h"
 
 namespace fusedopt::bench {
 
@@ -54,6 +55,10 @@ unsigned BenchRequiredStates(Algorithm a, const BenchHyper& h);
 
 void FusedStep(Algorithm a, const BenchHyper& h, std::span<const Segment> segments,
                Runtime& runtime);
+// The core's TrainingStep (fusedopt/training_step.h) for the algorithm: what fusedopt runs around
+// the update (pre-pass, skip, clip, step, scaler update).
+StepResult FusedTrainingStep(Algorithm a, const BenchHyper& h, std::span<Segment> segments,
+                             const TrainingStepOptions& options, Runtime& runtime);
 void StandardStep(Algorithm a, const BenchHyper& h, std::span<const Segment> segments,
                   const Runtime& runtime);
 void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime);
