@@ -319,30 +319,25 @@ void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime) 
   SameTrafficStep(segments, runtime, TrafficStores::kRegular);
 }
 
-float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime) {
+// The sum of chunk(plan, c, c + 1) over all chunks, each computed by the thread that owns it.
+template <class Chunk>
+float SumOverChunks(std::span<const Segment> segments, const Runtime& runtime, const Chunk& chunk) {
   const ChunkPlan plan(segments);
   std::vector<float> partial(plan.num_chunks(), 0.0f);  // one per chunk, written by its thread
   ParallelForChunks(partial.size(), runtime.num_threads(), [&](std::size_t c0, std::size_t c1) {
-    for (std::size_t c = c0; c < c1; ++c) {
-      partial[c] = HWY_DYNAMIC_DISPATCH(ReduceTrafficChunks)(plan, c, c + 1);
-    }
+    for (std::size_t c = c0; c < c1; ++c) partial[c] = chunk(plan, c, c + 1);
   });
   float total = 0.0f;
   for (const float p : partial) total += p;
   return total;
 }
 
+float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime) {
+  return SumOverChunks(segments, runtime, HWY_DYNAMIC_DISPATCH(ReduceTrafficChunks));
+}
+
 float SameTrafficGradRead(std::span<const Segment> segments, const Runtime& runtime) {
-  const ChunkPlan plan(segments);
-  std::vector<float> partial(plan.num_chunks(), 0.0f);  // one per chunk, written by its thread
-  ParallelForChunks(partial.size(), runtime.num_threads(), [&](std::size_t c0, std::size_t c1) {
-    for (std::size_t c = c0; c < c1; ++c) {
-      partial[c] = HWY_DYNAMIC_DISPATCH(GradReadChunks)(plan, c, c + 1);
-    }
-  });
-  float total = 0.0f;
-  for (const float p : partial) total += p;
-  return total;
+  return SumOverChunks(segments, runtime, HWY_DYNAMIC_DISPATCH(GradReadChunks));
 }
 
 double TrafficRead(const float* a, std::size_t n, const Runtime& runtime) {

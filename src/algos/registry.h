@@ -18,6 +18,7 @@ namespace fusedopt::algos {
 
 template <class... A>
 struct List {
+  static constexpr std::size_t kSize = sizeof...(A);
   // Calls f(std::type_identity<A>{}) for each descriptor, in order.
   template <class F>
   static void ForEach(F&& f) {
@@ -37,6 +38,17 @@ struct List {
 };
 
 using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb>;
+
+// The same list for explicit template instantiations (X(Sgd) X(Adam) ...), which a type list cannot
+// drive: step.cc and training_step.cc expand it.
+#define FOPT_FOR_EACH_ALGORITHM(X) X(Sgd) X(Adam) X(AdamW) X(Rmsprop) X(Adagrad) X(Lion) X(Lamb)
+#define FOPT_CHECK_LISTED(A) \
+  static_assert(All::IndexOf<A::Hyper>() < All::kSize, #A " is not in All");
+FOPT_FOR_EACH_ALGORITHM(FOPT_CHECK_LISTED)
+#undef FOPT_CHECK_LISTED
+#define FOPT_COUNT(A) +1
+static_assert(0 FOPT_FOR_EACH_ALGORITHM(FOPT_COUNT) == All::kSize, "All lists an algorithm more");
+#undef FOPT_COUNT
 
 template <class Hyper>
 using DescriptorOf = All::Of<Hyper>;

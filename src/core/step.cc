@@ -95,14 +95,8 @@ unsigned RequiredStates(const Hyper& h) {
 // The algorithms of src/algos/registry.h.
 #define FOPT_INSTANTIATE(A)                                                                      \
   template void FusedStep(std::span<const algos::A::Hyper>, std::span<const Segment>, Runtime&); \
-  template unsigned RequiredStates(const algos::A::Hyper&)
-FOPT_INSTANTIATE(Sgd);
-FOPT_INSTANTIATE(Adam);
-FOPT_INSTANTIATE(AdamW);
-FOPT_INSTANTIATE(Rmsprop);
-FOPT_INSTANTIATE(Adagrad);
-FOPT_INSTANTIATE(Lion);
-FOPT_INSTANTIATE(Lamb);
+  template unsigned RequiredStates(const algos::A::Hyper&);
+FOPT_FOR_EACH_ALGORITHM(FOPT_INSTANTIATE)
 #undef FOPT_INSTANTIATE
 
 void SgdStep(std::span<const SgdHyper> groups, std::span<const Segment> segments,

@@ -33,14 +33,19 @@ StepResult TrainingStep(std::span<const Hyper> groups, std::span<Segment> segmen
          " (must be >= 0; Inf: no clipping)");
   }
   CheckWaves(options.wave_ends, segments.size());
-  // Everything the waves will check, checked now: the step functions validate before touching a
-  // buffer, and with no elements they touch none.
-  std::vector<Segment> empty(segments.begin(), segments.end());
-  for (Segment& s : empty) s.numel = 0;
-  FusedStep(groups, std::span<const Segment>(empty), runtime);
+  const bool pre_pass =
+      options.scaler != nullptr || options.check_overflow || std::isfinite(options.max_grad_norm);
+  if (pre_pass || options.wave_ends.size() > 1) {
+    // Everything the waves will check, checked before the pre-pass or the first wave writes: the
+    // step functions validate before touching a buffer, and with no elements they touch none. (One
+    // wave without a pre-pass validates itself.)
+    std::vector<Segment> empty(segments.begin(), segments.end());
+    for (Segment& s : empty) s.numel = 0;
+    FusedStep(groups, std::span<const Segment>(empty), runtime);
+  }
 
   StepResult result;
-  if (options.scaler != nullptr || options.check_overflow || std::isfinite(options.max_grad_norm)) {
+  if (pre_pass) {
     result.pre_pass_begin = std::chrono::steady_clock::now();
     const PrePassResult pre = GradPrePass(segments,
                                           {.max_norm = options.max_grad_norm,
@@ -71,14 +76,8 @@ StepResult TrainingStep(std::span<const Hyper> groups, std::span<Segment> segmen
 // The algorithms of src/algos/registry.h.
 #define FOPT_INSTANTIATE(A)                                                              \
   template StepResult TrainingStep(std::span<const algos::A::Hyper>, std::span<Segment>, \
-                                   const TrainingStepOptions&, Runtime&)
-FOPT_INSTANTIATE(Sgd);
-FOPT_INSTANTIATE(Adam);
-FOPT_INSTANTIATE(AdamW);
-FOPT_INSTANTIATE(Rmsprop);
-FOPT_INSTANTIATE(Adagrad);
-FOPT_INSTANTIATE(Lion);
-FOPT_INSTANTIATE(Lamb);
+                                   const TrainingStepOptions&, Runtime&);
+FOPT_FOR_EACH_ALGORITHM(FOPT_INSTANTIATE)
 #undef FOPT_INSTANTIATE
 
 }  // namespace fusedopt
