@@ -9,6 +9,9 @@ seed) and fixed random grads, set once and never zeroed, so only optimizer.step(
                  none for <X> (torch 2.13: RMSprop)
   fused          fusedopt.Fused<X>()
   fused_flat     fusedopt.Fused<X>(flatten=True)
+  engine         the C++ step alone: fusedopt's engine called on the segments a Fused<X> packed at
+                 its first step, with no Python work per step but the call (what `fusedopt bench`
+                 times); fused / engine is what the drop-in's Python side costs
 
 Lion and LAMB have no torch.optim twin; their references run instead of the three torch impls:
 
@@ -18,6 +21,11 @@ Lion and LAMB have no torch.optim twin; their references run instead of the thre
   pytorch_optimizer          pytorch_optimizer.Lamb(foreach=False), the LAMB people pip-install;
   pytorch_optimizer_foreach  ... foreach=True. Its formula differs (trust ratio min(‖p‖, 10) /
                              (‖u‖ + eps), step size bias-corrected), so it is timed, not compared.
+
+With --deepspeed (adam, adamw), DeepSpeed's CPU Adam runs beside them (deepspeed.ops.adam.DeepSpeedCPUAdam,
+the fused CPU Adam of ZeRO-Offload; not installed by scripts/setup: `pip install deepspeed` into .venv,
+and its first use compiles it, about a minute). Give OMP_NUM_THREADS as --threads: it runs on its own
+OpenMP runtime.
 
 Before timing, every impl takes 3 steps and is compared with torch_forloop (a warning, not an
 error, if they disagree). Then come --warmup steps and --rounds rounds; each round steps every impl
@@ -77,12 +85,20 @@ def lamb_references() -> dict:
             "pytorch_optimizer": third_party(False), "pytorch_optimizer_foreach": third_party(True)}
 
 
+def deepspeed_references(optimizer: str) -> dict:
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    weight_decay = 1e-2 if optimizer == "adamw" else 0.0  # torch's defaults
+    return {"deepspeed_cpu_adam": lambda params: DeepSpeedCPUAdam(
+        params, lr=LR, weight_decay=weight_decay, adamw_mode=optimizer == "adamw")}
+
+
 OPTIMIZERS = (*TORCH_OPTIMIZERS, "lion", "lamb")
 UNCOMPARED = {"pytorch_optimizer", "pytorch_optimizer_foreach"}  # another formula: timed only
 MODELS = {name: constructor for name, constructor, _, _ in gen_model_shapes.MODELS}
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 TORCH_IMPLS = ("torch_forloop", "torch_foreach", "torch_fused")
 FUSEDOPT_IMPLS = ("fused", "fused_flat")
+ENGINE = "engine"
 
 SEED = 0
 CHECK_STEPS = 3
@@ -126,9 +142,11 @@ def torch_fused_supported(optimizer: str, dtype: torch.dtype) -> bool:
     return True
 
 
-def references(optimizer: str, dtype: torch.dtype) -> dict:
+def references(optimizer: str, dtype: torch.dtype, deepspeed: bool = False) -> dict:
     """The reference impls of an optimizer: name -> constructor(params); the first is the one the
     others are checked against. torch_fused is left out where torch has no such kernel."""
+    if deepspeed:
+        return references(optimizer, dtype) | deepspeed_references(optimizer)
     if optimizer == "lion":
         return lion_references()
     if optimizer == "lamb":
@@ -148,6 +166,22 @@ def build_fused(optimizer: str, params: list[torch.Tensor], flatten: bool) -> to
         return fusedopt.FusedLAMB(params, lr=LR, flatten=flatten, **LAMB_KW)
     name, kwargs = TORCH_OPTIMIZERS[optimizer]
     return getattr(fusedopt, "Fused" + name)(params, lr=LR, flatten=flatten, **kwargs)
+
+
+class EngineOnly:
+    """The `engine` impl: after one full step of its Fused<X>, every step() is the engine call on
+    the segments that step packed (same tensors, same grads: the bench never replaces them)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer, self.param_groups, self.packed = optimizer, optimizer.param_groups, None
+
+    def step(self) -> None:
+        opt = self.optimizer
+        if self.packed is None:
+            opt.step()
+            self.packed = opt._pack_unchanged(opt._group_hypers())
+            return
+        opt._run_engine(self.packed, 1.0, False, None)
 
 
 def params_of(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -231,7 +265,7 @@ def summary(samples: list[float]) -> dict:
 
 
 def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, rounds: int | None,
-        warmup: int) -> dict:
+        warmup: int, deepspeed: bool = False) -> dict:
     """Benchmarks one optimizer on one shape set; returns the JSON result. All tensors are freed
     before it returns."""
     dtype = DTYPES[dtype_name]
@@ -239,13 +273,14 @@ def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, 
     total = sum(torch.Size(d).numel() for d in dims)
     if rounds is None:
         rounds = DEFAULT_ROUNDS_BIG if total > BIG_NUMEL else DEFAULT_ROUNDS
-    refs = references(optimizer, dtype)
+    refs = references(optimizer, dtype, deepspeed)
     shapes_name = shapes or "flat"
     print(f"{optimizer} on {shapes_name}: {len(dims)} tensors, {total:,} params, {dtype_name}, "
           f"{torch.get_num_threads()} threads, {rounds} rounds", file=sys.stderr)
     optimizers = {impl: make(make_params(dims, dtype)) for impl, make in refs.items()}
     for impl in FUSEDOPT_IMPLS:
         optimizers[impl] = build_fused(optimizer, make_params(dims, dtype), impl == "fused_flat")
+    optimizers[ENGINE] = EngineOnly(build_fused(optimizer, make_params(dims, dtype), False))
     checks = check_agreement(optimizers, dtype)
     samples = time_steps(optimizers, warmup, rounds, progress=total > BIG_NUMEL)
     del optimizers
@@ -256,17 +291,19 @@ def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, 
     for impl in optimizers_order(refs):
         results[impl] = summary(samples[impl]) | {"check_vs_reference": checks[impl]}
     best = min(results[i]["median_ms"] for i in FUSEDOPT_IMPLS)
+    engine = results[ENGINE]["median_ms"]
     return {
         "optimizer": optimizer, "shapes": shapes_name, "tensors": len(dims), "numel": total,
         "dtype": dtype_name, "threads": torch.get_num_threads(), "rounds": rounds, "warmup": warmup,
         "torch_version": torch.__version__, "target": fusedopt.active_target(), "impls": results,
         **{f"speedup_vs_{impl}": None if r is None else r["median_ms"] / best
-           for impl, r in results.items() if impl not in FUSEDOPT_IMPLS},
+           for impl, r in results.items() if impl not in (*FUSEDOPT_IMPLS, ENGINE)},
+        "dropin_overhead": results["fused"]["median_ms"] / engine - 1.0,
     }
 
 
 def optimizers_order(refs: dict) -> list[str]:
-    return list(refs) + list(FUSEDOPT_IMPLS)
+    return list(refs) + list(FUSEDOPT_IMPLS) + [ENGINE]
 
 
 # -------------------------------------------------------------------------------- reports
@@ -290,6 +327,7 @@ def text_table(result: dict) -> str:
         else:
             lines.append(f"{impl:<{width}}{r['median_ms']:>11.3f}{r['min_ms']:>11.3f}"
                          f"{r['median_ms'] / best:>17.2f}x")
+    lines.append(f"drop-in overhead (fused / engine - 1): {result['dropin_overhead']:+.1%}")
     return "\n".join(lines)
 
 
@@ -334,19 +372,23 @@ def parse_args() -> argparse.Namespace:
                              f"{DEFAULT_ROUNDS_BIG} above {BIG_NUMEL:,} params)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per impl (default 3)")
     parser.add_argument("--json", type=pathlib.Path, help="write the result here")
+    parser.add_argument("--deepspeed", action="store_true",
+                        help="adam, adamw: also time DeepSpeed's CPU Adam (pip install deepspeed)")
     parser.add_argument("--all", action="store_true",
                         help="every torch.optim optimizer on every model; prints a Markdown table")
     parser.add_argument("--json-dir", type=pathlib.Path,
                         help="with --all: one OPTIMIZER_SHAPES.json per run here")
     args = parser.parse_args()
     if args.all:
-        if args.optimizer or args.shapes or args.numel is not None or args.json:
+        if args.optimizer or args.shapes or args.numel is not None or args.json or args.deepspeed:
             parser.error("--all runs every optimizer and shape set: "
-                         "no --optimizer/--shapes/--numel/--json with it")
+                         "no --optimizer/--shapes/--numel/--json/--deepspeed with it")
     else:
         if args.optimizer is None or (args.shapes is None) == (args.numel is None) or args.json_dir:
             parser.error("give --optimizer and one of --shapes/--numel, or --all "
                          "(--json-dir goes with --all)")
+        if args.deepspeed and args.optimizer not in ("adam", "adamw"):
+            parser.error("--deepspeed goes with --optimizer adam or adamw")
     for name, low in (("numel", 1), ("threads", 1), ("rounds", 1), ("warmup", 0)):
         value = getattr(args, name)
         if value is not None and value < low:
@@ -359,7 +401,8 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if not args.all:
-        result = run(args.optimizer, args.shapes, args.numel, args.dtype, args.rounds, args.warmup)
+        result = run(args.optimizer, args.shapes, args.numel, args.dtype, args.rounds, args.warmup,
+                     args.deepspeed)
         print(text_table(result))
         if args.json:
             write_json(result, args.json)

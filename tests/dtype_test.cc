@@ -116,7 +116,8 @@ float Widen(DType t, std::uint16_t h) { return t == DType::kBF16 ? BF16ToF32(h) 
 
 using test::TargetGuard;
 
-// Every SIMD store must give the scalar converters' bits; every load must be exact.
+// Every SIMD store must give the scalar converters' bits, NaNs included (F16C keeps a NaN's payload
+// where the rule is one quiet NaN); every load must be exact.
 TEST(DType, SimdConversionsMatchScalarOnEveryTarget) {
   const std::vector<std::uint32_t> patterns = InterestingPatterns();
   const std::size_t n = 1 << 20;  // not a multiple of any chunk: tails run too (n + 3 below)
@@ -141,11 +142,6 @@ TEST(DType, SimdConversionsMatchScalarOnEveryTarget) {
       ConvertBuffer(low.data(), t, back.data(), DType::kF32, src.size(), runtime);
       for (std::size_t i = 0; i < src.size(); ++i) {
         const std::uint16_t want = t == DType::kBF16 ? F32ToBF16(src[i]) : F32ToF16(src[i]);
-        if (std::isnan(src[i])) {
-          ASSERT_TRUE(std::isnan(Widen(t, low[i]))) << i;
-          ASSERT_TRUE(std::isnan(back[i])) << i;
-          continue;
-        }
         ASSERT_EQ(low[i], want) << "i=" << i << " bits 0x" << std::hex
                                 << std::bit_cast<std::uint32_t>(src[i]);
         ASSERT_EQ(std::bit_cast<std::uint32_t>(back[i]),

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "fusedopt/dtype.h"
@@ -15,6 +16,7 @@
 #include "fusedopt/grad.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/scaler.h"
+#include "fusedopt/training_step.h"
 
 namespace fusedopt {
 namespace {
@@ -230,6 +232,67 @@ TEST(TrainStep, StateBytesPerParamOfEachMode) {
                 .state_bytes_per_param(),
             16.0);
   EXPECT_EQ(SGD({SgdHyper{}}, kTensors).storage().state_bytes_per_param(), 0.0);
+}
+
+// The core's TrainingStep with a MicroBatch, over raw buffers as the Python package calls it: a
+// sum that joins the window late is overwritten on its first micro-batch, not added to.
+TEST(TrainStepMicroBatch, FreshFlagsOverwriteEachSumOnItsFirstMicroBatch) {
+  const std::vector<SgdHyper> groups = {{.lr = 1.0}};  // param -= mean gradient
+  std::vector<float> param = {1.0f, 2.0f}, g0 = {0.3f, -0.7f}, g1 = {0.1f, 0.9f};
+  std::vector<float> sum0(2, 123.0f), sum1(2, -55.0f);  // stale values from an earlier window
+  AccumulationWindow window{.steps = 3};
+  const float scale = static_cast<float>(double{0.5f} / 3.0);  // grad_scale 0.5, 3 micro-batches
+  std::vector<Segment> segments(1);
+  segments[0] = {.param = param.data(), .grad = sum0.data(), .numel = 1};  // reads the sums
+  std::vector<Segment> second = segments;
+  second[0].param = param.data() + 1;
+  second[0].grad = sum1.data();
+  segments.push_back(second[0]);
+  float* sums01[] = {sum0.data(), sum1.data()};
+  const auto call = [&](std::vector<GradBuffer> grads, std::span<float* const> sums,
+                        std::vector<std::uint8_t> fresh) {
+    const MicroBatch batch{
+        .window = &window, .grads = grads, .sums = sums, .fresh = fresh, .grad_scale = 0.5f};
+    return TrainingStep(std::span<const SgdHyper>(groups), std::span<Segment>(segments),
+                        {.micro_batch = &batch});
+  };
+  // Micro-batch 0: only the first element has a gradient; micro-batch 1: both, the second fresh.
+  EXPECT_FALSE(call({{g0.data(), 1, DType::kF32}}, std::span(sums01, 1), {1}).stepped);
+  EXPECT_FALSE(
+      call({{g0.data(), 1, DType::kF32}, {g1.data() + 1, 1, DType::kF32}}, sums01, {0, 1}).stepped);
+  EXPECT_EQ(window.pending, 2);
+  const StepResult last =
+      call({{g1.data(), 1, DType::kF32}, {g0.data() + 1, 1, DType::kF32}}, sums01, {0, 0});
+  EXPECT_TRUE(last.stepped);
+  EXPECT_EQ(window.pending, 0);
+  // f32 as the engine computes it: each product rounded, then each sum.
+  const float s0 = (g0[0] * scale + g0[0] * scale) + g1[0] * scale;
+  const float s1 = g1[1] * scale + g0[1] * scale;
+  EXPECT_EQ(sum0[0], s0);
+  EXPECT_EQ(sum1[0], s1);
+  EXPECT_EQ(param[0], 1.0f - s0);
+  EXPECT_EQ(param[1], 2.0f - s1);
+}
+
+TEST(TrainStepMicroBatch, TheClosingCallValidatesTheStepBeforeAdding) {
+  const std::vector<SgdHyper> groups = {{.lr = -1.0}};
+  std::vector<float> param = {1.0f}, grad = {0.5f}, sum = {7.0f};
+  AccumulationWindow window{.steps = 2, .pending = 1};
+  std::vector<Segment> segments = {{.param = param.data(), .grad = sum.data(), .numel = 1}};
+  const std::vector<GradBuffer> grads = {{grad.data(), 1, DType::kF32}};
+  float* sums[] = {sum.data()};
+  const MicroBatch batch{.window = &window, .grads = grads, .sums = sums};
+  EXPECT_THROW(TrainingStep(std::span<const SgdHyper>(groups), std::span<Segment>(segments),
+                            {.micro_batch = &batch}),
+               Error);
+  EXPECT_EQ(sum[0], 7.0f);
+  EXPECT_EQ(param[0], 1.0f);
+  EXPECT_EQ(window.pending, 1);
+  AccumulationWindow bad{.steps = 2, .pending = 2};
+  const MicroBatch past_the_end{.window = &bad, .grads = grads, .sums = sums};
+  EXPECT_THROW(TrainingStep(std::span<const SgdHyper>(groups), std::span<Segment>(segments),
+                            {.micro_batch = &past_the_end}),
+               Error);
 }
 
 }  // namespace

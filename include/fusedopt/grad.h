@@ -91,6 +91,11 @@ bool UnscaleGrads(std::span<const GradBuffer> grads, float scale,
 // gradient element was non-finite (the accumulator then holds it too).
 bool AccumulateGrads(std::span<const GradBuffer> grads, std::span<float* const> accumulators,
                      float scale, bool overwrite, Runtime& runtime = DefaultRuntime());
+// The same with a choice per gradient: accumulator i is overwritten where overwrite[i] != 0 (one
+// flag per gradient; everything is validated before any accumulator is written).
+bool AccumulateGrads(std::span<const GradBuffer> grads, std::span<float* const> accumulators,
+                     float scale, std::span<const std::uint8_t> overwrite,
+                     Runtime& runtime = DefaultRuntime());
 
 // The fused pre-pass of a step.
 struct PrePassOptions {

@@ -179,7 +179,7 @@ class Optimizer {
     return StepTensors(std::span<const std::size_t>(tensors.begin(), tensors.size()), options);
   }
   // Micro-batches accumulated since the last update.
-  std::int64_t pending_micro_batches() const { return micro_batches_; }
+  std::int64_t pending_micro_batches() const { return window_.pending; }
 
  private:
   std::vector<Hyper> groups_;
@@ -190,8 +190,7 @@ class Optimizer {
   // None`).
   std::vector<std::int64_t> buffer_steps_;
   Runtime* runtime_;
-  std::int64_t micro_batches_ = 0;
-  bool window_found_inf_ = false;  // some micro-batch of the current window overflowed
+  AccumulationWindow window_;  // steps: the storage's accumulation_steps
 };
 
 using SGD = Optimizer<SgdHyper>;

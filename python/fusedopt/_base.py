@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import operator
+from itertools import chain
 from typing import Any, Callable
 
 import torch
@@ -29,7 +30,16 @@ _ITEM_SIZES = {0: 4, 1: 2, 2: 2}  # bytes per element of each engine dtype code
 # int64, with room to count on.
 _MAX_STEP = 2.0**62
 _ABSENT = object()  # in an undo log: the key was not there
-_SPAN = operator.itemgetter(0, 8, 9)  # a segment's param address, numel and dtype code
+_SPAN = operator.attrgetter("param", "numel", "param_dtype")  # of a _C.SegmentRow
+# Bound C methods, mapped over lists of tensors by the packing fast path (_pack_unchanged).
+_PARAMS = operator.itemgetter("params")
+_GRAD = operator.attrgetter("grad")
+_DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
+_VERSION = operator.attrgetter("_version")
+_DATA_PTR = torch.Tensor.data_ptr
+_REQUIRED_STATES = operator.methodcaller("required_states")
+_IS_CONTIGUOUS = torch.Tensor.is_contiguous
 
 
 class FusedOptimizerMixin:
@@ -60,8 +70,6 @@ class FusedOptimizerMixin:
         self._norm_code = norm_type_code(norm_type)
         if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
             raise ValueError(f"Invalid accumulation_steps: {accumulation_steps!r} (an int >= 1)")
-        if accumulation_steps > 1 and flatten:
-            raise ValueError("fusedopt: accumulation_steps > 1 does not combine with flatten=True")
         if state_dtype is not None and state_dtype not in DTYPE_CODES:
             raise TypeError(f"fusedopt: invalid state_dtype {state_dtype}; supported dtypes are "
                             "torch.float32, torch.float16 and torch.bfloat16")
@@ -81,7 +89,8 @@ class FusedOptimizerMixin:
         # Per param: (data_ptr, _version) after our last write, to notice params changed behind our
         # back while an f32 master copy exists.
         self._param_marks: dict[torch.Tensor, tuple[int, int]] = {}
-        self._segment_cache: dict[torch.Tensor, tuple] = {}  # see _segment
+        self._segment_cache: dict[torch.Tensor, _Cached] = {}  # see _segment
+        self._last: _LastStep | None = None  # see _pack_unchanged
         self._duplicates = False  # some group lists a param more than once (torch warns, and allows it)
         self._overlap_free = False  # see _waves
         self._wave_key: list | None = None
@@ -109,6 +118,7 @@ class FusedOptimizerMixin:
         self._duplicates |= len(set(group["params"])) < len(group["params"])
         self._overlap_free = False
         self._offsets = None
+        self._last = None
         if getattr(self, "_flat", None) is not None:
             self._flat.combine()
 
@@ -124,6 +134,7 @@ class FusedOptimizerMixin:
         keep = self._f32_states_to_keep(state_dict)
         super().load_state_dict(state_dict)
         self._segment_cache.clear()
+        self._last = None
         params = [p for g in self.param_groups for p in g["params"]]
         for pid, saved in keep.items():
             p = params[pid]
@@ -147,6 +158,7 @@ class FusedOptimizerMixin:
         the param's version counter and need it."""
         self._param_marks.clear()
         self._segment_cache.clear()
+        self._last = None
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -162,6 +174,7 @@ class FusedOptimizerMixin:
         self.__dict__.setdefault("_accumulators", {})
         self.__dict__.setdefault("_window", {})
         self.__dict__["_segment_cache"] = {}
+        self.__dict__["_last"] = None
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
@@ -180,81 +193,96 @@ class FusedOptimizerMixin:
         # torch's inv_scale: 1/scale in double, rounded to f32 (by the binding).
         inv_scale = 1.0 if grad_scale is None else 1.0 / float(grad_scale)
         if self._accumulation_steps > 1:
-            if self._micro_batches + 1 < self._accumulation_steps:
-                if not overflowed:
-                    overflowed = self._apply_accumulation(self._accumulation_plan(inv_scale))
-                self._end_micro_batch(overflowed, found_out)
-            else:
-                self._step_window(inv_scale, overflowed, found_out)
+            self._step_micro_batch(inv_scale, overflowed, found_out)
             return loss
         if overflowed:
             return loss
         undo: list = []
         try:
-            while True:
-                try:
-                    hypers, segments = self._pack(inv_scale, undo)
-                    break
-                except _Relaid:  # flatten=True laid the buffers out anew: pack again from the start
-                    pass
-            self._run_engine(hypers, segments, found_out is not None, found_out)
+            hypers = self._group_hypers()
+            packed = self._pack_unchanged(hypers)
+            if packed is None:
+                self._last = None
+                while True:
+                    try:
+                        packed = self._pack(hypers, undo)
+                        break
+                    except _Relaid:  # flatten=True laid the buffers out anew: pack again from the start
+                        pass
+            self._run_engine(packed, inv_scale, found_out is not None, found_out)
+            if self._last is None:
+                self._remember(packed)
         except BaseException as e:
             _roll_back(undo)  # a rejected or skipped step leaves no trace, not even new state
             if not isinstance(e, _Skipped):
                 raise
         return loss
 
-    def _end_micro_batch(self, overflowed: bool, found_out) -> None:
-        if overflowed and found_out is not None:
-            found_out.fill_(1.0)
-        self._micro_batches += 1
-        self._window_found_inf |= overflowed
-
-    def _step_window(self, inv_scale: float, overflowed: bool, found_out) -> None:
-        """accumulation_steps > 1, the last micro-batch of a window: accumulate it and update with the
-        window's mean. Everything is packed and validated before the accumulation writes, so a
-        rejected call changes nothing, the window included, and can be retried."""
-        plan = None if overflowed else self._accumulation_plan(inv_scale)
-        stepping = not (overflowed or self._window_found_inf)
+    def _step_micro_batch(self, inv_scale: float, overflowed: bool, found_out) -> None:
+        """accumulation_steps > 1: one engine call adds this micro-batch's gradients, unscaled and
+        divided by the step count, into the f32 accumulators and, on the window's last micro-batch,
+        updates from them (the core's TrainingStep with a MicroBatch): the window's mean gradient.
+        A window where some micro-batch held Inf/NaN is skipped whole; a micro-batch that torch's
+        GradScaler found overflowing is not added. A rejected call changes nothing, the window
+        included, and can be retried."""
+        grads, sums, fresh, with_grad = [], [], [], {}
+        if not overflowed:  # (with_grad holds the grad tensors: flatten=True may replace p.grad below)
+            grads, sums, fresh, with_grad = self._micro_batch()
+        closes = self._micro_batches + 1 == self._accumulation_steps
+        batch = (self._accumulation_steps, self._micro_batches, self._window_found_inf or overflowed, grads, sums,
+                 fresh, inv_scale)
         undo: list = []
         try:
-            if stepping:
-                window = {**self._window, **dict.fromkeys(plan[2])}
-                grads = {p: self._accumulators[p] for p in window}
-                hypers, segments = self._pack(1.0, undo, grads)  # the accumulators hold unscaled sums
-                self._engine(hypers, segments, False, validate_only=True)
-            if plan is not None:
-                overflowed = self._apply_accumulation(plan)
-            self._end_micro_batch(overflowed, found_out)
-            stepping = not self._window_found_inf
-            self._micro_batches, self._window_found_inf, self._window = 0, False, {}
-            if not stepping:
-                raise _Skipped
-            self._run_engine(hypers, segments, False, found_out)
+            packed = _Packed([])
+            if closes:
+                window = {**self._window, **dict.fromkeys(with_grad)}
+                while True:
+                    try:  # the step reads the sums
+                        packed = self._pack(self._group_hypers(), undo, {p: self._accumulators[p] for p in window})
+                        break
+                    except _Relaid:
+                        pass
+            report = self._engine(packed, 1.0, False, micro_batch=batch)
+            if (overflowed or report.found_inf) and found_out is not None:
+                found_out.fill_(1.0)
+            self._micro_batches, self._window_found_inf = report.pending, report.window_found_inf
+            self._window = {} if closes else {**self._window, **dict.fromkeys(with_grad)}
+            if closes:
+                self.last_grad_norm = report.grad_norm
+                if not report.stepped:
+                    raise _Skipped
         except BaseException as e:
             _roll_back(undo)
             if not isinstance(e, _Skipped):
                 raise
 
-    def _run_engine(self, hypers, segments, check: bool, found_out) -> None:
+    def _run_engine(self, packed: _Packed, grad_scale: float, check: bool, found_out) -> None:
         """The step call; raises _Skipped when its pre-pass found non-finite gradients."""
-        report = (True, False, None, 1.0)
-        if segments:
-            report = self._engine(hypers, segments, check)
-        stepped, non_finite, self.last_grad_norm = report[0], report[1], report[2]
-        if non_finite and found_out is not None:
+        self.last_grad_norm = None
+        if not packed.grads:
+            return
+        report = self._engine(packed, grad_scale, check)
+        self.last_grad_norm = report.grad_norm
+        if report.found_inf and found_out is not None:
             found_out.fill_(1.0)
-        if not stepped:
+        if not report.stepped:
             raise _Skipped
 
-    def _engine(self, hypers, segments, check: bool, validate_only: bool = False):
-        waves = self._waves(segments)
-        kw = {"validate_only": True} if validate_only else {}
-        if waves is not None:
-            order, kw["wave_ends"] = waves
-            segments = [segments[i] for i in order]
-        return type(self)._engine_step(hypers, segments, torch.get_num_threads(), self._max_grad_norm,
-                                       self._norm_code, self._clip_rule, check, **kw)
+    def _engine(self, packed: _Packed, grad_scale: float, check: bool, micro_batch: tuple | None = None):
+        """The engine's step over `packed`, every gradient read as grad * grad_scale (see RunStep in
+        src/python/module.cc); returns its _C.StepReport."""
+        kw = {} if micro_batch is None else {"micro_batch": micro_batch}
+        table, grads, codes = packed.table, packed.grads, packed.codes
+        if table is None:
+            waves = self._waves(packed.rows)
+            if waves is None:
+                table = packed.table = _C.SegmentTable(packed.rows)
+            else:  # a table of its own, in wave order
+                order, kw["wave_ends"] = waves
+                rows, grads, codes = ([x[i] for i in order] for x in (packed.rows, grads, codes))
+                table = _C.SegmentTable(rows)
+        return type(self)._engine_step(packed.hypers, table, grads, codes, grad_scale, torch.get_num_threads(),
+                                       self._max_grad_norm, self._norm_code, self._clip_rule, check, **kw)
 
     def _waves(self, segments) -> tuple[list[int], list[int]] | None:
         """None when no two segments share memory (the common case: one parallel pass). Otherwise
@@ -271,12 +299,12 @@ class FusedOptimizerMixin:
             self._wave_key, self._wave_plan = key, _plan_waves(key)
         return self._wave_plan
 
-    def _accumulation_plan(self, inv_scale: float) -> tuple:
-        """accumulation_steps > 1: checks every gradient of this micro-batch and returns what
-        _apply_accumulation adds into which f32 accumulator, creating missing accumulators (nothing
-        else changes)."""
-        fresh, add = ([], []), ([], [])
-        with_grad: dict[torch.Tensor, None] = {}
+    def _micro_batch(self) -> tuple:
+        """accumulation_steps > 1: this micro-batch's gradients (checked; each as its engine tuple),
+        the address of each one's f32 accumulator (created if missing), whether the accumulator
+        starts in this window, and {param: its gradient} of the params with one."""
+        grads, sums, fresh = [], [], []
+        with_grad: dict[torch.Tensor, torch.Tensor] = {}
         for gi, group in enumerate(self.param_groups):
             for j, p in enumerate(group["params"]):
                 g = p.grad
@@ -291,54 +319,119 @@ class FusedOptimizerMixin:
                 if acc is None or acc.shape != p.shape:
                     acc = torch.empty_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
                     self._accumulators[p] = acc
-                with_grad[p] = None
-                target = add if p in self._window else fresh
-                target[0].append((g.data_ptr(), g.numel(), code))
-                target[1].append(acc.data_ptr())
-        return fresh, add, with_grad, inv_scale / self._accumulation_steps
-
-    def _apply_accumulation(self, plan: tuple) -> bool:
-        """Adds every gradient, unscaled and divided by the step count, into its param's accumulator
-        (the first one of a window overwrites it). Returns whether a gradient was non-finite (the
-        window will be skipped)."""
-        fresh, add, with_grad, scale = plan
-        threads = torch.get_num_threads()
-        bad = False
-        for (grads, sums), overwrite in ((fresh, True), (add, False)):
-            if grads:
-                bad |= _C.accumulate_grads(grads, sums, scale, overwrite, threads)
-        self._window.update(with_grad)
-        return bad
+                with_grad[p] = g
+                grads.append((g.data_ptr(), g.numel(), code))
+                sums.append(acc.data_ptr())
+                fresh.append(0 if p in self._window else 1)
+        return grads, sums, fresh, with_grad
 
     # ---- internals ----------------------------------------------------------------------------
-    def _pack(self, inv_scale, undo, grads=None):
-        """Hypers and segments of every param with a gradient (p.grad, or grads[p] when given). A
-        param listed twice gets the same segment twice: the engine counts its step once per
-        occurrence (torch's for-loop: SGD's occurrences on a first step each start from a fresh
-        momentum buffer, since torch gathers the buffers before the loop)."""
-        hypers, segments = [], []
-        seen: dict | None = {} if self._duplicates else None
+    def _group_hypers(self) -> list:
+        hypers = []
         for gi, group in enumerate(self.param_groups):
             try:
-                hyper = self._hyper(group)
-                hypers.append(hyper)
-                slots = hyper.required_states()
-                needed = tuple(bool(slots >> k & 1) for k in range(len(self._slot_keys)))
+                hypers.append(self._hyper(group))
             except _BadNumber as e:
                 raise number_error(f"param_groups[{gi}]{e.field}", e.value) from None
-            if seen is None:  # the common case, kept as lean as it was
-                for j, p in enumerate(group["params"]):
-                    g = p.grad if grads is None else grads.get(p)
-                    if g is not None:
-                        segments.append(self._segment(p, g, gi, j, needed, inv_scale, undo))
-                continue
+        return hypers
+
+    def _pack(self, hypers: list, undo: list, grads: dict | None = None) -> _Packed:
+        """The engine's arguments for every param with a gradient (p.grad, or grads[p] when given),
+        param by param. A param listed twice gets the same segment twice: the engine counts its step
+        once per occurrence (torch's for-loop: SGD's occurrences on a first step each start from a
+        fresh momentum buffer, since torch gathers the buffers before the loop)."""
+        packed = _Packed(hypers)
+        seen: dict | None = {} if self._duplicates else None
+        index = -1  # of the param in all groups' params
+        for gi, group in enumerate(self.param_groups):
+            slots = hypers[gi].required_states()
+            needed = tuple(bool(slots >> k & 1) for k in range(len(self._slot_keys)))
             for j, p in enumerate(group["params"]):
                 g = p.grad if grads is None else grads.get(p)
-                if g is not None:
+                index += 1
+                if g is None:
+                    packed.none_at.append(index)
+                    continue
+                if seen is None:  # the common case, kept as lean as it was
+                    row, grad_ptr, code = self._segment(p, g, gi, j, needed, undo, grads is None)
+                else:
                     if p not in seen:
-                        seen[p] = self._segment(p, g, gi, j, needed, inv_scale, undo)
-                    segments.append(seen[p])
-        return hypers, segments
+                        seen[p] = self._segment(p, g, gi, j, needed, undo, grads is None)
+                    row, grad_ptr, code = seen[p]
+                packed.params.append(p)
+                packed.rows.append(row)
+                packed.grads.append(grad_ptr)
+                packed.codes.append(code)
+        return packed
+
+    def _pack_unchanged(self, hypers: list) -> _Packed | None:
+        """The common step, in bulk: when the same params hold gradients as at the last step() and
+        nothing its packing depended on has changed (the checks of _segment's cache, each mapped
+        over all params at once), the last step's segment table with this step's gradients.
+        Otherwise None: pack param by param."""
+        last = self._last
+        if last is None or list(map(_REQUIRED_STATES, hypers)) != last.needed:
+            return None
+        lists = list(map(_PARAMS, self.param_groups))  # (user code may edit them in place)
+        all_params = list(chain.from_iterable(lists))
+        if (list(map(len, lists)) != last.group_sizes
+                or not all(map(operator.is_, all_params, last.all_params))):
+            return None
+        grads = list(map(_GRAD, all_params))
+        if [i for i, g in enumerate(grads) if g is None] != last.packed.none_at:
+            return None
+        if last.packed.none_at:
+            grads = [g for g in grads if g is not None]
+        params = last.packed.params
+        try:
+            grad_ptrs = list(map(_DATA_PTR, grads))
+            if not all(map(_IS_CONTIGUOUS, grads)):
+                return None
+        except RuntimeError:  # a sparse gradient: the param-by-param path names it
+            return None
+        codes = list(map(DTYPE_CODES.get, map(_DTYPE, grads)))
+        if (None in codes or list(map(_SHAPE, grads)) != last.shapes
+                or list(map(_DATA_PTR, params)) != last.param_ptrs
+                or not all(map(operator.is_, map(self.state.get, params), last.states))
+                or not all(map(operator.is_, map(dict.get, last.entry_dicts, last.entry_keys), last.entry_tensors))
+                or list(map(_DATA_PTR, last.entry_tensors)) != last.entry_ptrs
+                or list(map(_VERSION, last.masters)) != last.versions):
+            return None
+        if last.grad_slots is not None and grad_ptrs != last.grad_slots:  # flatten=True, new p.grad
+            for i, (address, slot) in enumerate(zip(grad_ptrs, last.grad_slots)):
+                if address != slot:
+                    g = self._flat.place_grad(params[i])
+                    grad_ptrs[i], codes[i] = g.data_ptr(), DTYPE_CODES[g.dtype]
+        packed = _Packed(hypers)
+        packed.params, packed.none_at, packed.table = params, last.packed.none_at, last.packed.table
+        packed.grads, packed.codes = grad_ptrs, codes
+        return packed
+
+    def _remember(self, packed: _Packed) -> None:
+        """After a step packed param by param: what _pack_unchanged checks at the next one. Not
+        with a param listed twice or params that overlap (their segments run in waves)."""
+        if self._duplicates or not self._overlap_free:
+            return
+        cached = [self._segment_cache[p] for p in packed.params]
+        last = _LastStep()
+        lists = list(map(_PARAMS, self.param_groups))
+        last.all_params, last.group_sizes = list(chain.from_iterable(lists)), list(map(len, lists))
+        last.needed = list(map(_REQUIRED_STATES, packed.hypers))
+        last.shapes = [c.shape for c in cached]
+        last.param_ptrs = [c.param_ptr for c in cached]
+        last.states = [c.state for c in cached]
+        entries = [(c.state, key, t, address) for c in cached for key, t, address in c.tensors]
+        last.entry_dicts, last.entry_keys, last.entry_tensors, last.entry_ptrs = (
+            [e[k] for e in entries] for k in range(4))
+        with_master = [(p, c.version) for p, c in zip(packed.params, cached) if c.version is not None]
+        last.masters, last.versions = [m for m, _ in with_master], [v for _, v in with_master]
+        last.grad_slots = [c.grad_slot for c in cached] if self._flat is not None else None
+        # The table of the next steps: the cached rows (SGD's first step counts from a fresh buffer,
+        # the next ones from the buffer it made).
+        last.packed = _Packed(packed.hypers)
+        last.packed.params, last.packed.none_at = packed.params, packed.none_at
+        last.packed.table = _C.SegmentTable([c.row for c in cached])
+        self._last = last
 
     def _has_master(self, p: torch.Tensor) -> bool:
         return self._master_weights and p.dtype in _LOW_PRECISION
@@ -348,40 +441,45 @@ class FusedOptimizerMixin:
             return self._state_dtype_option
         return torch.float32 if self._has_master(p) else p.dtype
 
-    def _segment(self, p, g, gi, j, needed, inv_scale, undo) -> tuple:
-        """One parameter as the engine's Segment tuple (src/python/module.cc), creating its state on
-        its first step like torch does. Every change to a dict (a state entry created, converted or
-        dropped, a param mark) goes into the `undo` log first (see _roll_back).
+    def _segment(self, p, g, gi, j, needed, undo, own_grad) -> tuple:
+        """One parameter as (its _C.SegmentRow, its gradient's address, the gradient's dtype code),
+        creating its state on its first step like torch does. Every change to a dict (a state entry
+        created, converted or dropped, a param mark) goes into the `undo` log first (see
+        _roll_back).
 
-        This runs for every param on every step, so it first tries the entry cached by the last
-        step: valid while the param's memory, its state tensors (objects and memory) and the group's
-        needs are the same (the grad may be new each step: its dtype, shape and layout are checked)."""
+        This runs for every param on every step that _pack_unchanged cannot take, so it first tries
+        the entry cached by the last step: valid while the param's memory, its state tensors
+        (objects and memory) and the group's needs are the same (the grad may be new each step: its
+        dtype, shape and layout are checked). `own_grad`: g is p.grad (with flatten=True, it goes into
+        its slot), not an accumulator."""
         c = self._segment_cache.get(p)
-        if c is not None and c[0] == needed and c[1] == p.data_ptr() and (c[4] is None or c[4] == p._version):
+        if c is not None and c.needed == needed and c.group == gi and c.param_ptr == p.data_ptr() and (
+                c.version is None or c.version == p._version):
             state = self.state.get(p)
-            intact = state is c[2]
-            for key, t, address in c[3]:
+            intact = state is c.state
+            for key, t, address in c.tensors:
                 intact = intact and state.get(key) is t and t.data_ptr() == address
-            if intact and not g.is_sparse and g.is_contiguous() and g.shape == c[6]:
+            if intact and not g.is_sparse and g.is_contiguous() and g.shape == c.shape:
                 gcode = DTYPE_CODES.get(g.dtype)
                 grad_ptr = g.data_ptr()
                 if gcode is not None:
-                    if c[7] is not None and grad_ptr != c[7]:  # flatten=True and p.grad was replaced
+                    if own_grad and c.grad_slot is not None and grad_ptr != c.grad_slot:  # flatten, new p.grad
                         g = self._flat.place_grad(p)
                         grad_ptr, gcode = g.data_ptr(), DTYPE_CODES[g.dtype]
-                    return (c[1], grad_ptr, gcode, inv_scale) + c[5]
-        return self._segment_slow(p, g, gi, j, needed, inv_scale, undo)
+                    return c.row, grad_ptr, gcode
+        return self._segment_slow(p, g, gi, j, needed, undo, own_grad)
 
-    def _segment_slow(self, p, g, gi, j, needed, inv_scale, undo) -> tuple:
+    def _segment_slow(self, p, g, gi, j, needed, undo, own_grad) -> tuple:
         self._overlap_free = False  # p may have moved: _waves checks the addresses again
         if g.shape != p.shape:  # (also before flatten=True moves the grad into a slot)
             raise grad_shape_error(self._name(gi, j), g, p)
-        if self._flat is not None:  # (never with accumulation: g is p.grad)
+        if self._flat is not None:
             # Re-combine a param or grad replaced since the last step. If that needs a new layout,
             # the segments packed so far point into the old one.
             if self._flat.place(p):
                 raise _Relaid
-            g = p.grad
+            if own_grad:
+                g = p.grad
         if g.is_sparse:
             raise RuntimeError(self._sparse_message)
         pcode = DTYPE_CODES.get(p.dtype)
@@ -426,9 +524,13 @@ class FusedOptimizerMixin:
                 undo.append((self._param_marks, p, mark))
             self._param_marks[p] = (p.data_ptr(), p._version)  # our raw writes leave both as they are
             master = self._ensure_state(p, state, "master_param", torch.float32, gi, j, undo)[0].data_ptr()
-        # SGD's next steps find the buffer made by this one.
-        tail = (ptrs[0], ptrs[1], ptrs[2], master, p.numel(), pcode, DTYPE_CODES[sdtype], gi, step_ptr,
-                2 if not self._counts_steps and step == 1 else step) + self._rounding + (self._global_offset(p),)
+        def row(step):
+            return _C.SegmentRow(param=p.data_ptr(), states=ptrs, master=master, numel=p.numel(), param_dtype=pcode,
+                                 state_dtype=DTYPE_CODES[sdtype], group=gi, step_counter=step_ptr, step=step,
+                                 stochastic_rounding=self._rounding[0], rounding_seed=self._rounding[1],
+                                 global_offset=self._global_offset(p))
+
+        now = row(step)
         keys = [k for k, need in zip(self._slot_keys, needed) if need]
         keys += ["step"] if self._counts_steps else []
         keys += ["master_param"] if master else []
@@ -437,9 +539,10 @@ class FusedOptimizerMixin:
             undo.append((self.state, p, _ABSENT))
             self.state[p] = attached = state
         grad_slot = self._flat.grad_slot_address(p) if self._flat is not None else None
-        self._segment_cache[p] = (needed, p.data_ptr(), attached, tensors, p._version if master else None,
-                                  tail, p.shape, grad_slot)
-        return (p.data_ptr(), g.data_ptr(), gcode, inv_scale) + tail[:9] + (step,) + tail[10:]
+        # SGD's next steps find the buffer made by this one.
+        self._segment_cache[p] = _Cached(needed, gi, p.data_ptr(), attached, tensors, p._version if master else None,
+                                         now if step != 1 else row(2), p.shape, grad_slot)
+        return now, g.data_ptr(), gcode
 
     def _global_offset(self, p: torch.Tensor) -> int:
         """Index of p's first element in all params of all groups laid end to end: the element index
@@ -509,6 +612,40 @@ class FusedOptimizerMixin:
 
     def _name(self, gi: int, j: int) -> str:
         return _param_name(self.param_groups[gi].get("param_names"), gi, j)
+
+
+class _Packed:
+    """One step call's arguments: the groups' hypers and, per segment, its param, its SegmentRow
+    and its gradient's address and dtype code; `table`, the _C.SegmentTable of the rows once made;
+    `none_at`, the indices (in all groups' params) of the params without a gradient."""
+
+    __slots__ = ("hypers", "params", "rows", "grads", "codes", "table", "none_at")
+
+    def __init__(self, hypers: list):
+        self.hypers, self.table = hypers, None
+        self.params, self.rows, self.grads, self.codes, self.none_at = [], [], [], [], []
+
+
+class _Cached:
+    """_segment's cache entry of a param: valid while it is in group `group`, which still needs the
+    same state slots (`needed`), the param's memory is at param_ptr (with a master copy: its version counter is
+    `version`), its state dict is `state` and holds the same (key, tensor, address) `tensors`. Then
+    `row` is its segment, and its grad must have `shape`; with flatten=True, grad_slot is where its
+    grad belongs."""
+
+    __slots__ = ("needed", "group", "param_ptr", "state", "tensors", "version", "row", "shape", "grad_slot")
+
+    def __init__(self, needed, group, param_ptr, state, tensors, version, row, shape, grad_slot):
+        self.needed, self.group, self.param_ptr, self.state, self.tensors = needed, group, param_ptr, state, tensors
+        self.version, self.row, self.shape, self.grad_slot = version, row, shape, grad_slot
+
+
+class _LastStep:
+    """What _pack_unchanged compares with: the cache entries of the last step's params, as lists
+    (one check maps over all of them at once), and that step's packing with its table."""
+
+    __slots__ = ("all_params", "group_sizes", "needed", "shapes", "param_ptrs", "states", "entry_dicts", "entry_keys",
+                 "entry_tensors", "entry_ptrs", "masters", "versions", "grad_slots", "packed")
 
 
 class _Relaid(Exception):

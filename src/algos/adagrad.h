@@ -48,6 +48,24 @@ struct Adagrad {
   }
 
   static constexpr auto kRun = RunAdagradChunks;
+
+  // torch/optim/adagrad.py (torch 2.13), _single_tensor_adagrad (dense), one tensor op per line
+  // (descriptor.h).
+  template <class Step>
+  static void StandardStep(const Hyper& h, const StandardOptions& /*o*/, Step& step) {
+    step.ForEachTensor([&](auto& t) {
+      auto grad = t.grad();
+      if (h.maximize) grad = t.neg(grad);  // 393: grad = -grad if maximize
+      if (h.weight_decay != 0.0)
+        grad = t.add(grad, t.param(), h.weight_decay);  // 400: grad.add(param, alpha=weight_decay)
+      const double clr = h.lr / (1.0 + static_cast<double>(t.step() - 1) * h.lr_decay);  // 402
+      const auto state_sum = t.state(kSum);
+      t.addcmul_(state_sum, grad, grad, 1.0);      // 421: state_sum.addcmul_(grad, grad, value=1)
+      const auto std_dev = t.sqrt(state_sum);      // 425: std = state_sum.sqrt()
+      t.add_(std_dev, h.eps);                      //   .add_(eps)
+      t.addcdiv_(t.param(), grad, std_dev, -clr);  // 426: param.addcdiv_(grad, std, value=-clr)
+    });
+  }
 };
 
 }  // namespace fusedopt::algos

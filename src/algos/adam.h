@@ -57,6 +57,41 @@ struct Adam {
   }
 
   static constexpr auto kRun = RunAdamChunks;
+
+  // torch/optim/adam.py (torch 2.13), _single_tensor_adam (AdamW: decoupled_weight_decay), one
+  // tensor op per line (descriptor.h). The scalar step_t += 1 (414) moves no tensor data.
+  template <class Step>
+  static void StandardStep(const Hyper& h, const StandardOptions& /*o*/, Step& step) {
+    step.ForEachTensor([&](auto& t) {
+      auto grad = t.grad();
+      if (h.maximize) grad = t.neg(grad);  // 397: grad = -grads[i] if maximize
+      if (h.weight_decay != 0.0) {
+        if (h.decoupled_weight_decay) {
+          t.mul_(t.param(), 1.0 - h.lr * h.weight_decay);  // 419: param.mul_(1 - lr * weight_decay)
+        } else {
+          grad = t.add(grad, t.param(), h.weight_decay);  // 428: grad.add(param, alpha=wd)
+        }
+      }
+      const auto exp_avg = t.state(kExpAvg);
+      const auto exp_avg_sq = t.state(kExpAvgSq);
+      t.lerp_(exp_avg, grad, 1.0 - h.beta1);              // 456: exp_avg.lerp_(grad, 1 - beta1)
+      t.mul_(exp_avg_sq, h.beta2);                        // 475: exp_avg_sq.mul_(beta2)
+      t.addcmul_(exp_avg_sq, grad, grad, 1.0 - h.beta2);  //   .addcmul_(grad, grad, 1 - beta2)
+      const auto step_t = static_cast<double>(t.step());
+      const double step_size = h.lr / (1.0 - std::pow(h.beta1, step_t));  // 530, 533
+      const double bias_correction2_sqrt =
+          std::pow(1.0 - std::pow(h.beta2, step_t), 0.5);  // 531, 535: bias_correction2**0.5
+      auto second = exp_avg_sq;
+      if (h.amsgrad) {
+        second = t.state(kMaxExpAvgSq);
+        t.maximum(second, exp_avg_sq, second);  // 539: torch.maximum(max_exp_avg_sqs[i], ..., out=)
+      }
+      const auto root = t.sqrt(second);                       // 544: denom = (exp_avg_sq.sqrt()
+      const auto denom = t.div(root, bias_correction2_sqrt);  //   / bias_correction2_sqrt)
+      t.add_(denom, h.eps);                                   //   .add_(eps)
+      t.addcdiv_(t.param(), exp_avg, denom, -step_size);  // 546: param.addcdiv_(..., -step_size)
+    });
+  }
 };
 
 // AdamW is Adam with decoupled weight decay and torch's AdamW defaults (weight_decay 1e-2).
@@ -79,6 +114,11 @@ struct AdamW {
   }
 
   static constexpr auto kRun = RunAdamChunks;
+
+  template <class Step>
+  static void StandardStep(const Hyper& h, const StandardOptions& o, Step& step) {
+    Adam::StandardStep(h.ToAdam(), o, step);
+  }
 };
 
 }  // namespace fusedopt::algos

@@ -11,6 +11,9 @@
 //   Validate(check, h)  the rules of the hyper-parameters
 //   MakeScalars(h, s)   the coefficients of one tensor, computed in double and rounded once
 //   kRun                the kernel (src/core/kernels.h), which runs src/math/<algo>_math.h
+//   StandardStep(h, o, step)  the reference's for-loop step (torch.optim's _single_tensor_<algo>,
+//                       lion-pytorch, tools/lamb_reference.py) as elementary tensor ops, one per
+//                       line, with the reference's temporaries (the op vocabulary is below)
 // and, for a two-phase algorithm (a per-tensor reduction before the update, e.g. LAMB's norms):
 //   kReductions         how many sums the reduction pass gives per tensor
 //   kReduce             the reduction kernel
@@ -18,6 +21,23 @@
 //
 // src/algos/registry.h lists the descriptors; the step functions, Optimizer<>, the Python module
 // and the tools loop over that list.
+//
+// StandardStep is a template over its visitor `step`, so one op sequence serves two readers: the
+// `standard` baseline (bench/standard.cc) runs every op as one full pass over memory, and the
+// doctor (src/doctor/doctor.cc) counts the tensors each op reads and writes. It calls
+// step.ForEachTensor(f), and f(t) issues one tensor's ops on t. A handle (`auto`) names the
+// tensor's param(), grad() or state(slot), or a temporary of the param's shape and dtype that an
+// out-of-place op returns; a temporary is freed with its last handle, as Python frees it.
+// Scalars are doubles, rounded to f32 once where a Python float meets an f32 tensor.
+//   t.step()                   the tensor's step counter (1 on its first update)
+//   in place, return x:        mul_(x, s)  add_(x, s)  add_(x, b, alpha)  lerp_(x, b, w)
+//                              addcmul_(x, b, c, value)  addcdiv_(x, b, c, value)  sqrt_(x)
+//                              sgn_(x)  copy_(x, a)  maximum(a, b, /*out=*/x)
+//   a new temporary:           neg(a)  clone(a)  mul(a, s)  div(a, s)  div(a, b)  add(a, s)
+//                              add(a, b, alpha)  sqrt(a)  addcmul(a, b, c, value)
+//   a scalar:                  norm(a) (torch.linalg.vector_norm: reads a, writes nothing)
+// The sequence may depend on the hyper-parameters, the options and t.step(), but not on the values
+// of the tensors: the doctor counts it without any.
 #pragma once
 
 #include <array>
@@ -62,6 +82,20 @@ class HyperCheck {
  private:
   std::string_view fn_;
   std::size_t group_;
+};
+
+// What a reference's for-loop step takes beyond the hyper-parameters of the fused step.
+struct StandardOptions {
+  // LAMB: the global gradient clipping inside tools/lamb_reference.py's step() (apex FusedLAMB's
+  // max_grad_norm, default 1). fusedopt clips in its training step instead (ClipRule::kLamb).
+  double max_grad_norm = 1.0;
+};
+
+// A two-phase algorithm: a per-tensor reduction pass before the update (kReductions, kReduce,
+// Finish).
+template <class A>
+concept TwoPhase = requires {
+  A::kReductions;
 };
 
 // A named field of a Hyper struct.

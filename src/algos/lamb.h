@@ -7,6 +7,7 @@
 #include <cmath>
 #include <span>
 
+#include "fusedopt/grad.h"
 #include "fusedopt/hyper.h"
 #include "fusedopt/step.h"
 #include "src/algos/descriptor.h"
@@ -74,6 +75,50 @@ struct Lamb {
   }
 
   static constexpr auto kRun = RunLambChunks;
+
+  // tools/lamb_reference.py's step(), one tensor op per line (descriptor.h), a new tensor where the
+  // reference makes one: first the global gradient norm over every tensor, before any update (the
+  // squares of the tensors' norms summed in double), then each tensor's update with its own two
+  // norms, the trust ratio computed on the host as Finish does.
+  template <class Step>
+  static void StandardStep(const Hyper& h, const StandardOptions& o, Step& step) {
+    double total = 0.0;
+    step.ForEachTensor([&](auto& t) {
+      const double norm = t.norm(t.grad());  // 100: total += (p.grad.double() ** 2).sum()
+      total += norm * norm;
+    });
+    // 101-105: coef = max_grad_norm / grad_norm if grad_norm > max_grad_norm (else no clipping)
+    const float coef = LambClipCoefficient(std::sqrt(total), o.max_grad_norm);
+    const bool wd = h.weight_decay != 0.0;
+    const double beta3 = h.grad_averaging ? 1.0 - h.beta1 : 1.0;  // 112
+    step.ForEachTensor([&](auto& t) {
+      // 126: sg = torch.mul(g, coef) if coef is not None else g.clone()
+      auto sg = coef != 1.0f ? t.mul(t.grad(), coef) : t.clone(t.grad());
+      if (!h.adam_w_mode && wd) sg = t.add(sg, t.param(), h.weight_decay);  // 128: sg.add(p, wd)
+      const auto exp_avg = t.state(kLambExpAvg);
+      const auto exp_avg_sq = t.state(kLambExpAvgSq);
+      t.mul_(exp_avg, h.beta1);                       // 129: exp_avg.mul_(beta1)
+      t.add_(exp_avg, sg, beta3);                     //   .add_(sg, alpha=beta3)
+      t.mul_(exp_avg_sq, h.beta2);                    // 130: exp_avg_sq.mul_(beta2)
+      t.addcmul_(exp_avg_sq, sg, sg, 1.0 - h.beta2);  //   .addcmul_(sg, sg, value=1 - beta2)
+      const auto step_t = static_cast<double>(t.step());
+      const double bc1 = h.bias_correction ? 1.0 - std::pow(h.beta1, step_t) : 1.0;  // 131-135
+      const double bc2 = h.bias_correction ? 1.0 - std::pow(h.beta2, step_t) : 1.0;
+      // 136: u = (exp_avg / bc1) / ((exp_avg_sq / bc2).sqrt() + eps)
+      const auto m_hat = t.div(exp_avg, bc1);                         // exp_avg / bc1
+      auto denom = t.div(exp_avg_sq, bc2);                            // exp_avg_sq / bc2
+      denom = t.sqrt(denom);                                          //   .sqrt()
+      denom = t.add(denom, h.eps);                                    //   + eps
+      const auto u = t.div(m_hat, denom);                             // u = ... / ...
+      if (h.adam_w_mode && wd) t.add_(u, t.param(), h.weight_decay);  // 138: u.add_(p, alpha=wd)
+      const double param_norm = t.norm(t.param());                    // 140: pn = p.norm()
+      const double update_norm = t.norm(u);                           // 141: un = u.norm()
+      // 142-145: ratio = lr * (pn / un) if (use_nvlamb or wd != 0) and pn != 0 and un != 0
+      const bool trust = (h.use_nvlamb || wd) && param_norm != 0.0 && update_norm != 0.0;
+      const double ratio = trust ? h.lr * (param_norm / update_norm) : h.lr;
+      t.add_(t.param(), u, -ratio);  // 146: p.add_(u, alpha=-ratio)
+    });
+  }
 };
 
 }  // namespace fusedopt::algos

@@ -45,6 +45,25 @@ struct Lion {
   }
 
   static constexpr auto kRun = RunLionChunks;
+
+  // lion-pytorch 0.2.5's update_fn (lion_pytorch/lion_pytorch.py), one tensor op per line
+  // (descriptor.h); its decay runs even when wd == 0. maximize is ours (lion-pytorch has none).
+  template <class Step>
+  static void StandardStep(const Hyper& h, const StandardOptions& /*o*/, Step& step) {
+    step.ForEachTensor([&](auto& t) {
+      auto grad = t.grad();
+      if (h.maximize) grad = t.neg(grad);  // grad = -grad if maximize
+      const auto exp_avg = t.state(kLionExpAvg);
+      t.mul_(t.param(), 1.0 - h.lr * h.weight_decay);  // 17: p.data.mul_(1. - lr * wd)
+      auto update = t.clone(exp_avg);                  // 21: update = exp_avg.clone()
+      t.mul_(update, h.beta1);                         //   .mul_(beta1)
+      update = t.add(update, grad, 1.0 - h.beta1);     //   .add(grad, alpha=1. - beta1)
+      t.sgn_(update);                                  //   .sgn_()
+      t.add_(t.param(), update, -h.lr);                // 22: p.add_(update, alpha=-lr)
+      t.mul_(exp_avg, h.beta2);                        // 26: exp_avg.mul_(beta2)
+      t.add_(exp_avg, grad, 1.0 - h.beta2);            //   .add_(grad, alpha=1. - beta2)
+    });
+  }
 };
 
 }  // namespace fusedopt::algos

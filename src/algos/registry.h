@@ -35,6 +35,16 @@ struct List {
   // The descriptor of a Hyper struct (each belongs to exactly one algorithm).
   template <class Hyper>
   using Of = std::tuple_element_t<IndexOf<Hyper>(), std::tuple<A...>>;
+  // One Hyper struct of each descriptor (std::get<SgdHyper>(hypers)).
+  using Hypers = std::tuple<typename A::Hyper...>;
+  // f(std::type_identity<D>{}) for D, the descriptor at index i (< kSize): a run-time choice of
+  // descriptor. Every f(...) returns the same type.
+  template <class F>
+  static decltype(auto) Visit(std::size_t i, F&& f) {
+    using R = std::common_type_t<decltype(f(std::type_identity<A>{}))...>;
+    constexpr R (*kCalls[])(F&) = {[](F& g) -> R { return g(std::type_identity<A>{}); }...};
+    return kCalls[i](f);
+  }
 };
 
 using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb>;

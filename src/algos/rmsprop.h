@@ -52,6 +52,40 @@ struct Rmsprop {
   }
 
   static constexpr auto kRun = RunRmspropChunks;
+
+  // torch/optim/rmsprop.py (torch 2.13), _single_tensor_rmsprop, one tensor op per line
+  // (descriptor.h).
+  template <class Step>
+  static void StandardStep(const Hyper& h, const StandardOptions& /*o*/, Step& step) {
+    step.ForEachTensor([&](auto& t) {
+      auto grad = t.grad();
+      if (h.maximize) grad = t.neg(grad);  // 302: grad = -grad if maximize
+      if (h.weight_decay != 0.0)
+        grad = t.add(grad, t.param(), h.weight_decay);  // 308: grad.add(param, alpha=weight_decay)
+      const auto square_avg = t.state(kSquareAvg);
+      t.mul_(square_avg, h.alpha);                        // 316: square_avg.mul_(alpha)
+      t.addcmul_(square_avg, grad, grad, 1.0 - h.alpha);  //   .addcmul_(grad, grad, value=1-alpha)
+      auto avg = square_avg;
+      if (h.centered) {
+        const auto grad_avg = t.state(kGradAvg);
+        t.lerp_(grad_avg, grad, 1.0 - h.alpha);  // 322: grad_avg.lerp_(grad, 1 - alpha)
+        // 323: avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
+        avg = t.addcmul(square_avg, grad_avg, grad_avg, -1.0);
+        t.sqrt_(avg);
+      } else {
+        avg = t.sqrt(square_avg);  // 325: avg = square_avg.sqrt()
+      }
+      t.add_(avg, h.eps);  // 330: avg.add_(eps)
+      if (h.momentum > 0.0) {
+        const auto buf = t.state(kRmspropMomentumBuffer);
+        t.mul_(buf, h.momentum);          // 336: buf.mul_(momentum)
+        t.addcdiv_(buf, grad, avg, 1.0);  //   .addcdiv_(grad, avg)
+        t.add_(t.param(), buf, -h.lr);    // 337: param.add_(buf, alpha=-lr)
+      } else {
+        t.addcdiv_(t.param(), grad, avg, -h.lr);  // 339: param.addcdiv_(grad, avg, value=-lr)
+      }
+    });
+  }
 };
 
 }  // namespace fusedopt::algos

@@ -50,6 +50,32 @@ struct Sgd {
   }
 
   static constexpr auto kRun = RunSgdChunks;
+
+  // torch/optim/sgd.py (torch 2.13), _single_tensor_sgd, one tensor op per line (descriptor.h).
+  template <class Step>
+  static void StandardStep(const Hyper& h, const StandardOptions& /*o*/, Step& step) {
+    step.ForEachTensor([&](auto& t) {
+      auto grad = t.grad();
+      if (h.maximize) grad = t.neg(grad);  // 344: grad = -grads[i] if maximize
+      if (h.weight_decay != 0.0)
+        grad = t.add(grad, t.param(), h.weight_decay);  // 355: grad.add(param, alpha=weight_decay)
+      if (h.momentum != 0.0) {
+        const auto buf = t.state(kMomentumBuffer);
+        if (t.step() == 1) {
+          t.copy_(buf, grad);  // 361: buf = grad.detach().clone() (into the state's buffer)
+        } else {
+          t.mul_(buf, h.momentum);               // 364: buf.mul_(momentum)
+          t.add_(buf, grad, 1.0 - h.dampening);  //        .add_(grad, alpha=1 - dampening)
+        }
+        if (h.nesterov) {
+          grad = t.add(grad, buf, h.momentum);  // 367: grad = grad.add(buf, alpha=momentum)
+        } else {
+          grad = buf;  // 369: grad = buf
+        }
+      }
+      t.add_(t.param(), grad, -h.lr);  // 379: param.add_(grad, alpha=-lr)
+    });
+  }
 };
 
 }  // namespace fusedopt::algos

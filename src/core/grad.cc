@@ -161,8 +161,12 @@ bool UnscaleGrads(std::span<const GradBuffer> grads, float scale, Runtime& runti
   return RunElementwise(GradSegments("UnscaleGrads", grads, scale), GradOp::kScale, 0.0f, runtime);
 }
 
-bool AccumulateGrads(std::span<const GradBuffer> grads, std::span<float* const> accumulators,
-                     float scale, bool overwrite, Runtime& runtime) {
+namespace {
+
+// The segments of an accumulation: each gradient read times scale, its accumulator as the "param"
+// written. Validates everything first.
+std::vector<Segment> AccumulationSegments(std::span<const GradBuffer> grads,
+                                          std::span<float* const> accumulators, float scale) {
   constexpr std::string_view fn = "AccumulateGrads";
   CheckFinite(fn, "scale", scale);
   if (accumulators.size() != grads.size()) {
@@ -175,7 +179,31 @@ bool AccumulateGrads(std::span<const GradBuffer> grads, std::span<float* const> 
     segments[i].param = accumulators[i];
     segments[i].param_dtype = DType::kF32;
   }
-  return RunElementwise(segments, overwrite ? GradOp::kScale : GradOp::kAccumulate, 0.0f, runtime);
+  return segments;
+}
+
+}  // namespace
+
+bool AccumulateGrads(std::span<const GradBuffer> grads, std::span<float* const> accumulators,
+                     float scale, bool overwrite, Runtime& runtime) {
+  return RunElementwise(AccumulationSegments(grads, accumulators, scale),
+                        overwrite ? GradOp::kScale : GradOp::kAccumulate, 0.0f, runtime);
+}
+
+bool AccumulateGrads(std::span<const GradBuffer> grads, std::span<float* const> accumulators,
+                     float scale, std::span<const std::uint8_t> overwrite, Runtime& runtime) {
+  if (overwrite.size() != grads.size()) {
+    Fail("AccumulateGrads", overwrite.size(), " overwrite flags for ", grads.size(), " gradients");
+  }
+  const std::vector<Segment> segments = AccumulationSegments(grads, accumulators, scale);
+  std::vector<Segment> fresh, added;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    (overwrite[i] != 0 ? fresh : added).push_back(segments[i]);
+  }
+  bool non_finite = false;
+  if (!fresh.empty()) non_finite |= RunElementwise(fresh, GradOp::kScale, 0.0f, runtime);
+  if (!added.empty()) non_finite |= RunElementwise(added, GradOp::kAccumulate, 0.0f, runtime);
+  return non_finite;
 }
 
 std::vector<NormPartial> GradPrePassPartials(std::span<const Segment> segments,

@@ -130,7 +130,8 @@ Optimizer<Hyper>::Optimizer(std::vector<Hyper> groups, std::vector<TensorSpec> t
       storage_(tensors, groups_.size(), options, AllRequiredStates(groups_)),
       steps_(tensors.size(), 0),
       buffer_steps_(tensors.size(), 0),
-      runtime_(&runtime) {
+      runtime_(&runtime),
+      window_{.steps = storage_.options().accumulation_steps} {
   // Validate the hyper-parameters now rather than at the first step.
   FusedStep(std::span<const Hyper>(groups_), {}, *runtime_);
   // States start at 0 (the arenas are zero-filled) except where the algorithm says otherwise
@@ -177,36 +178,27 @@ StepResult Optimizer<Hyper>::StepTensors(std::span<const std::size_t> tensors,
   FusedStep(std::span<const Hyper>(groups_), {}, *runtime_);
   storage_.AllocateStates(AllRequiredStates(groups_));
   const float inv_scale = options.scaler != nullptr ? options.scaler->inv_scale() : 1.0f;
-  StepResult result;
 
   std::vector<Segment> segments;
   segments.reserve(tensors.size());
   for (std::size_t t : tensors) segments.push_back(storage_.segments()[t]);
 
+  // With accumulation, the step reads the sums; TrainingStep adds this micro-batch into them first
+  // (and steps only on the window's last one).
+  std::vector<GradBuffer> grads;
+  std::vector<float*> sums;
   if (accumulation > 1) {
-    // Add this micro-batch, unscaled and divided by k, into the accumulators (the first one of a
-    // window overwrites them, so they need no zeroing).
-    std::vector<GradBuffer> grads;
-    std::vector<float*> sums;
-    for (std::size_t t : tensors) {
-      const Segment& s = storage_.segments()[t];
-      grads.push_back({const_cast<void*>(s.grad), s.numel, s.grad_dtype});
-      sums.push_back(storage_.accumulator(t).data());
-    }
-    const float scale = static_cast<float>(double{inv_scale} / static_cast<double>(accumulation));
-    result.found_inf = AccumulateGrads(grads, sums, scale, micro_batches_ == 0, *runtime_);
-    window_found_inf_ |= result.found_inf;
-    if (options.scaler != nullptr) options.scaler->Update(result.found_inf);
-    if (++micro_batches_ < accumulation) return result;
-    micro_batches_ = 0;
-    if (std::exchange(window_found_inf_, false)) return result;  // the window overflowed: skip
     for (std::size_t i = 0; i < tensors.size(); ++i) {
-      segments[i].grad = storage_.accumulator(tensors[i]).data();
-      segments[i].grad_dtype = DType::kF32;
+      Segment& s = segments[i];
+      grads.push_back({const_cast<void*>(s.grad), s.numel, s.grad_dtype});
+      sums.push_back(storage_.accumulator(tensors[i]).data());
+      s.grad = sums.back();
+      s.grad_dtype = DType::kF32;
     }
   } else {
     for (Segment& s : segments) s.grad_scale = inv_scale;
   }
+  const MicroBatch batch{.window = &window_, .grads = grads, .sums = sums, .grad_scale = inv_scale};
 
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::size_t t = tensors[i];
@@ -214,23 +206,21 @@ StepResult Optimizer<Hyper>::StepTensors(std::span<const std::size_t> tensors,
     if constexpr (std::is_same_v<Hyper, SgdHyper>) {
       if (groups_[segments[i].group].momentum != 0.0) segments[i].step = buffer_steps_[t] + 1;
     }
-    // Masters are seeded from the params the user wrote before the tensor's first step.
-    if (steps_[t] == 0) storage_.SyncMaster(t);
   }
-  // With accumulation the scaler saw every micro-batch above; the window's sums are checked only
-  // when clipping needs their norm.
-  const StepResult step =
+  const bool updates = accumulation == 1 || window_.pending + 1 == accumulation;
+  // Masters are seeded from the params the user wrote before the tensor's first step.
+  for (std::size_t t : tensors) {
+    if (updates && steps_[t] == 0) storage_.SyncMaster(t);
+  }
+  const StepResult result =
       TrainingStep(std::span<const Hyper>(groups_), std::span<Segment>(segments),
-                   {.scaler = accumulation == 1 ? options.scaler : nullptr,
+                   {.scaler = options.scaler,
                     .max_grad_norm = options.max_grad_norm,
                     .norm_type = options.norm_type,
-                    .clip_rule = options.clip_rule},
+                    .clip_rule = options.clip_rule,
+                    .micro_batch = accumulation > 1 ? &batch : nullptr},
                    *runtime_);
-  result.stepped = step.stepped;
-  result.found_inf = result.found_inf || step.found_inf;
-  result.grad_norm = step.grad_norm;
-  result.clip_coef = step.clip_coef;
-  if (!step.stepped) return result;
+  if (!result.stepped) return result;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     ++steps_[tensors[i]];
     if constexpr (std::is_same_v<Hyper, SgdHyper>) {

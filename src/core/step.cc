@@ -17,11 +17,6 @@ namespace fusedopt {
 namespace {
 
 template <class A>
-concept TwoPhase = requires {
-  A::kReductions;
-};
-
-template <class A>
 void ValidateStep(std::span<const typename A::Hyper> groups, std::span<const Segment> segments) {
   if (groups.empty() && !segments.empty())
     Fail(A::kStepName, "no groups given for ", segments.size(), " segments");
@@ -38,7 +33,7 @@ void ValidateStep(std::span<const typename A::Hyper> groups, std::span<const Seg
 // The reduction pass of a two-phase algorithm: every chunk's piece sums in parallel, then each
 // segment's sums added up in chunk order (so they do not depend on the thread count), then the
 // segment's coefficients finished from them.
-template <TwoPhase A>
+template <algos::TwoPhase A>
 void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scalars>& plan,
             Runtime& runtime) {
   constexpr std::size_t k = A::kReductions;
@@ -75,7 +70,7 @@ void RunStep(std::span<const typename A::Hyper> groups, std::span<const Segment>
   StepPlan<typename A::Scalars> plan{ChunkPlan(segments), {}};
   plan.scalars.reserve(segments.size());
   for (const Segment& s : segments) plan.scalars.push_back(A::MakeScalars(groups[s.group], s));
-  if constexpr (TwoPhase<A>) Reduce<A>(groups, plan, runtime);
+  if constexpr (algos::TwoPhase<A>) Reduce<A>(groups, plan, runtime);
   ParallelForChunks(plan.chunks.num_chunks(), runtime.num_threads(),
                     [&](std::size_t begin, std::size_t end) { A::kRun(plan, begin, end); });
 }

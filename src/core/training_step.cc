@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fusedopt/error.h"
@@ -23,6 +24,27 @@ void CheckWaves(std::span<const std::size_t> wave_ends, std::size_t num_segments
   }
 }
 
+void CheckWindow(const MicroBatch& batch) {
+  if (batch.window == nullptr) Fail(kFn, "micro_batch without a window");
+  const AccumulationWindow& w = *batch.window;
+  if (w.steps < 1) Fail(kFn, "invalid accumulation steps: ", w.steps, " (must be >= 1)");
+  if (w.pending < 0 || w.pending >= w.steps) {
+    Fail(kFn, "invalid pending micro-batches: ", w.pending, " (must be in [0, ", w.steps, "))");
+  }
+  if (!batch.fresh.empty() && batch.fresh.size() != batch.grads.size()) {
+    Fail(kFn, batch.fresh.size(), " fresh flags for ", batch.grads.size(), " gradients");
+  }
+}
+
+// Adds the micro-batch into its sums; returns whether a gradient held Inf/NaN.
+bool Accumulate(const MicroBatch& batch, Runtime& runtime) {
+  const AccumulationWindow& w = *batch.window;
+  const float scale = static_cast<float>(double{batch.grad_scale} / static_cast<double>(w.steps));
+  if (!batch.fresh.empty())
+    return AccumulateGrads(batch.grads, batch.sums, scale, batch.fresh, runtime);
+  return AccumulateGrads(batch.grads, batch.sums, scale, w.pending == 0, runtime);
+}
+
 }  // namespace
 
 template <class Hyper>
@@ -33,9 +55,15 @@ StepResult TrainingStep(std::span<const Hyper> groups, std::span<Segment> segmen
          " (must be >= 0; Inf: no clipping)");
   }
   CheckWaves(options.wave_ends, segments.size());
-  const bool pre_pass =
-      options.scaler != nullptr || options.check_overflow || std::isfinite(options.max_grad_norm);
-  if (pre_pass || options.wave_ends.size() > 1) {
+  const MicroBatch* batch = options.micro_batch;
+  if (batch != nullptr) CheckWindow(*batch);
+  const bool closes = batch == nullptr || batch->window->pending + 1 == batch->window->steps;
+  // With a micro-batch, the scaler and the overflow check see each micro-batch as it is added; a
+  // window that held Inf/NaN is skipped whole, so the sums are only read again to clip.
+  LossScaler* const scaler = batch == nullptr ? options.scaler : nullptr;
+  const bool pre_pass = scaler != nullptr || (batch == nullptr && options.check_overflow) ||
+                        std::isfinite(options.max_grad_norm);
+  if (closes && (pre_pass || options.wave_ends.size() > 1 || batch != nullptr)) {
     // Everything the waves will check, checked before the pre-pass or the first wave writes: the
     // step functions validate before touching a buffer, and with no elements they touch none. (One
     // wave without a pre-pass validates itself.)
@@ -45,6 +73,18 @@ StepResult TrainingStep(std::span<const Hyper> groups, std::span<Segment> segmen
   }
 
   StepResult result;
+  if (batch != nullptr) {
+    AccumulationWindow& window = *batch->window;
+    result.found_inf = Accumulate(*batch, runtime);
+    if (options.scaler != nullptr) options.scaler->Update(result.found_inf);
+    window.found_inf |= result.found_inf;
+    if (!closes) {
+      ++window.pending;
+      return result;
+    }
+    window.pending = 0;
+    if (std::exchange(window.found_inf, false)) return result;
+  }
   if (pre_pass) {
     result.pre_pass_begin = std::chrono::steady_clock::now();
     const PrePassResult pre = GradPrePass(segments,
@@ -57,7 +97,7 @@ StepResult TrainingStep(std::span<const Hyper> groups, std::span<Segment> segmen
     result.clip_coef = pre.clip_coef;
     result.found_inf = pre.non_finite;
     if (pre.non_finite) {
-      if (options.scaler != nullptr) options.scaler->Update(true);
+      if (scaler != nullptr) scaler->Update(true);
       return result;
     }
   }
@@ -68,7 +108,7 @@ StepResult TrainingStep(std::span<const Hyper> groups, std::span<Segment> segmen
     begin = end;
   }
   if (begin < all.size()) FusedStep(groups, all.subspan(begin), runtime);
-  if (options.scaler != nullptr) options.scaler->Update(false);
+  if (scaler != nullptr) scaler->Update(false);
   result.stepped = true;
   return result;
 }

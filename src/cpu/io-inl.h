@@ -1,6 +1,7 @@
 // Io<T>: loads any storage type as f32 vectors and stores f32 vectors back with our own
 // round-to-nearest-even (Highway 1.0.3's bf16 demotion truncates, and its f16 demotion truncates
-// off F16C), or with stochastic rounding driven by per-lane noise. The bit-level rules are those of
+// off F16C; on F16C targets, f16 stores use the instruction), or with stochastic rounding driven by
+// per-lane noise. The bit-level rules are those of
 // include/fusedopt/dtype.h and include/fusedopt/rounding.h; tests compare them on every target.
 // Per-target header: toggling include guard.
 
@@ -121,7 +122,18 @@ struct Io<hwy::float16_t> {
   }
   template <class DF>
   static HWY_INLINE void Store(DF df, hn::Vec<DF> v, hwy::float16_t* p) {
+#  if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    // F16C rounds to nearest even exactly as StoreRounded does, subnormals and overflow to Inf
+    // included, but keeps a NaN's payload where dtype.h's rule is one quiet NaN with its sign. So a
+    // NaN becomes f32's quiet NaN with its sign first, which converts to 0x7E00 | sign.
+    const hn::RebindToUnsigned<DF> du;
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    const auto sign = hn::And(hn::BitCast(du, v), hn::Set(du, 0x80000000u));
+    const auto quiet_nan = hn::BitCast(df, hn::Or(sign, hn::Set(du, 0x7FC00000u)));
+    hn::StoreU(hn::DemoteTo(df16, hn::IfThenElse(hn::IsNaN(v), quiet_nan, v)), df16, p);
+#  else
     StoreRounded<false>(df, v, p, hn::Zero(hn::RebindToUnsigned<DF>()));
+#  endif
   }
   // Stochastic rounding in the normal range with one 32-bit noise word per lane; subnormal results
   // round to nearest even (rounding.h: F32ToF16Stochastic).

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "bench/pipeline.h"
+#include "bench/same_traffic.h"
 #include "bench/standard.h"
 #include "fusedopt/dtype.h"
 #include "fusedopt/optimizer.h"
@@ -32,27 +33,13 @@ namespace {
   throw std::invalid_argument(field + " (" + option + "): " + what);
 }
 
-// The optimizers the doctor models.
-constexpr const char* kDoctorOptimizers = "sgd, adam, adamw, rmsprop, adagrad, lion";
-
 Algorithm CheckedAlgorithm(const DoctorOptions& o) {
-  Algorithm a = Algorithm::kAdamW;
   try {
-    a = ParseAlgorithm(o.optimizer);
+    return ParseAlgorithm(o.optimizer);
   } catch (const std::invalid_argument&) {
     Bad("optimizer", "--optimizer",
-        "unknown optimizer '" + o.optimizer + "'; known: " + kDoctorOptimizers);
+        "unknown optimizer '" + o.optimizer + "'; known: " + AlgorithmNames());
   }
-  // LAMB's step is two-phase (a reduction pass, then the update) and its reference takes a global
-  // gradient norm of its own: neither the op counts nor the ceiling below model that.
-  if (a == Algorithm::kLamb) {
-    Bad("optimizer", "--optimizer",
-        "'" + o.optimizer +
-            "' is not supported by the doctor (its two-phase step is not "
-            "modeled; time it with `fusedopt bench --optimizer lamb`); known: " +
-            kDoctorOptimizers);
-  }
-  return a;
 }
 
 DType CheckedDType(const DoctorOptions& o) {
@@ -62,11 +49,11 @@ DType CheckedDType(const DoctorOptions& o) {
   return dtype;
 }
 
-// torch's default weight decay when none is given (NaN): AdamW 1e-2, every other optimizer 0 (Lion:
-// lion-pytorch's 0).
+// The reference's default weight decay when none is given (NaN), the Hyper struct's: AdamW 1e-2,
+// LAMB 1e-2 (apex FusedLAMB's), every other optimizer 0 (Lion: lion-pytorch's 0).
 double EffectiveWeightDecay(const DoctorOptions& o, Algorithm a) {
   if (!std::isnan(o.weight_decay)) return o.weight_decay;
-  return a == Algorithm::kAdamW ? 1e-2 : 0.0;
+  return WithDescriptor(a, [](auto d) { return typename decltype(d)::type::Hyper{}.weight_decay; });
 }
 
 // Where DoctorOptions::numels come from, for messages.
@@ -90,9 +77,10 @@ Model CheckedModel(const DoctorOptions& o) {
     Bad("weight_decay", "--weight-decay", "must be a finite number >= 0, got " + Num(wd));
   if (!std::isfinite(o.momentum) || o.momentum < 0.0)
     Bad("momentum", "--momentum", "must be a finite number >= 0, got " + Num(o.momentum));
-  if (o.momentum != 0.0 && a != Algorithm::kSgd && a != Algorithm::kRmsprop)
+  const Algorithm sgd = AlgorithmOf<algos::Sgd>();
+  if (o.momentum != 0.0 && a != sgd && a != AlgorithmOf<algos::Rmsprop>())
     Bad("momentum", "--momentum", "applies to sgd and rmsprop only, got " + Num(o.momentum));
-  if (o.nesterov && (a != Algorithm::kSgd || o.momentum <= 0.0))
+  if (o.nesterov && (a != sgd || o.momentum <= 0.0))
     Bad("nesterov", "--nesterov", "needs --optimizer sgd and --momentum > 0 (as torch.optim.SGD)");
   if (o.clip && (!std::isfinite(*o.clip) || !(*o.clip > 0.0)))
     Bad("clip", "--clip", "invalid max norm '" + Num(*o.clip) + "' (a finite number > 0)");
@@ -106,6 +94,20 @@ Model CheckedModel(const DoctorOptions& o) {
   return {a, dtype, wd, o.numels.size(), numel};
 }
 
+// The hyper-parameters the doctor takes, given to every algorithm that has them; torch's defaults
+// for the rest (SGD: lr 1e-3).
+BenchHyper MakeHyper(const Model& m, const DoctorOptions& o) {
+  BenchHyper h;
+  h.Of<SgdHyper>() = {.lr = 1e-3};
+  algos::All::ForEach([&](auto d) {
+    auto& hyper = h.Of<typename decltype(d)::type::Hyper>();
+    hyper.weight_decay = m.weight_decay;
+    if constexpr (requires { hyper.momentum; }) hyper.momentum = o.momentum;
+    if constexpr (requires { hyper.nesterov; }) hyper.nesterov = o.nesterov;
+  });
+  return h;
+}
+
 // One elementary op of the for-loop step on one tensor: how many tensors of that tensor's size it
 // reads (distinct tensors: addcmul_(grad, grad) reads grad once) and writes.
 struct TensorOp {
@@ -113,70 +115,85 @@ struct TensorOp {
   int writes;
 };
 
-// torch/optim/<algo>.py, _single_tensor_<algo>, steady state (step >= 2), torch's defaults for the
-// hyper-parameters the doctor does not take (dampening 0, amsgrad/maximize/centered off). The
-// scalar `step_t += 1` of Adam/RMSprop/Adagrad is not counted (a 1-element op, no memory traffic;
-// bench/standard.cc, the timed baseline, does not run it either).
-std::vector<TensorOp> StandardOpsPerTensor(const Model& m, const DoctorOptions& o) {
-  std::vector<TensorOp> ops;
-  const bool wd = m.weight_decay != 0.0;
-  switch (m.algorithm) {
-    case Algorithm::kSgd:
-      if (wd) ops.push_back({2, 1});  // d_p = grad.add(param, alpha=wd): a new tensor
-      if (o.momentum != 0.0) {
-        ops.push_back({1, 1});                  // buf.mul_(momentum)
-        ops.push_back({2, 1});                  //    .add_(d_p, alpha=1-dampening)
-        if (o.nesterov) ops.push_back({2, 1});  // d_p = d_p.add(buf, alpha=momentum)
-      }
-      ops.push_back({2, 1});  // param.add_(d_p, alpha=-lr)
-      break;
-    case Algorithm::kAdam:
-    case Algorithm::kAdamW:
-      if (wd && m.algorithm == Algorithm::kAdamW) ops.push_back({1, 1});  // param.mul_(1-lr*wd)
-      if (wd && m.algorithm == Algorithm::kAdam) ops.push_back({2, 1});   // grad.add(param, wd)
-      ops.push_back({2, 1});  // exp_avg.lerp_(grad, 1-beta1)
-      ops.push_back({1, 1});  // exp_avg_sq.mul_(beta2)
-      ops.push_back({2, 1});  //    .addcmul_(grad, grad, value=1-beta2)
-      ops.push_back({1, 1});  // denom = exp_avg_sq.sqrt()
-      ops.push_back({1, 1});  //    / bias_correction2_sqrt (out of place)
-      ops.push_back({1, 1});  //    .add_(eps)
-      ops.push_back({3, 1});  // param.addcdiv_(exp_avg, denom, value=-step_size)
-      break;
-    case Algorithm::kRmsprop:
-      if (wd) ops.push_back({2, 1});  // grad = grad.add(param, alpha=wd)
-      ops.push_back({1, 1});          // square_avg.mul_(alpha)
-      ops.push_back({2, 1});          //    .addcmul_(grad, grad, value=1-alpha)
-      ops.push_back({1, 1});          // avg = square_avg.sqrt()
-      ops.push_back({1, 1});          //    .add_(eps)
-      if (o.momentum > 0.0) {
-        ops.push_back({1, 1});  // buf.mul_(momentum)
-        ops.push_back({3, 1});  //    .addcdiv_(grad, avg)
-        ops.push_back({2, 1});  // param.add_(buf, alpha=-lr)
-      } else {
-        ops.push_back({3, 1});  // param.addcdiv_(grad, avg, value=-lr)
-      }
-      break;
-    case Algorithm::kAdagrad:
-      if (wd) ops.push_back({2, 1});  // grad = grad.add(param, alpha=wd)
-      ops.push_back({2, 1});          // state_sum.addcmul_(grad, grad, value=1)
-      ops.push_back({1, 1});          // std = state_sum.sqrt()
-      ops.push_back({1, 1});          //    .add_(eps)
-      ops.push_back({3, 1});          // param.addcdiv_(grad, std, value=-clr)
-      break;
-    case Algorithm::kLion:    // lion-pytorch's update_fn: its decay runs even when wd == 0
-      ops.push_back({1, 1});  // p.data.mul_(1 - lr*wd)
-      ops.push_back({1, 1});  // update = exp_avg.clone()
-      ops.push_back({1, 1});  //    .mul_(beta1)
-      ops.push_back({2, 1});  //    .add(grad, alpha=1-beta1): a new tensor
-      ops.push_back({1, 1});  //    .sgn_()
-      ops.push_back({2, 1});  // p.add_(update, alpha=-lr)
-      ops.push_back({1, 1});  // exp_avg.mul_(beta2)
-      ops.push_back({2, 1});  //    .add_(grad, alpha=1-beta2)
-      break;
-    case Algorithm::kLamb:  // rejected by CheckedAlgorithm
-      break;
+// The doctor's visitor of a descriptor's StandardStep (src/algos/descriptor.h): ForEachTensor runs
+// the body once, on one symbolic tensor, and each op records its TensorOp. The tensor is in steady
+// state (step 2: SGD's first step only copies the grad into its buffer); norm() returns 0 (the
+// sequence does not depend on values). Methods carry torch's op names.
+// NOLINTBEGIN(readability-identifier-naming)
+class OpCounter {
+ public:
+  struct Tensor {
+    int id;
+  };
+
+  template <class F>
+  void ForEachTensor(F&& f) {
+    f(*this);
   }
-  return ops;
+  std::int64_t step() const { return 2; }
+  Tensor param() const { return {0}; }
+  Tensor grad() const { return {1}; }
+  Tensor state(int slot) const { return {2 + slot}; }
+
+  Tensor mul_(Tensor x, double /*s*/) { return Write(x, {x}); }
+  Tensor add_(Tensor x, double /*s*/) { return Write(x, {x}); }
+  Tensor add_(Tensor x, Tensor b, double /*alpha*/) { return Write(x, {x, b}); }
+  Tensor lerp_(Tensor x, Tensor b, double /*w*/) { return Write(x, {x, b}); }
+  Tensor addcmul_(Tensor x, Tensor b, Tensor c, double /*v*/) { return Write(x, {x, b, c}); }
+  Tensor addcdiv_(Tensor x, Tensor b, Tensor c, double /*v*/) { return Write(x, {x, b, c}); }
+  Tensor sqrt_(Tensor x) { return Write(x, {x}); }
+  Tensor sgn_(Tensor x) { return Write(x, {x}); }
+  Tensor copy_(Tensor x, Tensor a) { return Write(x, {a}); }
+  Tensor maximum(Tensor a, Tensor b, Tensor out) { return Write(out, {a, b}); }
+
+  Tensor neg(Tensor a) { return New({a}); }
+  Tensor clone(Tensor a) { return New({a}); }
+  Tensor mul(Tensor a, double /*s*/) { return New({a}); }
+  Tensor div(Tensor a, double /*s*/) { return New({a}); }
+  Tensor div(Tensor a, Tensor b) { return New({a, b}); }
+  Tensor add(Tensor a, double /*s*/) { return New({a}); }
+  Tensor add(Tensor a, Tensor b, double /*alpha*/) { return New({a, b}); }
+  Tensor sqrt(Tensor a) { return New({a}); }
+  Tensor addcmul(Tensor a, Tensor b, Tensor c, double /*v*/) { return New({a, b, c}); }
+
+  double norm(Tensor a) {
+    Record({a}, 0);
+    return 0.0;
+  }
+
+  const std::vector<TensorOp>& ops() const { return ops_; }
+
+ private:
+  void Record(std::initializer_list<Tensor> reads, int writes) {
+    std::set<int> distinct;
+    for (const Tensor& t : reads) distinct.insert(t.id);
+    ops_.push_back({static_cast<int>(distinct.size()), writes});
+  }
+  Tensor Write(Tensor out, std::initializer_list<Tensor> reads) {
+    Record(reads, 1);
+    return out;
+  }
+  Tensor New(std::initializer_list<Tensor> reads) {
+    Record(reads, 1);
+    return {next_id_++};
+  }
+
+  int next_id_ = 2 + kMaxStates;  // after param, grad and the state slots
+  std::vector<TensorOp> ops_;
+};
+// NOLINTEND(readability-identifier-naming)
+
+// The descriptor's StandardStep (the reference's for-loop step, foreach=False; bench/standard.cc
+// times the same sequence), counted. Scalar host work (Adam's step_t += 1, LAMB's clip coefficient
+// and trust ratio) moves no tensor data and is not counted.
+std::vector<TensorOp> StandardOpsPerTensor(const Model& m, const DoctorOptions& o) {
+  const BenchHyper hyper = MakeHyper(m, o);
+  OpCounter counter;
+  WithDescriptor(m.algorithm, [&](auto d) {
+    using A = typename decltype(d)::type;
+    A::StandardStep(hyper.Of<typename A::Hyper>(), hyper.standard, counter);
+  });
+  return counter.ops();
 }
 
 // clip_grad_norm_ (foreach=False, as on the CPU): vector_norm(grad) per tensor (read), the norm of
@@ -192,19 +209,6 @@ OpCount MakeCount(std::size_t ops, std::size_t passes_per_element, const Model& 
   return {ops, static_cast<double>(passes_per_element), bytes};
 }
 
-BenchHyper MakeHyper(const Model& m, const DoctorOptions& o) {
-  BenchHyper h;
-  h.sgd = {
-      .lr = 1e-3, .momentum = o.momentum, .weight_decay = m.weight_decay, .nesterov = o.nesterov};
-  h.adam.weight_decay = m.weight_decay;
-  h.adamw.weight_decay = m.weight_decay;
-  h.rmsprop.weight_decay = m.weight_decay;
-  h.rmsprop.momentum = o.momentum;
-  h.adagrad.weight_decay = m.weight_decay;
-  h.lion.weight_decay = m.weight_decay;
-  return h;
-}
-
 struct Timings {
   double fused_ms = 0.0;
   double same_traffic_ms = 0.0;
@@ -216,7 +220,7 @@ struct Timings {
 // given shapes (grads in the param dtype, as torch), interleaved in rotating order after two
 // warm-up rounds, as `fusedopt bench` does. With clip, fused and standard are the training-loop
 // steps of bench/pipeline.h (pre-pass + step; norms + clip + step) and same_traffic reads the
-// grads once more.
+// grads once more; for a two-phase step (LAMB) it also reads what the reduction pass reads.
 Timings Measure(const Model& m, const DoctorOptions& o, bool time_standard,
                 std::ostream& progress) {
   const BenchHyper hyper = MakeHyper(m, o);
@@ -253,9 +257,11 @@ Timings Measure(const Model& m, const DoctorOptions& o, bool time_standard,
                      FusedStep(m.algorithm, hyper, segments, runtime);
                    },
                    {}});
+  const bool reduction_pass = HasReductionPass(m.algorithm);
   impls.push_back({"same_traffic",
                    [&] {
                      if (o.clip) SameTrafficGradRead(segments, runtime);
+                     if (reduction_pass) SameTrafficReduce(segments, runtime);
                      SameTrafficStep(segments, runtime);
                    },
                    {}});
@@ -540,9 +546,15 @@ OpCount CountFusedOps(const DoctorOptions& options) {
   const Model m = CheckedModel(options);
   // The states the fused step keeps under these hyper-parameters, as FlatStorage allocates them.
   const int states = std::popcount(BenchRequiredStates(m.algorithm, MakeHyper(m, options)));
-  // param read + write, grad read, each state read + write; the pre-pass reads the grads again.
+  // param read + write, grad read, each state read + write; a two-phase step's reduction pass
+  // reads the param, the grad and each state once more (as `fusedopt bench` counts it); the
+  // pre-pass reads the grads again.
   std::size_t passes = 2 + 1 + 2 * static_cast<std::size_t>(states);
   std::size_t ops = 1;
+  if (HasReductionPass(m.algorithm)) {
+    passes += 1 + 1 + static_cast<std::size_t>(states);
+    ops += 1;
+  }
   if (options.clip) {
     passes += 1;
     ops += 1;

@@ -17,10 +17,10 @@
 namespace fusedopt::bench {
 
 struct DoctorOptions {
-  std::string optimizer = "adamw";  // sgd, adam, adamw, rmsprop, adagrad or lion (not lamb)
+  std::string optimizer = "adamw";  // sgd, adam, adamw, rmsprop, adagrad, lion or lamb (registry)
   std::vector<std::size_t> numels;  // element count of every parameter tensor, optimizer order
   std::string dtype = "f32";        // params, grads and states (as torch keeps them)
-  // NaN: torch's default for the optimizer (AdamW 1e-2, the others 0).
+  // NaN: the reference's default for the optimizer (AdamW and LAMB 1e-2, the others 0).
   double weight_decay = std::numeric_limits<double>::quiet_NaN();
   double momentum = 0.0;       // sgd and rmsprop
   bool nesterov = false;       // sgd
@@ -47,15 +47,18 @@ struct OpCount {
   std::size_t bytes = 0;  // bytes read plus bytes written
 };
 
-// torch.optim's single-tensor (for-loop, foreach=False) step in steady state (not the first step),
-// with clip_grad_norm_ before it when options.clip is set. Each op is one launch and moves
-// (distinct tensors read + tensors written) × numel × element size. Throws std::invalid_argument
-// for an unknown optimizer or dtype, no tensors, a zero numel or a clip that is not > 0.
+// The reference's single-tensor (for-loop, foreach=False) step in steady state (not the first
+// step), as its descriptor's StandardStep writes it (src/algos/descriptor.h; the step
+// bench/standard.cc times), with clip_grad_norm_ before it when options.clip is set. Each op is one
+// launch and moves (distinct tensors read + tensors written) × numel × element size; a norm reads
+// its tensor and writes nothing. Throws std::invalid_argument for an unknown optimizer or dtype, no
+// tensors, a zero numel or a clip that is not > 0.
 OpCount CountStandardOps(const DoctorOptions& options);
 
 // fusedopt: one fused pass over all tensors (param r+w, grad read, each state r+w; the bytes
-// `fusedopt bench` reports as bytes_per_param × numel), plus, with clip, the read-only pre-pass
-// over the grads (one more op and one more grad read).
+// `fusedopt bench` reports as bytes_per_param × numel), for a two-phase step (LAMB) preceded by its
+// reduction pass (one more op reading the param, the grad and each state), plus, with clip, the
+// read-only pre-pass over the grads (one more op and one more grad read).
 OpCount CountFusedOps(const DoctorOptions& options);
 
 // Validates the options, times fused, same_traffic (and standard, if optimizer_ms is unset) on

@@ -1,14 +1,18 @@
-// The step shared by the five fusedopt::pt optimizers: gather every param with a defined grad, over
-// all param groups, into fusedopt::Segments and run the core's TrainingStep once.
+// The step shared by the seven fusedopt::pt optimizers: gather every param with a defined grad,
+// over all param groups, into fusedopt::Segments and run the core's TrainingStep once.
 //
 // An optimizer plugs in through a Traits struct (optim.cc):
-//   Options, State, Hyper        torch's options and param-state classes, the core's hyper struct
+//   Options, State, Hyper        the options and param-state classes (torch's, or ours for Lion
+//                                and LAMB), the core's hyper struct
 //   kName                        "fusedopt::pt::Adam", for messages
 //   ToHyper(options)             one Hyper per param group, re-read on every step (schedulers edit
 //                                the options in place)
 //   Slots(state)[slot]           the State member holding that slot's tensor
 //   NextStep(state)              the step being taken (torch's state step + 1)
 //   SetStep(state, step)         stores it after a successful step
+//   Clipping(optimizer, training) optional: the pre-pass's clipping (threshold, norm, ClipRule)
+//                                when the algorithm has its own (LAMB's max_grad_norm); without
+//                                it, training's max_grad_norm and norm_type with ClipRule::kTorch
 // The state keys of the slots and the values new state tensors start from are the descriptor's
 // (src/algos/<algo>.h), as is the step that TrainingStep runs.
 //
@@ -19,10 +23,11 @@
 //
 // TrainingOptions (optim.h) go to the core's TrainingStep (fusedopt/training_step.h) as
 // fusedopt::Optimizer::Step passes StepOptions: with a scaler every segment's grad_scale is
-// scaler->inv_scale(); with a scaler or a finite max_grad_norm the pre-pass reads the gradients
-// (non-finite flag, global norm, clip coefficient folded into grad_scale). A non-finite gradient
-// skips the step before the commit (nothing changed) and calls scaler->Update(true); a successful
-// step is followed by scaler->Update(false). A step that throws leaves the scaler as it was.
+// scaler->inv_scale(); with a scaler or a finite max_grad_norm (LAMB: its options', apex's rule)
+// the pre-pass reads the gradients (non-finite flag, global norm, clip coefficient folded into
+// grad_scale). A non-finite gradient skips the step before the commit (nothing changed) and calls
+// scaler->Update(true); a successful step is followed by scaler->Update(false). A step that throws
+// leaves the scaler as it was.
 #pragma once
 
 #include <ATen/core/grad_mode.h>
@@ -74,6 +79,10 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
               training.max_grad_norm, " (must be >= 0; inf: no clipping)");
   LossScaler* const scaler = training.scaler;
   const float grad_scale = scaler != nullptr ? scaler->inv_scale() : 1.0f;
+  PrePassOptions clipping{.max_norm = training.max_grad_norm, .norm_type = training.norm_type};
+  if constexpr (requires { Traits::Clipping(optimizer, training); }) {
+    clipping = Traits::Clipping(optimizer, training);
+  }
 
   std::vector<Hyper> hypers;
   std::vector<Segment> segments;
@@ -156,8 +165,9 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   try {
     outcome = TrainingStep(std::span<const Hyper>(hypers), std::span<Segment>(segments),
                            {.scaler = scaler,
-                            .max_grad_norm = training.max_grad_norm,
-                            .norm_type = training.norm_type},
+                            .max_grad_norm = clipping.max_norm,
+                            .norm_type = clipping.norm_type,
+                            .clip_rule = clipping.clip_rule},
                            DefaultRuntime());
   } catch (const fusedopt::Error& e) {
     TORCH_CHECK(false, Traits::kName, ": ", e.what());

@@ -1,14 +1,28 @@
-// The five fusedopt::pt optimizers: how each maps torch::optim's options and param state onto the
-// core's hyper struct and Segment::state slots (the loop itself is fused_step.h; state keys and
-// initial values come from the algorithm's descriptor, src/algos/).
+// The seven fusedopt::pt optimizers: how each maps its options and param state (torch::optim's, or
+// our own for Lion and LAMB) onto the core's hyper struct and Segment::state slots (the loop itself
+// is fused_step.h; state keys and initial values come from the algorithm's descriptor, src/algos/).
+// Also the option and state classes of Lion and LAMB, written as libtorch writes Adam's.
 
 #include "fusedopt/pt/optim.h"
 
-#include <array>
-#include <cstdint>
-#include <span>
-#include <tuple>
+#include <c10/util/Exception.h>
+#include <torch/optim/serialize.h>
+#include <torch/serialize/archive.h>
+#include <torch/utils.h>
 
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/grad.h"
 #include "fusedopt/hyper.h"
 #include "fusedopt/step.h"
 #include "src/torch/fused_step.h"
@@ -109,6 +123,149 @@ struct AdagradTraits {
   static void SetStep(State& s, std::int64_t step) { s.step(step); }
 };
 
+struct LionTraits {
+  using Options = LionOptions;
+  using State = LionParamState;
+  using Hyper = LionHyper;
+  static constexpr const char* kName = "fusedopt::pt::Lion";
+  static constexpr const char* kOptionsName = "fusedopt::pt::LionOptions";
+
+  static Hyper ToHyper(const Options& o) {
+    return {.lr = o.lr(),
+            .beta1 = std::get<0>(o.betas()),
+            .beta2 = std::get<1>(o.betas()),
+            .weight_decay = o.weight_decay()};
+  }
+  static StateSlots Slots(State& s) { return {&s.exp_avg(), nullptr, nullptr}; }
+  // lion-pytorch keeps no step count and Lion's update reads none; as the Python class, 1 for a
+  // new exp_avg and 2 after.
+  static std::int64_t NextStep(const State& s) { return s.exp_avg().defined() ? 2 : 1; }
+  static void SetStep(State& /*s*/, std::int64_t /*step*/) {}
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// `where`: "" for the defaults, " of param_groups[g]" for a group's options.
+void CheckLambMaxGradNorm(double max_grad_norm, const std::string& where) {
+  TORCH_CHECK(max_grad_norm >= 0.0, "fusedopt::pt::LAMB: Invalid max_grad_norm value", where, ": ",
+              max_grad_norm, " (must be >= 0; inf: no clipping)");
+}
+
+struct LambTraits {
+  using Options = LambOptions;
+  using State = LambParamState;
+  using Hyper = LambHyper;
+  static constexpr const char* kName = "fusedopt::pt::LAMB";
+  static constexpr const char* kOptionsName = "fusedopt::pt::LambOptions";
+
+  static Hyper ToHyper(const Options& o) {
+    return {.lr = o.lr(),
+            .beta1 = std::get<0>(o.betas()),
+            .beta2 = std::get<1>(o.betas()),
+            .eps = o.eps(),
+            .weight_decay = o.weight_decay(),
+            .bias_correction = o.bias_correction(),
+            .adam_w_mode = o.adam_w_mode(),
+            .grad_averaging = o.grad_averaging(),
+            .use_nvlamb = o.use_nvlamb()};
+  }
+  static StateSlots Slots(State& s) { return {&s.exp_avg(), &s.exp_avg_sq(), nullptr}; }
+  static std::int64_t NextStep(const State& s) { return s.step() + 1; }
+  static void SetStep(State& s, std::int64_t step) { s.step(step); }
+
+  // apex FusedLAMB's global clipping: the groups' max_grad_norm (one value) with ClipRule::kLamb,
+  // in place of training()'s torch-rule clipping.
+  static PrePassOptions Clipping(const torch::optim::Optimizer& optimizer,
+                                 const TrainingOptions& training) {
+    TORCH_CHECK(training.max_grad_norm == kInf, kName, ": training().max_grad_norm is ",
+                training.max_grad_norm,
+                ", but LAMB clips with LambOptions::max_grad_norm (apex FusedLAMB's rule): leave "
+                "training().max_grad_norm at inf");
+    TORCH_CHECK(training.norm_type == NormType::kL2, kName,
+                ": training().norm_type must be kL2 (LAMB's max_grad_norm clips the L2 norm)");
+    std::optional<double> max_norm;
+    std::size_t first = 0;
+    const auto& groups = optimizer.param_groups();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const auto* o = dynamic_cast<const Options*>(&groups[g].options());
+      if (o == nullptr) continue;  // the step reports it
+      CheckLambMaxGradNorm(o->max_grad_norm(), " of param_groups[" + std::to_string(g) + "]");
+      if (!max_norm.has_value()) {
+        max_norm = o->max_grad_norm();
+        first = g;
+      }
+      TORCH_CHECK(o->max_grad_norm() == *max_norm, kName,
+                  ": max_grad_norm is one threshold for all gradients, but param_groups[", first,
+                  "] has ", *max_norm, " and param_groups[", g, "] has ", o->max_grad_norm());
+    }
+    return {.max_norm = max_norm.value_or(kInf),
+            .norm_type = NormType::kL2,
+            .clip_rule = ClipRule::kLamb};
+  }
+};
+
+// libtorch 2.13's rule for a param group given its own options (its optimizers'
+// _merge_by_comparison): a field that differs from its constructor default is the group's, the
+// others come from the optimizer's defaults.
+LionOptions Merged(const LionOptions& group, const LionOptions& defaults) {
+  const LionOptions fresh;
+  LionOptions merged = defaults;
+  if (group.lr() != fresh.lr()) merged.lr(group.lr());
+  if (group.betas() != fresh.betas()) merged.betas(group.betas());
+  if (group.weight_decay() != fresh.weight_decay()) merged.weight_decay(group.weight_decay());
+  return merged;
+}
+
+LambOptions Merged(const LambOptions& group, const LambOptions& defaults) {
+  const LambOptions fresh;
+  LambOptions merged = defaults;
+  if (group.lr() != fresh.lr()) merged.lr(group.lr());
+  if (group.betas() != fresh.betas()) merged.betas(group.betas());
+  if (group.eps() != fresh.eps()) merged.eps(group.eps());
+  if (group.weight_decay() != fresh.weight_decay()) merged.weight_decay(group.weight_decay());
+  if (group.bias_correction() != fresh.bias_correction()) {
+    merged.bias_correction(group.bias_correction());
+  }
+  if (group.adam_w_mode() != fresh.adam_w_mode()) merged.adam_w_mode(group.adam_w_mode());
+  if (group.grad_averaging() != fresh.grad_averaging()) {
+    merged.grad_averaging(group.grad_averaging());
+  }
+  if (group.max_grad_norm() != fresh.max_grad_norm()) merged.max_grad_norm(group.max_grad_norm());
+  if (group.use_nvlamb() != fresh.use_nvlamb()) merged.use_nvlamb(group.use_nvlamb());
+  return merged;
+}
+
+// torch::optim::Optimizer::add_param_group (its leaf check and defaults), then the group's own
+// options merged with the defaults: libtorch's merge knows only its own options types and would
+// give our groups the defaults.
+template <class Traits>
+void AddParamGroup(torch::optim::Optimizer& optimizer,
+                   const torch::optim::OptimizerParamGroup& group) {
+  using Options = typename Traits::Options;
+  const Options* options = nullptr;
+  if (group.has_options()) {
+    options = dynamic_cast<const Options*>(&group.options());
+    TORCH_CHECK(options != nullptr, Traits::kName, ": a param group's options must be ",
+                Traits::kOptionsName);
+  }
+  optimizer.add_param_group(torch::optim::OptimizerParamGroup(group.params()));
+  if (options != nullptr) {
+    const auto& defaults = static_cast<const Options&>(optimizer.defaults());
+    optimizer.param_groups().back().set_options(
+        std::make_unique<Options>(Merged(*options, defaults)));
+  }
+}
+
+void CheckBetas(const char* name, const std::tuple<double, double>& betas, bool one_allowed) {
+  const double values[] = {std::get<0>(betas), std::get<1>(betas)};
+  for (int i = 0; i < 2; ++i) {
+    const double beta = values[i];
+    TORCH_CHECK(0.0 <= beta && (one_allowed ? beta <= 1.0 : beta < 1.0), name,
+                ": Invalid beta parameter at index ", i, ": ", beta,
+                one_allowed ? " (must be in [0, 1])" : " (must be in [0, 1))");
+  }
+}
+
 }  // namespace
 
 torch::Tensor SGD::step(LossClosure closure) {
@@ -125,6 +282,162 @@ torch::Tensor RMSprop::step(LossClosure closure) {
 }
 torch::Tensor Adagrad::step(LossClosure closure) {
   return detail::FusedStep<AdagradTraits>(*this, closure, training_, last_step_, last_pre_pass_);
+}
+
+// ---- Lion ---------------------------------------------------------------------------------------
+
+LionOptions::LionOptions(double lr) : lr_(lr) {}
+
+bool operator==(const LionOptions& lhs, const LionOptions& rhs) {
+  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() &&
+         lhs.weight_decay() == rhs.weight_decay();
+}
+
+void LionOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+}
+
+void LionOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+}
+
+double LionOptions::get_lr() const { return lr(); }
+void LionOptions::set_lr(double lr) { this->lr(lr); }
+
+bool operator==(const LionParamState& lhs, const LionParamState& rhs) {
+  return torch::equal_if_defined(lhs.exp_avg(), rhs.exp_avg());
+}
+
+void LionParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+}
+
+void LionParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+}
+
+Lion::Lion(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LionOptions defaults)
+    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
+                              std::make_unique<LionOptions>(defaults)) {
+  // lion-pytorch asserts these (and its Python twin fusedopt.FusedLion raises ValueError).
+  TORCH_CHECK(defaults.lr() > 0.0, LionTraits::kName, ": Invalid learning rate: ", defaults.lr(),
+              " (Lion requires lr > 0)");
+  CheckBetas(LionTraits::kName, defaults.betas(), /*one_allowed=*/true);
+  TORCH_CHECK(defaults.weight_decay() >= 0.0, LionTraits::kName,
+              ": Invalid weight_decay value: ", defaults.weight_decay());
+  for (const auto& group : param_groups) add_param_group(group);
+}
+
+Lion::Lion(std::vector<torch::Tensor> params, LionOptions defaults)
+    : Lion({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+void Lion::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  AddParamGroup<LionTraits>(*this, param_group);
+}
+
+torch::Tensor Lion::step(LossClosure closure) {
+  return detail::FusedStep<LionTraits>(*this, closure, training_, last_step_, last_pre_pass_);
+}
+
+void Lion::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
+}
+
+void Lion::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
+}
+
+// ---- LAMB ---------------------------------------------------------------------------------------
+
+LambOptions::LambOptions(double lr) : lr_(lr) {}
+
+bool operator==(const LambOptions& lhs, const LambOptions& rhs) {
+  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
+         lhs.weight_decay() == rhs.weight_decay() &&
+         lhs.bias_correction() == rhs.bias_correction() && lhs.adam_w_mode() == rhs.adam_w_mode() &&
+         lhs.grad_averaging() == rhs.grad_averaging() &&
+         lhs.max_grad_norm() == rhs.max_grad_norm() && lhs.use_nvlamb() == rhs.use_nvlamb();
+}
+
+void LambOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(bias_correction);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(adam_w_mode);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(grad_averaging);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(use_nvlamb);
+}
+
+void LambOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, bias_correction);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, adam_w_mode);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, grad_averaging);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, max_grad_norm);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, use_nvlamb);
+}
+
+double LambOptions::get_lr() const { return lr(); }
+void LambOptions::set_lr(double lr) { this->lr(lr); }
+
+bool operator==(const LambParamState& lhs, const LambParamState& rhs) {
+  return lhs.step() == rhs.step() && torch::equal_if_defined(lhs.exp_avg(), rhs.exp_avg()) &&
+         torch::equal_if_defined(lhs.exp_avg_sq(), rhs.exp_avg_sq());
+}
+
+void LambParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+}
+
+void LambParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(std::int64_t, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_sq);
+}
+
+LAMB::LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LambOptions defaults)
+    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
+                              std::make_unique<LambOptions>(defaults)) {
+  // apex FusedLAMB's checks (and fusedopt.FusedLAMB's), plus its max_grad_norm's.
+  TORCH_CHECK(defaults.lr() >= 0.0, LambTraits::kName, ": Invalid learning rate: ", defaults.lr());
+  TORCH_CHECK(defaults.eps() >= 0.0, LambTraits::kName,
+              ": Invalid epsilon value: ", defaults.eps());
+  CheckBetas(LambTraits::kName, defaults.betas(), /*one_allowed=*/false);
+  TORCH_CHECK(defaults.weight_decay() >= 0.0, LambTraits::kName,
+              ": Invalid weight_decay value: ", defaults.weight_decay());
+  CheckLambMaxGradNorm(defaults.max_grad_norm(), "");
+  for (const auto& group : param_groups) add_param_group(group);
+}
+
+LAMB::LAMB(std::vector<torch::Tensor> params, LambOptions defaults)
+    : LAMB({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+void LAMB::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  AddParamGroup<LambTraits>(*this, param_group);
+}
+
+torch::Tensor LAMB::step(LossClosure closure) {
+  return detail::FusedStep<LambTraits>(*this, closure, training_, last_step_, last_pre_pass_);
+}
+
+void LAMB::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<LambParamState, LambOptions>(archive, *this);
+}
+
+void LAMB::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<LambParamState, LambOptions>(archive, *this);
 }
 
 }  // namespace fusedopt::pt

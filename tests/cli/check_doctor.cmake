@@ -1,7 +1,7 @@
 # cli.doctor: `fusedopt doctor --trace` on a tiny hand-written timeline (torch and fused,
-# tests/cli/data/doctor_tiny_trace.json), then --numels with given times, its JSON keys checked; bad
-# values exit non-zero naming the option. Run with -DFUSEDOPT=<the CLI> -DWORK_DIR=<a scratch dir>
-# -DFOPT_CMAKE_DIR=<cmake/> -DTRACE=<the tiny trace>.
+# tests/cli/data/doctor_tiny_trace.json), then --numels with given times (lamb too), its JSON keys
+# checked; bad values exit non-zero naming the option. Run with -DFUSEDOPT=<the CLI>
+# -DWORK_DIR=<a scratch dir> -DFOPT_CMAKE_DIR=<cmake/> -DTRACE=<the tiny trace>.
 include(${FOPT_CMAKE_DIR}/FoptCheckJson.cmake)
 function(run_doctor name)
   set(out_json ${WORK_DIR}/cli_doctor_${name}.json)
@@ -37,8 +37,14 @@ run_doctor(numels --numels 300,500 --optimizer sgd --momentum 0.9 --weight-decay
 expect_key("${json}" given optimizer_ms_source)
 expect_key("${json}" 15 standard ops)      # 4 ops x 2 tensors + clip 2 x 2 + 3
 
+# LAMB, two-phase: 15 ops per tensor (its global gradient norm and its two norms included); fused
+# the reduction pass and the update, 11 passes.
+run_doctor(lamb --numels 300,500 --optimizer lamb --step-ms 10 --optimizer-ms 1)
+expect_key("${json}" 30 standard ops)
+expect_key("${json}" 35200 fused bytes)    # 11 passes x 800 x 4 bytes
+
 # Each entry: the bad option and value first, then what else it needs.
-foreach(bad "--optimizer;lamb;--step-ms;10" "--step-ms;-1" "--optimizer-ms;20;--step-ms;10"
+foreach(bad "--optimizer;adafactor;--step-ms;10" "--step-ms;-1" "--optimizer-ms;20;--step-ms;10"
             "--clip;abc;--step-ms;10" "--dtype;f64;--step-ms;10")
   execute_process(COMMAND ${FUSEDOPT} doctor --numels 300,500 --rounds 1 ${bad}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

@@ -169,8 +169,6 @@ def test_invalid_training_options():
         fusedopt.FusedAdamW(_params(), max_grad_norm=1.0, norm_type=3.0)
     with pytest.raises(ValueError, match="accumulation_steps"):
         fusedopt.FusedAdamW(_params(), accumulation_steps=0)
-    with pytest.raises(ValueError, match="flatten"):
-        fusedopt.FusedAdamW(_params(), accumulation_steps=2, flatten=True)
     with pytest.raises(TypeError, match="state_dtype"):
         fusedopt.FusedAdamW(_params(), state_dtype=torch.float64)
 
@@ -233,13 +231,16 @@ def test_grad_scaler_with_fused_prepass_follows_torch(with_clip):
 # ---- gradient accumulation -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_accumulation_equals_one_step_on_the_mean_gradient(dtype):
+@pytest.mark.parametrize("flatten,set_to_none", [(False, True), (True, True), (True, False)])
+def test_accumulation_equals_one_step_on_the_mean_gradient(dtype, flatten, set_to_none):
     """f32 params, or bf16 params and grads with f32 masters: the accumulators are f32 either way,
-    and the update equals one torch step (f32 params) on the mean of the micro-batch gradients."""
+    and the update equals one torch step (f32 params) on the mean of the micro-batch gradients; with
+    flatten=True too, whether zero_grad drops the grads or zeroes them in their flat buffer."""
     k = 4
     ours = _params(dtype)
     ref = [torch.nn.Parameter(p.detach().float()) for p in ours]
-    opt = fusedopt.FusedAdamW(ours, lr=1e-2, accumulation_steps=k, master_weights=dtype != torch.float32)
+    opt = fusedopt.FusedAdamW(ours, lr=1e-2, accumulation_steps=k, master_weights=dtype != torch.float32,
+                              flatten=flatten)
     topt = torch.optim.AdamW(ref, lr=1e-2, foreach=False)
     for step in range(3):
         total = [torch.zeros(p.shape, dtype=torch.float64) for p in ref]
@@ -250,7 +251,7 @@ def test_accumulation_equals_one_step_on_the_mean_gradient(dtype):
                 t += g.double()
             before = [p.detach().clone() for p in ours]
             opt.step()
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=set_to_none)
             if micro < k - 1:
                 assert all(torch.equal(p, b) for p, b in zip(ours, before))
         for p, t in zip(ref, total):
@@ -262,9 +263,10 @@ def test_accumulation_equals_one_step_on_the_mean_gradient(dtype):
     assert opt.state[ours[0]]["step"].item() == 3
 
 
-def test_accumulation_window_with_an_overflow_is_skipped():
+@pytest.mark.parametrize("flatten", [False, True])
+def test_accumulation_window_with_an_overflow_is_skipped(flatten):
     ours = _params()
-    opt = fusedopt.FusedAdamW(ours, accumulation_steps=2)
+    opt = fusedopt.FusedAdamW(ours, accumulation_steps=2, flatten=flatten)
     scaler = fusedopt.GradScaler(init_scale=64.0)
     values = [p.detach().clone() for p in ours]
     for micro in range(2):

@@ -1,16 +1,25 @@
 // fusedopt::pt: libtorch optimizers whose step() is one fused fusedopt pass over every parameter.
 //
-// Each class is a drop-in for its torch::optim namesake: it *is* that class (public subclass), so
-// it takes the same options type (torch::optim::AdamOptions, ...), the same param groups, and keeps
-// torch's param-state classes (AdamParamState, ...) in state(). Construction checks,
-// add_param_group, zero_grad, serialize / torch::save / torch::load are torch's own, which makes
-// saved optimizers interchangeable in both directions. Only step() differs: instead of a loop of
-// ATen ops per tensor, it hands every param with a defined grad, over all groups, to one
-// fusedopt::<Algo>Step call.
+// SGD, Adam, AdamW, RMSprop and Adagrad are drop-ins for their torch::optim namesakes: each *is*
+// that class (public subclass), so it takes the same options type (torch::optim::AdamOptions,
+// ...), the same param groups, and keeps torch's param-state classes (AdamParamState, ...) in
+// state(). Construction checks, add_param_group, zero_grad, serialize / torch::save / torch::load
+// are torch's own, which makes saved optimizers interchangeable in both directions. Only step()
+// differs: instead of a loop of ATen ops per tensor, it hands every param with a defined grad, over
+// all groups, to one fusedopt::<Algo>Step call.
 //
 //   fusedopt::pt::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
 //   loss.backward();
 //   opt.step();
+//
+// Lion and LAMB have no torch::optim twin, so they are not drop-ins: they are
+// torch::optim::Optimizer subclasses of their own, written as libtorch writes its optimizers
+// (LionOptions / LambOptions, LionParamState / LambParamState, the same constructors, get_lr/set_lr
+// for schedulers, and torch::save / torch::load of their state). They follow their references, as
+// the Python fusedopt.FusedLion and fusedopt.FusedLAMB do: Lion lucidrains' lion-pytorch
+// (arguments, defaults, update; state exp_avg only, no step count), LAMB apex's FusedLAMB
+// (arguments, defaults, formulas, the trust ratio, and its global gradient clipping by
+// max_grad_norm), with torch's per-param step count where apex keeps one per group.
 //
 // Requirements on stepped params (checked with TORCH_CHECK before anything is written; the message
 // names the param as param_groups[g].params[i]): CPU, strided and contiguous, dtype float32,
@@ -49,15 +58,21 @@
 // plain fused step. Gradient clipping and lr schedules for any optimizer: fusedopt/pt/training.h.
 #pragma once
 
+#include <torch/arg.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
+#include <torch/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <limits>
 #include <optional>
+#include <tuple>
+#include <vector>
 
 #include "fusedopt/grad.h"
 #include "fusedopt/optimizer.h"
@@ -76,7 +91,7 @@ struct TrainingOptions {
   NormType norm_type = NormType::kL2;
 };
 
-// The training-loop part shared by the five optimizers.
+// The training-loop part shared by the seven optimizers.
 class FusedStepOptions {
  public:
   TrainingOptions& training() { return training_; }
@@ -135,6 +150,124 @@ class Adagrad : public torch::optim::Adagrad, public FusedStepOptions {
  public:
   using torch::optim::Adagrad::Adagrad;
   torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
+// ---- Lion and LAMB: optimizers of their own (no torch::optim twin) ------------------------------
+//
+// Both are built like libtorch's optimizers: options deriving from OptimizerCloneableOptions (with
+// TORCH_ARG fields, get_lr/set_lr, serialize and operator==), a param state deriving from
+// OptimizerCloneableParamState, constructors taking param groups or a vector of tensors plus the
+// defaults (checked as the reference checks its arguments: c10::Error naming the option), and
+// save/load, so torch::save / torch::load round-trip them. A group given with its own options keeps
+// the fields set away from their constructor defaults and takes the others from the optimizer's
+// defaults, as libtorch 2.13 merges its own optimizers' groups. libtorch's add_param_group cannot
+// merge options types it does not know (it keeps the defaults), so call add_param_group on the Lion
+// / LAMB itself, not through a torch::optim::Optimizer&.
+
+// lion-pytorch's Lion(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0). weight_decay multiplies lr
+// (θ *= 1 − lr·weight_decay), lion-pytorch's default; for its decoupled_weight_decay=True, pass
+// weight_decay / lr of the constructor.
+struct LionOptions : public torch::optim::OptimizerCloneableOptions<LionOptions> {
+  using betas_t = std::tuple<double, double>;
+  LionOptions(double lr = 1e-4);  // NOLINT(google-explicit-constructor): as torch's options
+  TORCH_ARG(double, lr) = 1e-4;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.99);
+  TORCH_ARG(double, weight_decay) = 0.0;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const LionOptions& lhs, const LionOptions& rhs);
+  double get_lr() const override;
+  void set_lr(double lr) override;
+};
+
+// lion-pytorch's state: the momentum exp_avg, in the param's dtype; no step count.
+struct LionParamState : public torch::optim::OptimizerCloneableParamState<LionParamState> {
+  TORCH_ARG(torch::Tensor, exp_avg);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const LionParamState& lhs, const LionParamState& rhs);
+};
+
+// Lion: θ *= 1 − lr·λ; θ −= lr·sign(β1·m + (1 − β1)·g); m = β2·m + (1 − β2)·g. The constructor
+// checks lion-pytorch's rules (lr > 0, betas in [0, 1]) and weight_decay >= 0.
+class Lion : public torch::optim::Optimizer, public FusedStepOptions {
+ public:
+  explicit Lion(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                LionOptions defaults = {});
+  explicit Lion(std::vector<torch::Tensor> params, LionOptions defaults = {});
+
+  // Optimizer::add_param_group, keeping the group's LionOptions (merged with the defaults).
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+// apex FusedLAMB(lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
+// adam_w_mode=True, grad_averaging=True, max_grad_norm=1.0, use_nvlamb=False). There is no amsgrad
+// field (apex rejects amsgrad=True) and no set_grad_none (zero_grad() sets grads to none already).
+//
+// max_grad_norm is apex's global clipping: before the update, every gradient is scaled by
+// max_grad_norm / ‖all gradients‖₂ when that norm exceeds it (apex divides by the inverse ratio:
+// at most 1 ulp apart). It is one threshold for the whole step, so every param group must hold the
+// same value (apex reads it from its defaults); inf: no clipping; 0 zeroes every non-zero gradient,
+// as apex's division by an infinite ratio does; it must be >= 0. This clipping takes the place of
+// training().max_grad_norm, which must stay inf for LAMB (and norm_type kL2; a Trainer's
+// max_grad_norm is training()'s); the norm and the factor are reported in last_step(). With a loss
+// scaler the norm is that of the unscaled gradients.
+struct LambOptions : public torch::optim::OptimizerCloneableOptions<LambOptions> {
+  using betas_t = std::tuple<double, double>;
+  LambOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): as torch's options
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-6;
+  TORCH_ARG(double, weight_decay) = 0.01;
+  TORCH_ARG(bool, bias_correction) = true;
+  TORCH_ARG(bool, adam_w_mode) = true;     // weight decay added to the update (else to the grad)
+  TORCH_ARG(bool, grad_averaging) = true;  // exp_avg takes (1 − β1)·g (else g)
+  TORCH_ARG(double, max_grad_norm) = 1.0;
+  TORCH_ARG(bool, use_nvlamb) = false;  // the trust ratio also where weight_decay == 0
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const LambOptions& lhs, const LambOptions& rhs);
+  double get_lr() const override;
+  void set_lr(double lr) override;
+};
+
+// torch-style per-param state: the step count (of the steps this param had a grad) and Adam's
+// moments, in the param's dtype.
+struct LambParamState : public torch::optim::OptimizerCloneableParamState<LambParamState> {
+  TORCH_ARG(std::int64_t, step) = 0;
+  TORCH_ARG(torch::Tensor, exp_avg);
+  TORCH_ARG(torch::Tensor, exp_avg_sq);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const LambParamState& lhs, const LambParamState& rhs);
+};
+
+// LAMB: Adam's moments, the update u = m̂ / (√v̂ + eps) (+ λθ in adam_w_mode), then per tensor
+// θ −= lr·(‖θ‖ / ‖u‖)·u where weight_decay != 0 or use_nvlamb and both norms are non-zero (else
+// θ −= lr·u). The constructor checks apex's rules (lr, eps, weight_decay >= 0; betas in [0, 1))
+// and max_grad_norm >= 0.
+class LAMB : public torch::optim::Optimizer, public FusedStepOptions {
+ public:
+  explicit LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                LambOptions defaults = {});
+  explicit LAMB(std::vector<torch::Tensor> params, LambOptions defaults = {});
+
+  // Optimizer::add_param_group, keeping the group's LambOptions (merged with the defaults).
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
 };
 
 }  // namespace fusedopt::pt

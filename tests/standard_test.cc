@@ -1,0 +1,291 @@
+// The `standard` baseline (bench/standard.h: each descriptor's StandardStep run as elementary f32
+// passes) against the double-precision oracle (tests/reference/reference.h), for every algorithm
+// of the registry and hyper-parameters that reach each of its modes: three steps over segments
+// that cross ATen's grain (so the ops are split over threads) and a tiny one. LAMB's global
+// gradient clipping, which the standard step does itself, is applied to the oracle's gradients
+// here, in double.
+
+#include "bench/standard.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fusedopt/optimizer.h"
+#include "src/algos/registry.h"
+#include "tests/reference/reference.h"
+
+namespace fusedopt::bench {
+namespace {
+
+using StateSpans = std::array<std::span<double>, kMaxStates>;
+
+// The oracle's step of one tensor (LAMB: on the already clipped gradient).
+void RefStep(const SgdHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::SgdStep(h, t, p, g, s[kMomentumBuffer]);
+}
+void RefStep(const AdamHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::AdamStep(h, t, p, g, s[kExpAvg], s[kExpAvgSq], s[kMaxExpAvgSq]);
+}
+void RefStep(const AdamWHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  RefStep(h.ToAdam(), t, p, g, s);
+}
+void RefStep(const RmspropHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::RmspropStep(h, t, p, g, s[kSquareAvg], s[kRmspropMomentumBuffer], s[kGradAvg]);
+}
+void RefStep(const AdagradHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::AdagradStep(h, t, p, g, s[kSum]);
+}
+void RefStep(const LionHyper& h, std::int64_t /*t*/, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::LionStep(h, p, g, s[kLionExpAvg]);
+}
+void RefStep(const LambHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::LambStep(h, t, p, g, s[kLambExpAvg], s[kLambExpAvgSq]);
+}
+
+// Hyper-parameter sets reaching every mode of the standard step.
+std::vector<SgdHyper> Options(std::type_identity<SgdHyper> /*tag*/) {
+  std::vector<SgdHyper> out;
+  for (double momentum : {0.0, 0.9}) {
+    for (int mode = 0; mode < 3; ++mode) {  // dampening 0, dampening 0.1, nesterov
+      if (mode == 2 && momentum == 0.0) continue;
+      for (double wd : {0.0, 0.01}) {
+        for (bool maximize : {false, true}) {
+          out.push_back({.lr = 0.05,
+                         .momentum = momentum,
+                         .dampening = mode == 1 ? 0.1 : 0.0,
+                         .weight_decay = wd,
+                         .nesterov = mode == 2,
+                         .maximize = maximize});
+        }
+      }
+    }
+  }
+  return out;
+}
+template <class Hyper>
+std::vector<Hyper> AdamOptions() {
+  std::vector<Hyper> out;
+  for (bool amsgrad : {false, true}) {
+    for (double wd : {0.0, 0.05}) {
+      for (bool maximize : {false, true}) {
+        Hyper h;
+        h.lr = 0.01;
+        h.weight_decay = wd;
+        h.amsgrad = amsgrad;
+        h.maximize = maximize;
+        out.push_back(h);
+      }
+    }
+  }
+  return out;
+}
+std::vector<AdamHyper> Options(std::type_identity<AdamHyper> /*tag*/) {
+  return AdamOptions<AdamHyper>();
+}
+std::vector<AdamWHyper> Options(std::type_identity<AdamWHyper> /*tag*/) {
+  return AdamOptions<AdamWHyper>();
+}
+std::vector<RmspropHyper> Options(std::type_identity<RmspropHyper> /*tag*/) {
+  std::vector<RmspropHyper> out;
+  for (bool centered : {false, true}) {
+    for (double momentum : {0.0, 0.9}) {
+      for (double wd : {0.0, 0.01}) {
+        out.push_back({.lr = 0.01,
+                       .weight_decay = wd,
+                       .momentum = momentum,
+                       .centered = centered,
+                       .maximize = centered && momentum != 0.0});
+      }
+    }
+  }
+  return out;
+}
+std::vector<AdagradHyper> Options(std::type_identity<AdagradHyper> /*tag*/) {
+  std::vector<AdagradHyper> out;
+  for (double lr_decay : {0.0, 0.01}) {
+    for (double wd : {0.0, 0.01}) {
+      for (bool maximize : {false, true})
+        out.push_back({.lr_decay = lr_decay, .weight_decay = wd, .maximize = maximize});
+    }
+  }
+  return out;
+}
+std::vector<LionHyper> Options(std::type_identity<LionHyper> /*tag*/) {
+  std::vector<LionHyper> out;
+  for (double wd : {0.0, 0.1}) {
+    for (bool maximize : {false, true}) out.push_back({.weight_decay = wd, .maximize = maximize});
+  }
+  return out;
+}
+std::vector<LambHyper> Options(std::type_identity<LambHyper> /*tag*/) {
+  std::vector<LambHyper> out;
+  for (int mode = 0; mode < 16; ++mode) {
+    LambHyper h;
+    h.weight_decay = (mode & 1) != 0 ? 0.0 : 0.01;
+    h.adam_w_mode = (mode & 2) == 0;
+    h.bias_correction = (mode & 4) == 0;
+    h.grad_averaging = (mode & 8) == 0;
+    h.use_nvlamb = mode == 1;
+    out.push_back(h);
+  }
+  return out;
+}
+
+template <class Hyper>
+std::string Describe(const Hyper& h) {
+  std::ostringstream out;
+  const auto fields = algos::DescriptorOf<Hyper>::kFields;
+  std::apply([&](const auto&... f) { ((out << f.name << "=" << h.*f.member << " "), ...); },
+             fields);
+  return out.str();
+}
+
+// A state that holds a running sum or mean of squares (never negative).
+bool IsSumOfSquares(const std::string& state) {
+  return state == "exp_avg_sq" || state == "max_exp_avg_sq" || state == "square_avg" ||
+         state == "sum";
+}
+
+// Deterministic values in [lo, hi), exact in f32.
+class Rng {
+ public:
+  explicit Rng(std::uint32_t seed) : state_(seed) {}
+  float Uniform(float lo, float hi) {
+    state_ = state_ * 1664525u + 1013904223u;
+    return lo + (hi - lo) * static_cast<float>(state_ >> 8) / 16777216.0f;
+  }
+
+ private:
+  std::uint32_t state_;
+};
+
+// Where the standard step's f32 value is not within tolerance of the oracle's: the first
+// mismatches and their count. A step is about ten roundings per element, each op rounded to f32.
+std::string Compare(std::span<const float> got, std::span<const double> want, double rtol) {
+  double max_abs = 0.0;
+  for (const double w : want) max_abs = std::max(max_abs, std::abs(w));
+  const double atol = 1e-6 * max_abs;
+  std::ostringstream out;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (err <= std::max(atol, rtol * std::abs(want[i]))) continue;
+    if (++bad <= 5) out << "  i=" << i << " standard " << got[i] << " oracle " << want[i] << "\n";
+  }
+  if (bad != 0) out << "  " << bad << " of " << want.size() << " elements differ\n";
+  return out.str();
+}
+
+// ::testing::Types of every descriptor of a registry list.
+template <class L>
+struct TypesOf;
+template <class... A>
+struct TypesOf<algos::List<A...>> {
+  using type = ::testing::Types<A...>;
+};
+
+struct DescriptorName {
+  template <class A>
+  static std::string GetName(int /*i*/) {
+    return A::kName;
+  }
+};
+
+template <class A>
+class StandardVsOracle : public ::testing::Test {};
+TYPED_TEST_SUITE(StandardVsOracle, TypesOf<algos::All>::type, DescriptorName);
+
+TYPED_TEST(StandardVsOracle, ThreeSteps) {
+  using A = TypeParam;
+  using Hyper = typename A::Hyper;
+  const Runtime runtime(2);
+  const std::vector<TensorSpec> tensors = {{.numel = 2 * kGrainElements + 37}, {.numel = 5}};
+  constexpr int kSteps = 3;
+  for (const Hyper& hyper : Options(std::type_identity<Hyper>{})) {
+    // Gradients of global norm 0.15 and 1.5 (LAMB: below and above its clip at max_grad_norm 1).
+    for (const float grad_scale : {1e-3f, 1e-2f}) {
+      SCOPED_TRACE(Describe(hyper) + "grad scale " + std::to_string(grad_scale));
+      BenchHyper h;
+      h.Of<Hyper>() = hyper;
+      const Algorithm a = AlgorithmOf<A>();
+      const unsigned slots = BenchRequiredStates(a, h);
+      FlatStorage storage(tensors, 1, {}, slots);
+      std::vector<Segment> segments(storage.segments().begin(), storage.segments().end());
+      // The oracle's copies of every buffer, in double.
+      std::vector<std::vector<double>> p(tensors.size());
+      std::vector<std::vector<double>> g(tensors.size());
+      std::vector<std::array<std::vector<double>, kMaxStates>> st(tensors.size());
+      Rng rng(7);
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        for (float& x : storage.params<float>(i)) {
+          x = rng.Uniform(-1.0f, 1.0f);
+          p[i].push_back(x);
+        }
+        for (float& x : storage.grads<float>(i)) {
+          x = rng.Uniform(-grad_scale, grad_scale);
+          g[i].push_back(x);
+        }
+        for (int k = 0; k < kMaxStates; ++k) {
+          if ((slots >> k & 1u) == 0) continue;
+          // Sums of squares positive, above the square of any running mean (RMSprop's grad_avg).
+          const bool squares = IsSumOfSquares(A::kStates[k]);
+          for (float& x : storage.state<float>(i, k)) {
+            x = squares ? rng.Uniform(0.5f, 1.0f) : rng.Uniform(-0.3f, 0.3f);
+            st[i][k].push_back(x);
+          }
+        }
+      }
+      for (int t = 1; t <= kSteps; ++t) {
+        for (Segment& s : segments) s.step = t;
+        StandardStep(a, h, segments, runtime);
+        // LAMB clips the gradients by their global norm first (tools/lamb_reference.py).
+        std::vector<std::vector<double>> grads = g;
+        if constexpr (std::is_same_v<Hyper, LambHyper>) {
+          double total = 0.0;
+          for (const auto& gi : g)
+            for (const double x : gi) total += x * x;
+          const double norm = std::sqrt(total);
+          if (norm > h.standard.max_grad_norm) {
+            for (auto& gi : grads)
+              for (double& x : gi) x *= h.standard.max_grad_norm / norm;
+          }
+        }
+        for (std::size_t i = 0; i < tensors.size(); ++i) {
+          StateSpans spans;
+          for (int k = 0; k < kMaxStates; ++k) spans[k] = st[i][k];
+          RefStep(hyper, t, p[i], grads[i], spans);
+        }
+      }
+      // Relative error grows with the steps and with cancellation in the states.
+      const double rtol = 2e-5;
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        EXPECT_EQ(Compare(storage.params<float>(i), p[i], rtol), "") << "param of tensor " << i;
+        for (int k = 0; k < kMaxStates; ++k) {
+          if ((slots >> k & 1u) == 0) continue;
+          EXPECT_EQ(Compare(storage.state<float>(i, k), st[i][k], rtol), "")
+              << A::kStates[k] << " of tensor " << i;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fusedopt::bench
