@@ -4,11 +4,23 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "bench/runner.h"
+#include "src/algos/registry.h"
 #include "tools/cli/command.h"
 
 namespace fusedopt::cli {
+namespace {
+
+// Every algorithm of the registry (src/algos/registry.h), by its name.
+std::vector<std::string> AlgorithmNames() {
+  std::vector<std::string> names;
+  algos::All::ForEach([&](auto d) { names.emplace_back(decltype(d)::type::kName); });
+  return names;
+}
+
+}  // namespace
 
 Command AddBenchCommand(CLI::App& app) {
   // The parsed values outlive this function: the parser writes into them, run() reads them.
@@ -28,7 +40,7 @@ Command AddBenchCommand(CLI::App& app) {
       ->add_option("--optimizer", options.optimizer,
                    "sgd (momentum 0.9), adam, adamw, rmsprop, adagrad, lion (lr 1e-4, weight "
                    "decay 0.1) or lamb (two-phase; standard includes its global grad norm)")
-      ->check(CLI::IsMember({"sgd", "adam", "adamw", "rmsprop", "adagrad", "lion", "lamb"}))
+      ->check(CLI::IsMember(AlgorithmNames()))
       ->capture_default_str();
   auto* shapes =
       parser->add_option("--shapes", options.shapes, "Real per-tensor shapes of a model")
