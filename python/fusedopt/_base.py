@@ -426,11 +426,13 @@ class FusedOptimizerMixin:
         with_master = [(p, c.version) for p, c in zip(packed.params, cached) if c.version is not None]
         last.masters, last.versions = [m for m, _ in with_master], [v for _, v in with_master]
         last.grad_slots = [c.grad_slot for c in cached] if self._flat is not None else None
-        # The table of the next steps: the cached rows (SGD's first step counts from a fresh buffer,
-        # the next ones from the buffer it made).
+        # The table of the next steps: the cached rows. They are this step's, except where SGD's
+        # first step counted from a fresh buffer (the next ones count from the buffer it made).
         last.packed = _Packed(packed.hypers)
         last.packed.params, last.packed.none_at = packed.params, packed.none_at
-        last.packed.table = _C.SegmentTable([c.row for c in cached])
+        rows = [c.row for c in cached]
+        same = packed.table is not None and all(map(operator.is_, rows, packed.rows))
+        last.packed.table = packed.table if same else _C.SegmentTable(rows)
         self._last = last
 
     def _has_master(self, p: torch.Tensor) -> bool:

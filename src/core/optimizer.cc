@@ -209,8 +209,10 @@ StepResult Optimizer<Hyper>::StepTensors(std::span<const std::size_t> tensors,
   }
   const bool updates = accumulation == 1 || window_.pending + 1 == accumulation;
   // Masters are seeded from the params the user wrote before the tensor's first step.
-  for (std::size_t t : tensors) {
-    if (updates && steps_[t] == 0) storage_.SyncMaster(t);
+  if (updates) {
+    for (std::size_t t : tensors) {
+      if (steps_[t] == 0) storage_.SyncMaster(t);
+    }
   }
   const StepResult result =
       TrainingStep(std::span<const Hyper>(groups_), std::span<Segment>(segments),

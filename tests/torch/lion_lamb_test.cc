@@ -174,21 +174,6 @@ TEST(TorchLionLambSerializeOptions, LambOptionsRoundTrip) {
 
 // ---- Errors -------------------------------------------------------------------------------------
 
-// Runs fn, which must throw c10::Error whose message contains every one of `parts`.
-void ExpectTorchError(const std::function<void()>& fn, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    const std::string message = e.what_without_backtrace();
-    for (const std::string& part : parts) {
-      EXPECT_NE(message.find(part), std::string::npos)
-          << "missing \"" << part << "\" in: " << message;
-    }
-    return;
-  }
-  ADD_FAILURE() << "no c10::Error thrown";
-}
-
 torch::Tensor Param(std::int64_t n) { return torch::randn({n}).requires_grad_(true); }
 
 TEST(TorchLionLambErrors, LionConstructorChecks) {

@@ -3,17 +3,36 @@
 // comparison receives identically, and the comparison metric.
 #pragma once
 
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace fusedopt::pt::test {
+
+// Runs fn, which must throw c10::Error whose message contains every one of `parts`.
+inline void ExpectTorchError(const std::function<void()>& fn,
+                             std::initializer_list<std::string> parts) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    for (const std::string& part : parts) {
+      EXPECT_NE(message.find(part), std::string::npos)
+          << "missing \"" << part << "\" in: " << message;
+    }
+    return;
+  }
+  ADD_FAILURE() << "no c10::Error thrown";
+}
 
 // Shapes of group 0 and group 1. 40000 elements span two of the core's 32768-element chunks; the
 // empty tensor checks zero-size params.
