@@ -49,6 +49,9 @@ void OpRange(Op op, void* out_data, const void* a_data, const void* b_data, cons
         return Map<T, 1>(out, a, b, c, begin, end, [s](auto d, auto x, auto, auto) HWY_ATTR {
           return hn::Mul(x, hn::Set(d, s));
         });
+      case Op::kMul:
+        return Map<T, 2>(out, a, b, c, begin, end,
+                         [](auto, auto x, auto y, auto) HWY_ATTR { return hn::Mul(x, y); });
       case Op::kAddScaled:
         return Map<T, 2>(out, a, b, c, begin, end, [s](auto d, auto x, auto y, auto) HWY_ATTR {
           return hn::MulAdd(hn::Set(d, s), y, x);
@@ -84,6 +87,13 @@ void OpRange(Op op, void* out_data, const void* a_data, const void* b_data, cons
       case Op::kNeg:
         return Map<T, 1>(out, a, b, c, begin, end,
                          [](auto, auto x, auto, auto) HWY_ATTR { return hn::Neg(x); });
+      case Op::kAbs:
+        return Map<T, 1>(out, a, b, c, begin, end,
+                         [](auto, auto x, auto, auto) HWY_ATTR { return hn::Abs(x); });
+      case Op::kReciprocal:
+        return Map<T, 1>(out, a, b, c, begin, end, [](auto d, auto x, auto, auto) HWY_ATTR {
+          return hn::Div(hn::Set(d, 1.0f), x);
+        });
       case Op::kCopy:
         return Map<T, 1>(out, a, b, c, begin, end,
                          [](auto, auto x, auto, auto) HWY_ATTR { return x; });

@@ -18,17 +18,20 @@ struct TensorRef {
 };
 
 enum class Op {
-  kMulScalar,  // out = a · s
-  kAddScaled,  // out = a + s·b, one fma      (add_(b, alpha=s), add(b, alpha=s))
-  kLerp,       // out = lerp(a, b, s)        (lerp_)
-  kAddcmul,    // out = a + (s·b)·c          (addcmul_(b, c, value=s))
-  kAddcdiv,    // out = a + (s·b)/c          (addcdiv_(b, c, value=s))
-  kSqrt,       // out = √a
-  kDivScalar,  // out = a / s
-  kAddScalar,  // out = a + s
-  kMaximum,    // out = max(a, b)
-  kNeg,        // out = −a
-  kCopy,       // out = a
+  kMulScalar,   // out = a · s
+  kMul,         // out = a · b
+  kAddScaled,   // out = a + s·b, one fma      (add_(b, alpha=s), add(b, alpha=s))
+  kLerp,        // out = lerp(a, b, s)        (lerp_)
+  kAddcmul,     // out = a + (s·b)·c          (addcmul_(b, c, value=s))
+  kAddcdiv,     // out = a + (s·b)/c          (addcdiv_(b, c, value=s))
+  kSqrt,        // out = √a
+  kDivScalar,   // out = a / s
+  kAddScalar,   // out = a + s
+  kMaximum,     // out = max(a, b)
+  kNeg,         // out = −a
+  kAbs,         // out = |a|
+  kReciprocal,  // out = 1 / a
+  kCopy,        // out = a
 };
 
 // One op over all elements; b and c are ignored by ops that do not read them. All tensors share

@@ -104,6 +104,11 @@ class TensorOps {
 
   // In place: x.op_(...).
   Tensor mul_(const Tensor& x, double s) const { return Run(Op::kMulScalar, x, x, x, x, s); }
+  Tensor mul_(const Tensor& x, const Tensor& b) const { return Run(Op::kMul, x, x, b, b, 0.0); }
+  Tensor div_(const Tensor& x, const Tensor& b) const {
+    RunBaselineOp(true, x.ref, x.ref, b.ref, runtime_);
+    return x;
+  }
   Tensor add_(const Tensor& x, double s) const { return Run(Op::kAddScalar, x, x, x, x, s); }
   Tensor add_(const Tensor& x, const Tensor& b, double alpha) const {
     return Run(Op::kAddScaled, x, x, b, b, alpha);
@@ -129,6 +134,9 @@ class TensorOps {
 
   // Out of place: a new tensor.
   Tensor neg(const Tensor& a) const { return Run(Op::kNeg, New(), a, a, a, 0.0); }
+  Tensor abs(const Tensor& a) const { return Run(Op::kAbs, New(), a, a, a, 0.0); }
+  Tensor reciprocal(const Tensor& a) const { return Run(Op::kReciprocal, New(), a, a, a, 0.0); }
+  Tensor mul(const Tensor& a, const Tensor& b) const { return Run(Op::kMul, New(), a, b, b, 0.0); }
   Tensor clone(const Tensor& a) const { return Run(Op::kCopy, New(), a, a, a, 0.0); }
   Tensor mul(const Tensor& a, double s) const { return Run(Op::kMulScalar, New(), a, a, a, s); }
   Tensor div(const Tensor& a, double s) const { return Run(Op::kDivScalar, New(), a, a, a, s); }

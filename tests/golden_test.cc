@@ -199,6 +199,68 @@ struct Algo<LionHyper> {
   static void Step(std::span<const LionHyper> g, std::span<const Segment> s) { LionStep(g, s); }
 };
 
+template <>
+struct Algo<AdamaxHyper> {
+  static AdamaxHyper Parse(const json& g) {
+    AdamaxHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.beta1 = g.at("betas").at(0).get<double>();
+    h.beta2 = g.at("betas").at(1).get<double>();
+    h.eps = g.at("eps").get<double>();
+    h.weight_decay = g.at("weight_decay").get<double>();
+    h.maximize = g.at("maximize").get<bool>();
+    return h;
+  }
+  static int Slot(const std::string& key) {
+    if (key == "exp_avg") return kAdamaxExpAvg;
+    if (key == "exp_inf") return kExpInf;
+    return -1;
+  }
+  static void Step(std::span<const AdamaxHyper> g, std::span<const Segment> s) { AdamaxStep(g, s); }
+};
+
+template <>
+struct Algo<AdadeltaHyper> {
+  static AdadeltaHyper Parse(const json& g) {
+    AdadeltaHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.rho = g.at("rho").get<double>();
+    h.eps = g.at("eps").get<double>();
+    h.weight_decay = g.at("weight_decay").get<double>();
+    h.maximize = g.at("maximize").get<bool>();
+    return h;
+  }
+  static int Slot(const std::string& key) {
+    if (key == "square_avg") return kAdadeltaSquareAvg;
+    if (key == "acc_delta") return kAccDelta;
+    return -1;
+  }
+  static void Step(std::span<const AdadeltaHyper> g, std::span<const Segment> s) {
+    AdadeltaStep(g, s);
+  }
+};
+
+template <>
+struct Algo<RadamHyper> {
+  static RadamHyper Parse(const json& g) {
+    RadamHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.beta1 = g.at("betas").at(0).get<double>();
+    h.beta2 = g.at("betas").at(1).get<double>();
+    h.eps = g.at("eps").get<double>();
+    h.weight_decay = g.at("weight_decay").get<double>();
+    h.decoupled_weight_decay = g.at("decoupled_weight_decay").get<bool>();
+    h.maximize = g.at("maximize").get<bool>();
+    return h;
+  }
+  static int Slot(const std::string& key) {
+    if (key == "exp_avg") return kRadamExpAvg;
+    if (key == "exp_avg_sq") return kRadamExpAvgSq;
+    return -1;
+  }
+  static void Step(std::span<const RadamHyper> g, std::span<const Segment> s) { RadamStep(g, s); }
+};
+
 // tools/lamb_reference.py: the case-level max_grad_norm is global (the group copies are ignored).
 // The clipping runs as the engine's pre-pass: the global norm over the tensors that have a grad
 // this step, its LAMB coefficient folded into grad_scale, then the step.
@@ -520,6 +582,9 @@ constexpr GoldenFile kFiles[] = {
     {"adagrad.json", "Adagrad", &RunCase<AdagradHyper>},
     {"lion.json", "Lion", &RunCase<LionHyper>},
     {"lamb.json", "LAMB", &RunCase<LambHyper>},
+    {"adamax.json", "Adamax", &RunCase<AdamaxHyper>},
+    {"adadelta.json", "Adadelta", &RunCase<AdadeltaHyper>},
+    {"radam.json", "RAdam", &RunCase<RadamHyper>},
 };
 
 // The parsed files live for the whole run: the registered tests point into them.

@@ -556,6 +556,144 @@ struct AdagradAlgo {
   }
 };
 
+struct AdamaxAlgo {
+  using Hyper = AdamaxHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_inf", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    AdamaxStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::AdamaxStep(h, t, p, g, st[0], st[1]);
+  }
+  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
+  // weight_decay {0, 0.05} × maximize.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (double wd : {0.0, 0.05}) {
+      for (bool maximize : {false, true}) {
+        out.push_back({.lr = 0.01, .weight_decay = wd, .maximize = maximize});
+      }
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.maximize = !h.maximize;
+    h.beta1 = 0.8;
+    h.beta2 = 0.99;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "Adamax{lr=" << h.lr << " betas=(" << h.beta1 << "," << h.beta2 << ") eps=" << h.eps
+      << " wd=" << h.weight_decay << " maximize=" << h.maximize << "}";
+    return o.str();
+  }
+  // Zero at step 1 (as torch); later a plausible state: exp_inf is a decayed max of |g| + eps.
+  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
+    if (step == 1) return 0.0;
+    if (slot == kAdamaxExpAvg) return rng.Uniform(-0.3, 0.3);
+    return rng.Uniform(0.05, 1.0);
+  }
+};
+
+struct AdadeltaAlgo {
+  using Hyper = AdadeltaHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"square_avg", "acc_delta",
+                                                                      ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    AdadeltaStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
+                  std::span<const double> g, const StateSpans& st) {
+    ref::AdadeltaStep(h, p, g, st[0], st[1]);
+  }
+  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
+  // weight_decay {0, 0.05} × maximize.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (double wd : {0.0, 0.05}) {
+      for (bool maximize : {false, true}) {
+        out.push_back({.lr = 0.5, .weight_decay = wd, .maximize = maximize});
+      }
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.0;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.maximize = !h.maximize;
+    h.rho = 0.8;
+    h.eps = 1e-4;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "Adadelta{lr=" << h.lr << " rho=" << h.rho << " eps=" << h.eps << " wd=" << h.weight_decay
+      << " maximize=" << h.maximize << "}";
+    return o.str();
+  }
+  // Zero at step 1 (as torch); later running means of g² and of the (smaller) squared steps.
+  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
+    if (step == 1) return 0.0;
+    if (slot == kAdadeltaSquareAvg) return rng.Uniform(0.05, 1.0);
+    return rng.Uniform(1e-3, 0.1);
+  }
+};
+
+struct RadamAlgo {
+  using Hyper = RadamHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_avg_sq", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    RadamStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::RadamStep(h, t, p, g, st[0], st[1]);
+  }
+  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
+  // decoupled_weight_decay × weight_decay {0, 0.05} × maximize. With beta2 = 0.999 steps 1-5 are
+  // not rectified and later ones are: the sweep's tensors start at steps 1, 2 and 7, and its
+  // 20-step cases cross step 6.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (bool decoupled : {false, true}) {
+      for (double wd : {0.0, 0.05}) {
+        for (bool maximize : {false, true}) {
+          out.push_back({.lr = 0.01,
+                         .weight_decay = wd,
+                         .decoupled_weight_decay = decoupled,
+                         .maximize = maximize});
+        }
+      }
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.maximize = !h.maximize;
+    h.beta1 = 0.8;
+    h.beta2 = 0.99;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "RAdam{lr=" << h.lr << " betas=(" << h.beta1 << "," << h.beta2 << ") eps=" << h.eps
+      << " wd=" << h.weight_decay << " decoupled=" << h.decoupled_weight_decay
+      << " maximize=" << h.maximize << "}";
+    return o.str();
+  }
+  // Zero at step 1 (as torch); later a plausible state.
+  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
+    if (step == 1) return 0.0;
+    if (slot == kRadamExpAvg) return rng.Uniform(-0.3, 0.3);
+    return rng.Uniform(0.01, 0.5);
+  }
+};
+
 // A fixed sign for element index i, mixed by a hash so that SIMD lanes and tails see both: Lion's
 // and LAMB's inputs keep it on every step (see LionAlgo and LambAlgo).
 int ElementSign(std::size_t i) {
@@ -1073,6 +1211,9 @@ TEST_P(KernelSweep, Rmsprop) { RunSweep<RmspropAlgo>(target()); }
 TEST_P(KernelSweep, Adagrad) { RunSweep<AdagradAlgo>(target()); }
 TEST_P(KernelSweep, Lion) { RunSweep<LionAlgo>(target()); }
 TEST_P(KernelSweep, Lamb) { RunSweep<LambAlgo>(target()); }
+TEST_P(KernelSweep, Adamax) { RunSweep<AdamaxAlgo>(target()); }
+TEST_P(KernelSweep, Adadelta) { RunSweep<AdadeltaAlgo>(target()); }
+TEST_P(KernelSweep, Radam) { RunSweep<RadamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelMixed: every option combination is its own group, with one segment each; the segments cycle
@@ -1107,6 +1248,9 @@ TEST_P(KernelMixed, Rmsprop) { RunMixed<RmspropAlgo>(target()); }
 TEST_P(KernelMixed, Adagrad) { RunMixed<AdagradAlgo>(target()); }
 TEST_P(KernelMixed, Lion) { RunMixed<LionAlgo>(target()); }
 TEST_P(KernelMixed, Lamb) { RunMixed<LambAlgo>(target()); }
+TEST_P(KernelMixed, Adamax) { RunMixed<AdamaxAlgo>(target()); }
+TEST_P(KernelMixed, Adadelta) { RunMixed<AdadeltaAlgo>(target()); }
+TEST_P(KernelMixed, Radam) { RunMixed<RadamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelLarge: 4099 elements on every 16-bit combo (so the bias check runs), and 1000003 elements
@@ -1147,6 +1291,9 @@ TEST_P(KernelLarge, Rmsprop) { RunLarge<RmspropAlgo>(target()); }
 TEST_P(KernelLarge, Adagrad) { RunLarge<AdagradAlgo>(target()); }
 TEST_P(KernelLarge, Lion) { RunLarge<LionAlgo>(target()); }
 TEST_P(KernelLarge, Lamb) { RunLarge<LambAlgo>(target()); }
+TEST_P(KernelLarge, Adamax) { RunLarge<AdamaxAlgo>(target()); }
+TEST_P(KernelLarge, Adadelta) { RunLarge<AdadeltaAlgo>(target()); }
+TEST_P(KernelLarge, Radam) { RunLarge<RadamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelSpecial: zero, huge, eps-dominated and NaN/Inf gradients against the oracle (NaN/Inf must
@@ -1221,6 +1368,9 @@ TEST_P(KernelSpecial, RmspropValues) { RunSpecialValues<RmspropAlgo>(target()); 
 TEST_P(KernelSpecial, AdagradValues) { RunSpecialValues<AdagradAlgo>(target()); }
 TEST_P(KernelSpecial, LionValues) { RunSpecialValues<LionAlgo>(target()); }
 TEST_P(KernelSpecial, LambValues) { RunSpecialValues<LambAlgo>(target()); }
+TEST_P(KernelSpecial, AdamaxValues) { RunSpecialValues<AdamaxAlgo>(target()); }
+TEST_P(KernelSpecial, AdadeltaValues) { RunSpecialValues<AdadeltaAlgo>(target()); }
+TEST_P(KernelSpecial, RadamValues) { RunSpecialValues<RadamAlgo>(target()); }
 TEST_P(KernelSpecial, SgdZeroSize) { RunZeroSize<SgdAlgo>(target()); }
 TEST_P(KernelSpecial, AdamZeroSize) { RunZeroSize<AdamAlgo>(target()); }
 TEST_P(KernelSpecial, AdamWZeroSize) { RunZeroSize<AdamWAlgo>(target()); }
@@ -1228,6 +1378,9 @@ TEST_P(KernelSpecial, RmspropZeroSize) { RunZeroSize<RmspropAlgo>(target()); }
 TEST_P(KernelSpecial, AdagradZeroSize) { RunZeroSize<AdagradAlgo>(target()); }
 TEST_P(KernelSpecial, LionZeroSize) { RunZeroSize<LionAlgo>(target()); }
 TEST_P(KernelSpecial, LambZeroSize) { RunZeroSize<LambAlgo>(target()); }
+TEST_P(KernelSpecial, AdamaxZeroSize) { RunZeroSize<AdamaxAlgo>(target()); }
+TEST_P(KernelSpecial, AdadeltaZeroSize) { RunZeroSize<AdadeltaAlgo>(target()); }
+TEST_P(KernelSpecial, RadamZeroSize) { RunZeroSize<RadamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // Determinism: Runtime(1), Runtime(2) and Runtime(3) give bit-identical buffers over several
@@ -1321,6 +1474,9 @@ TEST_P(Determinism, Rmsprop) { RunDeterminism<RmspropAlgo>(target()); }
 TEST_P(Determinism, Adagrad) { RunDeterminism<AdagradAlgo>(target()); }
 TEST_P(Determinism, Lion) { RunDeterminism<LionAlgo>(target()); }
 TEST_P(Determinism, Lamb) { RunDeterminism<LambAlgo>(target()); }
+TEST_P(Determinism, Adamax) { RunDeterminism<AdamaxAlgo>(target()); }
+TEST_P(Determinism, Adadelta) { RunDeterminism<AdadeltaAlgo>(target()); }
+TEST_P(Determinism, Radam) { RunDeterminism<RadamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3

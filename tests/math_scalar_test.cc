@@ -30,12 +30,16 @@ struct ScalarOps {
   float Max(float a, float b) const {
     return std::isnan(a) || std::isnan(b) ? a + b : (a < b ? b : a);
   }
+  float Abs(float a) const { return std::fabs(a); }
   float Sign(float a) const { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
 };
 
+#include "src/math/adadelta_math.h"
 #include "src/math/adam_math.h"
+#include "src/math/adamax_math.h"
 #include "src/math/lerp_math.h"
 #include "src/math/lion_math.h"
+#include "src/math/radam_math.h"
 #include "src/math/rmsprop_math.h"
 #include "src/math/sgd_math.h"
 
@@ -66,17 +70,18 @@ std::vector<std::string> FmaTargets() {
 }
 
 // Runs kSteps of algorithm A through the engine and through `scalar(s, p, g, states)` per element
-// with the descriptor's own coefficients, and compares the bits of params and states.
+// with the descriptor's own coefficients, and compares the bits of params and states. The steps are
+// first_step, first_step + 1, ...; the states start at zero.
 template <class A, class Scalar>
-void ExpectEngineEqualsScalarMath(const typename A::Hyper& h, unsigned slots,
-                                  const Scalar& scalar) {
+void ExpectEngineEqualsScalarMath(const typename A::Hyper& h, unsigned slots, const Scalar& scalar,
+                                  int first_step = 1) {
   const std::vector<float> p0 = Random(1, -1.0f, 1.0f);
   if (FmaTargets().empty()) GTEST_SKIP() << "no FMA target on this CPU";
   for (const std::string& target : FmaTargets()) {
     ForceTarget(target);
     std::vector<float> p = p0, q = p0;
     std::vector<std::vector<float>> s(kMaxStates, std::vector<float>(kN, 0.0f)), t = s;
-    for (int step = 1; step <= kSteps; ++step) {
+    for (int step = first_step; step < first_step + kSteps; ++step) {
       const std::vector<float> g = Random(100 + step, -2.0f, 2.0f);
       Segment seg{.param = p.data(), .grad = g.data(), .numel = kN, .step = step};
       for (int k = 0; k < kMaxStates; ++k) {
@@ -133,6 +138,39 @@ TEST(MathScalarOps, LionWeightDecay) {
       h, RequiredStates(h), [](const LionScalars& c, float& p, float g, float& m, float&, float&) {
         scalar_math::LionMath(ScalarOps{}, c, p, g, m);
       });
+}
+
+TEST(MathScalarOps, AdamaxWeightDecay) {
+  const AdamaxHyper h{.lr = 1e-2, .weight_decay = 0.1};
+  ExpectEngineEqualsScalarMath<algos::Adamax>(
+      h, RequiredStates(h),
+      [](const AdamaxScalars& c, float& p, float g, float& m, float& u, float&) {
+        scalar_math::AdamaxMath<true>(ScalarOps{}, c, p, g, m, u);
+      });
+}
+
+TEST(MathScalarOps, AdadeltaWeightDecay) {
+  const AdadeltaHyper h{.lr = 0.5, .weight_decay = 0.1};
+  ExpectEngineEqualsScalarMath<algos::Adadelta>(
+      h, RequiredStates(h),
+      [](const AdadeltaScalars& c, float& p, float g, float& v, float& u, float&) {
+        scalar_math::AdadeltaMath<true>(ScalarOps{}, c, p, g, v, u);
+      });
+}
+
+// Steps 4-6: step 6 is the first rectified one (rho_t > 5), so both branches run.
+TEST(MathScalarOps, RadamDecoupledRectified) {
+  const RadamHyper h{.lr = 1e-2, .weight_decay = 0.1, .decoupled_weight_decay = true};
+  ExpectEngineEqualsScalarMath<algos::Radam>(
+      h, RequiredStates(h),
+      [](const RadamScalars& c, float& p, float g, float& m, float& v, float&) {
+        if (c.rectified) {
+          scalar_math::RadamMath<false, true>(ScalarOps{}, c, p, g, m, v);
+        } else {
+          scalar_math::RadamMath<false, false>(ScalarOps{}, c, p, g, m, v);
+        }
+      },
+      /*first_step=*/4);
 }
 
 }  // namespace

@@ -54,6 +54,18 @@ void RefStep(const LionHyper& h, std::int64_t /*t*/, std::span<double> p, std::s
              const StateSpans& s) {
   ref::LionStep(h, p, g, s[kLionExpAvg]);
 }
+void RefStep(const AdamaxHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::AdamaxStep(h, t, p, g, s[kAdamaxExpAvg], s[kExpInf]);
+}
+void RefStep(const AdadeltaHyper& h, std::int64_t /*t*/, std::span<double> p,
+             std::span<const double> g, const StateSpans& s) {
+  ref::AdadeltaStep(h, p, g, s[kAdadeltaSquareAvg], s[kAccDelta]);
+}
+void RefStep(const RadamHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::RadamStep(h, t, p, g, s[kRadamExpAvg], s[kRadamExpAvgSq]);
+}
 void RefStep(const LambHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
              const StateSpans& s) {
   ref::LambStep(h, t, p, g, s[kLambExpAvg], s[kLambExpAvgSq]);
@@ -134,6 +146,36 @@ std::vector<LionHyper> Options(std::type_identity<LionHyper> /*tag*/) {
   }
   return out;
 }
+std::vector<AdamaxHyper> Options(std::type_identity<AdamaxHyper> /*tag*/) {
+  std::vector<AdamaxHyper> out;
+  for (double wd : {0.0, 0.01}) {
+    for (bool maximize : {false, true})
+      out.push_back({.lr = 0.01, .weight_decay = wd, .maximize = maximize});
+  }
+  return out;
+}
+std::vector<AdadeltaHyper> Options(std::type_identity<AdadeltaHyper> /*tag*/) {
+  std::vector<AdadeltaHyper> out;
+  for (double wd : {0.0, 0.01}) {
+    for (bool maximize : {false, true})
+      out.push_back({.lr = 0.5, .weight_decay = wd, .maximize = maximize});
+  }
+  return out;
+}
+std::vector<RadamHyper> Options(std::type_identity<RadamHyper> /*tag*/) {
+  std::vector<RadamHyper> out;
+  for (double wd : {0.0, 0.01}) {
+    for (bool decoupled : {false, true}) {
+      for (bool maximize : {false, true}) {
+        out.push_back({.lr = 0.01,
+                       .weight_decay = wd,
+                       .decoupled_weight_decay = decoupled,
+                       .maximize = maximize});
+      }
+    }
+  }
+  return out;
+}
 std::vector<LambHyper> Options(std::type_identity<LambHyper> /*tag*/) {
   std::vector<LambHyper> out;
   for (int mode = 0; mode < 16; ++mode) {
@@ -148,6 +190,14 @@ std::vector<LambHyper> Options(std::type_identity<LambHyper> /*tag*/) {
   return out;
 }
 
+// The step of the first of the three: 1, except for RAdam, whose steps 1-5 are never rectified
+// (rho_t <= 5 for any beta2): steps 5, 6 and 7 take both of its branches.
+template <class Hyper>
+std::int64_t FirstStep(const Hyper& /*h*/) {
+  return 1;
+}
+std::int64_t FirstStep(const RadamHyper& /*h*/) { return 5; }
+
 template <class Hyper>
 std::string Describe(const Hyper& h) {
   std::ostringstream out;
@@ -157,10 +207,11 @@ std::string Describe(const Hyper& h) {
   return out.str();
 }
 
-// A state that holds a running sum or mean of squares (never negative).
+// A state that holds a running sum or mean of squares, or a running max of magnitudes (never
+// negative).
 bool IsSumOfSquares(const std::string& state) {
   return state == "exp_avg_sq" || state == "max_exp_avg_sq" || state == "square_avg" ||
-         state == "sum";
+         state == "sum" || state == "exp_inf" || state == "acc_delta";
 }
 
 // Deterministic values in [lo, hi), exact in f32.
@@ -252,7 +303,7 @@ TYPED_TEST(StandardVsOracle, ThreeSteps) {
           }
         }
       }
-      for (int t = 1; t <= kSteps; ++t) {
+      for (std::int64_t t = FirstStep(hyper); t < FirstStep(hyper) + kSteps; ++t) {
         for (Segment& s : segments) s.step = t;
         StandardStep(a, h, segments, runtime);
         // LAMB clips the gradients by their global norm first (tools/lamb_reference.py).

@@ -109,6 +109,9 @@ void RawStep(std::span<const RmspropHyper> g, std::span<const Segment> s) { Rmsp
 void RawStep(std::span<const AdagradHyper> g, std::span<const Segment> s) { AdagradStep(g, s); }
 void RawStep(std::span<const LionHyper> g, std::span<const Segment> s) { LionStep(g, s); }
 void RawStep(std::span<const LambHyper> g, std::span<const Segment> s) { LambStep(g, s); }
+void RawStep(std::span<const AdamaxHyper> g, std::span<const Segment> s) { AdamaxStep(g, s); }
+void RawStep(std::span<const AdadeltaHyper> g, std::span<const Segment> s) { AdadeltaStep(g, s); }
+void RawStep(std::span<const RadamHyper> g, std::span<const Segment> s) { RadamStep(g, s); }
 
 template <class Hyper>
 const char* StepName() {
@@ -119,6 +122,9 @@ const char* StepName() {
   if constexpr (std::is_same_v<Hyper, AdagradHyper>) return "AdagradStep";
   if constexpr (std::is_same_v<Hyper, LionHyper>) return "LionStep";
   if constexpr (std::is_same_v<Hyper, LambHyper>) return "LambStep";
+  if constexpr (std::is_same_v<Hyper, AdamaxHyper>) return "AdamaxStep";
+  if constexpr (std::is_same_v<Hyper, AdadeltaHyper>) return "AdadeltaStep";
+  if constexpr (std::is_same_v<Hyper, RadamHyper>) return "RadamStep";
 }
 
 // Two valid segments in group 0 (one spans several chunks), then segment 2 (64 elements) in group
@@ -356,6 +362,9 @@ TEST(Validation, NullBuffersAreFineWithNumelZero) {
   ExpectEmptyNullSegmentAccepted(AdagradHyper{});
   ExpectEmptyNullSegmentAccepted(LionHyper{});
   ExpectEmptyNullSegmentAccepted(LambHyper{});
+  ExpectEmptyNullSegmentAccepted(AdamaxHyper{.weight_decay = 0.1});
+  ExpectEmptyNullSegmentAccepted(AdadeltaHyper{.weight_decay = 0.1});
+  ExpectEmptyNullSegmentAccepted(RadamHyper{.weight_decay = 0.1});
 }
 
 // Segment 2 lacks state[slot], which `h` requires.
@@ -387,6 +396,12 @@ TEST(Validation, MissingState) {
   ExpectMissingState(LionHyper{}, kLionExpAvg, {"exp_avg"});
   ExpectMissingState(LambHyper{}, kLambExpAvg, {"exp_avg"});
   ExpectMissingState(LambHyper{}, kLambExpAvgSq, {"exp_avg_sq"});
+  ExpectMissingState(AdamaxHyper{}, kAdamaxExpAvg, {"exp_avg"});
+  ExpectMissingState(AdamaxHyper{}, kExpInf, {"exp_inf"});
+  ExpectMissingState(AdadeltaHyper{}, kAdadeltaSquareAvg, {"square_avg"});
+  ExpectMissingState(AdadeltaHyper{}, kAccDelta, {"acc_delta"});
+  ExpectMissingState(RadamHyper{}, kRadamExpAvg, {"exp_avg"});
+  ExpectMissingState(RadamHyper{}, kRadamExpAvgSq, {"exp_avg_sq"});
 }
 
 // The required slots come from each segment's own group.
@@ -472,6 +487,9 @@ TEST(Validation, SegmentsWithNoGroups) {
   ExpectRejected(m, [&] { AdagradStep({}, m.segments()); }, {"AdagradStep", "no groups"});
   ExpectRejected(m, [&] { LionStep({}, m.segments()); }, {"LionStep", "no groups"});
   ExpectRejected(m, [&] { LambStep({}, m.segments()); }, {"LambStep", "no groups"});
+  ExpectRejected(m, [&] { AdamaxStep({}, m.segments()); }, {"AdamaxStep", "no groups"});
+  ExpectRejected(m, [&] { AdadeltaStep({}, m.segments()); }, {"AdadeltaStep", "no groups"});
+  ExpectRejected(m, [&] { RadamStep({}, m.segments()); }, {"RadamStep", "no groups"});
 }
 
 TEST(Validation, NothingToDoIsAccepted) {
@@ -560,6 +578,70 @@ TEST(Validation, RequiredStates) {
                                      .grad_averaging = false,
                                      .use_nvlamb = true}),
             0b011u);
+
+  // Adamax: exp_avg and exp_inf, whatever the options.
+  EXPECT_EQ(RequiredStates(AdamaxHyper{}), 0b011u);
+  EXPECT_EQ(RequiredStates(AdamaxHyper{.weight_decay = 0.1, .maximize = true}), 0b011u);
+  // Adadelta: square_avg and acc_delta, whatever the options.
+  EXPECT_EQ(RequiredStates(AdadeltaHyper{}), 0b011u);
+  EXPECT_EQ(RequiredStates(AdadeltaHyper{.weight_decay = 0.1, .maximize = true}), 0b011u);
+  // RAdam: exp_avg and exp_avg_sq, whatever the options.
+  EXPECT_EQ(RequiredStates(RadamHyper{}), 0b011u);
+  EXPECT_EQ(RequiredStates(RadamHyper{.weight_decay = 0.1, .decoupled_weight_decay = true}),
+            0b011u);
+}
+
+// Adamax: torch.optim.Adamax's constructor checks (lr, eps, weight_decay >= 0; betas in [0, 1)).
+TEST(Validation, AdamaxRejectsBadHyperParameters) {
+  ExpectBadGroup(AdamaxHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(AdamaxHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(AdamaxHyper{.eps = -0.25}, {"eps", "-0.25"});
+  ExpectBadGroup(AdamaxHyper{.beta1 = 1.0}, {"beta1: 1", "[0, 1)"});
+  ExpectBadGroup(AdamaxHyper{.beta1 = -0.1}, {"beta1", "-0.1"});
+  ExpectBadGroup(AdamaxHyper{.beta2 = 1.0}, {"beta2: 1"});
+  ExpectBadGroup(AdamaxHyper{.beta2 = kNaN}, {"beta2", "nan"});
+  ExpectBadGroup(AdamaxHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(AdamaxHyper{.weight_decay = kNaN}, {"weight_decay", "nan"});
+}
+
+// The edges torch accepts: lr, eps and both betas 0.
+TEST(Validation, AdamaxAcceptsTheEdges) {
+  const AdamaxHyper h{.lr = 0.0, .beta1 = 0.0, .beta2 = 0.0, .eps = 0.0};
+  Model m = MakeModel(h, h);
+  const std::vector<AdamaxHyper> groups = {h, h};
+  EXPECT_NO_THROW(AdamaxStep(groups, m.segments()));
+}
+
+// Adadelta: torch.optim.Adadelta's constructor checks (lr, eps, weight_decay >= 0; rho in [0, 1]).
+TEST(Validation, AdadeltaRejectsBadHyperParameters) {
+  ExpectBadGroup(AdadeltaHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(AdadeltaHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(AdadeltaHyper{.rho = 1.5}, {"rho", "1.5", "[0, 1]"});
+  ExpectBadGroup(AdadeltaHyper{.rho = -0.1}, {"rho", "-0.1"});
+  ExpectBadGroup(AdadeltaHyper{.rho = kNaN}, {"rho", "nan"});
+  ExpectBadGroup(AdadeltaHyper{.eps = -0.25}, {"eps", "-0.25"});
+  ExpectBadGroup(AdadeltaHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+}
+
+// The edges torch accepts: lr 0, rho 0 and 1, eps 0.
+TEST(Validation, AdadeltaAcceptsTheEdges) {
+  for (const AdadeltaHyper& h :
+       {AdadeltaHyper{.lr = 0.0, .rho = 0.0, .eps = 0.0}, AdadeltaHyper{.rho = 1.0}}) {
+    Model m = MakeModel(h, h);
+    const std::vector<AdadeltaHyper> groups = {h, h};
+    EXPECT_NO_THROW(AdadeltaStep(groups, m.segments()));
+  }
+}
+
+// RAdam: torch.optim.RAdam's constructor checks (as Adamax's).
+TEST(Validation, RadamRejectsBadHyperParameters) {
+  ExpectBadGroup(RadamHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(RadamHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(RadamHyper{.eps = -0.25}, {"eps", "-0.25"});
+  ExpectBadGroup(RadamHyper{.beta1 = 1.0}, {"beta1: 1", "[0, 1)"});
+  ExpectBadGroup(RadamHyper{.beta2 = 1.0}, {"beta2: 1"});
+  ExpectBadGroup(RadamHyper{.beta2 = -0.5}, {"beta2", "-0.5"});
+  ExpectBadGroup(RadamHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
 }
 
 }  // namespace

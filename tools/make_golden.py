@@ -5,7 +5,7 @@ Run from the repository root with the project venv (torch 2.x, lion-pytorch 0.2.
 
     .venv/bin/python tools/make_golden.py
 
-The references: torch.optim's SGD, Adam, AdamW, RMSprop and Adagrad; lucidrains' lion_pytorch.Lion (the
+The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta and RAdam; lucidrains' lion_pytorch.Lion (the
 independent reference of Lion); and tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
 from its formulas: apex itself is CUDA only). Every case runs the single-tensor path (foreach=False and
 fused=False where the class takes them) on float32 CPU tensors for
@@ -307,6 +307,57 @@ SCENARIOS = {
                 [
                     {"lr": 1e-2},
                     {"lr": 5e-3, "weight_decay": 0.1, "betas": (0.8, 0.99)},
+                ],
+            ),
+        ],
+    ),
+    # torch.optim classes added after Lion and LAMB: appended, so the older files keep their seeds.
+    "Adamax": (
+        torch.optim.Adamax,
+        [
+            ("default", [{"lr": 2e-2}]),
+            ("weight_decay", [{"lr": 2e-2, "weight_decay": 0.05}]),
+            ("betas", [{"lr": 1e-2, "betas": (0.8, 0.99)}]),
+            ("maximize", [{"lr": 2e-2, "maximize": True}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 2e-2},
+                    {"lr": 5e-3, "weight_decay": 0.02, "betas": (0.8, 0.99)},
+                ],
+            ),
+        ],
+    ),
+    "Adadelta": (
+        torch.optim.Adadelta,
+        [
+            ("default", [{"lr": 1.0}]),
+            ("weight_decay", [{"lr": 0.5, "weight_decay": 0.05}]),
+            ("rho_eps", [{"lr": 1.0, "rho": 0.8, "eps": 1e-4}]),
+            ("maximize", [{"lr": 1.0, "maximize": True}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 1.0},
+                    {"lr": 0.5, "weight_decay": 0.02, "rho": 0.8},
+                ],
+            ),
+        ],
+    ),
+    # beta2 = 0.999: steps 1-5 are not rectified (p -= lr * m_hat), steps 6-20 are.
+    "RAdam": (
+        torch.optim.RAdam,
+        [
+            ("default", [{"lr": 1e-2}]),
+            ("weight_decay", [{"lr": 1e-2, "weight_decay": 0.05}]),
+            ("decoupled_weight_decay", [{"lr": 1e-2, "weight_decay": 0.1, "decoupled_weight_decay": True}]),
+            ("maximize", [{"lr": 1e-2, "maximize": True}]),
+            ("never_rectified", [{"lr": 1e-2, "betas": (0.8, 0.6)}]),  # rho_inf = 4: no step is rectified
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 1e-2},
+                    {"lr": 3e-3, "weight_decay": 0.02, "betas": (0.8, 0.99)},
                 ],
             ),
         ],

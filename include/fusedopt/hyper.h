@@ -85,6 +85,43 @@ struct LionHyper {
 };
 enum LionState : int { kLionExpAvg = 0 };
 
+// torch.optim.Adamax: Adam with the infinity norm, u = max(β2·u, |g| + eps), in place of the
+// second moment (no sqrt, no bias correction of u). State: exp_avg, exp_inf.
+struct AdamaxHyper {
+  double lr = 2e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool maximize = false;
+};
+enum AdamaxState : int { kAdamaxExpAvg = 0, kExpInf = 1 };
+
+// torch.optim.Adadelta: the step is √(acc_delta + ε) / √(square_avg + ε) · g, scaled by lr (default
+// 1). State: square_avg, acc_delta.
+struct AdadeltaHyper {
+  double lr = 1.0;
+  double rho = 0.9;
+  double eps = 1e-6;
+  double weight_decay = 0.0;
+  bool maximize = false;
+};
+enum AdadeltaState : int { kAdadeltaSquareAvg = 0, kAccDelta = 1 };
+
+// torch.optim.RAdam: Adam whose adaptive step is rectified (and used at all) only once the length
+// of the approximated simple moving average, rho_t, exceeds 5; before that the step is lr·m̂. With
+// decoupled_weight_decay the decay is AdamW's. State: exp_avg, exp_avg_sq.
+struct RadamHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool decoupled_weight_decay = false;
+  bool maximize = false;
+};
+enum RadamState : int { kRadamExpAvg = 0, kRadamExpAvgSq = 1 };
+
 // LAMB as apex's FusedLAMB defines it: Adam's moments, then a per-tensor trust ratio ‖p‖ / ‖u‖ of
 // the param and its Adam update u (only where weight_decay != 0 or use_nvlamb, and both norms are
 // non-zero). The global gradient-norm clipping of FusedLAMB (max_grad_norm) is the step's pre-pass

@@ -149,7 +149,7 @@ struct StepOptions {
 };
 
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
-// AdagradHyper, LionHyper, LambHyper.
+// AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -200,6 +200,9 @@ using RMSprop = Optimizer<RmspropHyper>;
 using Adagrad = Optimizer<AdagradHyper>;
 using Lion = Optimizer<LionHyper>;
 using LAMB = Optimizer<LambHyper>;
+using Adamax = Optimizer<AdamaxHyper>;
+using Adadelta = Optimizer<AdadeltaHyper>;
+using RAdam = Optimizer<RadamHyper>;
 
 extern template class Optimizer<SgdHyper>;
 extern template class Optimizer<AdamHyper>;
@@ -208,5 +211,8 @@ extern template class Optimizer<RmspropHyper>;
 extern template class Optimizer<AdagradHyper>;
 extern template class Optimizer<LionHyper>;
 extern template class Optimizer<LambHyper>;
+extern template class Optimizer<AdamaxHyper>;
+extern template class Optimizer<AdadeltaHyper>;
+extern template class Optimizer<RadamHyper>;
 
 }  // namespace fusedopt

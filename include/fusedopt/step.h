@@ -76,6 +76,12 @@ void AdagradStep(std::span<const AdagradHyper> groups, std::span<const Segment> 
                  Runtime& runtime = DefaultRuntime());
 void LionStep(std::span<const LionHyper> groups, std::span<const Segment> segments,
               Runtime& runtime = DefaultRuntime());
+void AdamaxStep(std::span<const AdamaxHyper> groups, std::span<const Segment> segments,
+                Runtime& runtime = DefaultRuntime());
+void AdadeltaStep(std::span<const AdadeltaHyper> groups, std::span<const Segment> segments,
+                  Runtime& runtime = DefaultRuntime());
+void RadamStep(std::span<const RadamHyper> groups, std::span<const Segment> segments,
+               Runtime& runtime = DefaultRuntime());
 // LAMB runs two passes: per-tensor norms of the param and of its Adam update, then the update
 // scaled by the trust ratio. Both norms are deterministic like the global gradient norm (grad.h).
 void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segments,

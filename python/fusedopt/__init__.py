@@ -18,10 +18,22 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 from . import _C, schedules, timeline
 from .amp import GradScaler
 from .clip import clip_grad_norm_, clip_grad_value_
-from .optim import FusedAdagrad, FusedAdam, FusedAdamW, FusedLAMB, FusedLion, FusedRMSprop, FusedSGD
+from .optim import (
+    FusedAdadelta,
+    FusedAdagrad,
+    FusedAdam,
+    FusedAdamax,
+    FusedAdamW,
+    FusedLAMB,
+    FusedLion,
+    FusedRAdam,
+    FusedRMSprop,
+    FusedSGD,
+)
 from .trainer import Model, Trainer
 
-__all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB", "GradScaler",
+__all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
+           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "GradScaler",
            "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"

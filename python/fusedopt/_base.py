@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import math
 import operator
+import os
+import sys
+import warnings
 from itertools import chain
 from typing import Any, Callable
 
@@ -17,19 +20,22 @@ from ._flat import FlatStore
 from ._tensors import (
     DTYPE_CODES,
     check_param,
-    check_same_layout,
-    dtype_code,
     first_overlap,
+    grad_route_reason,
     grad_shape_error,
     number_error,
+    route_error,
+    route_reason,
 )
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _ITEM_SIZES = {0: 4, 1: 2, 2: 2}  # bytes per element of each engine dtype code
+_ENGINE_CODES = {**DTYPE_CODES, torch.complex64: 0}  # a complex64 tensor is read as its f32 real view
 # The largest state['step'] the engine takes (src/python/module.cc): every f32 below it is an exact
 # int64, with room to count on.
 _MAX_STEP = 2.0**62
 _ABSENT = object()  # in an undo log: the key was not there
+_LIBRARY_DIRS = (os.path.dirname(__file__), os.path.dirname(torch.__file__))  # see _user_stacklevel
 _SPAN = operator.attrgetter("param", "numel", "param_dtype")  # of a _C.SegmentRow
 # Bound C methods, mapped over lists of tensors by the packing fast path (_pack_unchanged).
 _PARAMS = operator.itemgetter("params")
@@ -49,6 +55,7 @@ class FusedOptimizerMixin:
     _counts_steps = True  # keeps torch's per-param state['step'] (all but SGD and Lion)
     _sparse_message = ""  # torch's error text for a sparse gradient
     _clip_rule = 0  # how max_grad_norm clips: 0 torch's clip_grad_norm_, 1 apex FusedLAMB's
+    _takes_sparse = False  # the reference's step takes sparse gradients (torch's SGD and Adagrad)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -61,9 +68,13 @@ class FusedOptimizerMixin:
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
                  max_grad_norm: float | None = None, norm_type: float = 2.0, accumulation_steps: int = 1,
                  state_dtype: torch.dtype | None = None, stochastic_rounding: bool = False, seed: int = 0,
-                 **kwargs):
-        if kwargs.get("differentiable", False):
-            raise RuntimeError(f"{type(self).__name__} does not support differentiable=True")
+                 strict: bool = False, **kwargs):
+        # strict=False: params (or steps) the engine cannot take go through the reference's own step
+        # (see _torch_step); strict=True: they are errors.
+        self._strict = bool(strict)
+        if self._strict and kwargs.get("differentiable", False):
+            raise RuntimeError(f"{type(self).__name__} does not support differentiable=True (strict=True)")
+        self._warned: dict[torch.Tensor, None] = {}  # params the torch-step warning has named
         if max_grad_norm is not None and not (float(max_grad_norm) >= 0.0):
             raise ValueError(f"Invalid max_grad_norm: {max_grad_norm} (must be >= 0 or None)")
         self._max_grad_norm = math.inf if max_grad_norm is None else float(max_grad_norm)
@@ -80,6 +91,7 @@ class FusedOptimizerMixin:
         self._accumulation_steps = accumulation_steps
         self._state_dtype_option = state_dtype
         self._accumulators: dict[torch.Tensor, torch.Tensor] = {}  # f32 gradient sums
+        self._torch_sums: dict[torch.Tensor, torch.Tensor] = {}  # those of the params torch steps
         self._window: dict[torch.Tensor, None] = {}  # params with a gradient in this window, in order
         self._micro_batches = 0
         self._window_found_inf = False
@@ -114,7 +126,8 @@ class FusedOptimizerMixin:
         names = group.get("param_names")
         gi = len(self.param_groups) - 1
         for j, p in enumerate(group["params"]):
-            check_param(p, _param_name(names, gi, j))
+            if self._strict:
+                check_param(p, _param_name(names, gi, j))
         self._duplicates |= len(set(group["params"])) < len(group["params"])
         self._overlap_free = False
         self._offsets = None
@@ -169,10 +182,13 @@ class FusedOptimizerMixin:
                            ("_state_dtype_option", None), ("_micro_batches", 0),
                            ("_window_found_inf", False), ("last_grad_norm", None),
                            ("_rounding", (False, 0)), ("_offsets", None), ("_duplicates", False),
-                           ("_overlap_free", False), ("_wave_key", None), ("_wave_plan", None)):
+                           ("_overlap_free", False), ("_wave_key", None), ("_wave_plan", None),
+                           ("_strict", False)):
             self.__dict__.setdefault(key, value)
         self.__dict__.setdefault("_accumulators", {})
         self.__dict__.setdefault("_window", {})
+        self.__dict__.setdefault("_warned", {})
+        self.__dict__.setdefault("_torch_sums", {})
         self.__dict__["_segment_cache"] = {}
         self.__dict__["_last"] = None
 
@@ -209,9 +225,12 @@ class FusedOptimizerMixin:
                         break
                     except _Relaid:  # flatten=True laid the buffers out anew: pack again from the start
                         pass
-            self._run_engine(packed, inv_scale, found_out is not None, found_out)
-            if self._last is None:
-                self._remember(packed)
+            if packed.routed:
+                self._step_with_torch(packed, inv_scale, found_out)
+            else:
+                self._run_engine(packed, inv_scale, found_out is not None, found_out)
+                if self._last is None:
+                    self._remember(packed)
         except BaseException as e:
             _roll_back(undo)  # a rejected or skipped step leaves no trace, not even new state
             if not isinstance(e, _Skipped):
@@ -224,13 +243,25 @@ class FusedOptimizerMixin:
         updates from them (the core's TrainingStep with a MicroBatch): the window's mean gradient.
         A window where some micro-batch held Inf/NaN is skipped whole; a micro-batch that torch's
         GradScaler found overflowing is not added. A rejected call changes nothing, the window
-        included, and can be retried."""
-        grads, sums, fresh, with_grad = [], [], [], {}
+        included, and can be retried. Params that take the reference's step (_route) have their
+        sums here, in their own dtype (`_torch_sums`); the reference steps them from those when the
+        engine steps."""
+        grads, sums, fresh, with_grad, routed = [], [], [], {}, {}
         if not overflowed:  # (with_grad holds the grad tensors: flatten=True may replace p.grad below)
-            grads, sums, fresh, with_grad = self._micro_batch()
+            grads, sums, fresh, with_grad, routed = self._micro_batch()
         closes = self._micro_batches + 1 == self._accumulation_steps
-        batch = (self._accumulation_steps, self._micro_batches, self._window_found_inf or overflowed, grads, sums,
-                 fresh, inv_scale)
+        torch_sums, torch_inf = dict(self._torch_sums), False  # committed with the engine's window
+        if routed:
+            if self._max_grad_norm != math.inf:
+                raise ValueError("fusedopt: max_grad_norm with accumulation_steps > 1 needs every parameter on the "
+                                 f"fused path; {'; '.join(routed.values())}")
+            self._warn_routed(routed)
+            for p in routed:  # sum += grad * inv_scale / k, as the engine's accumulators
+                add = p.grad * (inv_scale / self._accumulation_steps)
+                torch_inf |= not bool(torch.isfinite(add.coalesce().values() if add.is_sparse else add).all())
+                torch_sums[p] = add if p not in torch_sums else torch_sums[p] + add
+        batch = (self._accumulation_steps, self._micro_batches, self._window_found_inf or overflowed or torch_inf,
+                 grads, sums, fresh, inv_scale)
         undo: list = []
         try:
             packed = _Packed([])
@@ -243,18 +274,107 @@ class FusedOptimizerMixin:
                     except _Relaid:
                         pass
             report = self._engine(packed, 1.0, False, micro_batch=batch)
-            if (overflowed or report.found_inf) and found_out is not None:
+            if (overflowed or torch_inf or report.found_inf) and found_out is not None:
                 found_out.fill_(1.0)
             self._micro_batches, self._window_found_inf = report.pending, report.window_found_inf
             self._window = {} if closes else {**self._window, **dict.fromkeys(with_grad)}
+            self._torch_sums = {} if closes else torch_sums
             if closes:
                 self.last_grad_norm = report.grad_norm
                 if not report.stepped:
                     raise _Skipped
+                if torch_sums:
+                    self._torch_step(torch_sums)
         except BaseException as e:
             _roll_back(undo)
             if not isinstance(e, _Skipped):
                 raise
+
+    def _route(self, p: torch.Tensor, g: torch.Tensor, gi: int, j: int) -> str | None:
+        """Why param p (with grad g) takes torch's own step at this step, or None: the fused path.
+        With strict=True that is an error instead; so is a sparse grad where the reference refuses
+        it too (with its error)."""
+        if g.is_sparse and not self._takes_sparse:
+            raise RuntimeError(self._sparse_message)
+        if self.defaults.get("differentiable", False):
+            return "differentiable=True (the fused step records no autograd graph)"
+        route = route_reason(p) or grad_route_reason(g, p)
+        if route is None:
+            return None
+        if self._strict:
+            raise RuntimeError(self._sparse_message) if g.is_sparse else route_error(route, self._name(gi, j))
+        return route[1]
+
+    def _step_with_torch(self, packed: _Packed, grad_scale: float, found_out) -> None:
+        """A step where some params take the reference's own step (packed.routed; see _torch_step)
+        and the rest the engine's. What spans both partitions is done here, once for all params,
+        before either runs: the Inf/NaN check for fusedopt.GradScaler and the global norm of
+        max_grad_norm (torch's clip_grad_norm_ norm, in double); the clip coefficient then scales the
+        gradients of both, as the engine folds it into grad_scale. The engine runs first, so that
+        its checks of the hyper-parameters come before any update."""
+        self._warn_routed(packed.routed)
+        self.last_grad_norm = None
+        clip = self._max_grad_norm != math.inf
+        if clip or found_out is not None:
+            grads = [p.grad for p in dict.fromkeys(chain(packed.params, packed.routed))]
+            norm = _grad_norm(grads, self._norm_code) * grad_scale
+            if clip:
+                self.last_grad_norm = norm
+            if not math.isfinite(norm):
+                if found_out is not None:
+                    found_out.fill_(1.0)
+                raise _Skipped
+            if clip:
+                grad_scale *= _clip_coefficient(norm, self._max_grad_norm, self._clip_rule)
+        if packed.grads:
+            self._engine(packed, grad_scale, False, max_grad_norm=math.inf)
+        if grad_scale == 1.0:
+            self._torch_step({p: p.grad for p in packed.routed})
+        else:  # as torch's GradScaler.unscale_ multiplies, by an f32 factor
+            factor = torch.tensor(grad_scale, dtype=torch.float32)
+            self._torch_step({p: p.grad * factor.to(p.grad.device) for p in packed.routed})
+
+    def _torch_step(self, grads: dict) -> None:
+        """The reference's own step (_reference_step) for the params of `grads` only, each with the
+        gradient given there: the param groups are cut down to them, and their .grad set, for its
+        duration. It keeps torch's state keys and values, so state_dict is the same whichever path
+        a param takes."""
+        groups = self.param_groups
+        kept = [g["params"] for g in groups]
+        amp = {k: self.__dict__.pop(k) for k in ("grad_scale", "found_inf") if k in self.__dict__}
+        own = {p: p.grad for p in grads}
+        try:
+            for p, g in grads.items():
+                p.grad = g
+            for g in groups:
+                g["params"] = [p for p in g["params"] if p in grads]
+            self._reference_step()
+        finally:
+            for g, ps in zip(groups, kept):
+                g["params"] = ps
+            for p, g in own.items():
+                p.grad = g
+            self.__dict__.update(amp)
+
+    def _reference_step(self) -> None:
+        """The step of the torch.optim twin (its for-loop, single-tensor path on the CPU), without
+        the hooks torch wraps around it: they ran around this step already."""
+        for cls in type(self).__mro__:
+            step = cls.__dict__.get("step")
+            if step is not None and cls is not torch.optim.Optimizer and not issubclass(cls, FusedOptimizerMixin):
+                while getattr(step, "hooked", False):
+                    step = step.__wrapped__
+                step(self)
+                return
+        raise NotImplementedError(f"{type(self).__name__} has no reference step")
+
+    def _warn_routed(self, routed: dict) -> None:
+        new = [why for p, why in routed.items() if p not in self._warned]
+        if new:
+            self._warned.update(dict.fromkeys(routed))
+            warnings.warn(f"fusedopt: {type(self).__name__} updates these parameters with the reference's own "
+                          f"(unfused) step: {'; '.join(new)}. Pass strict=True to make this an error.",
+                          stacklevel=_user_stacklevel())
 
     def _run_engine(self, packed: _Packed, grad_scale: float, check: bool, found_out) -> None:
         """The step call; raises _Skipped when its pre-pass found non-finite gradients."""
@@ -268,9 +388,11 @@ class FusedOptimizerMixin:
         if not report.stepped:
             raise _Skipped
 
-    def _engine(self, packed: _Packed, grad_scale: float, check: bool, micro_batch: tuple | None = None):
+    def _engine(self, packed: _Packed, grad_scale: float, check: bool, micro_batch: tuple | None = None,
+                max_grad_norm: float | None = None):
         """The engine's step over `packed`, every gradient read as grad * grad_scale (see RunStep in
-        src/python/module.cc); returns its _C.StepReport."""
+        src/python/module.cc), clipped by max_grad_norm (default: the optimizer's); returns its
+        _C.StepReport."""
         kw = {} if micro_batch is None else {"micro_batch": micro_batch}
         table, grads, codes = packed.table, packed.grads, packed.codes
         if table is None:
@@ -281,8 +403,9 @@ class FusedOptimizerMixin:
                 order, kw["wave_ends"] = waves
                 rows, grads, codes = ([x[i] for i in order] for x in (packed.rows, grads, codes))
                 table = _C.SegmentTable(rows)
+        max_norm = self._max_grad_norm if max_grad_norm is None else max_grad_norm
         return type(self)._engine_step(packed.hypers, table, grads, codes, grad_scale, torch.get_num_threads(),
-                                       self._max_grad_norm, self._norm_code, self._clip_rule, check, **kw)
+                                       max_norm, self._norm_code, self._clip_rule, check, **kw)
 
     def _waves(self, segments) -> tuple[list[int], list[int]] | None:
         """None when no two segments share memory (the common case: one parallel pass). Otherwise
@@ -302,19 +425,21 @@ class FusedOptimizerMixin:
     def _micro_batch(self) -> tuple:
         """accumulation_steps > 1: this micro-batch's gradients (checked; each as its engine tuple),
         the address of each one's f32 accumulator (created if missing), whether the accumulator
-        starts in this window, and {param: its gradient} of the params with one."""
+        starts in this window, {param: its gradient} of the params with one, and {param: why} of
+        those that take the reference's step."""
         grads, sums, fresh = [], [], []
         with_grad: dict[torch.Tensor, torch.Tensor] = {}
+        routed: dict[torch.Tensor, str] = {}
         for gi, group in enumerate(self.param_groups):
             for j, p in enumerate(group["params"]):
                 g = p.grad
-                if g is None or p in with_grad:  # a duplicated param's grad is one gradient
+                if g is None or p in with_grad or p in routed:  # a duplicated param's grad is one gradient
                     continue
-                name = self._name(gi, j)
-                if g.is_sparse:
-                    raise RuntimeError(self._sparse_message)
-                code = dtype_code(g, f"the gradient of parameter {name}")
-                check_same_layout(g, p, f"the gradient of parameter {name}")
+                route = self._route(p, g, gi, j) or ("it is complex" if p.is_complex() else None)
+                if route is not None:
+                    routed[p] = f"parameter {self._name(gi, j)}: {route}"
+                    continue
+                code = DTYPE_CODES[g.dtype]
                 acc = self._accumulators.get(p)
                 if acc is None or acc.shape != p.shape:
                     acc = torch.empty_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
@@ -323,7 +448,7 @@ class FusedOptimizerMixin:
                 grads.append((g.data_ptr(), g.numel(), code))
                 sums.append(acc.data_ptr())
                 fresh.append(0 if p in self._window else 1)
-        return grads, sums, fresh, with_grad
+        return grads, sums, fresh, with_grad, routed
 
     # ---- internals ----------------------------------------------------------------------------
     def _group_hypers(self) -> list:
@@ -353,11 +478,15 @@ class FusedOptimizerMixin:
                     packed.none_at.append(index)
                     continue
                 if seen is None:  # the common case, kept as lean as it was
-                    row, grad_ptr, code = self._segment(p, g, gi, j, needed, undo, grads is None)
+                    segment = self._segment(p, g, gi, j, needed, undo, grads is None)
                 else:
                     if p not in seen:
                         seen[p] = self._segment(p, g, gi, j, needed, undo, grads is None)
-                    row, grad_ptr, code = seen[p]
+                    segment = seen[p]
+                row, grad_ptr, code = segment
+                if row is None:  # (grad_ptr is why)
+                    packed.routed[p] = f"parameter {self._name(gi, j)}: {grad_ptr}"
+                    continue
                 packed.params.append(p)
                 packed.rows.append(row)
                 packed.grads.append(grad_ptr)
@@ -439,6 +568,8 @@ class FusedOptimizerMixin:
         return self._master_weights and p.dtype in _LOW_PRECISION
 
     def _state_dtype(self, p: torch.Tensor) -> torch.dtype:
+        if p.is_complex():  # states of p's dtype, as torch keeps them
+            return p.dtype
         if self._state_dtype_option is not None:
             return self._state_dtype_option
         return torch.float32 if self._has_master(p) else p.dtype
@@ -475,6 +606,9 @@ class FusedOptimizerMixin:
         self._overlap_free = False  # p may have moved: _waves checks the addresses again
         if g.shape != p.shape:  # (also before flatten=True moves the grad into a slot)
             raise grad_shape_error(self._name(gi, j), g, p)
+        route = self._route(p, g, gi, j)
+        if route is not None:
+            return None, route, None
         if self._flat is not None:
             # Re-combine a param or grad replaced since the last step. If that needs a new layout,
             # the segments packed so far point into the old one.
@@ -482,16 +616,8 @@ class FusedOptimizerMixin:
                 raise _Relaid
             if own_grad:
                 g = p.grad
-        if g.is_sparse:
-            raise RuntimeError(self._sparse_message)
-        pcode = DTYPE_CODES.get(p.dtype)
-        gcode = DTYPE_CODES.get(g.dtype)
-        if pcode is None or gcode is None or not (p.is_contiguous() and g.is_contiguous()):
-            name = self._name(gi, j)
-            check_param(p, name)
-            pcode = dtype_code(p, f"parameter {name}")
-            gcode = dtype_code(g, f"the gradient of parameter {name}")
-            check_same_layout(g, p, f"the gradient of parameter {name}")
+        # (a complex64 param, and its grad and states, are read as their f32 real views)
+        pcode, gcode = _ENGINE_CODES[p.dtype], _ENGINE_CODES[g.dtype]
         # A param that needs no state (SGD without momentum) gets no entry, as in torch.
         attached = self.state.get(p)
         state = {} if attached is None else attached
@@ -527,8 +653,9 @@ class FusedOptimizerMixin:
             self._param_marks[p] = (p.data_ptr(), p._version)  # our raw writes leave both as they are
             master = self._ensure_state(p, state, "master_param", torch.float32, gi, j, undo)[0].data_ptr()
         def row(step):
-            return _C.SegmentRow(param=p.data_ptr(), states=ptrs, master=master, numel=p.numel(), param_dtype=pcode,
-                                 state_dtype=DTYPE_CODES[sdtype], group=gi, step_counter=step_ptr, step=step,
+            return _C.SegmentRow(param=p.data_ptr(), states=ptrs, master=master,
+                                 numel=p.numel() * (2 if p.is_complex() else 1), param_dtype=pcode,
+                                 state_dtype=_ENGINE_CODES[sdtype], group=gi, step_counter=step_ptr, step=step,
                                  stochastic_rounding=self._rounding[0], rounding_seed=self._rounding[1],
                                  global_offset=self._global_offset(p))
 
@@ -621,11 +748,12 @@ class _Packed:
     and its gradient's address and dtype code; `table`, the _C.SegmentTable of the rows once made;
     `none_at`, the indices (in all groups' params) of the params without a gradient."""
 
-    __slots__ = ("hypers", "params", "rows", "grads", "codes", "table", "none_at")
+    __slots__ = ("hypers", "params", "rows", "grads", "codes", "table", "none_at", "routed")
 
     def __init__(self, hypers: list):
         self.hypers, self.table = hypers, None
         self.params, self.rows, self.grads, self.codes, self.none_at = [], [], [], [], []
+        self.routed: dict[torch.Tensor, str] = {}  # params that take torch's step: their name and reason
 
 
 class _Cached:
@@ -715,6 +843,34 @@ def _plan_waves(spans: list[tuple[int, int, int]]):
     for k in range(1, last + 1):
         ends[k] += ends[k - 1]
     return order, ends
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn's stacklevel of the first caller outside fusedopt and torch (the user's
+    opt.step()), from the function that calls warn."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _grad_norm(grads: list[torch.Tensor], code: int) -> float:
+    """The norm of all gradients as one vector (code as norm_type_code), in double."""
+    if not grads:
+        return 0.0
+    order = {2: 2.0, 1: 1.0, 0: math.inf}[code]
+    norms = [torch.linalg.vector_norm(g.to_dense() if g.is_sparse else g, order,
+                                      dtype=torch.complex128 if g.is_complex() else torch.float64).cpu()
+             for g in grads]
+    return float(torch.linalg.vector_norm(torch.stack(norms), order))
+
+
+def _clip_coefficient(norm: float, max_norm: float, rule: int) -> float:
+    """What max_grad_norm multiplies the gradients by: torch's clip_grad_norm_ (rule 0) or apex
+    FusedLAMB's (rule 1)."""
+    if rule == 1:
+        return max_norm / norm if norm > max_norm else 1.0
+    return min(1.0, max_norm / (norm + 1e-6))
 
 
 def norm_type_code(norm_type) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ._tensors import first_overlap, grad_shape_error
+from ._tensors import first_overlap, grad_shape_error, route_reason
 
 _ALIGN_BYTES = 64  # every tensor starts on a cache line
 
@@ -51,10 +51,12 @@ class FlatStore:
         self.combine()
 
     def _params(self) -> list[torch.Tensor]:
+        """The params the layout holds: all but those that take torch's own step (route_reason),
+        which stay where they are."""
         seen, params = set(), []
         for group in self._opt.param_groups:
             for p in group["params"]:
-                if id(p) not in seen:
+                if id(p) not in seen and route_reason(p) is None:
                     seen.add(id(p))
                     params.append(p)
         return params
@@ -138,6 +140,14 @@ class FlatStore:
         for block in self._blocks.values():
             if "grad" in block.buffers:
                 block.buffers["grad"].zero_()
+        for group in self._opt.param_groups:  # the params outside the layout, as torch zeroes them
+            for p in group["params"]:
+                if p.grad is not None and p not in self._block_of:
+                    if p.grad.grad_fn is not None:
+                        p.grad.detach_()
+                    else:
+                        p.grad.requires_grad_(False)
+                    p.grad.zero_()
 
     def state_slot(self, p: torch.Tensor, key: str, dtype: torch.dtype, fill: float) -> torch.Tensor | None:
         """The flat view where state `key` of p lives (None for a param the layout does not know)."""

@@ -17,27 +17,43 @@ def dtype_code(t: torch.Tensor, what: str) -> int:
     return code
 
 
-def check_param(p: torch.Tensor, name: str) -> None:
-    """Checks a parameter when it joins the optimizer, so a bad one fails at construction."""
+def route_reason(p: torch.Tensor) -> tuple[type, str] | None:
+    """Why the engine cannot update parameter p in place, as (the error strict=True raises, the
+    reason), or None. Such a param takes torch's own step (FusedOptimizerMixin._torch_step).
+    Complex64 params are updated as their real views, as torch does."""
     if p.device.type != "cpu":
-        raise RuntimeError(
-            f"fusedopt: parameter {name} is on {p.device}, but this build of fusedopt runs on the CPU only"
-        )
-    if p.is_complex():
-        raise TypeError(f"fusedopt: parameter {name} is complex ({p.dtype}); supported dtypes are {SUPPORTED}")
-    dtype_code(p, f"parameter {name}")
-    check_dense(p, f"parameter {name}")
+        return RuntimeError, f"it is on {p.device}, and this build of fusedopt runs on the CPU only"
+    if p.dtype not in DTYPE_CODES and p.dtype != torch.complex64:
+        return TypeError, f"its dtype is {p.dtype}; the engine takes {SUPPORTED} (and complex64)"
+    if not (p.is_contiguous() or is_dense(p)):
+        return ValueError, f"it is not dense in memory (shape {tuple(p.shape)}, strides {p.stride()})"
+    return None
 
 
-def check_dense(t: torch.Tensor, what: str) -> None:
-    """The engine walks memory linearly: a tensor must cover one dense block (any dimension order,
-    e.g. channels_last)."""
-    if t.is_contiguous() or is_dense(t):
-        return
-    raise ValueError(
-        f"fusedopt: {what} is not dense in memory (shape {tuple(t.shape)}, strides {t.stride()}); "
-        "pass a contiguous tensor"
-    )
+def grad_route_reason(g: torch.Tensor, p: torch.Tensor) -> tuple[type, str] | None:
+    """As route_reason, for p's gradient g (of p's shape) at one step."""
+    if g.is_sparse:
+        return RuntimeError, "its gradient is sparse"
+    if g.device != p.device:
+        return RuntimeError, f"its gradient is on {g.device}"
+    if (g.dtype != p.dtype) if p.is_complex() else (g.dtype not in DTYPE_CODES):
+        return TypeError, f"its gradient has dtype {g.dtype}"
+    if g.numel() > 1 and g.stride() != p.stride() and not (g.is_contiguous() and p.is_contiguous()):
+        return ValueError, f"its gradient has strides {g.stride()} but the parameter has {p.stride()}"
+    return None
+
+
+def route_error(route: tuple[type, str], name: str) -> Exception:
+    """strict=True: the error for a param that cannot take the fused path."""
+    kind, reason = route
+    return kind(f"fusedopt: parameter {name} cannot be updated by the fused engine: {reason} (strict=True)")
+
+
+def check_param(p: torch.Tensor, name: str) -> None:
+    """strict=True: a parameter the engine cannot take fails when it joins the optimizer."""
+    route = route_reason(p)
+    if route is not None:
+        raise route_error(route, name)
 
 
 def is_dense(t: torch.Tensor) -> bool:

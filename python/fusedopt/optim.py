@@ -36,7 +36,8 @@ from ._base import group_number as _f  # hyper-parameters may be 1-element tenso
 class FusedSGD(FusedOptimizerMixin, torch.optim.SGD):
     _algorithm = "sgd"
     _counts_steps = False
-    _sparse_message = "SGD does not support sparse gradients"
+    _takes_sparse = True
+    _sparse_message = "fusedopt: FusedSGD does not support sparse gradients (strict=True)"
 
     def _hyper(self, g):
         return _C.SgdHyper(lr=_f(g, "lr"), momentum=_f(g, "momentum"), dampening=_f(g, "dampening"),
@@ -74,7 +75,8 @@ class FusedRMSprop(FusedOptimizerMixin, torch.optim.RMSprop):
 
 class FusedAdagrad(FusedOptimizerMixin, torch.optim.Adagrad):
     _algorithm = "adagrad"
-    _sparse_message = "fusedopt: FusedAdagrad does not support sparse gradients; use torch.optim.Adagrad"
+    _takes_sparse = True
+    _sparse_message = "fusedopt: FusedAdagrad does not support sparse gradients (strict=True)"
 
     def _hyper(self, g):
         return _C.AdagradHyper(lr=_f(g, "lr"), lr_decay=_f(g, "lr_decay"),
@@ -120,6 +122,22 @@ class FusedLion(FusedOptimizerMixin, _LionGroups):
             wd /= self._init_lr
         return _C.LionHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), weight_decay=wd,
                             maximize=bool(g.get("maximize", False)))
+
+    def _reference_step(self):
+        """lion-pytorch's update_fn, op for op, for the params the engine cannot take."""
+        for g in self.param_groups:
+            h = self._hyper(g)
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                grad = -p.grad if h.maximize else p.grad
+                state = self.state[p]
+                if len(state) == 0:
+                    state["exp_avg"] = torch.zeros_like(p)
+                m = state["exp_avg"]
+                p.mul_(1.0 - h.lr * h.weight_decay)
+                p.add_(m.clone().mul_(h.beta1).add(grad, alpha=1.0 - h.beta1).sign_(), alpha=-h.lr)
+                m.mul_(h.beta2).add_(grad, alpha=1.0 - h.beta2)
 
 
 class _LambGroups(torch.optim.Optimizer):
@@ -181,3 +199,71 @@ class FusedLAMB(FusedOptimizerMixin, _LambGroups):
                             weight_decay=_f(g, "weight_decay"), bias_correction=bool(g["bias_correction"]),
                             adam_w_mode=bool(g["adam_w_mode"]), grad_averaging=bool(g["grad_averaging"]),
                             use_nvlamb=bool(g["use_nvlamb"]))
+
+    def _reference_step(self):
+        """apex FusedLAMB's per-tensor update in torch ops (as tools/lamb_reference.py), for the
+        params the engine cannot take; the step has clipped their gradients already."""
+        for g in self.param_groups:
+            h = self._hyper(g)
+            b3 = 1.0 - h.beta1 if h.grad_averaging else 1.0
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+                state["step"] += 1
+                t = state["step"].item()
+                bc1, bc2 = (1.0 - h.beta1**t, 1.0 - h.beta2**t) if h.bias_correction else (1.0, 1.0)
+                grad, m, v = p.grad, state["exp_avg"], state["exp_avg_sq"]
+                if not h.adam_w_mode and h.weight_decay != 0.0:
+                    grad = grad + h.weight_decay * p
+                m.mul_(h.beta1).add_(grad, alpha=b3)
+                v.mul_(h.beta2).addcmul_(grad, grad, value=1.0 - h.beta2)
+                u = (m / bc1) / ((v / bc2).sqrt() + h.eps)
+                if h.adam_w_mode and h.weight_decay != 0.0:
+                    u.add_(p, alpha=h.weight_decay)
+                pn, un = float(p.norm()), float(u.norm())
+                trust = (h.use_nvlamb or h.weight_decay != 0.0) and pn != 0.0 and un != 0.0
+                p.add_(u, alpha=-(h.lr * pn / un if trust else h.lr))
+
+
+class FusedAdamax(FusedOptimizerMixin, torch.optim.Adamax):
+    """torch.optim.Adamax, fused: exp_avg.lerp_(g, 1 - beta1), exp_inf = max(beta2 * exp_inf, |g| + eps),
+    p -= lr / (1 - beta1**step) * exp_avg / exp_inf (torch's single-tensor path, bit for bit)."""
+
+    _algorithm = "adamax"
+    _sparse_message = "Adamax does not support sparse gradients"
+
+    def _hyper(self, g):
+        return _C.AdamaxHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
+                              weight_decay=_f(g, "weight_decay"), maximize=bool(g["maximize"]))
+
+
+class FusedAdadelta(FusedOptimizerMixin, torch.optim.Adadelta):
+    """torch.optim.Adadelta, fused: square_avg = rho * square_avg + (1 - rho) * g², delta = sqrt(acc_delta + eps)
+    / sqrt(square_avg + eps) * g, acc_delta = rho * acc_delta + (1 - rho) * delta², p -= lr * delta (torch's
+    single-tensor order; an IEEE sqrt where torch's CPU wheel rounds some values one ulp off)."""
+
+    _algorithm = "adadelta"
+    _sparse_message = "Adadelta does not support sparse gradients"
+
+    def _hyper(self, g):
+        return _C.AdadeltaHyper(lr=_f(g, "lr"), rho=_f(g, "rho"), eps=_f(g, "eps"), weight_decay=_f(g, "weight_decay"),
+                                maximize=bool(g["maximize"]))
+
+
+class FusedRAdam(FusedOptimizerMixin, torch.optim.RAdam):
+    """torch.optim.RAdam, fused: Adam's moments; while rho_t <= 5 (steps 1-5 for beta2 near 1) the step is
+    p -= lr * exp_avg / bias_correction1, later the rectified adaptive step. The branch depends only on the
+    step, so the engine takes it per tensor. decoupled_weight_decay=True decays as AdamW."""
+
+    _algorithm = "radam"
+    _sparse_message = "RAdam does not support sparse gradients"
+
+    def _hyper(self, g):
+        return _C.RadamHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
+                             weight_decay=_f(g, "weight_decay"),
+                             decoupled_weight_decay=bool(g.get("decoupled_weight_decay", False)),
+                             maximize=bool(g["maximize"]))

@@ -50,7 +50,9 @@ _AMP_DTYPES = {None: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
 # Most derived first: torch 2.13's AdamW is an Adam.
 _OPTIMIZER_NAMES = ((torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.SGD, "sgd"),
-                    (torch.optim.RMSprop, "rmsprop"), (torch.optim.Adagrad, "adagrad"))
+                    (torch.optim.RMSprop, "rmsprop"), (torch.optim.Adagrad, "adagrad"),
+                    (torch.optim.Adamax, "adamax"), (torch.optim.Adadelta, "adadelta"),
+                    (torch.optim.RAdam, "radam"))
 
 
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
@@ -66,7 +68,7 @@ def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
 
 
 def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
-    """sgd, adam, adamw, rmsprop, adagrad (the trace's otherData.optimizer), or the class name."""
+    """sgd, adam, adamw, rmsprop, adagrad, adamax, adadelta, radam (the trace's otherData.optimizer), or the class name."""
     for cls, name in _OPTIMIZER_NAMES:
         if isinstance(optimizer, cls):
             return name

@@ -30,11 +30,12 @@
 // out-of-place op returns; a temporary is freed with its last handle, as Python frees it.
 // Scalars are doubles, rounded to f32 once where a Python float meets an f32 tensor.
 //   t.step()                   the tensor's step counter (1 on its first update)
-//   in place, return x:        mul_(x, s)  add_(x, s)  add_(x, b, alpha)  lerp_(x, b, w)
-//                              addcmul_(x, b, c, value)  addcdiv_(x, b, c, value)  sqrt_(x)
-//                              sgn_(x)  copy_(x, a)  maximum(a, b, /*out=*/x)
-//   a new temporary:           neg(a)  clone(a)  mul(a, s)  div(a, s)  div(a, b)  add(a, s)
-//                              add(a, b, alpha)  sqrt(a)  addcmul(a, b, c, value)
+//   in place, return x:        mul_(x, s)  mul_(x, b)  div_(x, b)  add_(x, s)  add_(x, b, alpha)
+//                              lerp_(x, b, w)  addcmul_(x, b, c, value)  addcdiv_(x, b, c, value)
+//                              sqrt_(x)  sgn_(x)  copy_(x, a)  maximum(a, b, /*out=*/x)
+//   a new temporary:           neg(a)  abs(a)  reciprocal(a)  clone(a)  mul(a, s)  mul(a, b)
+//                              div(a, s)  div(a, b)  add(a, s)  add(a, b, alpha)  sqrt(a)
+//                              addcmul(a, b, c, value)
 //   a scalar:                  norm(a) (torch.linalg.vector_norm: reads a, writes nothing)
 // The sequence may depend on the hyper-parameters, the options and t.step(), but not on the values
 // of the tensors: the doctor counts it without any.

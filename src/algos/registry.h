@@ -7,10 +7,13 @@
 #include <type_traits>
 #include <utility>
 
+#include "src/algos/adadelta.h"
 #include "src/algos/adagrad.h"
 #include "src/algos/adam.h"
+#include "src/algos/adamax.h"
 #include "src/algos/lamb.h"
 #include "src/algos/lion.h"
+#include "src/algos/radam.h"
 #include "src/algos/rmsprop.h"
 #include "src/algos/sgd.h"
 
@@ -47,11 +50,12 @@ struct List {
   }
 };
 
-using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb>;
+using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam>;
 
 // The same list for explicit template instantiations (X(Sgd) X(Adam) ...), which a type list cannot
 // drive: step.cc and training_step.cc expand it.
-#define FOPT_FOR_EACH_ALGORITHM(X) X(Sgd) X(Adam) X(AdamW) X(Rmsprop) X(Adagrad) X(Lion) X(Lamb)
+#define FOPT_FOR_EACH_ALGORITHM(X) \
+  X(Sgd) X(Adam) X(AdamW) X(Rmsprop) X(Adagrad) X(Lion) X(Lamb) X(Adamax) X(Adadelta) X(Radam)
 #define FOPT_CHECK_LISTED(A) \
   static_assert(All::IndexOf<A::Hyper>() < All::kSize, #A " is not in All");
 FOPT_FOR_EACH_ALGORITHM(FOPT_CHECK_LISTED)

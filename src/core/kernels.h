@@ -20,6 +20,12 @@ void RunAdagradChunks(const StepPlan<AdagradScalars>& plan, std::size_t chunk_be
                       std::size_t chunk_end);
 void RunLionChunks(const StepPlan<LionScalars>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end);
+void RunAdamaxChunks(const StepPlan<AdamaxScalars>& plan, std::size_t chunk_begin,
+                     std::size_t chunk_end);
+void RunAdadeltaChunks(const StepPlan<AdadeltaScalars>& plan, std::size_t chunk_begin,
+                       std::size_t chunk_end);
+void RunRadamChunks(const StepPlan<RadamScalars>& plan, std::size_t chunk_begin,
+                    std::size_t chunk_end);
 void RunLambReduceChunk(const StepPlan<LambScalars>& plan, std::size_t chunk, double* sums);
 void RunLambChunks(const StepPlan<LambScalars>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end);

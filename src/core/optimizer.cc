@@ -239,5 +239,8 @@ template class Optimizer<RmspropHyper>;
 template class Optimizer<AdagradHyper>;
 template class Optimizer<LionHyper>;
 template class Optimizer<LambHyper>;
+template class Optimizer<AdamaxHyper>;
+template class Optimizer<AdadeltaHyper>;
+template class Optimizer<RadamHyper>;
 
 }  // namespace fusedopt

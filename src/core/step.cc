@@ -118,6 +118,18 @@ void LionStep(std::span<const LionHyper> groups, std::span<const Segment> segmen
               Runtime& runtime) {
   FusedStep(groups, segments, runtime);
 }
+void AdamaxStep(std::span<const AdamaxHyper> groups, std::span<const Segment> segments,
+                Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
+void AdadeltaStep(std::span<const AdadeltaHyper> groups, std::span<const Segment> segments,
+                  Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
+void RadamStep(std::span<const RadamHyper> groups, std::span<const Segment> segments,
+               Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
 void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segments,
               Runtime& runtime) {
   FusedStep(groups, segments, runtime);

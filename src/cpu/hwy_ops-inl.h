@@ -28,6 +28,8 @@ struct HwyOps {
   // a·b + c, rounded once on FMA targets (AVX2 and up, NEON, SVE); mul then add elsewhere.
   HWY_INLINE V MulAdd(V a, V b, V c) const { return hn::MulAdd(a, b, c); }
   HWY_INLINE V Sqrt(V a) const { return hn::Sqrt(a); }
+  // |a|: clears the sign bit (torch.abs; NaN stays NaN).
+  HWY_INLINE V Abs(V a) const { return hn::Abs(a); }
   // NaN if either input is NaN, as torch.maximum (hn::Max returns one input or the other depending
   // on the target: maxps keeps the second, Highway's scalar fallback the non-NaN one).
   HWY_INLINE V Max(V a, V b) const {

@@ -136,6 +136,8 @@ class OpCounter {
   Tensor state(int slot) const { return {2 + slot}; }
 
   Tensor mul_(Tensor x, double /*s*/) { return Write(x, {x}); }
+  Tensor mul_(Tensor x, Tensor b) { return Write(x, {x, b}); }
+  Tensor div_(Tensor x, Tensor b) { return Write(x, {x, b}); }
   Tensor add_(Tensor x, double /*s*/) { return Write(x, {x}); }
   Tensor add_(Tensor x, Tensor b, double /*alpha*/) { return Write(x, {x, b}); }
   Tensor lerp_(Tensor x, Tensor b, double /*w*/) { return Write(x, {x, b}); }
@@ -147,6 +149,9 @@ class OpCounter {
   Tensor maximum(Tensor a, Tensor b, Tensor out) { return Write(out, {a, b}); }
 
   Tensor neg(Tensor a) { return New({a}); }
+  Tensor abs(Tensor a) { return New({a}); }
+  Tensor reciprocal(Tensor a) { return New({a}); }
+  Tensor mul(Tensor a, Tensor b) { return New({a, b}); }
   Tensor clone(Tensor a) { return New({a}); }
   Tensor mul(Tensor a, double /*s*/) { return New({a}); }
   Tensor div(Tensor a, double /*s*/) { return New({a}); }

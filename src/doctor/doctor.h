@@ -17,7 +17,8 @@
 namespace fusedopt::bench {
 
 struct DoctorOptions {
-  std::string optimizer = "adamw";  // sgd, adam, adamw, rmsprop, adagrad, lion or lamb (registry)
+  // sgd, adam, adamw, rmsprop, adagrad, lion, lamb, adamax, adadelta or radam (registry)
+  std::string optimizer = "adamw";
   std::vector<std::size_t> numels;  // element count of every parameter tensor, optimizer order
   std::string dtype = "f32";        // params, grads and states (as torch keeps them)
   // NaN: the reference's default for the optimizer (AdamW and LAMB 1e-2, the others 0).

@@ -79,6 +79,42 @@ struct LionScalars {
   float neg_lr;
 };
 
+struct AdamaxScalars {
+  float grad_mul;
+  float weight_decay;
+  LerpCoef beta1_lerp;  // exp_avg.lerp_(grad, 1 − beta1)
+  float beta2;
+  float eps;
+  float neg_clr;  // −lr / (1 − beta1^step)
+  bool has_weight_decay;
+};
+
+struct AdadeltaScalars {
+  float grad_mul;
+  float weight_decay;
+  float rho;
+  float one_minus_rho;
+  float eps;
+  float neg_lr;
+  bool has_weight_decay;
+};
+
+struct RadamScalars {
+  float grad_mul;
+  float weight_decay;   // coupled (L2) term, used when coupled_weight_decay
+  float decay_mul;      // decoupled factor f32(1 − lr·wd); exactly 1 when off
+  LerpCoef beta1_lerp;  // exp_avg.lerp_(grad, 1 − beta1)
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction1;  // 1 − beta1^step
+  float lr;
+  float bias_correction2_sqrt;  // (1 − beta2^step)**0.5
+  float eps;
+  float rect;  // the rectification term (rectified steps only)
+  bool coupled_weight_decay;
+  bool rectified;  // rho_t > 5: the adaptive, rectified step; else p −= lr·m̂
+};
+
 // The first pass of LAMB reduces ‖p‖² and ‖u‖² per tensor; the second applies p −= ratio·u with
 // ratio from those norms (Lamb::Finish fills neg_ratio in between).
 struct LambScalars {

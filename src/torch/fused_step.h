@@ -13,6 +13,9 @@
 //   Clipping(optimizer, training) optional: the pre-pass's clipping (threshold, norm, ClipRule)
 //                                when the algorithm has its own (LAMB's max_grad_norm); without
 //                                it, training's max_grad_norm and norm_type with ClipRule::kTorch
+//   Twin, kTakesSparse           optional: the torch::optim class whose own step takes the params
+//                                the engine cannot (RouteReason), unless training.strict, and
+//                                whether that step takes sparse grads
 // The state keys of the slots and the values new state tensors start from are the descriptor's
 // (src/algos/<algo>.h), as is the step that TrainingStep runs.
 //
@@ -39,9 +42,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -55,6 +60,23 @@
 #include "src/torch/tensor_checks.h"
 
 namespace fusedopt::pt::detail {
+
+// Twin's own step (not the override) over `routed` only: each group's params are swapped with
+// its routed ones for the call, and back, whatever the step does.
+template <class Twin>
+void TwinStep(torch::optim::Optimizer& optimizer, std::vector<std::vector<at::Tensor>>& routed) {
+  auto& groups = optimizer.param_groups();
+  const auto swap = [&] {
+    for (std::size_t g = 0; g < groups.size(); ++g) std::swap(groups[g].params(), routed[g]);
+  };
+  swap();
+  struct SwapBack {
+    decltype(swap)& undo;
+    ~SwapBack() { undo(); }
+  } swap_back{swap};
+  auto& twin = dynamic_cast<Twin&>(optimizer);
+  twin.Twin::step(nullptr);
+}
 
 template <class Traits>
 at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
@@ -96,6 +118,8 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
 
   auto& groups = optimizer.param_groups();
   auto& state_map = optimizer.state();
+  std::vector<std::vector<at::Tensor>> routed(groups.size());  // for the twin's step, per group
+  std::string routed_why;
   hypers.reserve(groups.size());
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const auto* options = dynamic_cast<const Options*>(&groups[g].options());
@@ -110,6 +134,16 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       const at::Tensor& p = group_params[i];
       if (!p.grad().defined()) continue;  // torch skips these: no state, no step count
       const ParamName name{g, i};
+      if constexpr (requires { typename Traits::Twin; }) {
+        if (!training.strict) {
+          const std::string why = RouteReason(p, Traits::kTakesSparse);
+          if (!why.empty()) {
+            routed[g].push_back(p);
+            routed_why += (routed_why.empty() ? "" : "; ") + ToString(name) + ": " + why;
+            continue;
+          }
+        }
+      }
       CheckParam(Traits::kName, name, p);
       grads.push_back(CheckedGrad(Traits::kName, name, p));
 
@@ -158,8 +192,24 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       states.push_back(state);
     }
   }
-  if (segments.empty()) return loss;
+  if (segments.empty() && routed_why.empty()) return loss;
   CheckDisjoint(Traits::kName, params, names);
+  if (!routed_why.empty()) {
+    TORCH_CHECK(scaler == nullptr && clipping.max_norm == std::numeric_limits<double>::infinity(),
+                Traits::kName,
+                ": a scaler or max_grad_norm needs every param on the fused path, but ",
+                routed_why);
+    TORCH_WARN_ONCE(Traits::kName,
+                    ": these params take torch::optim's own (unfused) step: ", routed_why,
+                    ". Set training().strict = true to make this an error.");
+  }
+  if (segments.empty()) {  // only routed params
+    if constexpr (requires { typename Traits::Twin; }) {
+      TwinStep<typename Traits::Twin>(optimizer, routed);
+      result.stepped = true;
+    }
+    return loss;
+  }
 
   StepResult outcome;
   try {
@@ -190,6 +240,11 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   }
   for (auto& [key, state] : new_states) state_map[key] = std::move(state);
   result = outcome;
+  // After the fused part: its checks of the options came first. (No skip can happen here: routed
+  // params come without a scaler or clipping.)
+  if constexpr (requires { typename Traits::Twin; }) {
+    if (!routed_why.empty()) TwinStep<typename Traits::Twin>(optimizer, routed);
+  }
   return loss;
 }
 

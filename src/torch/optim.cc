@@ -36,6 +36,8 @@ struct SgdTraits {
   using Options = torch::optim::SGDOptions;
   using State = torch::optim::SGDParamState;
   using Hyper = SgdHyper;
+  using Twin = torch::optim::SGD;
+  static constexpr bool kTakesSparse = true;
   static constexpr const char* kName = "fusedopt::pt::SGD";
 
   static Hyper ToHyper(const Options& o) {
@@ -76,11 +78,15 @@ struct AdamFamilyTraits {
 
 struct AdamTraits
     : AdamFamilyTraits<torch::optim::AdamOptions, torch::optim::AdamParamState, AdamHyper> {
+  using Twin = torch::optim::Adam;
+  static constexpr bool kTakesSparse = false;
   static constexpr const char* kName = "fusedopt::pt::Adam";
 };
 
 struct AdamWTraits
     : AdamFamilyTraits<torch::optim::AdamWOptions, torch::optim::AdamWParamState, AdamWHyper> {
+  using Twin = torch::optim::AdamW;
+  static constexpr bool kTakesSparse = false;
   static constexpr const char* kName = "fusedopt::pt::AdamW";
 };
 
@@ -88,6 +94,8 @@ struct RmspropTraits {
   using Options = torch::optim::RMSpropOptions;
   using State = torch::optim::RMSpropParamState;
   using Hyper = RmspropHyper;
+  using Twin = torch::optim::RMSprop;
+  static constexpr bool kTakesSparse = false;
   static constexpr const char* kName = "fusedopt::pt::RMSprop";
 
   static Hyper ToHyper(const Options& o) {
@@ -109,6 +117,8 @@ struct AdagradTraits {
   using Options = torch::optim::AdagradOptions;
   using State = torch::optim::AdagradParamState;
   using Hyper = AdagradHyper;
+  using Twin = torch::optim::Adagrad;
+  static constexpr bool kTakesSparse = true;
   static constexpr const char* kName = "fusedopt::pt::Adagrad";
 
   static Hyper ToHyper(const Options& o) {

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <sstream>
+#include <string>
 #include <vector>
 
 namespace fusedopt::pt::detail {
@@ -46,6 +48,26 @@ void CheckParam(std::string_view optimizer, const ParamName& name, const at::Ten
               p.sizes(), ", strides ", p.strides(),
               "); the fused step updates each param as one flat buffer (make the param "
               "contiguous before creating the optimizer)");
+}
+
+std::string RouteReason(const at::Tensor& p, bool sparse_ok) {
+  std::ostringstream why;
+  const at::Tensor& grad = p.grad();
+  if (!p.device().is_cpu()) {
+    why << "it is on " << p.device();
+  } else if (p.layout() != at::kStrided) {
+    why << "it has layout " << p.layout();
+  } else if (!SupportedDType(p.scalar_type())) {
+    why << "its dtype is " << p.scalar_type();
+  } else if (!p.is_contiguous()) {
+    why << "it is not contiguous (strides " << p.strides() << ")";
+  } else if (grad.is_sparse() && sparse_ok) {
+    why << "its gradient is sparse";
+  } else if (!grad.is_sparse() && grad.layout() == at::kStrided &&
+             (!grad.device().is_cpu() || !SupportedDType(grad.scalar_type()))) {
+    why << "its gradient has dtype " << grad.scalar_type() << " on " << grad.device();
+  }
+  return why.str();
 }
 
 at::Tensor CheckedGrad(std::string_view optimizer, const ParamName& name, const at::Tensor& p) {

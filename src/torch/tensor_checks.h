@@ -28,6 +28,11 @@ DType ToDType(const at::Tensor& t);
 // p can be updated in place as one flat buffer: CPU, strided, contiguous, f32/f16/bf16.
 void CheckParam(std::string_view optimizer, const ParamName& name, const at::Tensor& p);
 
+// Why the fused step cannot take p (with its defined grad) — what CheckParam or CheckedGrad would
+// reject, but for a grad whose shape differs from p's (an error on either path) — or "" if it
+// can. A sparse grad is a reason only where the reference step takes one (`sparse_ok`).
+std::string RouteReason(const at::Tensor& p, bool sparse_ok);
+
 // p's grad as a buffer the step can read: dense, on the CPU, p's shape, f32/f16/bf16. A strided but
 // non-contiguous grad (a user-assigned view) is returned as a contiguous copy, since the step only
 // reads it; the caller keeps the copy alive until the step is done.

@@ -186,6 +186,8 @@ def ulp_err(a, r, floor_frac=1 / 8):
 def as_int(t: torch.Tensor) -> torch.Tensor:
     """The bits of a float tensor (so that -0.0 != 0.0 and NaN == NaN with the same payload)."""
     t = t.detach().contiguous()
+    if t.is_complex():
+        t = torch.view_as_real(t)
     return t.view({torch.float32: torch.int32, torch.float16: torch.int16,
                    torch.bfloat16: torch.int16, torch.float64: torch.int64}[t.dtype])
 

@@ -54,11 +54,12 @@ def test_sparse_grad_error_is_torchs(name):
 
 
 @pytest.mark.parametrize("name", ["SGD", "Adagrad"])
-def test_sparse_grad_unsupported_is_a_runtime_error(name):
-    """torch.optim.SGD and Adagrad accept sparse grads; the fused ones reject them (RuntimeError)
-    without touching anything."""
+def test_sparse_grad_with_strict_is_a_runtime_error(name):
+    """torch.optim.SGD and Adagrad accept sparse grads (test_fallback.py: so do the fused ones, through
+    torch's step); with strict=True the fused ones reject them (RuntimeError) without touching
+    anything."""
     ps = make_params(0)
-    fus = FUSED[name](groups_of(ps, name), **BASE_KW[name])
+    fus = FUSED[name](groups_of(ps, name), strict=True, **BASE_KW[name])
     run(fus, ps, 2, skip=lambda t, i: t > 0 or i != 4)  # param 4 has no state yet...
     set_grads(ps, 2, skip=lambda t, i: True)  # ...and gets its first grad in the failing step
     ps[3].grad = ps[3].grad.to_sparse()
@@ -70,7 +71,7 @@ def test_sparse_grad_unsupported_is_a_runtime_error(name):
 
 # ---- unsupported params -------------------------------------------------------------------------
 
-BAD_DTYPES = [torch.complex64, torch.float64, torch.int32]
+BAD_DTYPES = [torch.complex128, torch.float64, torch.int32]
 
 
 def _bad_param(dtype):
@@ -81,28 +82,29 @@ def _bad_param(dtype):
 
 @pytest.mark.parametrize("dtype", BAD_DTYPES, ids=str)
 @pytest.mark.parametrize("name", NAMES)
-def test_unsupported_dtype_is_a_type_error_naming_the_param(name, dtype):
+def test_unsupported_dtype_with_strict_is_a_type_error_naming_the_param(name, dtype):
     good = torch.nn.Parameter(torch.zeros(2))
-    TORCH[name]([good, _bad_param(dtype)])  # torch.optim accepts it
-    with pytest.raises(TypeError, match=r"parameter 1 of group 0.*" + re.escape(str(dtype))):
-        FUSED[name]([good, _bad_param(dtype)])
+    TORCH[name]([good, _bad_param(dtype)])  # torch.optim accepts it, and so does the fused one
+    FUSED[name]([good, _bad_param(dtype)])  # (test_fallback.py: it takes torch's step)
+    with pytest.raises(TypeError, match=r"parameter 1 of group 0.*" + re.escape(str(dtype)) + ".*strict=True"):
+        FUSED[name]([good, _bad_param(dtype)], strict=True)
     # with named params the message carries the name
     with pytest.raises(TypeError, match=r"'decoder\.weight'"):
-        FUSED[name]([("encoder.weight", good), ("decoder.weight", _bad_param(dtype))])
+        FUSED[name]([("encoder.weight", good), ("decoder.weight", _bad_param(dtype))], strict=True)
     # in a group added later, too
-    opt = FUSED[name]([good])
+    opt = FUSED[name]([good], strict=True)
     with pytest.raises(TypeError, match=r"parameter 0 of group 1"):
         opt.add_param_group({"params": [_bad_param(dtype)]})
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_non_dense_param_is_a_value_error(name):
+def test_non_dense_param_with_strict_is_a_value_error(name):
     base = torch.randn(4, 6)
     p = torch.nn.Parameter(base[:, ::2])  # every other column: not one dense block
     assert not p.is_contiguous()
-    TORCH[name]([p])  # torch accepts it
-    with pytest.raises(ValueError, match=r"parameter 0 of group 0 is not dense"):
-        FUSED[name]([torch.nn.Parameter(base[:, ::2])])
+    TORCH[name]([p])  # torch accepts it (and the fused one without strict: test_fallback.py)
+    with pytest.raises(ValueError, match=r"parameter 0 of group 0 cannot be updated.*not dense"):
+        FUSED[name]([torch.nn.Parameter(base[:, ::2])], strict=True)
     # a dense but permuted param (e.g. channels_last) is fine, and steps like torch
     q_t = torch.nn.Parameter(torch.randn(3, 5).t())
     q_f = torch.nn.Parameter(q_t.detach().clone().t().contiguous().t())
@@ -152,10 +154,11 @@ def test_invalid_params_argument_like_torch(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_differentiable_is_a_runtime_error(name):
+def test_differentiable_with_strict_is_a_runtime_error(name):
     TORCH[name]([torch.nn.Parameter(torch.zeros(2))], differentiable=True)  # torch supports it
+    FUSED[name]([torch.nn.Parameter(torch.zeros(2))], differentiable=True)  # so do we (test_fallback.py)
     with pytest.raises(RuntimeError, match="differentiable"):
-        FUSED[name]([torch.nn.Parameter(torch.zeros(2))], differentiable=True)
+        FUSED[name]([torch.nn.Parameter(torch.zeros(2))], differentiable=True, strict=True)
     FUSED[name]([torch.nn.Parameter(torch.zeros(2))], differentiable=False)  # accepted and kept
     assert FUSED[name]([torch.nn.Parameter(torch.zeros(2))]).defaults["differentiable"] is False
 
@@ -241,14 +244,17 @@ def test_non_dense_grad_changes_nothing(name):
     set_grads(p_f, 10)
     g = torch.randn(33, 34)[:, ::2]  # right shape, not dense
     p_f[3].grad = g
-    snap = snapshot(fus)
-    try:
+    with pytest.warns(UserWarning, match="strides"):  # torch's step takes that param (test_fallback.py)
         fus.step()
-    except (ValueError, RuntimeError):
-        assert_unchanged(fus, snap, "rejected step (non-dense grad)")
-    else:  # accepted: then it must have read the grad by its strides, like torch
-        p_t2, _, tor2, _ = _mid_training(name)
-        set_grads(p_t2, 10)
-        p_t2[3].grad = g
-        tor2.step()
-        compare_opts(fus, tor2, f"{name} non-dense grad", bitwise=(name == "SGD"))
+    p_t2, _, tor2, _ = _mid_training(name)
+    set_grads(p_t2, 10)
+    p_t2[3].grad = g
+    tor2.step()
+    compare_opts(fus, tor2, f"{name} non-dense grad", bitwise=(name == "SGD"))
+    strict = FUSED[name](groups_of(clone_params(p_f), name), strict=True, **BASE_KW[name])
+    set_grads([p for grp in strict.param_groups for p in grp["params"]], 10)
+    strict.param_groups[1]["params"][1].grad = g
+    snap = snapshot(strict)
+    with pytest.raises(ValueError, match="strides"):
+        strict.step()
+    assert_unchanged(strict, snap, "rejected step (non-dense grad, strict=True)")

@@ -1,9 +1,9 @@
 // Test-only oracle: torch.optim's single-tensor update rules (shared/docs/torch-semantics.md §3,
-// torch 2.x), lion-pytorch's Lion and apex FusedLAMB's LAMB (shared/docs/algorithms-more.md §4,
-// §3.1) as plain per-element loops in double. It shares no code with src/math: it is written
-// from the torch docs and code, so a kernel and the oracle agreeing means something.
-// Hyper-parameters are used exactly as given (no rounding of scalars to f32), so the same functions
-// reproduce torch's float64 path.
+// torch 2.x; Adamax and Adadelta: shared/docs/algorithms-more.md §2), lion-pytorch's Lion and apex
+// FusedLAMB's LAMB (shared/docs/algorithms-more.md §4, §3.1) as plain per-element loops in double.
+// It shares no code with src/math: it is written from the torch docs and code, so a kernel and the
+// oracle agreeing means something. Hyper-parameters are used exactly as given (no rounding of
+// scalars to f32), so the same functions reproduce torch's float64 path.
 //
 // Each function performs one step of one tensor in place. `step` is that tensor's step counter
 // after the increment, as torch's state['step'] (1 on its first update). State spans a rule does
@@ -174,6 +174,78 @@ inline void LambStep(const LambHyper& h, std::int64_t step, std::span<double> p,
                            ? h.lr * (param_norm / update_norm)
                            : h.lr;
   for (std::size_t i = 0; i < p.size(); ++i) p[i] -= ratio * u[i];  // θ = θ − ratio u
+}
+
+// torch.optim.RAdam; with decoupled_weight_decay the decay is AdamW's. Steps whose SMA length rho_t
+// is at most 5 take p −= lr·m̂ (v is still updated); later ones the rectified adaptive step.
+inline void RadamStep(const RadamHyper& h, std::int64_t step, std::span<double> p,
+                      std::span<const double> g, std::span<double> exp_avg,
+                      std::span<double> exp_avg_sq) {
+  const auto t = static_cast<double>(step);
+  const double bias_correction1 = 1.0 - std::pow(h.beta1, t);  // bc1 = 1 − β1^t
+  const double bias_correction2 = 1.0 - std::pow(h.beta2, t);  // bc2 = 1 − β2^t
+  const double rho_inf = 2.0 / (1.0 - h.beta2) - 1.0;          // ρ∞ = 2 / (1 − β2) − 1
+  const double rho_t =
+      rho_inf - 2.0 * t * std::pow(h.beta2, t) / bias_correction2;  // ρt = ρ∞ − 2t β2^t / bc2
+  const bool rectified = rho_t > 5.0;
+  const double rect = rectified ? std::sqrt((rho_t - 4.0) * (rho_t - 2.0) * rho_inf /
+                                            ((rho_inf - 4.0) * (rho_inf - 2.0) * rho_t))
+                                : 0.0;  // r = √((ρt − 4)(ρt − 2)ρ∞ / ((ρ∞ − 4)(ρ∞ − 2)ρt))
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    double gi = h.maximize ? -g[i] : g[i];  // g = -∇ if maximize else ∇
+    if (h.weight_decay != 0.0) {
+      if (h.decoupled_weight_decay) {
+        p[i] *= 1.0 - h.lr * h.weight_decay;  // θ = θ (1 − γλ)
+      } else {
+        gi += h.weight_decay * p[i];  // g = g + λθ
+      }
+    }
+    double& m = exp_avg[i];
+    double& v = exp_avg_sq[i];
+    m += (1.0 - h.beta1) * (gi - m);              // m = lerp(m, g, 1 − β1)
+    v = h.beta2 * v + (1.0 - h.beta2) * gi * gi;  // v = β2 v + (1 − β2) g²
+    const double m_hat = m / bias_correction1;    // m̂ = m / bc1
+    if (rectified) {
+      p[i] -= h.lr * m_hat * rect * std::sqrt(bias_correction2) /
+              (std::sqrt(v) + h.eps);  // θ = θ − γ m̂ r √bc2 / (√v + ε)
+    } else {
+      p[i] -= h.lr * m_hat;  // θ = θ − γ m̂
+    }
+  }
+}
+
+// torch.optim.Adadelta: running means of g² (square_avg) and of the squared steps (acc_delta); the
+// step is √(acc_delta + ε) / √(square_avg + ε) · g.
+inline void AdadeltaStep(const AdadeltaHyper& h, std::span<double> p, std::span<const double> g,
+                         std::span<double> square_avg, std::span<double> acc_delta) {
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    double gi = h.maximize ? -g[i] : g[i];                   // g = -∇ if maximize else ∇
+    if (h.weight_decay != 0.0) gi += h.weight_decay * p[i];  // g = g + λθ
+    double& v = square_avg[i];
+    double& u = acc_delta[i];
+    v = h.rho * v + (1.0 - h.rho) * gi * gi;  // v = ρ v + (1 − ρ) g²
+    const double delta =
+        std::sqrt(u + h.eps) / std::sqrt(v + h.eps) * gi;  // Δ = √(u + ε) / √(v + ε) g
+    u = h.rho * u + (1.0 - h.rho) * delta * delta;         // u = ρ u + (1 − ρ) Δ²
+    p[i] -= h.lr * delta;                                  // θ = θ − γ Δ
+  }
+}
+
+// torch.optim.Adamax: the first moment and the exponentially weighted infinity norm u (eps inside
+// the max, no bias correction of u).
+inline void AdamaxStep(const AdamaxHyper& h, std::int64_t step, std::span<double> p,
+                       std::span<const double> g, std::span<double> exp_avg,
+                       std::span<double> exp_inf) {
+  const double clr = h.lr / (1.0 - std::pow(h.beta1, static_cast<double>(step)));  // γ / (1 − β1^t)
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    double gi = h.maximize ? -g[i] : g[i];                   // g = -∇ if maximize else ∇
+    if (h.weight_decay != 0.0) gi += h.weight_decay * p[i];  // g = g + λθ
+    double& m = exp_avg[i];
+    double& u = exp_inf[i];
+    m += (1.0 - h.beta1) * (gi - m);  // m = lerp(m, g, 1 − β1) (Inf − Inf: NaN, as torch)
+    u = MaximumPropagatingNaN(h.beta2 * u, std::abs(gi) + h.eps);  // u = max(β2 u, |g| + ε)
+    p[i] -= clr * m / u;                                           // θ = θ − γ̃ m / u
+  }
 }
 
 }  // namespace fusedopt::ref

@@ -39,7 +39,8 @@ Command AddBenchCommand(CLI::App& app) {
   parser
       ->add_option("--optimizer", options.optimizer,
                    "sgd (momentum 0.9), adam, adamw, rmsprop, adagrad, lion (lr 1e-4, weight "
-                   "decay 0.1) or lamb (two-phase; standard includes its global grad norm)")
+                   "decay 0.1), lamb (two-phase; standard includes its global grad norm), "
+                   "adamax, adadelta or radam")
       ->check(CLI::IsMember(AlgorithmNames()))
       ->capture_default_str();
   auto* shapes =

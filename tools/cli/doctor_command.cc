@@ -103,10 +103,12 @@ Command AddDoctorCommand(CLI::App& app) {
       "Is the optimizer worth fusing here? Its share of the step, the ops and memory passes of a "
       "for-loop optimizer vs fused, GB/s vs the bandwidth ceiling, and the predicted speedup");
   Given given{};
-  given.optimizer = parser
-                        ->add_option("--optimizer", options.optimizer,
-                                     "sgd, adam, adamw, rmsprop, adagrad, lion or lamb")
-                        ->capture_default_str();
+  given.optimizer =
+      parser
+          ->add_option("--optimizer", options.optimizer,
+                       "sgd, adam, adamw, rmsprop, adagrad, lion, lamb, adamax, adadelta "
+                       "or radam")
+          ->capture_default_str();
   given.shapes =
       parser->add_option("--shapes", values->shapes, "Real per-tensor shapes of a model")
           ->check(CLI::IsMember({"mobilenet_v1", "resnet50", "bert_base", "gpt2_small"}));

@@ -25,7 +25,10 @@
 // names the param as param_groups[g].params[i]): CPU, strided and contiguous, dtype float32,
 // float16 or bfloat16, a dense grad of the same shape (also float32/float16/bfloat16), no param
 // given twice. State tensors are kept in the param's dtype, as torch does. Params whose grad is
-// undefined are skipped: no state, no step count, untouched.
+// undefined are skipped: no state, no step count, untouched. SGD, Adam, AdamW, RMSprop and
+// Adagrad take any param their torch::optim twin takes: those the engine cannot (float64,
+// non-contiguous, non-CPU, sparse grads for SGD and Adagrad) go through the twin's own step in
+// the same step(), bit for bit torch's (TrainingOptions::strict makes them errors instead).
 //
 // The step runs on fusedopt::DefaultRuntime(): OMP_NUM_THREADS threads, or one per core
 // (fusedopt::DefaultRuntime().set_num_threads(n) changes it); results do not depend on the count.
@@ -89,6 +92,11 @@ struct TrainingOptions {
   // torch::nn::utils::clip_grad_norm_ does; Inf: no clipping. Must be >= 0.
   double max_grad_norm = std::numeric_limits<double>::infinity();
   NormType norm_type = NormType::kL2;
+  // SGD, Adam, AdamW, RMSprop and Adagrad hand params the engine cannot take (float64, non-CPU,
+  // non-contiguous, a sparse grad for SGD and Adagrad) to their torch::optim twin's own step, for
+  // those params, within the same step() (warning once); with a scaler or clipping that is an
+  // error. strict = true: each of them is an error.
+  bool strict = false;
 };
 
 // The training-loop part shared by the seven optimizers.

@@ -1,0 +1,51 @@
+// Adadelta kernel: Io + AdadeltaMath for every dtype combination, compiled for every SIMD target.
+
+#include "src/core/kernels.h"
+
+// clang-format off
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "src/cpu/adadelta.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// clang-format on
+#include "hwy/highway.h"
+#include "src/cpu/hwy_ops-inl.h"
+#include "src/cpu/io-inl.h"
+#include "src/cpu/loop-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace fusedopt::HWY_NAMESPACE {
+#include "src/math/adadelta_math.h"
+
+void AdadeltaChunks(const StepPlan<AdadeltaScalars>& plan, std::size_t chunk_begin,
+                    std::size_t chunk_end) {
+  RunPlanChunks(
+      plan, chunk_begin, chunk_end,
+      [](const auto& b, const AdadeltaScalars s, std::size_t begin, std::size_t end) HWY_ATTR {
+        WithFlags(
+            [&](auto wd) HWY_ATTR {
+              ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
+                auto p = b.param.Load(d, i);
+                auto v = b.LoadState(d, kAdadeltaSquareAvg, i);
+                auto u = b.LoadState(d, kAccDelta, i);
+                AdadeltaMath<decltype(wd)::value>(HwyOps<decltype(d)>{d}, s, p, b.Grad(d, i), v, u);
+                b.param.Store(d, p, i);
+                b.StoreState(d, kAdadeltaSquareAvg, v, i);
+                b.StoreState(d, kAccDelta, u, i);
+              });
+            },
+            s.has_weight_decay);
+      });
+}
+
+}  // namespace fusedopt::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fusedopt {
+HWY_EXPORT(AdadeltaChunks);
+void RunAdadeltaChunks(const StepPlan<AdadeltaScalars>& plan, std::size_t chunk_begin,
+                       std::size_t chunk_end) {
+  HWY_DYNAMIC_DISPATCH(AdadeltaChunks)(plan, chunk_begin, chunk_end);
+}
+}  // namespace fusedopt
+#endif
