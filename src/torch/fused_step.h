@@ -35,6 +35,8 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/full_like.h>
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/stack.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
@@ -61,14 +63,23 @@
 
 namespace fusedopt::pt::detail {
 
-// Twin's own step (not the override) over `routed` only: each group's params are swapped with
-// its routed ones for the call, and back, whatever the step does.
+// Twin's own step (not the override) over `routed` only, each grad read times `grad_scale`: each
+// group's params are swapped with its routed ones, and their grads with the scaled ones, for the
+// call, and back, whatever the step does.
 template <class Twin>
-void TwinStep(torch::optim::Optimizer& optimizer, std::vector<std::vector<at::Tensor>>& routed) {
+void TwinStep(torch::optim::Optimizer& optimizer, std::vector<std::vector<at::Tensor>>& routed,
+              float grad_scale) {
   auto& groups = optimizer.param_groups();
+  std::vector<std::pair<at::Tensor, at::Tensor>> own_grads;  // (param, its grad)
   const auto swap = [&] {
     for (std::size_t g = 0; g < groups.size(); ++g) std::swap(groups[g].params(), routed[g]);
+    for (auto& [p, grad] : own_grads) std::swap(p.mutable_grad(), grad);
   };
+  if (grad_scale != 1.0f) {
+    for (const auto& group : routed) {
+      for (const at::Tensor& p : group) own_grads.emplace_back(p, p.grad() * grad_scale);
+    }
+  }
   swap();
   struct SwapBack {
     decltype(swap)& undo;
@@ -76,6 +87,44 @@ void TwinStep(torch::optim::Optimizer& optimizer, std::vector<std::vector<at::Te
   } swap_back{swap};
   auto& twin = dynamic_cast<Twin&>(optimizer);
   twin.Twin::step(nullptr);
+}
+
+// The pre-pass of a step with routed params, over the fused params' grads and the routed ones: the
+// global norm of the unscaled gradients, in double (torch sums clip_grad_norm_ in the gradients'
+// dtype, so its norm can differ in the last bits). Returns false when a gradient is not finite
+// (the step is skipped: `result` says so); otherwise sets result's grad_norm (with clipping) and
+// clip_coef.
+inline bool MixedPrePass(std::span<const at::Tensor> fused_grads,
+                         const std::vector<std::vector<at::Tensor>>& routed,
+                         const PrePassOptions& clipping, float grad_scale, StepResult& result) {
+  const bool clip = clipping.max_norm != std::numeric_limits<double>::infinity();
+  if (!clip && grad_scale == 1.0f) return true;  // no scaler, no clipping: nothing spans
+  const double order = clipping.norm_type == NormType::kL1    ? 1.0
+                       : clipping.norm_type == NormType::kInf ? INFINITY
+                                                              : 2.0;
+  std::vector<at::Tensor> norms;
+  const auto add = [&](const at::Tensor& g) {
+    const at::Tensor dense = g.is_sparse() ? g.coalesce().values() : g;
+    norms.push_back(at::linalg_vector_norm(dense, order, {}, false,
+                                           dense.is_complex() ? at::kComplexDouble : at::kDouble)
+                        .cpu());
+  };
+  for (const at::Tensor& g : fused_grads) add(g);
+  for (const auto& group : routed) {
+    for (const at::Tensor& p : group) add(p.grad());
+  }
+  const double norm = at::linalg_vector_norm(at::stack(norms), order).item<double>() * grad_scale;
+  if (clip) result.grad_norm = norm;
+  if (!std::isfinite(norm)) {
+    result.found_inf = true;
+    return false;
+  }
+  if (clip) {
+    result.clip_coef = clipping.clip_rule == ClipRule::kLamb
+                           ? LambClipCoefficient(norm, clipping.max_norm)
+                           : ClipCoefficient(norm, clipping.max_norm);
+  }
+  return true;
 }
 
 template <class Traits>
@@ -194,33 +243,39 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   }
   if (segments.empty() && routed_why.empty()) return loss;
   CheckDisjoint(Traits::kName, params, names);
-  if (!routed_why.empty()) {
-    TORCH_CHECK(scaler == nullptr && clipping.max_norm == std::numeric_limits<double>::infinity(),
-                Traits::kName,
-                ": a scaler or max_grad_norm needs every param on the fused path, but ",
-                routed_why);
+  // With routed params, what spans both partitions runs here, once over all gradients: the overflow
+  // check and the global norm (MixedPrePass); TrainingStep then runs without scaler and clipping,
+  // the clip coefficient folded into every grad_scale, and the routed grads get the same factor.
+  StepResult mixed;
+  float routed_scale = 1.0f;
+  const bool routing = !routed_why.empty();
+  if (routing) {
     TORCH_WARN_ONCE(Traits::kName,
                     ": these params take torch::optim's own (unfused) step: ", routed_why,
                     ". Set training().strict = true to make this an error.");
-  }
-  if (segments.empty()) {  // only routed params
-    if constexpr (requires { typename Traits::Twin; }) {
-      TwinStep<typename Traits::Twin>(optimizer, routed);
-      result.stepped = true;
+    if (!MixedPrePass(grads, routed, clipping, grad_scale, mixed)) {
+      if (scaler != nullptr) scaler->Update(true);
+      result = mixed;
+      return loss;
     }
-    return loss;
+    routed_scale = grad_scale * mixed.clip_coef;
+    for (Segment& seg : segments) seg.grad_scale = routed_scale;
   }
 
   StepResult outcome;
-  try {
-    outcome = TrainingStep(std::span<const Hyper>(hypers), std::span<Segment>(segments),
-                           {.scaler = scaler,
-                            .max_grad_norm = clipping.max_norm,
-                            .norm_type = clipping.norm_type,
-                            .clip_rule = clipping.clip_rule},
-                           DefaultRuntime());
-  } catch (const fusedopt::Error& e) {
-    TORCH_CHECK(false, Traits::kName, ": ", e.what());
+  outcome.stepped = true;  // (a step of routed params only)
+  if (!segments.empty()) {
+    try {
+      outcome = TrainingStep(
+          std::span<const Hyper>(hypers), std::span<Segment>(segments),
+          {.scaler = routing ? nullptr : scaler,
+           .max_grad_norm = routing ? std::numeric_limits<double>::infinity() : clipping.max_norm,
+           .norm_type = clipping.norm_type,
+           .clip_rule = clipping.clip_rule},
+          DefaultRuntime());
+    } catch (const fusedopt::Error& e) {
+      TORCH_CHECK(false, Traits::kName, ": ", e.what());
+    }
   }
   if (outcome.pre_pass_begin) {
     pre_pass = FusedStepOptions::Interval{*outcome.pre_pass_begin, *outcome.pre_pass_end};
@@ -240,10 +295,14 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   }
   for (auto& [key, state] : new_states) state_map[key] = std::move(state);
   result = outcome;
-  // After the fused part: its checks of the options came first. (No skip can happen here: routed
-  // params come without a scaler or clipping.)
+  // After the fused part: its checks of the options came first.
   if constexpr (requires { typename Traits::Twin; }) {
-    if (!routed_why.empty()) TwinStep<typename Traits::Twin>(optimizer, routed);
+    if (routing) {
+      TwinStep<typename Traits::Twin>(optimizer, routed, routed_scale);
+      if (scaler != nullptr) scaler->Update(false);
+      result.grad_norm = mixed.grad_norm;
+      result.clip_coef = mixed.clip_coef;
+    }
   }
   return loss;
 }

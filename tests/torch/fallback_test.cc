@@ -4,13 +4,18 @@
 // training().strict = true makes each of them an error again (errors_test.cc).
 
 #include <gtest/gtest.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim.h>
 #include <torch/types.h>
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "fusedopt/pt/optim.h"
+#include "fusedopt/scaler.h"
 #include "tests/torch/test_util.h"
 
 namespace fusedopt::pt::test {
@@ -92,18 +97,44 @@ TEST(TorchFallback, SparseGradSgd) {
   EXPECT_TRUE(ours.second.allclose(theirs.second, 1e-6, 1e-7));
 }
 
-// Clipping and loss scaling span all params; with routed ones they are an error that changes
-// nothing.
-TEST(TorchFallback, ClippingWithRoutedParamsIsAnError) {
-  Params params = MixedModel();
+// The scaler's unscale and skip and max_grad_norm's global norm span both paths: the same as
+// unscaling, torch::nn::utils::clip_grad_norm_ over all params and torch::optim's step (to
+// rounding: the fused step folds the clip factor into its gradient scale).
+TEST(TorchFallback, ScalerAndClippingSpanBothPaths) {
+  Params ours = MixedModel();
+  Params theirs = CloneParams(ours);
   const auto options = torch::optim::AdamOptions(1e-2);
-  Adam opt(MakeGroups(params, options), options);
-  opt.training().max_grad_norm = 1.0;
-  SetGrads(params, 0);
-  const Params before = CloneParams(params);
-  ExpectTorchError([&] { opt.step(); }, {"fusedopt::pt::Adam", "max_grad_norm", "param_groups[1]"});
-  EXPECT_TRUE(BitwiseEqual(params, before));
-  EXPECT_TRUE(opt.state().empty());
+  Adam fused(MakeGroups(ours, options), options);
+  torch::optim::Adam ref(MakeGroups(theirs, options), options);
+  LossScaler scaler = LossScaler::Static(1024.0f);
+  fused.training().scaler = &scaler;
+  fused.training().max_grad_norm = 1.0;
+  for (int t = 0; t < 6; ++t) {
+    SetGrads(theirs, t);
+    SetGrads(ours, t);
+    for (std::size_t g = 0; g < ours.size(); ++g) {
+      for (std::size_t i = 0; i < ours[g].size(); ++i) {
+        if (!ours[g][i].grad().defined()) continue;
+        ours[g][i].mutable_grad() = ours[g][i].grad() * 1024.0;
+        if (t == 3 && g == 1) ours[g][i].mutable_grad()[0] = INFINITY;  // a routed grad overflows
+      }
+    }
+    const Params before = CloneParams(ours);
+    fused.step();
+    if (t == 3) {  // the whole step is skipped, on both paths
+      EXPECT_FALSE(fused.last_step().stepped);
+      EXPECT_TRUE(fused.last_step().found_inf);
+      EXPECT_TRUE(BitwiseEqual(ours, before));
+      continue;
+    }
+    std::vector<torch::Tensor> all;
+    for (const auto& group : theirs) all.insert(all.end(), group.begin(), group.end());
+    const double norm = torch::nn::utils::clip_grad_norm_(all, 1.0);
+    ref.step();
+    ASSERT_TRUE(fused.last_step().grad_norm.has_value());
+    EXPECT_NEAR(*fused.last_step().grad_norm, norm, 1e-6 * norm);
+  }
+  ExpectClose(ours, theirs, 1e-5);
 }
 
 }  // namespace

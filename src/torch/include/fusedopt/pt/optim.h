@@ -94,8 +94,8 @@ struct TrainingOptions {
   NormType norm_type = NormType::kL2;
   // SGD, Adam, AdamW, RMSprop and Adagrad hand params the engine cannot take (float64, non-CPU,
   // non-contiguous, a sparse grad for SGD and Adagrad) to their torch::optim twin's own step, for
-  // those params, within the same step() (warning once); with a scaler or clipping that is an
-  // error. strict = true: each of them is an error.
+  // those params, within the same step() (warning once); the scaler's unscale and skip and the
+  // global norm of max_grad_norm span both. strict = true: each of them is an error.
   bool strict = false;
 };
 
