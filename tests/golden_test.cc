@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -32,6 +33,7 @@
 #include "fusedopt/hyper.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
+#include "src/algos/registry.h"
 
 namespace fusedopt {
 namespace {
@@ -261,6 +263,28 @@ struct Algo<RadamHyper> {
   static void Step(std::span<const RadamHyper> g, std::span<const Segment> s) { RadamStep(g, s); }
 };
 
+template <>
+struct Algo<NadamHyper> {
+  static NadamHyper Parse(const json& g) {
+    NadamHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.beta1 = g.at("betas").at(0).get<double>();
+    h.beta2 = g.at("betas").at(1).get<double>();
+    h.eps = g.at("eps").get<double>();
+    h.weight_decay = g.at("weight_decay").get<double>();
+    h.momentum_decay = g.at("momentum_decay").get<double>();
+    h.decoupled_weight_decay = g.at("decoupled_weight_decay").get<bool>();
+    h.maximize = g.at("maximize").get<bool>();
+    return h;
+  }
+  static int Slot(const std::string& key) {
+    if (key == "exp_avg") return kNadamExpAvg;
+    if (key == "exp_avg_sq") return kNadamExpAvgSq;
+    return -1;
+  }
+  static void Step(std::span<const NadamHyper> g, std::span<const Segment> s) { NadamStep(g, s); }
+};
+
 // tools/lamb_reference.py: the case-level max_grad_norm is global (the group copies are ignored).
 // The clipping runs as the engine's pre-pass: the global norm over the tensors that have a grad
 // this step, its LAMB coefficient folded into grad_scale, then the step.
@@ -443,6 +467,27 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
     }
   }
   const std::vector<std::vector<float>> initial_params = params;
+  // The scalar states (NAdam's mu_product): torch's 0-d tensors, created with the rest of the
+  // state.
+  using Descriptor = algos::DescriptorOf<Hyper>;
+  constexpr std::size_t kScalars = algos::NumScalarStates<Descriptor>();
+  std::vector<std::array<float, kMaxScalars>> scalars(n);
+  if constexpr (kScalars > 0) {
+    for (std::size_t t = 0; t < n; ++t) {
+      for (std::size_t k = 0; k < kScalars; ++k) {
+        scalars[t][k] = Descriptor::InitialScalar(groups.at(group_of[t]), static_cast<int>(k));
+      }
+    }
+  }
+  // Index of torch's key among the scalar states, or -1.
+  const auto scalar_slot = [](const std::string& key) {
+    if constexpr (kScalars > 0) {
+      for (std::size_t k = 0; k < kScalars; ++k) {
+        if (key == Descriptor::kScalarStates[k]) return static_cast<int>(k);
+      }
+    }
+    return -1;
+  };
 
   std::size_t next_checkpoint = 0;
   const json& checkpoints = c.at("checkpoints");
@@ -459,6 +504,7 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
       for (int slot = 0; slot < kMaxStates; ++slot) {
         if (!state[slot][t].empty()) s.state[slot] = state[slot][t].data();
       }
+      for (int k = 0; k < kMaxScalars; ++k) s.scalars[k] = &scalars[t][k];
       s.numel = sizes[t];
       s.group = group_of[t];
       s.step = ++count[t];
@@ -491,6 +537,11 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
       unsigned seen = 0;
       for (const auto& [key, value] : st.items()) {
         if (key == "step" || value.is_null()) continue;
+        if (const int k = scalar_slot(key); k >= 0) {
+          CompareBuffer(at + tensor + " " + key, value, {scalars[t][static_cast<std::size_t>(k)]},
+                        summary);
+          continue;
+        }
         const int slot = Algo<Hyper>::Slot(key);
         ASSERT_GE(slot, 0) << at << tensor << ": unknown state key " << key;
         ASSERT_NE(required >> slot & 1u, 0u)
@@ -585,6 +636,7 @@ constexpr GoldenFile kFiles[] = {
     {"adamax.json", "Adamax", &RunCase<AdamaxHyper>},
     {"adadelta.json", "Adadelta", &RunCase<AdadeltaHyper>},
     {"radam.json", "RAdam", &RunCase<RadamHyper>},
+    {"nadam.json", "NAdam", &RunCase<NadamHyper>},
 };
 
 // The parsed files live for the whole run: the registered tests point into them.

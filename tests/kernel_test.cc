@@ -694,6 +694,65 @@ struct RadamAlgo {
   }
 };
 
+struct NadamAlgo {
+  using Hyper = NadamHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_avg_sq", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    NadamStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::NadamStep(h, t, p, g, st[0], st[1]);
+  }
+  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
+  // decoupled_weight_decay × weight_decay {0, 0.05} × maximize, and a momentum_decay of 0 (mu
+  // constant) besides torch's default.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (bool decoupled : {false, true}) {
+      for (double wd : {0.0, 0.05}) {
+        for (bool maximize : {false, true}) {
+          out.push_back({.lr = 0.01,
+                         .weight_decay = wd,
+                         .decoupled_weight_decay = decoupled,
+                         .maximize = maximize});
+        }
+      }
+    }
+    out.push_back({.lr = 0.01, .momentum_decay = 0.0});
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.maximize = !h.maximize;
+    h.beta1 = 0.8;
+    h.beta2 = 0.99;
+    h.momentum_decay = 0.01;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "NAdam{lr=" << h.lr << " betas=(" << h.beta1 << "," << h.beta2 << ") eps=" << h.eps
+      << " wd=" << h.weight_decay << " momentum_decay=" << h.momentum_decay
+      << " decoupled=" << h.decoupled_weight_decay << " maximize=" << h.maximize << "}";
+    return o.str();
+  }
+  // Zero at step 1 (as torch); later a plausible state.
+  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
+    if (step == 1) return 0.0;
+    if (slot == kNadamExpAvg) return rng.Uniform(-0.3, 0.3);
+    return rng.Uniform(0.01, 0.5);
+  }
+  // mu_product before step `step`: the product of mu_1 .. mu_{step-1}, in f32 as torch keeps it.
+  static void InitScalars(const Hyper& h, std::int64_t step, std::span<float, kMaxScalars> out) {
+    float product = 1.0f;
+    for (std::int64_t i = 1; i < step; ++i)
+      product *= static_cast<float>(ref::NadamMu(h, static_cast<double>(i)));
+    out[kNadamMuProduct] = product;
+  }
+};
+
 // A fixed sign for element index i, mixed by a hash so that SIMD lanes and tails see both: Lion's
 // and LAMB's inputs keep it on every step (see LionAlgo and LambAlgo).
 int ElementSign(std::size_t i) {
@@ -869,6 +928,8 @@ struct SegData {
   Buffer grad;
   std::optional<Buffer> master;
   std::array<std::optional<Buffer>, kMaxStates> state;
+  // Segment::scalars (NAdam's mu_product), advanced by the step itself.
+  std::array<float, kMaxScalars> scalars{};
   // True when every persistent buffer is f32: the oracle then runs free for all steps.
   bool free_running;
   std::vector<double> ref_p;
@@ -884,6 +945,7 @@ struct SegData {
       if (state[k]) s.state[k] = state[k]->data();
     }
     s.master = master ? static_cast<float*>(master->data()) : nullptr;
+    for (int k = 0; k < kMaxScalars; ++k) s.scalars[k] = &scalars[k];
     s.numel = spec.n;
     s.param_dtype = spec.combo.param;
     s.grad_dtype = spec.combo.grad;
@@ -929,6 +991,7 @@ SegData MakeSegment(const SegSpec& spec, const typename A::Hyper& h, Rng& rng) {
   } else {
     for (std::size_t i = 0; i < spec.n; ++i) s.param.Set(i, rng.Uniform(-1.0, 1.0));
   }
+  if constexpr (requires { A::InitScalars; }) A::InitScalars(h, spec.first_step, s.scalars);
   const unsigned states = A::States(h);
   for (int k = 0; k < kMaxStates; ++k) {
     if ((states >> k & 1u) == 0) continue;
@@ -1214,6 +1277,7 @@ TEST_P(KernelSweep, Lamb) { RunSweep<LambAlgo>(target()); }
 TEST_P(KernelSweep, Adamax) { RunSweep<AdamaxAlgo>(target()); }
 TEST_P(KernelSweep, Adadelta) { RunSweep<AdadeltaAlgo>(target()); }
 TEST_P(KernelSweep, Radam) { RunSweep<RadamAlgo>(target()); }
+TEST_P(KernelSweep, Nadam) { RunSweep<NadamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelMixed: every option combination is its own group, with one segment each; the segments cycle
@@ -1251,6 +1315,7 @@ TEST_P(KernelMixed, Lamb) { RunMixed<LambAlgo>(target()); }
 TEST_P(KernelMixed, Adamax) { RunMixed<AdamaxAlgo>(target()); }
 TEST_P(KernelMixed, Adadelta) { RunMixed<AdadeltaAlgo>(target()); }
 TEST_P(KernelMixed, Radam) { RunMixed<RadamAlgo>(target()); }
+TEST_P(KernelMixed, Nadam) { RunMixed<NadamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelLarge: 4099 elements on every 16-bit combo (so the bias check runs), and 1000003 elements
@@ -1294,6 +1359,7 @@ TEST_P(KernelLarge, Lamb) { RunLarge<LambAlgo>(target()); }
 TEST_P(KernelLarge, Adamax) { RunLarge<AdamaxAlgo>(target()); }
 TEST_P(KernelLarge, Adadelta) { RunLarge<AdadeltaAlgo>(target()); }
 TEST_P(KernelLarge, Radam) { RunLarge<RadamAlgo>(target()); }
+TEST_P(KernelLarge, Nadam) { RunLarge<NadamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelSpecial: zero, huge, eps-dominated and NaN/Inf gradients against the oracle (NaN/Inf must
@@ -1328,7 +1394,7 @@ void RunZeroSize(const std::string& target) {
   SegData real = MakeSegment<A>({.n = 9, .combo = {kBF16, kBF16, kF32, true}}, h, rng);
   FillGrads<A>(real, GradKind::kRandom, rng);
   Buffer canary(kF32, 0, false);
-  Segment null_seg;  // numel 0, all pointers null
+  Segment null_seg;  // numel 0, all pointers null (but the scalar states an algorithm keeps)
   null_seg.step = 1;
   Segment pointing = null_seg;  // numel 0, pointers into guarded memory
   pointing.param = canary.data();
@@ -1337,12 +1403,19 @@ void RunZeroSize(const std::string& target) {
     if ((states >> k & 1u) != 0) pointing.state[k] = canary.data();
   }
   pointing.step = 5;
+  // Scalar states of an empty tensor still advance (torch's mu_product does): one slot each.
+  std::array<std::array<float, kMaxScalars>, 5> scalar_slots{};
+  const auto with_scalars = [&](Segment seg, std::size_t slot) {
+    for (int k = 0; k < kMaxScalars; ++k) seg.scalars[k] = &scalar_slots[slot][k];
+    return seg;
+  };
 
   Runtime runtime(2);
   SCOPED_TRACE("target " + target + ", " + A::Describe(h));
   const std::vector<typename A::Hyper> groups = {h};
   // Only empty segments, then no segments and no groups at all.
-  const std::vector<Segment> empties = {null_seg, pointing, null_seg};
+  const std::vector<Segment> empties = {with_scalars(null_seg, 0), with_scalars(pointing, 1),
+                                        with_scalars(null_seg, 2)};
   EXPECT_NO_THROW(A::Step(groups, empties, runtime));
   EXPECT_NO_THROW(A::Step({}, {}, runtime));
   EXPECT_TRUE(canary.GuardsIntact());
@@ -1354,7 +1427,9 @@ void RunZeroSize(const std::string& target) {
   const std::vector<double> g = real.grad.ToDouble();
   real.TrackScale();
   A::Ref(h, real.step, real.ref_p, g, st);
-  const std::vector<Segment> table = {null_seg, pointing, real.ToSegment(), null_seg, pointing};
+  const std::vector<Segment> table = {with_scalars(null_seg, 0), with_scalars(pointing, 1),
+                                      real.ToSegment(), with_scalars(null_seg, 2),
+                                      with_scalars(pointing, 3)};
   EXPECT_NO_THROW(A::Step(groups, table, runtime));
   EXPECT_TRUE(canary.GuardsIntact());
   const double widen = IsFmaTarget(target) ? 1.0 : 10.0;
@@ -1371,6 +1446,7 @@ TEST_P(KernelSpecial, LambValues) { RunSpecialValues<LambAlgo>(target()); }
 TEST_P(KernelSpecial, AdamaxValues) { RunSpecialValues<AdamaxAlgo>(target()); }
 TEST_P(KernelSpecial, AdadeltaValues) { RunSpecialValues<AdadeltaAlgo>(target()); }
 TEST_P(KernelSpecial, RadamValues) { RunSpecialValues<RadamAlgo>(target()); }
+TEST_P(KernelSpecial, NadamValues) { RunSpecialValues<NadamAlgo>(target()); }
 TEST_P(KernelSpecial, SgdZeroSize) { RunZeroSize<SgdAlgo>(target()); }
 TEST_P(KernelSpecial, AdamZeroSize) { RunZeroSize<AdamAlgo>(target()); }
 TEST_P(KernelSpecial, AdamWZeroSize) { RunZeroSize<AdamWAlgo>(target()); }
@@ -1381,6 +1457,7 @@ TEST_P(KernelSpecial, LambZeroSize) { RunZeroSize<LambAlgo>(target()); }
 TEST_P(KernelSpecial, AdamaxZeroSize) { RunZeroSize<AdamaxAlgo>(target()); }
 TEST_P(KernelSpecial, AdadeltaZeroSize) { RunZeroSize<AdadeltaAlgo>(target()); }
 TEST_P(KernelSpecial, RadamZeroSize) { RunZeroSize<RadamAlgo>(target()); }
+TEST_P(KernelSpecial, NadamZeroSize) { RunZeroSize<NadamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // Determinism: Runtime(1), Runtime(2) and Runtime(3) give bit-identical buffers over several
@@ -1477,6 +1554,7 @@ TEST_P(Determinism, Lamb) { RunDeterminism<LambAlgo>(target()); }
 TEST_P(Determinism, Adamax) { RunDeterminism<AdamaxAlgo>(target()); }
 TEST_P(Determinism, Adadelta) { RunDeterminism<AdadeltaAlgo>(target()); }
 TEST_P(Determinism, Radam) { RunDeterminism<RadamAlgo>(target()); }
+TEST_P(Determinism, Nadam) { RunDeterminism<NadamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3

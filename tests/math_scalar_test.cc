@@ -39,6 +39,7 @@ struct ScalarOps {
 #include "src/math/adamax_math.h"
 #include "src/math/lerp_math.h"
 #include "src/math/lion_math.h"
+#include "src/math/nadam_math.h"
 #include "src/math/radam_math.h"
 #include "src/math/rmsprop_math.h"
 #include "src/math/sgd_math.h"
@@ -81,14 +82,31 @@ void ExpectEngineEqualsScalarMath(const typename A::Hyper& h, unsigned slots, co
     ForceTarget(target);
     std::vector<float> p = p0, q = p0;
     std::vector<std::vector<float>> s(kMaxStates, std::vector<float>(kN, 0.0f)), t = s;
+    constexpr std::size_t kScalars = algos::NumScalarStates<A>();
+    std::array<float, kMaxScalars> scalars{};  // the scalar states (NAdam's mu_product)
+    if constexpr (kScalars > 0) {
+      for (std::size_t k = 0; k < kScalars; ++k) {
+        scalars[k] = A::InitialScalar(h, static_cast<int>(k));
+      }
+    }
     for (int step = first_step; step < first_step + kSteps; ++step) {
       const std::vector<float> g = Random(100 + step, -2.0f, 2.0f);
       Segment seg{.param = p.data(), .grad = g.data(), .numel = kN, .step = step};
       for (int k = 0; k < kMaxStates; ++k) {
         if ((slots >> k & 1u) != 0) seg.state[k] = s[k].data();
       }
+      for (int k = 0; k < kMaxScalars; ++k) seg.scalars[k] = &scalars[k];
+      // The descriptor's coefficients from the scalar states before the step.
+      const typename A::Scalars c = [&] {
+        if constexpr (kScalars > 0) {
+          std::array<float, kScalars> next{};
+          A::NextScalars(h, seg, next);
+          return A::MakeScalars(h, seg, std::span<const float, kScalars>(next));
+        } else {
+          return A::MakeScalars(h, seg);
+        }
+      }();
       FusedStep(std::span<const typename A::Hyper>(&h, 1), std::span<const Segment>(&seg, 1));
-      const typename A::Scalars c = A::MakeScalars(h, seg);
       for (std::size_t i = 0; i < kN; ++i) scalar(c, q[i], g[i], t[0][i], t[1][i], t[2][i]);
     }
     for (std::size_t i = 0; i < kN; ++i) {
@@ -159,6 +177,21 @@ TEST(MathScalarOps, AdadeltaWeightDecay) {
 }
 
 // Steps 4-6: step 6 is the first rectified one (rho_t > 5), so both branches run.
+TEST(MathScalarOps, NadamCoupledAndDecoupled) {
+  for (const bool decoupled : {false, true}) {
+    const NadamHyper h{.lr = 1e-2, .weight_decay = 0.1, .decoupled_weight_decay = decoupled};
+    ExpectEngineEqualsScalarMath<algos::Nadam>(
+        h, RequiredStates(h),
+        [&](const NadamScalars& c, float& p, float g, float& m, float& v, float&) {
+          if (decoupled) {
+            scalar_math::NadamMath<false>(ScalarOps{}, c, p, g, m, v);
+          } else {
+            scalar_math::NadamMath<true>(ScalarOps{}, c, p, g, m, v);
+          }
+        });
+  }
+}
+
 TEST(MathScalarOps, RadamDecoupledRectified) {
   const RadamHyper h{.lr = 1e-2, .weight_decay = 0.1, .decoupled_weight_decay = true};
   ExpectEngineEqualsScalarMath<algos::Radam>(

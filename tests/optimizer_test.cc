@@ -748,5 +748,30 @@ TEST(Optimizer, ZeroGradZeroesGradsOnly) {
   EXPECT_EQ(Copy(opt.storage().flat_params(), opt.storage().total_numel() * 4), params);
 }
 
+// Optimizer<NadamHyper> keeps each tensor's mu_product (FlatStorage::scalars), starting at 1 and
+// advanced by every step as torch's f32 state: f32(mu_product · f32(mu_t)).
+TEST(Optimizer, NadamKeepsMuProductPerTensor) {
+  const NadamHyper h{.lr = 1e-2, .momentum_decay = 0.02};
+  NAdam opt({h}, {{100, 0}, {0, 0}, {7, 0}});
+  for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
+    EXPECT_EQ(*opt.storage().segments()[i].scalars[kNadamMuProduct], 1.0f);
+  }
+  float expected = 1.0f;
+  for (int step = 1; step <= 3; ++step) {
+    for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
+      const Segment& s = opt.storage().segments()[i];
+      for (std::size_t k = 0; k < s.numel; ++k)
+        static_cast<float*>(const_cast<void*>(s.grad))[k] = 0.5f;
+    }
+    opt.Step();
+    expected *= static_cast<float>(
+        h.beta1 * (1.0 - 0.5 * std::pow(0.96, static_cast<double>(step) * h.momentum_decay)));
+    for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
+      EXPECT_EQ(*opt.storage().segments()[i].scalars[kNadamMuProduct], expected)
+          << "tensor " << i << ", step " << step;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fusedopt

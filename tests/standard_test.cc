@@ -66,6 +66,10 @@ void RefStep(const RadamHyper& h, std::int64_t t, std::span<double> p, std::span
              const StateSpans& s) {
   ref::RadamStep(h, t, p, g, s[kRadamExpAvg], s[kRadamExpAvgSq]);
 }
+void RefStep(const NadamHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::NadamStep(h, t, p, g, s[kNadamExpAvg], s[kNadamExpAvgSq]);
+}
 void RefStep(const LambHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
              const StateSpans& s) {
   ref::LambStep(h, t, p, g, s[kLambExpAvg], s[kLambExpAvgSq]);
@@ -174,6 +178,21 @@ std::vector<RadamHyper> Options(std::type_identity<RadamHyper> /*tag*/) {
       }
     }
   }
+  return out;
+}
+std::vector<NadamHyper> Options(std::type_identity<NadamHyper> /*tag*/) {
+  std::vector<NadamHyper> out;
+  for (double wd : {0.0, 0.01}) {
+    for (bool decoupled : {false, true}) {
+      for (bool maximize : {false, true}) {
+        out.push_back({.lr = 0.01,
+                       .weight_decay = wd,
+                       .decoupled_weight_decay = decoupled,
+                       .maximize = maximize});
+      }
+    }
+  }
+  out.push_back({.lr = 0.01, .momentum_decay = 0.0});
   return out;
 }
 std::vector<LambHyper> Options(std::type_identity<LambHyper> /*tag*/) {

@@ -24,6 +24,7 @@
 #include "fusedopt/hyper.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
+#include "fusedopt/training_step.h"
 
 namespace fusedopt {
 namespace {
@@ -46,6 +47,7 @@ class Model {
     for (int slot = 0; slot < kMaxStates; ++slot) {
       if ((slots >> slot & 1u) != 0) s.state[slot] = NewBuffer(numel);
     }
+    for (float*& scalar : s.scalars) scalar = NewBuffer(1);  // used by NAdam only
     segments_.push_back(s);
     return segments_.back();
   }
@@ -112,6 +114,7 @@ void RawStep(std::span<const LambHyper> g, std::span<const Segment> s) { LambSte
 void RawStep(std::span<const AdamaxHyper> g, std::span<const Segment> s) { AdamaxStep(g, s); }
 void RawStep(std::span<const AdadeltaHyper> g, std::span<const Segment> s) { AdadeltaStep(g, s); }
 void RawStep(std::span<const RadamHyper> g, std::span<const Segment> s) { RadamStep(g, s); }
+void RawStep(std::span<const NadamHyper> g, std::span<const Segment> s) { NadamStep(g, s); }
 
 template <class Hyper>
 const char* StepName() {
@@ -125,6 +128,7 @@ const char* StepName() {
   if constexpr (std::is_same_v<Hyper, AdamaxHyper>) return "AdamaxStep";
   if constexpr (std::is_same_v<Hyper, AdadeltaHyper>) return "AdadeltaStep";
   if constexpr (std::is_same_v<Hyper, RadamHyper>) return "RadamStep";
+  if constexpr (std::is_same_v<Hyper, NadamHyper>) return "NadamStep";
 }
 
 // Two valid segments in group 0 (one spans several chunks), then segment 2 (64 elements) in group
@@ -365,6 +369,7 @@ TEST(Validation, NullBuffersAreFineWithNumelZero) {
   ExpectEmptyNullSegmentAccepted(AdamaxHyper{.weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(AdadeltaHyper{.weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(RadamHyper{.weight_decay = 0.1});
+  ExpectEmptyNullSegmentAccepted(NadamHyper{.weight_decay = 0.1});
 }
 
 // Segment 2 lacks state[slot], which `h` requires.
@@ -402,6 +407,63 @@ TEST(Validation, MissingState) {
   ExpectMissingState(AdadeltaHyper{}, kAccDelta, {"acc_delta"});
   ExpectMissingState(RadamHyper{}, kRadamExpAvg, {"exp_avg"});
   ExpectMissingState(RadamHyper{}, kRadamExpAvgSq, {"exp_avg_sq"});
+  ExpectMissingState(NadamHyper{}, kNadamExpAvg, {"exp_avg"});
+  ExpectMissingState(NadamHyper{}, kNadamExpAvgSq, {"exp_avg_sq"});
+}
+
+// NAdam's scalar state (mu_product) is required for every segment, an empty one too.
+TEST(Validation, MissingScalarState) {
+  const std::vector<NadamHyper> groups = {NadamHyper{}, NadamHyper{}};
+  for (std::size_t numel : {std::size_t{64}, std::size_t{0}}) {
+    Model m = MakeModel(groups[0], groups[1]);
+    Segment& last = m.Add(numel, 1, RequiredStates(groups[1]));
+    last.scalars[kNadamMuProduct] = nullptr;
+    ExpectRejected(m, [&] { NadamStep(groups, m.segments()); },
+                   {"NadamStep", "segment 3", "scalars[0]", "mu_product", "null"});
+  }
+  // Another algorithm ignores them.
+  Model m = MakeModel(RadamHyper{}, RadamHyper{});
+  m.segment(2).scalars[0] = nullptr;
+  const std::vector<RadamHyper> radam(2);
+  EXPECT_NO_THROW(RadamStep(radam, m.segments()));
+}
+
+// A step writes the scalar state back only once its update ran: mu_product becomes
+// f32(mu_product · f32(mu_t)), and a skipped (Inf gradient) or rejected call leaves it as it was.
+TEST(Validation, ScalarStateAdvancesOnlyWithTheUpdate) {
+  const NadamHyper h{.momentum_decay = 0.01};
+  const std::vector<NadamHyper> groups = {h, h};
+  Model m = MakeModel(h, h);
+  for (std::size_t i = 0; i < 3; ++i) m.segment(i).step = static_cast<std::int64_t>(i) + 4;
+  std::vector<float> old(3);
+  for (std::size_t i = 0; i < 3; ++i) old[i] = *m.segment(i).scalars[kNadamMuProduct];
+  // Skipped: one gradient holds Inf.
+  std::vector<Segment> segs(m.segments().begin(), m.segments().end());
+  const float saved = *static_cast<const float*>(segs[1].grad);
+  *const_cast<float*>(static_cast<const float*>(segs[1].grad)) =
+      std::numeric_limits<float>::infinity();
+  Runtime runtime(2);
+  const auto before = m.Snapshot();
+  const StepResult skipped =
+      TrainingStep(std::span<const NadamHyper>(groups), std::span<Segment>(segs),
+                   {.check_overflow = true}, runtime);
+  EXPECT_FALSE(skipped.stepped);
+  EXPECT_TRUE(m.Unchanged(before));
+  *const_cast<float*>(static_cast<const float*>(segs[1].grad)) = saved;
+  // Rejected: an invalid group 1.
+  const std::vector<NadamHyper> bad = {h, NadamHyper{.momentum_decay = -1.0}};
+  ExpectRejected(m, [&] { NadamStep(bad, m.segments()); }, {"NadamStep", "momentum_decay"});
+  // Taken: in two waves, and through the plain step.
+  const StepResult taken =
+      TrainingStep(std::span<const NadamHyper>(groups), std::span<Segment>(segs),
+                   {.check_overflow = true, .wave_ends = std::vector<std::size_t>{1, 3}}, runtime);
+  EXPECT_TRUE(taken.stepped);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const double t = static_cast<double>(m.segment(i).step);
+    const auto mu =
+        static_cast<float>(h.beta1 * (1.0 - 0.5 * std::pow(0.96, t * h.momentum_decay)));
+    EXPECT_EQ(*m.segment(i).scalars[kNadamMuProduct], old[i] * mu) << "segment " << i;
+  }
 }
 
 // The required slots come from each segment's own group.
@@ -587,6 +649,9 @@ TEST(Validation, RequiredStates) {
   EXPECT_EQ(RequiredStates(AdadeltaHyper{.weight_decay = 0.1, .maximize = true}), 0b011u);
   // RAdam: exp_avg and exp_avg_sq, whatever the options.
   EXPECT_EQ(RequiredStates(RadamHyper{}), 0b011u);
+  EXPECT_EQ(RequiredStates(NadamHyper{}), 0b011u);
+  EXPECT_EQ(RequiredStates(NadamHyper{.weight_decay = 0.1, .decoupled_weight_decay = true}),
+            0b011u);
   EXPECT_EQ(RequiredStates(RadamHyper{.weight_decay = 0.1, .decoupled_weight_decay = true}),
             0b011u);
 }
@@ -634,6 +699,17 @@ TEST(Validation, AdadeltaAcceptsTheEdges) {
 }
 
 // RAdam: torch.optim.RAdam's constructor checks (as Adamax's).
+TEST(Validation, NadamRejectsBadHyperParameters) {
+  ExpectBadGroup(NadamHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(NadamHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(NadamHyper{.eps = -0.25}, {"eps", "-0.25"});
+  ExpectBadGroup(NadamHyper{.beta1 = 1.0}, {"beta1: 1", "[0, 1)"});
+  ExpectBadGroup(NadamHyper{.beta2 = 1.0}, {"beta2: 1"});
+  ExpectBadGroup(NadamHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(NadamHyper{.momentum_decay = -0.004}, {"momentum_decay", "-0.004"});
+  ExpectBadGroup(NadamHyper{.momentum_decay = kNaN}, {"momentum_decay", "nan"});
+}
+
 TEST(Validation, RadamRejectsBadHyperParameters) {
   ExpectBadGroup(RadamHyper{.lr = -0.5}, {"lr", "-0.5"});
   ExpectBadGroup(RadamHyper{.lr = kNaN}, {"lr", "nan"});

@@ -5,7 +5,7 @@ Run from the repository root with the project venv (torch 2.x, lion-pytorch 0.2.
 
     .venv/bin/python tools/make_golden.py
 
-The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta and RAdam; lucidrains' lion_pytorch.Lion (the
+The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, RAdam and NAdam; lucidrains' lion_pytorch.Lion (the
 independent reference of Lion); and tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
 from its formulas: apex itself is CUDA only). Every case runs the single-tensor path (foreach=False and
 fused=False where the class takes them) on float32 CPU tensors for
@@ -358,6 +358,24 @@ SCENARIOS = {
                 [
                     {"lr": 1e-2},
                     {"lr": 3e-3, "weight_decay": 0.02, "betas": (0.8, 0.99)},
+                ],
+            ),
+        ],
+    ),
+    # state['mu_product'] (a 0-d f32 tensor) is recorded as a one-element list.
+    "NAdam": (
+        torch.optim.NAdam,
+        [
+            ("default", [{"lr": 1e-2}]),
+            ("weight_decay", [{"lr": 1e-2, "weight_decay": 0.05}]),
+            ("decoupled_weight_decay", [{"lr": 1e-2, "weight_decay": 0.1, "decoupled_weight_decay": True}]),
+            ("maximize", [{"lr": 1e-2, "maximize": True}]),
+            ("momentum_decay", [{"lr": 1e-2, "momentum_decay": 0.05}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 1e-2},
+                    {"lr": 3e-3, "weight_decay": 0.02, "betas": (0.8, 0.99), "momentum_decay": 0.0},
                 ],
             ),
         ],

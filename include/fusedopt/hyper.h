@@ -122,6 +122,23 @@ struct RadamHyper {
 };
 enum RadamState : int { kRadamExpAvg = 0, kRadamExpAvgSq = 1 };
 
+// torch.optim.NAdam: Adam with Nesterov momentum whose momentum coefficient mu_t = beta1·(1 −
+// 0.5·0.96^(t·momentum_decay)) warms up over the steps; the product of the mu_t so far is a
+// per-tensor scalar state (Segment::scalars[kNadamMuProduct], torch's f32 state['mu_product']).
+// With decoupled_weight_decay the decay is AdamW's (NAdamW). State: exp_avg, exp_avg_sq.
+struct NadamHyper {
+  double lr = 2e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double momentum_decay = 4e-3;
+  bool decoupled_weight_decay = false;
+  bool maximize = false;
+};
+enum NadamState : int { kNadamExpAvg = 0, kNadamExpAvgSq = 1 };
+enum NadamScalar : int { kNadamMuProduct = 0 };
+
 // LAMB as apex's FusedLAMB defines it: Adam's moments, then a per-tensor trust ratio ‖p‖ / ‖u‖ of
 // the param and its Adam update u (only where weight_decay != 0 or use_nvlamb, and both norms are
 // non-zero). The global gradient-norm clipping of FusedLAMB (max_grad_norm) is the step's pre-pass

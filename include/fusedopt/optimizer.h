@@ -93,6 +93,9 @@ class FlatStorage {
     return View<T>(segments_.at(tensor).state[slot], options_.state_dtype, tensor);
   }
   std::span<float> master(std::size_t tensor);
+  // The kMaxScalars per-tensor scalar states (Segment::scalars, e.g. NAdam's mu_product), zero
+  // until set (Optimizer<> sets the algorithm's initial values).
+  std::span<float, kMaxScalars> scalars(std::size_t tensor);
   // The f32 gradient accumulator of a tensor (accumulation_steps > 1 only).
   std::span<float> accumulator(std::size_t tensor);
 
@@ -131,6 +134,7 @@ class FlatStorage {
   std::size_t total_numel_ = 0;
   Arena params_, grads_, master_, accumulators_;
   Arena states_[kMaxStates];
+  std::vector<float> scalars_;  // kMaxScalars per tensor
   std::vector<Segment> segments_;
 };
 
@@ -149,7 +153,7 @@ struct StepOptions {
 };
 
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
-// AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper.
+// AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -203,6 +207,7 @@ using LAMB = Optimizer<LambHyper>;
 using Adamax = Optimizer<AdamaxHyper>;
 using Adadelta = Optimizer<AdadeltaHyper>;
 using RAdam = Optimizer<RadamHyper>;
+using NAdam = Optimizer<NadamHyper>;
 
 extern template class Optimizer<SgdHyper>;
 extern template class Optimizer<AdamHyper>;
@@ -214,5 +219,6 @@ extern template class Optimizer<LambHyper>;
 extern template class Optimizer<AdamaxHyper>;
 extern template class Optimizer<AdadeltaHyper>;
 extern template class Optimizer<RadamHyper>;
+extern template class Optimizer<NadamHyper>;
 
 }  // namespace fusedopt

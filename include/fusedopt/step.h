@@ -23,6 +23,8 @@
 namespace fusedopt {
 
 inline constexpr int kMaxStates = 3;
+// Per-tensor scalar states (torch's 0-d state tensors other than 'step': NAdam's mu_product).
+inline constexpr int kMaxScalars = 2;
 
 // One parameter tensor. Pointers need no alignment; buffers of different segments must not overlap.
 struct Segment {
@@ -32,6 +34,13 @@ struct Segment {
   // Optional f32 master copy of a 16-bit param: the update runs on it and the param receives its
   // rounding.
   float* master = nullptr;
+  // The tensor's scalar states, one f32 each, indexed by <Algo>Scalar (hyper.h), for an algorithm
+  // that keeps any (NAdam: scalars[0] is mu_product; unused entries stay null; those the algorithm
+  // uses must be non-null, even with numel 0). A step reads them to compute its coefficients and
+  // writes their new values back only after its update pass ran: a rejected call, or a TrainingStep
+  // skipped for Inf/NaN gradients, leaves them bit-identical. Segments of one call must not share
+  // them (a param listed twice goes into separate waves, see TrainingStepOptions::wave_ends).
+  float* scalars[kMaxScalars] = {};
   std::size_t numel = 0;
   DType param_dtype = DType::kF32;
   DType grad_dtype = DType::kF32;
@@ -81,6 +90,9 @@ void AdamaxStep(std::span<const AdamaxHyper> groups, std::span<const Segment> se
 void AdadeltaStep(std::span<const AdadeltaHyper> groups, std::span<const Segment> segments,
                   Runtime& runtime = DefaultRuntime());
 void RadamStep(std::span<const RadamHyper> groups, std::span<const Segment> segments,
+               Runtime& runtime = DefaultRuntime());
+// NAdam reads and advances each segment's scalars[kNadamMuProduct] (start it at 1).
+void NadamStep(std::span<const NadamHyper> groups, std::span<const Segment> segments,
                Runtime& runtime = DefaultRuntime());
 // LAMB runs two passes: per-tensor norms of the param and of its Adam update, then the update
 // scaled by the trust ratio. Both norms are deterministic like the global gradient norm (grad.h).

@@ -26,6 +26,7 @@ from .optim import (
     FusedAdamW,
     FusedLAMB,
     FusedLion,
+    FusedNAdam,
     FusedRAdam,
     FusedRMSprop,
     FusedSGD,
@@ -33,7 +34,7 @@ from .optim import (
 from .trainer import Model, Trainer
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
-           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "GradScaler",
+           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "GradScaler",
            "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"

@@ -64,6 +64,7 @@ class FusedOptimizerMixin:
             entry = _C.algorithms[algorithm]
             cls._engine_step = staticmethod(entry["step"])
             cls._slot_keys = entry["state_names"]
+            cls._scalar_keys = entry["scalar_names"]  # 0-d state tensors the engine advances (mu_product)
 
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
                  max_grad_norm: float | None = None, norm_type: float = 2.0, accumulation_steps: int = 1,
@@ -641,6 +642,9 @@ class FusedOptimizerMixin:
             step_ptr = s.data_ptr()
         else:
             step = 1 if fresh_buffer else 2  # SGD: a new momentum buffer starts as a copy of d
+        scalar_ptrs = [0, 0]
+        for k, key in enumerate(self._scalar_keys):
+            scalar_ptrs[k] = self._ensure_scalar(state, key, gi, j, k, undo).data_ptr()
         master = 0
         if self._has_master(p):
             mark = self._param_marks.get(p, _ABSENT)
@@ -657,11 +661,12 @@ class FusedOptimizerMixin:
                                  numel=p.numel() * (2 if p.is_complex() else 1), param_dtype=pcode,
                                  state_dtype=_ENGINE_CODES[sdtype], group=gi, step_counter=step_ptr, step=step,
                                  stochastic_rounding=self._rounding[0], rounding_seed=self._rounding[1],
-                                 global_offset=self._global_offset(p))
+                                 global_offset=self._global_offset(p), scalars=scalar_ptrs)
 
         now = row(step)
         keys = [k for k, need in zip(self._slot_keys, needed) if need]
         keys += ["step"] if self._counts_steps else []
+        keys += self._scalar_keys
         keys += ["master_param"] if master else []
         tensors = tuple((k, state[k], state[k].data_ptr()) for k in keys)
         if state and attached is None:
@@ -695,6 +700,26 @@ class FusedOptimizerMixin:
         if not 0.0 <= count < _MAX_STEP:
             raise ValueError(f"fusedopt: {what} is {count:g}; it must be a finite count in [0, 2**62)")
         return count
+
+    def _ensure_scalar(self, state, key, gi, j, k, undo) -> torch.Tensor:
+        """state[key], a scalar state the engine reads and advances in place (NAdam's mu_product), as
+        torch creates it: a 0-d f32 CPU tensor, filled with the algorithm's initial value when missing.
+        A loaded value of another kind (a Python float, another dtype, e.g. bf16 after torch's
+        load_state_dict cast it to a bf16 param's dtype) is converted, keeping its value."""
+        t = state.get(key)
+        if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu" and t.dim() == 0:
+            return t
+        if t is None:
+            value = self._hyper(self.param_groups[gi]).initial_scalars()[k]
+        else:
+            try:
+                value = float(t)
+            except (TypeError, ValueError, RuntimeError):
+                raise number_error(f"state['{key}'] of parameter {self._name(gi, j)}", t) from None
+        undo.append((state, key, _ABSENT if t is None else t))
+        new = torch.tensor(value, dtype=torch.float32)
+        state[key] = new
+        return new
 
     def _ensure_state(self, p, state, key, dtype, gi, j, undo):
         """state[key] as the engine needs it: dtype, size, p's memory layout and, with flatten=True,

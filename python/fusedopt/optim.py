@@ -267,3 +267,18 @@ class FusedRAdam(FusedOptimizerMixin, torch.optim.RAdam):
                              weight_decay=_f(g, "weight_decay"),
                              decoupled_weight_decay=bool(g.get("decoupled_weight_decay", False)),
                              maximize=bool(g["maximize"]))
+
+
+class FusedNAdam(FusedOptimizerMixin, torch.optim.NAdam):
+    """torch.optim.NAdam, fused: Adam's moments with Nesterov momentum whose coefficient mu_t warms up with
+    momentum_decay; each param's state['mu_product'] (a 0-d f32 tensor, as torch keeps it) is advanced by the
+    engine in f32 and read for the step's two coefficients. decoupled_weight_decay=True decays as AdamW."""
+
+    _algorithm = "nadam"
+    _sparse_message = "NAdam does not support sparse gradients"
+
+    def _hyper(self, g):
+        return _C.NadamHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
+                             weight_decay=_f(g, "weight_decay"), momentum_decay=_f(g, "momentum_decay"),
+                             decoupled_weight_decay=bool(g.get("decoupled_weight_decay", False)),
+                             maximize=bool(g["maximize"]))

@@ -14,7 +14,17 @@
 //   StandardStep(h, o, step)  the reference's for-loop step (torch.optim's _single_tensor_<algo>,
 //                       lion-pytorch, tools/lamb_reference.py) as elementary tensor ops, one per
 //                       line, with the reference's temporaries (the op vocabulary is below)
-// and, for a two-phase algorithm (a per-tensor reduction before the update, e.g. LAMB's norms):
+// and, for an algorithm with per-tensor scalar states (Segment::scalars: 0-d state tensors such as
+// NAdam's mu_product, ASGD's eta and mu):
+//   kScalarStates       torch's state_dict key of each Segment::scalars entry
+//   InitialScalar(h, k) the value a fresh scalar state k starts from
+//   NextScalars(h, s, next)  the values this step leaves in s.scalars, from the old ones there and
+//                       s.step (f32, rounded as the reference rounds its 0-d tensor)
+//   MakeScalars(h, s, next)  takes them too (s.scalars still holds the old values)
+// The step validates s.scalars non-null for every segment (numel 0 too: torch advances the scalars
+// of an empty param), computes every `next` before the update pass and stores them into
+// s.scalars after it, so a rejected or skipped step leaves them as they were.
+// And, for a two-phase algorithm (a per-tensor reduction before the update, e.g. LAMB's norms):
 //   kReductions         how many sums the reduction pass gives per tensor
 //   kReduce             the reduction kernel
 //   Finish(h, s, sums, scalars)  turns a tensor's sums into its update coefficients
@@ -98,6 +108,22 @@ template <class A>
 concept TwoPhase = requires {
   A::kReductions;
 };
+
+// An algorithm with per-tensor scalar states (kScalarStates, InitialScalar, NextScalars).
+template <class A>
+concept HasScalarStates = requires {
+  A::kScalarStates;
+};
+
+// How many Segment::scalars entries A keeps (0 for most).
+template <class A>
+constexpr std::size_t NumScalarStates() {
+  if constexpr (HasScalarStates<A>) {
+    return A::kScalarStates.size();
+  } else {
+    return 0;
+  }
+}
 
 // A named field of a Hyper struct.
 template <class Hyper, class T>

@@ -26,6 +26,8 @@ void RunAdadeltaChunks(const StepPlan<AdadeltaScalars>& plan, std::size_t chunk_
                        std::size_t chunk_end);
 void RunRadamChunks(const StepPlan<RadamScalars>& plan, std::size_t chunk_begin,
                     std::size_t chunk_end);
+void RunNadamChunks(const StepPlan<NadamScalars>& plan, std::size_t chunk_begin,
+                    std::size_t chunk_end);
 void RunLambReduceChunk(const StepPlan<LambScalars>& plan, std::size_t chunk, double* sums);
 void RunLambChunks(const StepPlan<LambScalars>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end);

@@ -51,6 +51,7 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
   if (options.master_weights) master_ = Allocate(total_numel_ * sizeof(float));
   if (options.accumulation_steps > 1) accumulators_ = Allocate(total_numel_ * sizeof(float));
   segments_.resize(tensors.size());
+  scalars_.assign(tensors.size() * kMaxScalars, 0.0f);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     Segment& s = segments_[i];
     const std::size_t o = offsets[i];
@@ -65,6 +66,7 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
     s.rounding_seed = options.rounding_seed;
     s.global_offset = o;
     if (master_) s.master = reinterpret_cast<float*>(master_.get()) + o;
+    for (int k = 0; k < kMaxScalars; ++k) s.scalars[k] = &scalars_[i * kMaxScalars + k];
   }
   AllocateStates(state_slots);
 }
@@ -88,6 +90,10 @@ std::span<float> FlatStorage::master(std::size_t tensor) {
   const Segment& s = segments_.at(tensor);
   if (s.master == nullptr) throw Error("FlatStorage: no master copy (master_weights is off)");
   return {s.master, s.numel};
+}
+
+std::span<float, kMaxScalars> FlatStorage::scalars(std::size_t tensor) {
+  return std::span<float, kMaxScalars>(segments_.at(tensor).scalars[0], kMaxScalars);
 }
 
 std::span<float> FlatStorage::accumulator(std::size_t tensor) {
@@ -141,6 +147,16 @@ Optimizer<Hyper>::Optimizer(std::vector<Hyper> groups, std::vector<TensorSpec> t
       const float init = algos::DescriptorOf<Hyper>::InitialState(groups_[s.group], slot);
       if (init == 0.0f || s.state[slot] == nullptr) continue;
       for (std::size_t k = 0; k < s.numel; ++k) StoreFromF32(s.state[slot], s.state_dtype, k, init);
+    }
+  }
+  // Scalar states (NAdam's mu_product) start from the algorithm's initial values.
+  using Descriptor = algos::DescriptorOf<Hyper>;
+  if constexpr (algos::HasScalarStates<Descriptor>) {
+    for (std::size_t i = 0; i < storage_.num_tensors(); ++i) {
+      const std::uint32_t group = storage_.segments()[i].group;
+      for (std::size_t k = 0; k < algos::NumScalarStates<Descriptor>(); ++k) {
+        storage_.scalars(i)[k] = Descriptor::InitialScalar(groups_[group], static_cast<int>(k));
+      }
     }
   }
 }
@@ -242,5 +258,6 @@ template class Optimizer<LambHyper>;
 template class Optimizer<AdamaxHyper>;
 template class Optimizer<AdadeltaHyper>;
 template class Optimizer<RadamHyper>;
+template class Optimizer<NadamHyper>;
 
 }  // namespace fusedopt

@@ -27,6 +27,14 @@ void ValidateStep(std::span<const typename A::Hyper> groups, std::span<const Seg
     if (s.numel > 0) {
       ValidateStates(A::kStepName, i, s, A::RequiredStates(groups[s.group]), A::kStates);
     }
+    if constexpr (algos::HasScalarStates<A>) {
+      for (std::size_t k = 0; k < A::kScalarStates.size(); ++k) {
+        if (s.scalars[k] == nullptr) {
+          Fail(A::kStepName, "segment ", i, ": scalars[", k, "] (", A::kScalarStates[k],
+               ") is null");
+        }
+      }
+    }
   }
 }
 
@@ -69,10 +77,28 @@ void RunStep(std::span<const typename A::Hyper> groups, std::span<const Segment>
   ValidateStep<A>(groups, segments);
   StepPlan<typename A::Scalars> plan{ChunkPlan(segments), {}};
   plan.scalars.reserve(segments.size());
-  for (const Segment& s : segments) plan.scalars.push_back(A::MakeScalars(groups[s.group], s));
+  constexpr std::size_t kScalars = algos::NumScalarStates<A>();
+  // Per segment, the scalar states this step leaves (stored only once the update has run).
+  std::vector<float> next(segments.size() * kScalars);
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    if constexpr (kScalars > 0) {
+      const std::span<float, kScalars> mine(&next[i * kScalars], kScalars);
+      A::NextScalars(groups[s.group], s, mine);
+      plan.scalars.push_back(
+          A::MakeScalars(groups[s.group], s, std::span<const float, kScalars>(mine)));
+    } else {
+      plan.scalars.push_back(A::MakeScalars(groups[s.group], s));
+    }
+  }
   if constexpr (algos::TwoPhase<A>) Reduce<A>(groups, plan, runtime);
   ParallelForChunks(plan.chunks.num_chunks(), runtime.num_threads(),
                     [&](std::size_t begin, std::size_t end) { A::kRun(plan, begin, end); });
+  if constexpr (kScalars > 0) {
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      for (std::size_t k = 0; k < kScalars; ++k) *segments[i].scalars[k] = next[i * kScalars + k];
+    }
+  }
 }
 
 }  // namespace
@@ -127,6 +153,10 @@ void AdadeltaStep(std::span<const AdadeltaHyper> groups, std::span<const Segment
   FusedStep(groups, segments, runtime);
 }
 void RadamStep(std::span<const RadamHyper> groups, std::span<const Segment> segments,
+               Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
+void NadamStep(std::span<const NadamHyper> groups, std::span<const Segment> segments,
                Runtime& runtime) {
   FusedStep(groups, segments, runtime);
 }

@@ -67,8 +67,18 @@ StepResult TrainingStep(std::span<const Hyper> groups, std::span<Segment> segmen
     // Everything the waves will check, checked before the pre-pass or the first wave writes: the
     // step functions validate before touching a buffer, and with no elements they touch none. (One
     // wave without a pre-pass validates itself.)
+    // Each segment's scalar states are copied into scratch: the check must not advance them.
     std::vector<Segment> empty(segments.begin(), segments.end());
-    for (Segment& s : empty) s.numel = 0;
+    std::vector<float> scratch(empty.size() * kMaxScalars);
+    for (std::size_t i = 0; i < empty.size(); ++i) {
+      Segment& s = empty[i];
+      s.numel = 0;
+      for (std::size_t k = 0; k < kMaxScalars; ++k) {
+        if (s.scalars[k] == nullptr) continue;
+        scratch[i * kMaxScalars + k] = *s.scalars[k];
+        s.scalars[k] = &scratch[i * kMaxScalars + k];
+      }
+    }
     FusedStep(groups, std::span<const Segment>(empty), runtime);
   }
 

@@ -115,6 +115,20 @@ struct RadamScalars {
   bool rectified;  // rho_t > 5: the adaptive, rectified step; else p −= lr·m̂
 };
 
+struct NadamScalars {
+  float grad_mul;
+  float weight_decay;   // coupled (L2) term, used when coupled_weight_decay
+  float decay_mul;      // decoupled factor f32(1 − lr·wd); exactly 1 when off
+  LerpCoef beta1_lerp;  // exp_avg.lerp_(grad, 1 − beta1)
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction2;  // 1 − beta2^step
+  float eps;
+  float grad_coef;     // c1 = −lr·(1 − mu) / (1 − mu_product)
+  float exp_avg_coef;  // c2 = −lr·mu_next / (1 − mu_product·mu_next)
+  bool coupled_weight_decay;
+};
+
 // The first pass of LAMB reduces ‖p‖² and ‖u‖² per tensor; the second applies p −= ratio·u with
 // ratio from those norms (Lamb::Finish fills neg_ratio in between).
 struct LambScalars {

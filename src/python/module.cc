@@ -116,7 +116,8 @@ StepReport RunStep(const std::vector<Hyper>& groups, const SegmentTable& table,
 // StepReport (see RunStep;
 // fusedopt::Error surfaces as ValueError; norm_type 2, 1, or 0 for inf; clip_rule 0 torch, 1
 // LAMB). algorithms[name] = {"hyper": class, "step": function, "state_names": torch's keys of the
-// state slots}.
+// state slots, "scalar_names": torch's keys of the scalar states (Segment::scalars)}; a Hyper's
+// initial_scalars() are the values fresh scalar states start from.
 template <class A>
 void BindAlgorithm(py::module_& m, py::dict& algorithms) {
   using Hyper = typename A::Hyper;
@@ -145,6 +146,14 @@ void BindAlgorithm(py::module_& m, py::dict& algorithms) {
   }));
   std::apply([&](const auto&... f) { (hyper.def_readwrite(f.name, f.member), ...); }, A::kFields);
   hyper.def("required_states", [](const Hyper& h) { return A::RequiredStates(h); });
+  hyper.def("initial_scalars", [](const Hyper& h) {
+    std::vector<float> values;
+    for (std::size_t k = 0; k < algos::NumScalarStates<A>(); ++k) {
+      if constexpr (algos::HasScalarStates<A>)
+        values.push_back(A::InitialScalar(h, static_cast<int>(k)));
+    }
+    return values;
+  });
   const std::string fn_name = std::string(A::kName) + "_step";
   m.def(fn_name.c_str(), &RunStep<Hyper>, py::arg("groups"), py::arg("table"), py::arg("grads"),
         py::arg("grad_dtypes"), py::arg("grad_scale"), py::arg("num_threads"),
@@ -159,6 +168,11 @@ void BindAlgorithm(py::module_& m, py::dict& algorithms) {
   entry["hyper"] = hyper;
   entry["step"] = m.attr(fn_name.c_str());
   entry["state_names"] = py::tuple(state_names);
+  py::list scalar_names;
+  if constexpr (algos::HasScalarStates<A>) {
+    for (const char* name : A::kScalarStates) scalar_names.append(name);
+  }
+  entry["scalar_names"] = py::tuple(scalar_names);
   algorithms[A::kName] = entry;
 }
 

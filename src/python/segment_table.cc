@@ -37,6 +37,7 @@ Segment ToSegment(const SegmentRow& row) {
   s.param = Ptr<void>(row.param);
   for (std::size_t k = 0; k < kMaxStates; ++k) s.state[k] = Ptr<void>(row.states[k]);
   s.master = Ptr<float>(row.master);
+  for (std::size_t k = 0; k < kMaxScalars; ++k) s.scalars[k] = Ptr<float>(row.scalars[k]);
   s.numel = row.numel;
   s.param_dtype = static_cast<DType>(row.param_dtype);
   s.state_dtype = static_cast<DType>(row.state_dtype);
@@ -94,20 +95,31 @@ void SegmentTable::StoreSteps(std::span<const Segment> stepped) const {
 void BindSegmentTable(py::module_& m) {
   py::class_<SegmentRow>(
       m, "SegmentRow", "One parameter of a step without its gradient (src/python/segment_table.h)")
-      .def(
-          py::init([](std::uintptr_t param, const std::array<std::uintptr_t, kMaxStates>& states,
-                      std::uintptr_t master, std::size_t numel, int param_dtype, int state_dtype,
-                      std::uint32_t group, std::uintptr_t step_counter, std::int64_t step,
-                      bool stochastic_rounding, std::uint64_t rounding_seed,
-                      std::uint64_t global_offset) {
-            return SegmentRow{param,         states,       master,       numel, param_dtype,
-                              state_dtype,   group,        step_counter, step,  stochastic_rounding,
-                              rounding_seed, global_offset};
-          }),
-          py::kw_only(), py::arg("param"), py::arg("states"), py::arg("master"), py::arg("numel"),
-          py::arg("param_dtype"), py::arg("state_dtype"), py::arg("group"), py::arg("step_counter"),
-          py::arg("step"), py::arg("stochastic_rounding"), py::arg("rounding_seed"),
-          py::arg("global_offset"))
+      .def(py::init([](std::uintptr_t param, const std::array<std::uintptr_t, kMaxStates>& states,
+                       std::uintptr_t master, std::size_t numel, int param_dtype, int state_dtype,
+                       std::uint32_t group, std::uintptr_t step_counter, std::int64_t step,
+                       bool stochastic_rounding, std::uint64_t rounding_seed,
+                       std::uint64_t global_offset,
+                       const std::array<std::uintptr_t, kMaxScalars>& scalars) {
+             return SegmentRow{param,
+                               states,
+                               master,
+                               scalars,
+                               numel,
+                               param_dtype,
+                               state_dtype,
+                               group,
+                               step_counter,
+                               step,
+                               stochastic_rounding,
+                               rounding_seed,
+                               global_offset};
+           }),
+           py::kw_only(), py::arg("param"), py::arg("states"), py::arg("master"), py::arg("numel"),
+           py::arg("param_dtype"), py::arg("state_dtype"), py::arg("group"),
+           py::arg("step_counter"), py::arg("step"), py::arg("stochastic_rounding"),
+           py::arg("rounding_seed"), py::arg("global_offset"),
+           py::arg("scalars") = std::array<std::uintptr_t, kMaxScalars>{})
       .def_readonly("param", &SegmentRow::param)
       .def_readonly("numel", &SegmentRow::numel)
       .def_readonly("param_dtype", &SegmentRow::param_dtype);

@@ -49,6 +49,9 @@ class Twin:
     bitwise: bool  # torch's for-loop reproduced bit for bit as it is (no sqrt in the rule)
     rtol: float = 1e-5  # otherwise: the bound on relative differences after 100 steps
     low_precision_kw: dict = field(default_factory=dict)  # extra options of the 16-bit runs
+    # ulp bounds of the 16-bit runs against torch's own 16-bit run, where a rule's torch ops round the
+    # param more than once per step (NAdam's two addcdiv_): None takes conftest.ULP_BOUND
+    low_precision_ulps: dict | None = None
 
 
 def fresh(kw: dict) -> dict:
@@ -207,10 +210,13 @@ def check_low_precision_default(twin: Twin, dtype: torch.dtype):
     for j, (a, r) in enumerate(zip(p_f, p_t)):
         assert a.dtype == dtype
         for k, v in fus.state[a].items():
-            if k != "step":
-                assert v.dtype == dtype, f"state {k} is {v.dtype}, torch keeps it in {dtype}"
+            if k != "step":  # (a 0-d scalar state, NAdam's mu_product, stays f32 as torch's)
+                want = ref.state[r][k].dtype
+                assert v.dtype == want, f"state {k} is {v.dtype}, torch keeps it in {want}"
+                assert want == dtype or v.dim() == 0
         u = ulp_err(a, r).max().item()
-        assert u <= ULP_BOUND[dtype], f"param {j}: {u} {dtype} ulps from torch's {dtype} run"
+        bound = (twin.low_precision_ulps or ULP_BOUND)[dtype]
+        assert u <= bound, f"param {j}: {u} {dtype} ulps from torch's {dtype} run"
     compare_opts(fus, ref, check_params=False, rtol=0.5)  # same state keys and step counts
 
 

@@ -214,6 +214,40 @@ inline void RadamStep(const RadamHyper& h, std::int64_t step, std::span<double> 
   }
 }
 
+// torch.optim.NAdam; with decoupled_weight_decay the decay is AdamW's. μ_t = β1(1 − ½·0.96^(tψ)),
+// and the product Π_{i≤t} μ_i (torch's state['mu_product']) rebuilt from the step, in double.
+inline double NadamMu(const NadamHyper& h, double t) {
+  return h.beta1 * (1.0 - 0.5 * std::pow(0.96, t * h.momentum_decay));  // μ_t
+}
+inline void NadamStep(const NadamHyper& h, std::int64_t step, std::span<double> p,
+                      std::span<const double> g, std::span<double> exp_avg,
+                      std::span<double> exp_avg_sq) {
+  const auto t = static_cast<double>(step);
+  double mu_product = 1.0;  // Π_{i≤t} μ_i
+  for (std::int64_t i = 1; i <= step; ++i) mu_product *= NadamMu(h, static_cast<double>(i));
+  const double mu = NadamMu(h, t);
+  const double mu_next = NadamMu(h, t + 1.0);
+  const double bias_correction2 = 1.0 - std::pow(h.beta2, t);  // bc2 = 1 − β2^t
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    double gi = h.maximize ? -g[i] : g[i];  // g = -∇ if maximize else ∇
+    if (h.weight_decay != 0.0) {
+      if (h.decoupled_weight_decay) {
+        p[i] *= 1.0 - h.lr * h.weight_decay;  // θ = θ (1 − γλ)
+      } else {
+        gi += h.weight_decay * p[i];  // g = g + λθ
+      }
+    }
+    double& m = exp_avg[i];
+    double& v = exp_avg_sq[i];
+    m += (1.0 - h.beta1) * (gi - m);                               // m = lerp(m, g, 1 − β1)
+    v = h.beta2 * v + (1.0 - h.beta2) * gi * gi;                   // v = β2 v + (1 − β2) g²
+    const double denom = std::sqrt(v / bias_correction2) + h.eps;  // √(v / bc2) + ε
+    // θ = θ − γ(1 − μ_t) g / ((1 − Π_t) d) − γ μ_{t+1} m / ((1 − Π_t μ_{t+1}) d)
+    p[i] -= h.lr * (1.0 - mu) / (1.0 - mu_product) * gi / denom;
+    p[i] -= h.lr * mu_next / (1.0 - mu_product * mu_next) * m / denom;
+  }
+}
+
 // torch.optim.Adadelta: running means of g² (square_avg) and of the squared steps (acc_delta); the
 // step is √(acc_delta + ε) / √(square_avg + ε) · g.
 inline void AdadeltaStep(const AdadeltaHyper& h, std::span<double> p, std::span<const double> g,

@@ -106,8 +106,8 @@ Command AddDoctorCommand(CLI::App& app) {
   given.optimizer =
       parser
           ->add_option("--optimizer", options.optimizer,
-                       "sgd, adam, adamw, rmsprop, adagrad, lion, lamb, adamax, adadelta "
-                       "or radam")
+                       "sgd, adam, adamw, rmsprop, adagrad, lion, lamb, adamax, adadelta, "
+                       "radam or nadam")
           ->capture_default_str();
   given.shapes =
       parser->add_option("--shapes", values->shapes, "Real per-tensor shapes of a model")
