@@ -10,6 +10,8 @@
 //   Slots(state)[slot]           the State member holding that slot's tensor
 //   NextStep(state)              the step being taken (torch's state step + 1)
 //   SetStep(state, step)         stores it after a successful step
+//   Scalars(state)[k]            for an algorithm with scalar states (NAdam's mu_product): the
+//                                State member holding scalar state k, a 0-d float32 tensor
 //   Clipping(optimizer, training) optional: the pre-pass's clipping (threshold, norm, ClipRule)
 //                                when the algorithm has its own (LAMB's max_grad_norm); without
 //                                it, training's max_grad_norm and norm_type with ClipRule::kTorch
@@ -34,6 +36,7 @@
 #pragma once
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/stack.h>
@@ -232,6 +235,21 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
                                              at::TensorOptions{}, at::MemoryFormat::Contiguous);
             seg.state[slot] = fresh.data_ptr();
             new_tensors.emplace_back(&held, std::move(fresh));
+          }
+        }
+        if constexpr (algos::HasScalarStates<Descriptor>) {
+          // The core writes a scalar state in place after the update, so a held one changes only
+          // when the step succeeds; new and converted ones are committed like the tensors.
+          const auto scalars = Traits::Scalars(*state);
+          for (std::size_t k = 0; k < Descriptor::kScalarStates.size(); ++k) {
+            at::Tensor& held = *scalars[k];
+            at::Tensor ready =
+                held.defined()
+                    ? CheckedScalar(Traits::kName, name, Descriptor::kScalarStates[k], held)
+                    : at::full({}, Descriptor::InitialScalar(hyper, static_cast<int>(k)),
+                               at::TensorOptions{}.dtype(at::kFloat));
+            seg.scalars[k] = ready.data_ptr<float>();
+            if (!ready.is_same(held)) new_tensors.emplace_back(&held, std::move(ready));
           }
         }
       }

@@ -1,7 +1,9 @@
-// The seven fusedopt::pt optimizers: how each maps its options and param state (torch::optim's, or
-// our own for Lion and LAMB) onto the core's hyper struct and Segment::state slots (the loop itself
-// is fused_step.h; state keys and initial values come from the algorithm's descriptor, src/algos/).
-// Also the option and state classes of Lion and LAMB, written as libtorch writes Adam's.
+// The fusedopt::pt optimizers: how each maps its options and param state (torch::optim's, our own
+// for Lion and LAMB, the generic HyperOptions / HyperParamState for the others) onto the core's
+// hyper struct and Segment::state slots (the loop itself is fused_step.h; state keys, fields and
+// initial values come from the algorithm's descriptor, src/algos/). Also the option and state
+// classes of Lion and LAMB, written as libtorch writes Adam's, and the generic ones, written from
+// the descriptors' field and state lists.
 
 #include "fusedopt/pt/optim.h"
 
@@ -18,13 +20,16 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "fusedopt/grad.h"
 #include "fusedopt/hyper.h"
 #include "fusedopt/step.h"
+#include "src/algos/registry.h"
 #include "src/torch/fused_step.h"
 
 namespace fusedopt::pt {
@@ -245,6 +250,78 @@ LambOptions Merged(const LambOptions& group, const LambOptions& defaults) {
   return merged;
 }
 
+// ---- The generic classes: FusedOptimizer<Hyper> -------------------------------------------------
+
+// "fusedopt::pt::Adamax": torch.optim's class name (the descriptor's step name without "Step",
+// spelled as torch spells it).
+template <class Hyper>
+std::string GenericName() {
+  using D = algos::DescriptorOf<Hyper>;
+  static constexpr std::pair<std::string_view, std::string_view> kTorchSpelling[] = {
+      {"sgd", "SGD"},
+      {"rmsprop", "RMSprop"},
+      {"lamb", "LAMB"},
+      {"radam", "RAdam"},
+      {"nadam", "NAdam"}};
+  for (const auto& [engine, torch_name] : kTorchSpelling) {
+    if (D::kName == engine) return "fusedopt::pt::" + std::string(torch_name);
+  }
+  const std::string_view step = D::kStepName;
+  return "fusedopt::pt::" + std::string(step.substr(0, step.size() - 4));
+}
+
+template <class H>
+struct GenericTraits {
+  using Options = HyperOptions<H>;
+  using State = HyperParamState<H>;
+  using Hyper = H;
+  static inline const std::string kName = GenericName<H>();
+  static inline const std::string kOptionsName = kName + "Options";
+
+  static Hyper ToHyper(const Options& o) { return o.hyper(); }
+  static StateSlots Slots(State& s) {
+    StateSlots slots{};
+    for (int k = 0; k < kMaxStates; ++k) slots[k] = &s.tensors[k];
+    return slots;
+  }
+  static std::array<at::Tensor*, kMaxScalars> Scalars(State& s) {
+    std::array<at::Tensor*, kMaxScalars> scalars{};
+    for (int k = 0; k < kMaxScalars; ++k) scalars[k] = &s.scalars[k];
+    return scalars;
+  }
+  static std::int64_t NextStep(const State& s) { return s.step() + 1; }
+  static void SetStep(State& s, std::int64_t step) { s.step(step); }
+};
+
+// f(field) for each field of the descriptor's kFields (name, member pointer).
+template <class Hyper, class F>
+void ForEachField(F&& f) {
+  std::apply([&](const auto&... field) { (f(field), ...); }, algos::DescriptorOf<Hyper>::kFields);
+}
+
+// libtorch's group merge (as Merged above), field by field.
+template <class Hyper>
+HyperOptions<Hyper> Merged(const HyperOptions<Hyper>& group, const HyperOptions<Hyper>& defaults) {
+  const Hyper fresh;
+  HyperOptions<Hyper> merged = defaults;
+  ForEachField<Hyper>([&](const auto& field) {
+    if (group.hyper().*field.member != fresh.*field.member) {
+      merged.hyper().*field.member = group.hyper().*field.member;
+    }
+  });
+  return merged;
+}
+
+// The engine's rules for the algorithm's hyper-parameters, as a c10::Error.
+template <class Hyper>
+void CheckHyper(const Hyper& hyper, std::size_t group) {
+  try {
+    algos::DescriptorOf<Hyper>::Validate({GenericTraits<Hyper>::kName, group}, hyper);
+  } catch (const fusedopt::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
 // torch::optim::Optimizer::add_param_group (its leaf check and defaults), then the group's own
 // options merged with the defaults: libtorch's merge knows only its own options types and would
 // give our groups the defaults.
@@ -449,5 +526,149 @@ void LAMB::save(torch::serialize::OutputArchive& archive) const {
 void LAMB::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<LambParamState, LambOptions>(archive, *this);
 }
+
+// ---- The generic classes ------------------------------------------------------------------------
+
+template <class Hyper>
+void HyperOptions<Hyper>::serialize(torch::serialize::OutputArchive& archive) const {
+  ForEachField<Hyper>(
+      [&](const auto& field) { archive.write(field.name, c10::IValue(hyper_.*field.member)); });
+}
+
+template <class Hyper>
+void HyperOptions<Hyper>::serialize(torch::serialize::InputArchive& archive) {
+  ForEachField<Hyper>([&](const auto& field) {
+    c10::IValue value;
+    archive.read(field.name, value);
+    auto& member = hyper_.*field.member;
+    if constexpr (std::is_same_v<std::remove_reference_t<decltype(member)>, bool>) {
+      member = value.toBool();
+    } else {
+      member = value.toDouble();
+    }
+  });
+}
+
+template <class Hyper>
+bool HyperOptions<Hyper>::operator==(const HyperOptions& other) const {
+  bool equal = true;
+  ForEachField<Hyper>([&](const auto& field) {
+    equal = equal && hyper_.*field.member == other.hyper_.*field.member;
+  });
+  return equal;
+}
+
+template <class Hyper>
+bool HyperParamState<Hyper>::operator==(const HyperParamState& other) const {
+  bool equal = step() == other.step();
+  for (int k = 0; k < kMaxStates; ++k) {
+    equal = equal && torch::equal_if_defined(tensors[k], other.tensors[k]);
+  }
+  for (int k = 0; k < kMaxScalars; ++k) {
+    equal = equal && torch::equal_if_defined(scalars[k], other.scalars[k]);
+  }
+  return equal;
+}
+
+template <class Hyper>
+torch::Tensor& HyperParamState<Hyper>::state(std::string_view key) {
+  using D = algos::DescriptorOf<Hyper>;
+  for (int k = 0; k < kMaxStates; ++k) {
+    if (key == D::kStates[k] && !key.empty()) return tensors[k];
+  }
+  if constexpr (algos::HasScalarStates<D>) {
+    for (std::size_t k = 0; k < D::kScalarStates.size(); ++k) {
+      if (key == D::kScalarStates[k]) return scalars[k];
+    }
+  }
+  TORCH_CHECK(false, GenericTraits<Hyper>::kName, " has no state '", key, "'");
+}
+
+// Each state under its torch key (what the algorithm has not created yet is not written).
+template <class Hyper>
+void HyperParamState<Hyper>::serialize(torch::serialize::OutputArchive& archive) const {
+  using D = algos::DescriptorOf<Hyper>;
+  archive.write("step", c10::IValue(step()));
+  for (int k = 0; k < kMaxStates; ++k) {
+    if (*D::kStates[k] != '\0' && tensors[k].defined()) archive.write(D::kStates[k], tensors[k]);
+  }
+  if constexpr (algos::HasScalarStates<D>) {
+    for (std::size_t k = 0; k < D::kScalarStates.size(); ++k) {
+      if (scalars[k].defined()) archive.write(D::kScalarStates[k], scalars[k]);
+    }
+  }
+}
+
+template <class Hyper>
+void HyperParamState<Hyper>::serialize(torch::serialize::InputArchive& archive) {
+  using D = algos::DescriptorOf<Hyper>;
+  c10::IValue step_value;
+  archive.read("step", step_value);
+  step(step_value.toInt());
+  for (int k = 0; k < kMaxStates; ++k) {
+    tensors[k] = torch::Tensor();
+    if (*D::kStates[k] != '\0') archive.try_read(D::kStates[k], tensors[k]);
+  }
+  if constexpr (algos::HasScalarStates<D>) {
+    for (std::size_t k = 0; k < D::kScalarStates.size(); ++k) {
+      scalars[k] = torch::Tensor();
+      archive.try_read(D::kScalarStates[k], scalars[k]);
+    }
+  }
+}
+
+template <class Hyper>
+FusedOptimizer<Hyper>::FusedOptimizer(
+    const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults)
+    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
+                              std::make_unique<Options>(defaults)) {
+  CheckHyper(defaults.hyper(), 0);
+  for (const auto& group : param_groups) add_param_group(group);
+}
+
+template <class Hyper>
+FusedOptimizer<Hyper>::FusedOptimizer(std::vector<torch::Tensor> params, Options defaults)
+    : FusedOptimizer({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+template <class Hyper>
+void FusedOptimizer<Hyper>::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  AddParamGroup<GenericTraits<Hyper>>(*this, param_group);
+  const auto& added = static_cast<const Options&>(param_groups().back().options());
+  try {
+    CheckHyper(added.hyper(), param_groups().size() - 1);
+  } catch (...) {
+    param_groups().pop_back();  // a rejected group is not kept
+    throw;
+  }
+}
+
+template <class Hyper>
+std::string FusedOptimizer<Hyper>::class_name() {
+  return GenericTraits<Hyper>::kName;
+}
+
+template <class Hyper>
+torch::Tensor FusedOptimizer<Hyper>::step(LossClosure closure) {
+  return detail::FusedStep<GenericTraits<Hyper>>(*this, closure, training_, last_step_,
+                                                 last_pre_pass_);
+}
+
+template <class Hyper>
+void FusedOptimizer<Hyper>::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<ParamState, Options>(archive, *this);
+}
+
+template <class Hyper>
+void FusedOptimizer<Hyper>::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<ParamState, Options>(archive, *this);
+}
+
+// Every algorithm's generic class (optim.h names those without a class of their own).
+#define FOPT_INSTANTIATE(A)                         \
+  template class HyperOptions<algos::A::Hyper>;     \
+  template struct HyperParamState<algos::A::Hyper>; \
+  template class FusedOptimizer<algos::A::Hyper>;
+FOPT_FOR_EACH_ALGORITHM(FOPT_INSTANTIATE)
+#undef FOPT_INSTANTIATE
 
 }  // namespace fusedopt::pt

@@ -98,6 +98,16 @@ at::Tensor CheckedState(std::string_view optimizer, const ParamName& name, std::
   return state.to(p.scalar_type()).contiguous();
 }
 
+at::Tensor CheckedScalar(std::string_view optimizer, const ParamName& name, std::string_view key,
+                         const at::Tensor& scalar) {
+  TORCH_CHECK(scalar.device().is_cpu() && scalar.layout() == at::kStrided &&
+                  scalar.is_floating_point() && scalar.numel() == 1,
+              optimizer, ": state '", key, "' of ", ToString(name),
+              " must be a one-element floating-point CPU tensor (got ", scalar.scalar_type(),
+              " of shape ", scalar.sizes(), " on ", scalar.device(), ")");
+  return scalar.to(at::kFloat).reshape({}).contiguous();
+}
+
 void CheckDisjoint(std::string_view optimizer, std::span<const at::Tensor> params,
                    std::span<const ParamName> names) {
   // Sort the byte ranges by start address; then only neighbours can overlap.

@@ -45,6 +45,12 @@ at::Tensor CheckedGrad(std::string_view optimizer, const ParamName& name, const 
 at::Tensor CheckedState(std::string_view optimizer, const ParamName& name, std::string_view key,
                         const at::Tensor& p, const at::Tensor& state);
 
+// A scalar state (torch state key `key`, e.g. NAdam's mu_product) of p as the step needs it: one
+// element on the CPU, as a 0-d float32 tensor (converted from another float dtype or shape, as
+// torch's load_state_dict casts it).
+at::Tensor CheckedScalar(std::string_view optimizer, const ParamName& name, std::string_view key,
+                         const at::Tensor& scalar);
+
 // No two stepped params share memory: the core updates segments in parallel and requires disjoint
 // buffers (a param listed twice, or two overlapping views, would be updated twice in a race).
 void CheckDisjoint(std::string_view optimizer, std::span<const at::Tensor> params,

@@ -56,7 +56,7 @@ else()
   message(STATUS "${DIGITS_CSV} not there (scripts/build exports it): digits run skipped")
 endif()
 
-foreach(bad "--impl;jax" "--optimizer;lamb" "--lr;-1" "--dtype;f64" "--dataset;imagenet" "--accumulation-steps;0")
+foreach(bad "--impl;jax" "--optimizer;lbfgs" "--lr;-1" "--dtype;f64" "--dataset;imagenet" "--accumulation-steps;0")
   execute_process(COMMAND ${FUSEDOPT} train ${tiny} ${bad} RESULT_VARIABLE rc OUTPUT_VARIABLE stdout
                   ERROR_VARIABLE stderr)
   list(GET bad 1 value)

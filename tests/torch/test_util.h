@@ -55,6 +55,13 @@ inline Params MakeParams(std::uint64_t seed, torch::Dtype dtype = torch::kFloat)
   return params;
 }
 
+// The values of t, in double.
+inline std::vector<double> Doubles(const torch::Tensor& t) {
+  const torch::Tensor d = t.detach().to(torch::kDouble).contiguous();
+  const double* data = d.data_ptr<double>();
+  return {data, data + d.numel()};
+}
+
 // Deep copy (new storage, same values): the same model for a second optimizer.
 inline Params CloneParams(const Params& params) {
   Params out;

@@ -19,12 +19,17 @@
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include "fusedopt/pt/optim.h"
 #include "fusedopt/pt/timeline.h"
 #include "fusedopt/runtime.h"
+#include "src/algos/registry.h"
 #include "src/doctor/doctor.h"
 #include "src/doctor/report_util.h"
+#include "tools/train/standard_optimizer.h"
 
 namespace fusedopt::train {
 namespace {
@@ -36,6 +41,24 @@ struct Hyper {
   double lr, weight_decay, momentum;
   bool nesterov;
 };
+
+// The algorithms without a torch::optim class: `f(std::type_identity<Descriptor>{})` for the one
+// named `name`; false when it is none of them.
+template <class F>
+bool WithOtherAlgorithm(const std::string& name, F&& f) {
+  static constexpr std::string_view kTorchTwins[] = {"adamw", "adam", "sgd", "rmsprop", "adagrad"};
+  if (std::find(std::begin(kTorchTwins), std::end(kTorchTwins), name) != std::end(kTorchTwins)) {
+    return false;
+  }
+  bool found = false;
+  algos::All::ForEach([&](auto d) {
+    if (name == decltype(d)::type::kName) {
+      found = true;
+      f(d);
+    }
+  });
+  return found;
+}
 
 Hyper ResolveHyper(const TrainOptions& o) {
   struct Default {
@@ -53,8 +76,24 @@ Hyper ResolveHyper(const TrainOptions& o) {
               o.optimizer == "sgd" ? o.momentum : 0.0, o.nesterov};
     }
   }
-  throw std::invalid_argument("invalid --optimizer '" + o.optimizer +
-                              "' (adamw, adam, sgd, rmsprop or adagrad)");
+  // The others: the reference's defaults (the Hyper struct's).
+  Hyper resolved{};
+  const bool found = WithOtherAlgorithm(o.optimizer, [&](auto d) {
+    const typename decltype(d)::type::Hyper defaults;
+    double weight_decay = 0.0;
+    if constexpr (requires { defaults.weight_decay; }) {
+      weight_decay = o.weight_decay.value_or(defaults.weight_decay);
+    } else if (o.weight_decay.value_or(0.0) != 0.0) {
+      throw std::invalid_argument("--optimizer " + o.optimizer + " has no weight decay");
+    }
+    resolved = {o.lr.value_or(defaults.lr), weight_decay, 0.0, false};
+  });
+  if (!found) {
+    throw std::invalid_argument("invalid --optimizer '" + o.optimizer +
+                                "' (adamw, adam, sgd, rmsprop, adagrad, " + OtherOptimizers() +
+                                ")");
+  }
+  return resolved;
 }
 
 // torch::optim's class (impl "torch") or its fusedopt::pt subclass (impl "fused"), same options.
@@ -86,16 +125,52 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& name, 
     return Make<o::RMSprop, pt::RMSprop>(fused, params,
                                          o::RMSpropOptions(h.lr).weight_decay(h.weight_decay));
   }
-  return Make<o::Adagrad, pt::Adagrad>(fused, params,
-                                       o::AdagradOptions(h.lr).weight_decay(h.weight_decay));
+  if (name == "adagrad") {
+    return Make<o::Adagrad, pt::Adagrad>(fused, params,
+                                         o::AdagradOptions(h.lr).weight_decay(h.weight_decay));
+  }
+  std::unique_ptr<torch::optim::Optimizer> made;
+  WithOtherAlgorithm(name, [&](auto d) {
+    using Algo = typename decltype(d)::type::Hyper;
+    Algo hyper;
+    hyper.lr = h.lr;
+    if constexpr (requires { hyper.weight_decay; }) hyper.weight_decay = h.weight_decay;
+    if (!fused) {
+      made = std::make_unique<StandardOptimizer<Algo>>(params, hyper);
+    } else if constexpr (std::is_same_v<Algo, LionHyper>) {
+      made = std::make_unique<pt::Lion>(params,
+                                        pt::LionOptions(hyper.lr).weight_decay(hyper.weight_decay));
+    } else if constexpr (std::is_same_v<Algo, LambHyper>) {
+      made = std::make_unique<pt::LAMB>(params,
+                                        pt::LambOptions(hyper.lr).weight_decay(hyper.weight_decay));
+    } else {
+      made = std::make_unique<pt::FusedOptimizer<Algo>>(params, pt::HyperOptions<Algo>(hyper));
+    }
+  });
+  return made;
 }
 
-std::string ClassName(const std::string& optimizer) {
-  if (optimizer == "adamw") return "AdamW";
-  if (optimizer == "adam") return "Adam";
-  if (optimizer == "sgd") return "SGD";
-  if (optimizer == "rmsprop") return "RMSprop";
-  return "Adagrad";
+// What the run is called in the table: torch::optim's class or its fusedopt::pt subclass; for the
+// others, fusedopt::pt's class or the reference's for-loop in ATen ops (standard_optimizer.h).
+std::string Label(const std::string& optimizer, bool fused) {
+  static constexpr std::pair<std::string_view, std::string_view> kTwins[] = {
+      {"adamw", "AdamW"},
+      {"adam", "Adam"},
+      {"sgd", "SGD"},
+      {"rmsprop", "RMSprop"},
+      {"adagrad", "Adagrad"}};
+  for (const auto& [name, torch_class] : kTwins) {
+    if (optimizer == name)
+      return (fused ? "fusedopt::pt::" : "torch::optim::") + std::string(torch_class);
+  }
+  const std::string fused_class = optimizer == "lion"   ? "fusedopt::pt::Lion"
+                                  : optimizer == "lamb" ? "fusedopt::pt::LAMB"
+                                                        : std::string();
+  std::string name = fused_class;
+  WithOtherAlgorithm(optimizer, [&](auto d) {
+    if (name.empty()) name = pt::FusedOptimizer<typename decltype(d)::type::Hyper>::class_name();
+  });
+  return fused ? name : "ATen for-loop (" + optimizer + "'s reference ops)";
 }
 
 // One implementation: its own model copy, optimizer and trainer, and what its updates took.
@@ -280,6 +355,15 @@ void PrintTable(const nlohmann::json& report, std::ostream& out) {
 
 }  // namespace
 
+std::string OtherOptimizers() {
+  std::string names;
+  algos::All::ForEach([&](auto d) {
+    const std::string name = decltype(d)::type::kName;
+    WithOtherAlgorithm(name, [&](auto /*same*/) { names += (names.empty() ? "" : ", ") + name; });
+  });
+  return names;
+}
+
 std::string MarkdownTable(const nlohmann::json& report) {
   const std::vector<std::vector<std::string>> rows = TableRows(report);
   std::ostringstream md;
@@ -317,7 +401,7 @@ nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::
     Run run;
     run.impl = impl;
     const bool fused = impl == "fused";
-    run.label = (fused ? "fusedopt::pt::" : "torch::optim::") + ClassName(options.optimizer);
+    run.label = Label(options.optimizer, fused);
     run.model = MakeModel(options.model, /*seed=*/0);  // the same initialization for every impl
     run.optimizer = MakeOptimizer(options.optimizer, fused, run.model.module->parameters(), hyper);
     pt::TrainerOptions trainer_options{.accumulation_steps = options.accumulation_steps,

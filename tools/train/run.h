@@ -19,7 +19,8 @@ namespace fusedopt::train {
 struct TrainOptions {
   ModelConfig model;
   DataConfig data;
-  std::string optimizer = "adamw";  // adamw, adam, sgd (momentum), rmsprop, adagrad
+  std::string optimizer =
+      "adamw";  // adamw, adam, sgd (momentum), rmsprop, adagrad, OtherOptimizers()
   // Unset: the optimizer's default here (adamw 1e-3 / wd 1e-2; sgd 0.01, momentum 0.9, wd 1e-4;
   // adam 1e-3; rmsprop 1e-3; adagrad 1e-2). Set: a finite number >= 0 (NaN is an error).
   std::optional<double> lr;
@@ -47,6 +48,10 @@ struct TrainOptions {
 //  "max_loss_rel_diff_first10", "doctor": {...}}. Throws std::invalid_argument naming a bad option
 //  and its value.
 nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::ostream& progress);
+
+// The --optimizer choices without a torch::optim class ("lion, lamb, adamax, ..."): the fused impl
+// is fusedopt::pt's class, the torch impl the reference's for-loop step in ATen ops.
+std::string OtherOptimizers();
 
 // The table as Markdown (for --markdown / the --compare report file).
 std::string MarkdownTable(const nlohmann::json& report);

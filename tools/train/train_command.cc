@@ -63,7 +63,10 @@ Command AddTrainCommand(CLI::App& app) {
   parser
       ->add_option("--optimizer", o.optimizer,
                    "adamw (lr 1e-3, wd 1e-2), sgd (lr 0.01, momentum 0.9, wd 1e-4), adam, "
-                   "rmsprop or adagrad")
+                   "rmsprop, adagrad (torch::optim's), or " +
+                       train::OtherOptimizers() +
+                       " (the reference's defaults; impl torch runs the reference's for-loop "
+                       "step in ATen ops)")
       ->capture_default_str();
   parser->add_option("--impl", values->impl, "torch (torch::optim) or fused (fusedopt::pt)")
       ->capture_default_str();

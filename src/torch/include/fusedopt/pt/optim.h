@@ -70,14 +70,18 @@
 #include <torch/optim/sgd.h>
 #include <torch/types.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
 #include "fusedopt/grad.h"
+#include "fusedopt/hyper.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/scaler.h"
 
@@ -277,5 +281,88 @@ class LAMB : public torch::optim::Optimizer, public FusedStepOptions {
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 };
+
+// ---- The other algorithms of the engine: one generic class each ---------------------------------
+//
+// Adamax, Adadelta, RAdam and NAdam (torch.optim's, which libtorch does not have) are one template,
+// FusedOptimizer<Hyper>, over the core's hyper struct: the options are that struct (its fields are
+// torch.optim's argument names, with betas as beta1/beta2, and its defaults), the param state is
+// torch's state keys of the algorithm (state(key): "exp_avg", "exp_inf", ... and the 0-d f32
+// scalar states such as NAdam's "mu_product") with the step count. Built as libtorch builds its
+// optimizers: constructors taking param groups or tensors plus the defaults (checked by the
+// engine's rules for the algorithm, as fusedopt.Fused<Algo> checks them: c10::Error naming the
+// option), get_lr/set_lr for schedulers, torch::save / torch::load of options and state. Numerics
+// are torch.optim's single-tensor step's (the engine's, see docs/numerics.md). There is no
+// torch::optim twin to take the params the engine cannot (float64, non-CPU, non-contiguous):
+// those are errors, as for Lion and LAMB.
+//
+//   fusedopt::pt::NAdam opt(model->parameters(), fusedopt::NadamHyper{.lr = 2e-3});
+//   opt.step();
+
+template <class Hyper>
+class HyperOptions : public torch::optim::OptimizerCloneableOptions<HyperOptions<Hyper>> {
+ public:
+  HyperOptions(const Hyper& hyper = {})  // NOLINT(google-explicit-constructor): as torch's options
+      : hyper_(hyper) {}
+  explicit HyperOptions(double lr) { hyper_.lr = lr; }  // the other fields at their defaults
+  Hyper& hyper() { return hyper_; }
+  const Hyper& hyper() const { return hyper_; }
+  double get_lr() const override { return hyper_.lr; }
+  void set_lr(double lr) override { hyper_.lr = lr; }
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  bool operator==(const HyperOptions& other) const;  // field by field
+
+ private:
+  Hyper hyper_;
+};
+
+template <class Hyper>
+struct HyperParamState : public torch::optim::OptimizerCloneableParamState<HyperParamState<Hyper>> {
+  TORCH_ARG(std::int64_t, step) = 0;  // the steps this param had a grad
+
+ public:
+  // The Segment::state slots (indexed by the algorithm's state enum, fusedopt/hyper.h), in the
+  // param's dtype, and the scalar states, 0-d float32; undefined until the algorithm uses them.
+  std::array<torch::Tensor, kMaxStates> tensors;
+  std::array<torch::Tensor, kMaxScalars> scalars;
+
+  // The tensor of torch's state key `key` (a slot or a scalar state); c10::Error for a key the
+  // algorithm does not have.
+  torch::Tensor& state(std::string_view key);
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  bool operator==(const HyperParamState& other) const;  // step and tensor values
+};
+
+template <class Hyper>
+class FusedOptimizer : public torch::optim::Optimizer, public FusedStepOptions {
+ public:
+  using Options = HyperOptions<Hyper>;
+  using ParamState = HyperParamState<Hyper>;
+
+  explicit FusedOptimizer(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                          Options defaults = {});
+  explicit FusedOptimizer(std::vector<torch::Tensor> params, Options defaults = {});
+
+  // Optimizer::add_param_group, keeping the group's options (merged with the defaults).
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+  // "fusedopt::pt::NAdam": torch.optim's class name, as messages name it.
+  static std::string class_name();
+};
+
+// The template exists for every algorithm of the engine; these are the ones without a class of
+// their own above.
+using Adamax = FusedOptimizer<AdamaxHyper>;
+using AdamaxOptions = HyperOptions<AdamaxHyper>;
+using Adadelta = FusedOptimizer<AdadeltaHyper>;
+using AdadeltaOptions = HyperOptions<AdadeltaHyper>;
+using RAdam = FusedOptimizer<RadamHyper>;
+using RAdamOptions = HyperOptions<RadamHyper>;
+using NAdam = FusedOptimizer<NadamHyper>;
+using NAdamOptions = HyperOptions<NadamHyper>;
 
 }  // namespace fusedopt::pt

@@ -1,0 +1,150 @@
+// The reference's for-loop step of any algorithm of the engine, in libtorch: the descriptor's
+// StandardStep (src/algos/<algo>.h: torch.optim's _single_tensor_<algo>, lion-pytorch or
+// tools/lamb_reference.py, one tensor op per line) run as ATen ops on each param in turn, one
+// dispatch and one pass over memory per op, as torch.optim's for-loop runs them. `fusedopt train`
+// times it as the `torch` impl of the algorithms that libtorch has no torch::optim class for.
+//
+// Its state is fusedopt::pt's generic param state (HyperParamState: torch's keys, tensors in the
+// param's dtype, the step count); it keeps no scalar states, since StandardStep rebuilds them from
+// the step count (NAdam's mu_product), as the doctor and the `standard` baseline do.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/pt/optim.h"
+#include "src/algos/registry.h"
+
+namespace fusedopt::train {
+
+// StandardStep's tensor handle for one param: ATen ops under torch's names (descriptor.h lists the
+// vocabulary). Scalars reach ATen as doubles, which rounds them once for an f32 tensor, as a Python
+// float does.
+// NOLINTBEGIN(readability-identifier-naming)
+template <class State>
+class AtenOps {
+ public:
+  AtenOps(const at::Tensor& param, State& state) : param_(param), state_(state) {}
+
+  std::int64_t step() const { return state_.step(); }
+  at::Tensor param() const { return param_; }
+  at::Tensor grad() const { return param_.grad(); }
+  at::Tensor state(int slot) const { return state_.tensors[slot]; }
+
+  at::Tensor mul_(const at::Tensor& x, double s) const { return x.mul_(s); }
+  at::Tensor mul_(const at::Tensor& x, const at::Tensor& b) const { return x.mul_(b); }
+  at::Tensor div_(const at::Tensor& x, const at::Tensor& b) const { return x.div_(b); }
+  at::Tensor add_(const at::Tensor& x, double s) const { return x.add_(s); }
+  at::Tensor add_(const at::Tensor& x, const at::Tensor& b, double alpha) const {
+    return x.add_(b, alpha);
+  }
+  at::Tensor lerp_(const at::Tensor& x, const at::Tensor& b, double w) const {
+    return x.lerp_(b, w);
+  }
+  at::Tensor addcmul_(const at::Tensor& x, const at::Tensor& b, const at::Tensor& c,
+                      double value) const {
+    return x.addcmul_(b, c, value);
+  }
+  at::Tensor addcdiv_(const at::Tensor& x, const at::Tensor& b, const at::Tensor& c,
+                      double value) const {
+    return x.addcdiv_(b, c, value);
+  }
+  at::Tensor sqrt_(const at::Tensor& x) const { return x.sqrt_(); }
+  at::Tensor sgn_(const at::Tensor& x) const { return x.sgn_(); }
+  at::Tensor copy_(const at::Tensor& x, const at::Tensor& a) const { return x.copy_(a); }
+  at::Tensor maximum(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) const {
+    at::Tensor result = out;
+    return at::maximum_out(result, a, b);
+  }
+
+  at::Tensor neg(const at::Tensor& a) const { return a.neg(); }
+  at::Tensor abs(const at::Tensor& a) const { return a.abs(); }
+  at::Tensor reciprocal(const at::Tensor& a) const { return a.reciprocal(); }
+  at::Tensor clone(const at::Tensor& a) const { return a.clone(); }
+  at::Tensor mul(const at::Tensor& a, double s) const { return a.mul(s); }
+  at::Tensor mul(const at::Tensor& a, const at::Tensor& b) const { return a.mul(b); }
+  at::Tensor div(const at::Tensor& a, double s) const { return a.div(s); }
+  at::Tensor div(const at::Tensor& a, const at::Tensor& b) const { return a.div(b); }
+  at::Tensor add(const at::Tensor& a, double s) const { return a.add(s); }
+  at::Tensor add(const at::Tensor& a, const at::Tensor& b, double alpha) const {
+    return a.add(b, alpha);
+  }
+  at::Tensor sqrt(const at::Tensor& a) const { return a.sqrt(); }
+  at::Tensor addcmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                     double value) const {
+    return a.addcmul(b, c, value);
+  }
+
+  double norm(const at::Tensor& a) const { return at::linalg_vector_norm(a).item<double>(); }
+
+ private:
+  at::Tensor param_;
+  State& state_;
+};
+// NOLINTEND(readability-identifier-naming)
+
+template <class Hyper>
+class StandardOptimizer : public torch::optim::Optimizer {
+ public:
+  using Descriptor = algos::DescriptorOf<Hyper>;
+  using Options = pt::HyperOptions<Hyper>;
+  using State = pt::HyperParamState<Hyper>;
+
+  StandardOptimizer(std::vector<torch::Tensor> params, const Hyper& hyper)
+      : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                                std::make_unique<Options>(hyper)) {}
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    at::Tensor loss;
+    if (closure != nullptr) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    at::NoGradGuard no_grad;
+    for (auto& group : param_groups()) {
+      const Hyper& hyper = static_cast<const Options&>(group.options()).hyper();
+      // The params that have a grad, each with its state, its step count advanced first.
+      std::vector<std::pair<at::Tensor, State*>> stepped;
+      for (const at::Tensor& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        auto& slot = state()[p.unsafeGetTensorImpl()];
+        if (slot == nullptr) {
+          auto fresh = std::make_unique<State>();
+          for (int k = 0; k < kMaxStates; ++k) {
+            if ((Descriptor::RequiredStates(hyper) >> k & 1u) != 0) {
+              fresh->tensors[k] = at::full_like(p, Descriptor::InitialState(hyper, k),
+                                                at::MemoryFormat::Contiguous);
+            }
+          }
+          slot = std::move(fresh);
+        }
+        auto& s = static_cast<State&>(*slot);
+        s.step(s.step() + 1);
+        stepped.emplace_back(p, &s);
+      }
+      Params visitor{stepped};
+      Descriptor::StandardStep(hyper, algos::StandardOptions{}, visitor);
+    }
+    return loss;
+  }
+
+ private:
+  // StandardStep's `step`: the group's params in order.
+  struct Params {
+    std::vector<std::pair<at::Tensor, State*>>& stepped;
+    template <class F>
+    void ForEachTensor(F&& f) const {
+      for (auto& [p, s] : stepped) {
+        AtenOps<State> t(p, *s);
+        f(t);
+      }
+    }
+  };
+};
+
+}  // namespace fusedopt::train
