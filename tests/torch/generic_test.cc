@@ -117,17 +117,6 @@ std::vector<std::unique_ptr<typename Optimizer::ParamState>> Snapshot(const Opti
   return out;
 }
 
-template <class State>
-bool SameStates(const std::vector<std::unique_ptr<State>>& a,
-                const std::vector<std::unique_ptr<State>>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    if ((a[k] == nullptr) != (b[k] == nullptr)) return false;
-    if (a[k] != nullptr && !(*a[k] == *b[k])) return false;
-  }
-  return true;
-}
-
 TYPED_TEST(TorchGeneric, SaveLoadContinuesBitForBit) {
   using Optimizer = TypeParam;
   using Options = typename Optimizer::Options;

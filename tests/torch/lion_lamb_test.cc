@@ -58,18 +58,6 @@ std::vector<torch::Tensor> Flat(const Params& params) {
   return flat;
 }
 
-// The same states, bit for bit (tensors compared by value).
-template <class State>
-bool SameStates(const std::vector<std::unique_ptr<State>>& a,
-                const std::vector<std::unique_ptr<State>>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    if ((a[k] == nullptr) != (b[k] == nullptr)) return false;
-    if (a[k] != nullptr && !(*a[k] == *b[k])) return false;
-  }
-  return true;
-}
-
 // A deep copy of a state (a copy of the State object would share its tensors' storage).
 LionParamState Snapshot(const LionParamState& s) {
   LionParamState out;

@@ -62,6 +62,18 @@ inline std::vector<double> Doubles(const torch::Tensor& t) {
   return {data, data + d.numel()};
 }
 
+// The same states, bit for bit (tensors compared by value).
+template <class State>
+bool SameStates(const std::vector<std::unique_ptr<State>>& a,
+                const std::vector<std::unique_ptr<State>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    if ((a[k] == nullptr) != (b[k] == nullptr)) return false;
+    if (a[k] != nullptr && !(*a[k] == *b[k])) return false;
+  }
+  return true;
+}
+
 // Deep copy (new storage, same values): the same model for a second optimizer.
 inline Params CloneParams(const Params& params) {
   Params out;
