@@ -29,6 +29,10 @@ TORCH = {
     "AdamW": torch.optim.AdamW,
     "RMSprop": torch.optim.RMSprop,
     "Adagrad": torch.optim.Adagrad,
+    "Adamax": torch.optim.Adamax,
+    "Adadelta": torch.optim.Adadelta,
+    "RAdam": torch.optim.RAdam,
+    "NAdam": torch.optim.NAdam,
 }
 FUSED = {
     "SGD": fusedopt.FusedSGD,
@@ -36,8 +40,16 @@ FUSED = {
     "AdamW": fusedopt.FusedAdamW,
     "RMSprop": fusedopt.FusedRMSprop,
     "Adagrad": fusedopt.FusedAdagrad,
+    "Adamax": fusedopt.FusedAdamax,
+    "Adadelta": fusedopt.FusedAdadelta,
+    "RAdam": fusedopt.FusedRAdam,
+    "NAdam": fusedopt.FusedNAdam,
 }
 NAMES = list(TORCH)
+# The rules without a square root: with float hyper-parameters the fused step reproduces torch's
+# for-loop bit for bit as torch is. The others agree within a relative bound (torch's CPU fp32 sqrt is
+# not correctly rounded), and bit for bit with an IEEE sqrt in torch (the ieee_sqrt fixture).
+SQRT_FREE = ("SGD", "Adamax")
 
 # A "typical" option set per class (used where the scenario is not about the options).
 BASE_KW = {
@@ -46,6 +58,11 @@ BASE_KW = {
     "AdamW": dict(lr=1e-2, weight_decay=0.1),
     "RMSprop": dict(lr=1e-2, momentum=0.5, centered=True),
     "Adagrad": dict(lr=5e-2, lr_decay=1e-2, weight_decay=1e-2),
+    "Adamax": dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=1e-2),
+    "Adadelta": dict(lr=0.5, rho=0.85, weight_decay=1e-2),
+    # decoupled (AdamW-style) decay in groups 0 and 2, L2 decay in group 1 (GROUP_KW)
+    "RAdam": dict(lr=1e-2, weight_decay=1e-2, decoupled_weight_decay=True),
+    "NAdam": dict(lr=1e-2, weight_decay=1e-2, momentum_decay=8e-3, decoupled_weight_decay=True),
 }
 
 # Per-group overrides for groups 1 and 2 (group 0 takes the constructor's values).
@@ -56,6 +73,12 @@ GROUP_KW = {
     "RMSprop": [dict(lr=3e-3, alpha=0.9), dict(lr=2e-2, weight_decay=0.0, eps=1e-6)],
     # initial_accumulator_value per group: torch 2.13 ignores it and uses the constructor's value.
     "Adagrad": [dict(lr=2e-2, lr_decay=0.0), dict(lr=0.1, weight_decay=0.0, initial_accumulator_value=0.5)],
+    "Adamax": [dict(lr=3e-3, betas=(0.8, 0.999)), dict(lr=2e-2, weight_decay=0.0, eps=1e-6)],
+    "Adadelta": [dict(lr=0.2, rho=0.95), dict(lr=1.0, weight_decay=0.0, eps=1e-4)],
+    "RAdam": [dict(lr=3e-3, betas=(0.8, 0.99), decoupled_weight_decay=False),
+              dict(lr=2e-2, weight_decay=0.0, eps=1e-6)],
+    "NAdam": [dict(lr=3e-3, betas=(0.8, 0.99), momentum_decay=2e-2, decoupled_weight_decay=False),
+              dict(lr=2e-2, weight_decay=0.0, eps=1e-6)],
 }
 
 

@@ -128,7 +128,7 @@ def test_scaler_skips_backs_off_and_grows_like_torch(name, kind, ieee_sqrt):
 
 
 @pytest.mark.parametrize("kind", ["fusedopt", "torch"], ids=["fusedopt.GradScaler", "torch.amp.GradScaler"])
-@pytest.mark.parametrize("name", ["SGD", "AdamW", "RMSprop"])
+@pytest.mark.parametrize("name", ["SGD", "AdamW", "RMSprop", "Adadelta", "NAdam"])
 def test_unscale_clip_step_matches_torch(name, kind, ieee_sqrt):
     """scaler.unscale_(opt) -> clip_grad_norm_ -> scaler.step(opt) -> update, with one overflow."""
     p_ref = make_params(0)

@@ -11,6 +11,7 @@ from conftest import (
     BASE_KW,
     FUSED,
     NAMES,
+    SQRT_FREE,
     TORCH,
     assert_bitwise,
     clone_params,
@@ -35,7 +36,7 @@ def _pair(name, seed=0, **extra):
 
 
 def _bitwise(name):
-    return name == "SGD"
+    return name in SQRT_FREE
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -126,7 +127,9 @@ def test_add_param_group_mid_training(name):
     extra_fus = clone_params(extra_ref)
     hyper = {"SGD": dict(lr=0.03, momentum=0.8), "Adam": dict(lr=5e-3, betas=(0.5, 0.9)),
              "AdamW": dict(lr=5e-3, weight_decay=0.5), "RMSprop": dict(lr=5e-3, alpha=0.5),
-             "Adagrad": dict(lr=0.2, lr_decay=0.1)}[name]
+             "Adagrad": dict(lr=0.2, lr_decay=0.1), "Adamax": dict(lr=5e-3, betas=(0.5, 0.9)),
+             "Adadelta": dict(lr=0.3, rho=0.5), "RAdam": dict(lr=5e-3, betas=(0.5, 0.9), weight_decay=0.5),
+             "NAdam": dict(lr=5e-3, momentum_decay=0.1, decoupled_weight_decay=False)}[name]
     ref.add_param_group({"params": extra_ref, **hyper})
     fus.add_param_group({"params": extra_fus, **hyper})
     assert fus.param_groups[-1].keys() == ref.param_groups[-1].keys()
@@ -176,8 +179,8 @@ VARIANT_IDS = ["forloop", "foreach", "fused"]
 def _variant_cases():
     for name in NAMES:
         for v, vid in zip(VARIANTS, VARIANT_IDS):
-            if name == "RMSprop" and "fused" in v:
-                continue  # torch 2.13 has no fused RMSprop
+            if name not in ("SGD", "Adam", "AdamW", "Adagrad") and "fused" in v:
+                continue  # torch 2.13 has no fused RMSprop, Adamax, Adadelta, RAdam or NAdam
             yield pytest.param(name, v, id=f"{name}-{vid}")
 
 
@@ -305,7 +308,8 @@ def test_state_dict_lr_changes_are_loaded(name):
 
 
 STATE_KEY = {"SGD": "momentum_buffer", "Adam": "exp_avg", "AdamW": "exp_avg_sq", "RMSprop": "square_avg",
-             "Adagrad": "sum"}
+             "Adagrad": "sum", "Adamax": "exp_inf", "Adadelta": "acc_delta", "RAdam": "exp_avg_sq",
+             "NAdam": "exp_avg"}
 
 
 def test_state_tensor_storage_replaced_through_data():

@@ -20,6 +20,10 @@ DUP_KW = {
     "AdamW": dict(lr=0.01, weight_decay=0.1),
     "RMSprop": dict(lr=0.01, momentum=0.5, centered=True, weight_decay=0.1),
     "Adagrad": dict(lr=0.05, lr_decay=0.01, weight_decay=0.1),
+    "Adamax": dict(lr=0.01, weight_decay=0.1),
+    "Adadelta": dict(lr=0.5, rho=0.85, weight_decay=0.1),
+    "RAdam": dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
+    "NAdam": dict(lr=0.01, weight_decay=0.1, momentum_decay=8e-3),
 }
 
 
@@ -210,7 +214,7 @@ def test_failed_step_keeps_loaded_f32_states_with_bf16_state_dtype():
 # ---- item 6: state['step'] that no int64 can hold ------------------------------------------------
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 1e30, -1e30, -1.0])
-@pytest.mark.parametrize("name", ["Adam", "RMSprop", "Adagrad"])
+@pytest.mark.parametrize("name", ["Adam", "RMSprop", "Adagrad", "RAdam", "NAdam"])
 def test_invalid_loaded_step_is_a_named_value_error(name, value):
     p = torch.nn.Parameter(torch.randn(10))
     opt = FUSED[name]([torch.nn.Parameter(torch.zeros(3)), p], **BASE_KW[name])
@@ -281,6 +285,9 @@ def test_flatten_resized_param_with_stale_grad_is_a_named_value_error():
     ("Adam", "betas", (torch.tensor([0.9, 0.8]), 0.999), "['betas'][0]"),
     ("RMSprop", "momentum", torch.zeros(2, 2), "['momentum']"),
     ("Adagrad", "eps", "tiny", "['eps']"),
+    ("Adamax", "betas", (0.9, torch.tensor([0.9, 0.99])), "['betas'][1]"),
+    ("Adadelta", "rho", torch.zeros(2), "['rho']"),
+    ("NAdam", "momentum_decay", torch.tensor([1e-3, 2e-3]), "['momentum_decay']"),
 ])
 def test_multi_element_hyper_parameter_is_named(name, key, value, field):
     ps = [torch.nn.Parameter(torch.zeros(3))]

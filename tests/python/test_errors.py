@@ -10,6 +10,7 @@ from conftest import (
     BASE_KW,
     FUSED,
     NAMES,
+    SQRT_FREE,
     TORCH,
     assert_unchanged,
     clone_params,
@@ -34,7 +35,7 @@ def _raises_like_torch(fn_torch, fn_fused):
 
 # ---- sparse grads -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["Adam", "AdamW", "RMSprop"])
+@pytest.mark.parametrize("name", ["Adam", "AdamW", "RMSprop", "Adamax", "Adadelta", "RAdam", "NAdam"])
 def test_sparse_grad_error_is_torchs(name):
     def make():
         ps = make_params(0)
@@ -118,7 +119,7 @@ def test_non_dense_param_with_strict_is_a_value_error(name):
         q_f.grad = torch.empty_strided(q_f.shape, q_f.stride()).copy_(g)
         tor.step()
         fus.step()
-    compare_opts(fus, tor, f"{name} transposed param", bitwise=(name == "SGD"))
+    compare_opts(fus, tor, f"{name} transposed param", bitwise=(name in SQRT_FREE))
 
 
 # ---- constructor arguments ----------------------------------------------------------------------
@@ -133,6 +134,14 @@ BAD_ARGS = {
     "RMSprop": [dict(lr=-1), dict(alpha=-0.1), dict(eps=-1), dict(momentum=-1), dict(weight_decay=-1)],
     "Adagrad": [dict(lr=-1), dict(lr_decay=-1), dict(weight_decay=-1), dict(initial_accumulator_value=-1),
                 dict(eps=-1)],
+    "Adamax": [dict(lr=-1), dict(eps=-1), dict(betas=(1.0, 0.999)), dict(betas=(0.9, -0.1)), dict(weight_decay=-1),
+               dict(lr=torch.tensor([1e-3, 1e-3]))],
+    "Adadelta": [dict(lr=-1), dict(rho=-0.1), dict(rho=1.5), dict(eps=-1), dict(weight_decay=-1),
+                 dict(lr=torch.tensor([1.0, 1.0]))],
+    "RAdam": [dict(lr=-1), dict(eps=-1e-3), dict(betas=(-0.1, 0.9)), dict(betas=(0.9, 1.0)), dict(weight_decay=-1e-3),
+              dict(lr=torch.tensor([1e-3, 1e-3]))],
+    "NAdam": [dict(lr=-1), dict(eps=-1), dict(betas=(1.0, 0.999)), dict(betas=(0.9, 1.5)), dict(weight_decay=-1),
+              dict(momentum_decay=-1e-3), dict(lr=torch.tensor([1e-3, 1e-3]))],
 }
 ARG_CASES = [(n, kw) for n in NAMES for kw in BAD_ARGS[n]]
 
@@ -172,6 +181,10 @@ BAD_HYPERS = {
     "AdamW": [("lr", -1.0), ("betas", (0.9, -0.1))],
     "RMSprop": [("lr", -1.0), ("alpha", -1.0), ("eps", -1.0), ("momentum", -1.0)],
     "Adagrad": [("lr", -1.0), ("lr_decay", -1.0), ("eps", -1.0), ("weight_decay", -1.0)],
+    "Adamax": [("lr", float("nan")), ("eps", -1.0), ("betas", (1.0, 0.9)), ("weight_decay", -0.5)],
+    "Adadelta": [("lr", -1.0), ("rho", 1.5), ("rho", -0.5), ("eps", -1.0)],
+    "RAdam": [("lr", -1.0), ("betas", (0.9, 1.5)), ("eps", -1.0), ("weight_decay", -0.5)],
+    "NAdam": [("lr", float("nan")), ("betas", (-0.1, 0.9)), ("momentum_decay", -0.5), ("weight_decay", -0.5)],
 }
 HYPER_CASES = [(n, k, v) for n in NAMES for k, v in BAD_HYPERS[n]]
 
@@ -191,7 +204,7 @@ def _mid_training(name):
 def _continue_and_compare(name, p_t, p_f, tor, fus):
     run(tor, p_t, 5, start=10)
     run(fus, p_f, 5, start=10)
-    compare_opts(fus, tor, f"{name} after a rejected step", bitwise=(name == "SGD"))
+    compare_opts(fus, tor, f"{name} after a rejected step", bitwise=(name in SQRT_FREE))
 
 
 @pytest.mark.parametrize("name,key,value", HYPER_CASES, ids=[f"{n}-{k}={v}" for n, k, v in HYPER_CASES])
@@ -250,7 +263,7 @@ def test_non_dense_grad_changes_nothing(name):
     set_grads(p_t2, 10)
     p_t2[3].grad = g
     tor2.step()
-    compare_opts(fus, tor2, f"{name} non-dense grad", bitwise=(name == "SGD"))
+    compare_opts(fus, tor2, f"{name} non-dense grad", bitwise=(name in SQRT_FREE))
     strict = FUSED[name](groups_of(clone_params(p_f), name), strict=True, **BASE_KW[name])
     set_grads([p for grp in strict.param_groups for p in grp["params"]], 10)
     strict.param_groups[1]["params"][1].grad = g

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -91,6 +92,11 @@ def test_mixed_dtypes_match_torch(name):
     assert [sorted(s) for s in tor2.state_dict()["state"].values()] == \
            [sorted(s) for s in tor.state_dict()["state"].values()]
     fus.load_state_dict(copy.deepcopy(tor.state_dict()))  # (not sharing torch's state tensors)
+    if name == "NAdam":
+        # torch's load_state_dict casts every state tensor but 'step' to its param's dtype: the float64
+        # param's 0-d f32 mu_product becomes float64, and torch's own steps after a load then differ
+        # (~1e-12) from its unloaded run. The reference goes through the same load as the fused one.
+        tor.load_state_dict(copy.deepcopy(tor.state_dict()))
     for p, q in zip(p_f, p_t):
         p.data.copy_(q.detach())
     _steps(fus, p_f, 3, start=7)
@@ -200,20 +206,32 @@ def test_differentiable_takes_torchs_step(name):
     hyper-parameter through it), so torch's own step runs it."""
     kw = {k: v for k, v in BASE_KW[name].items() if k != "amsgrad"}  # (torch's amsgrad is not differentiable)
 
-    def run(cls):
+    def run(cls, steps=3):
         w = torch.randn(5, generator=torch.Generator().manual_seed(4), requires_grad=True)
         p = w.clone()  # a non-leaf param: gradients flow back to w through the updates
         p.retain_grad()
         opt = cls([p], differentiable=True, **kw)
-        for t in range(3):
+        for t in range(steps):
             p.grad = torch.randn(5, generator=torch.Generator().manual_seed(t)) * (p.detach() + 1)
             opt.step()
         p.sum().backward()
         return p.detach(), w.grad
 
+    steps = 3
+    if name == "Adamax":
+        # torch 2.13's differentiable Adamax updates exp_avg in place (lerp_) after the previous step's
+        # addcdiv_ saved it for backward, so a backward through two or more steps raises in torch itself
+        # ("... output 0 of Lerp, is at version 2; expected version 1"): the fused one (torch's step)
+        # must raise the same; the one-step graph, which torch can differentiate, is compared below.
+        with pytest.raises(RuntimeError) as et:
+            run(TORCH[name])
+        with pytest.warns(UserWarning, match="differentiable=True"):
+            with pytest.raises(RuntimeError, match="^" + re.escape(str(et.value)) + "$"):
+                run(FUSED[name])
+        steps = 1
     with pytest.warns(UserWarning, match="differentiable=True"):
-        got = run(FUSED[name])
-    want = run(TORCH[name])
+        got = run(FUSED[name], steps)
+    want = run(TORCH[name], steps)
     assert_bitwise(got[0], want[0], f"{name} differentiable param")
     assert_bitwise(got[1], want[1], f"{name} gradient through the updates")
     with pytest.raises(RuntimeError, match="differentiable"):

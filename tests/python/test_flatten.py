@@ -13,6 +13,7 @@ from conftest import (
     BASE_KW,
     FUSED,
     NAMES,
+    SQRT_FREE,
     TORCH,
     assert_bitwise,
     clone_params,
@@ -109,7 +110,7 @@ def test_flat_training_matches_plain_bitwise(name):
     run(tor, pt, 40)
     for j, (a, r) in enumerate(zip(pf, pt)):
         if a.dtype == torch.float32:
-            if name == "SGD":
+            if name in SQRT_FREE:
                 assert_bitwise(a.detach(), r.detach(), f"param {j}")
             else:
                 torch.testing.assert_close(a.detach(), r.detach(), rtol=1e-5, atol=1e-5)
@@ -225,8 +226,8 @@ def test_flat_state_dict_round_trips_with_torch(name):
     run(tor2, p_t2, 8, start=8)
     run(tor, pt, 8, start=8)
     run(flat2, p_f2, 8, start=8)
-    compare_opts(flat, tor2, f"{name} flat -> torch", bitwise=(name == "SGD"))
-    compare_opts(flat2, tor, f"{name} torch -> flat", bitwise=(name == "SGD"))
+    compare_opts(flat, tor2, f"{name} flat -> torch", bitwise=(name in SQRT_FREE))
+    compare_opts(flat2, tor, f"{name} torch -> flat", bitwise=(name in SQRT_FREE))
     _check_layout(p_f2)
     # loaded states were moved into the flat buffers
     for key in {k for st in flat2.state.values() for k, v in st.items() if isinstance(v, torch.Tensor) and v.dim()}:

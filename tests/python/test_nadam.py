@@ -117,7 +117,7 @@ def test_a_param_listed_twice_advances_mu_product_twice(ieee_sqrt):
 def test_a_loaded_mu_product_of_another_kind_is_converted():
     """A Python float (an old state_dict, as NAdam.__setstate__ converts it) or a bf16 tensor (torch's
     load_state_dict casts it to a bf16 param's dtype) becomes a 0-d f32 tensor of the same value at the
-    next step, as torch's own step would then read it."""
+    next step (torch keeps a loaded bf16 one in bf16: we continue the product in f32, docs/numerics.md)."""
     for loaded in (0.25, T(0.25, dtype=torch.bfloat16), T([0.25])):
         p = make_params(0, sizes=[(20,)])[0]
         opt = fusedopt.FusedNAdam([p], lr=1e-2)

@@ -7,7 +7,7 @@ import copy
 import warnings
 
 import pytest
-from conftest import FUSED, TORCH, clone_params, compare_opts, groups_of, make_params, set_grads
+from conftest import FUSED, SQRT_FREE, TORCH, clone_params, compare_opts, groups_of, make_params, set_grads
 from torch.optim import lr_scheduler as S
 
 import torch
@@ -31,10 +31,16 @@ OPT_KW = {"SGD": dict(lr=0.05, momentum=0.9, weight_decay=1e-3),
           "AdamW": dict(lr=1e-2, weight_decay=0.05),
           "Adam": dict(lr=1e-2, amsgrad=True),
           "RMSprop": dict(lr=1e-2, momentum=0.5),
-          "Adagrad": dict(lr=0.05)}
+          "Adagrad": dict(lr=0.05),
+          "Adamax": dict(lr=1e-2, weight_decay=1e-2),
+          "Adadelta": dict(lr=0.5, rho=0.85),
+          "RAdam": dict(lr=1e-2, weight_decay=1e-2, decoupled_weight_decay=True),
+          "NAdam": dict(lr=1e-2, momentum_decay=8e-3)}
 
+# (Adadelta has neither momentum nor betas for OneCycleLR to cycle)
 CASES = [("SGD", "warmup_cosine"), ("AdamW", "warmup_cosine"), ("SGD", "onecycle"), ("AdamW", "onecycle"),
-         ("SGD", "step"), ("Adam", "step"), ("RMSprop", "warmup_cosine"), ("Adagrad", "step")]
+         ("SGD", "step"), ("Adam", "step"), ("RMSprop", "warmup_cosine"), ("Adagrad", "step"),
+         ("Adamax", "warmup_cosine"), ("Adadelta", "step"), ("RAdam", "onecycle"), ("NAdam", "onecycle")]
 
 
 def _make(name, params, fused, tensor_lr):
@@ -86,8 +92,9 @@ def test_scheduler_same_sequence_and_params(name, kind, tensor_lr):
         assert len({tr[1][0][key] for tr in traces_t}) > 3, "momentum / beta1 really cycles"
     if tensor_lr:
         assert all(isinstance(g["lr"], torch.Tensor) for g in fus.param_groups)
-    # SGD with a float lr is reproduced bit for bit; a tensor lr makes torch multiply differently
-    compare_opts(fus, tor, f"{name}-{kind}", bitwise=(name == "SGD" and not tensor_lr), rtol=2e-5)
+    # SGD and Adamax (no sqrt) with a float lr are reproduced bit for bit; a tensor lr makes torch multiply
+    # differently
+    compare_opts(fus, tor, f"{name}-{kind}", bitwise=(name in SQRT_FREE and not tensor_lr), rtol=2e-5)
     # the scheduler state round-trips through the fused optimizer too
     assert s_f.state_dict().keys() == s_t.state_dict().keys()
 

@@ -1,9 +1,8 @@
 """Scenarios shared by the tests of the torch.optim twins added after the first five (test_adamax.py,
-test_adadelta.py): each runs a fused class and its torch.optim class (single-tensor path, foreach=False)
-on conftest's problem and compares params and every state entry. The first five are covered by the
-cross-cutting suites (test_parity.py, test_amp.py, test_api.py, ...) through conftest.NAMES; a new
-twin gets the same scenarios here, one call per scenario, so those suites and their per-name tables
-stay as they are.
+test_adadelta.py, test_radam.py, test_nadam.py): each runs a fused class and its torch.optim class
+(single-tensor path, foreach=False) on conftest's problem and compares params and every state entry,
+with each algorithm's own option sets. The cross-cutting suites (test_parity.py, test_amp.py,
+test_api.py, ...) run all nine twins through conftest.NAMES and their per-name tables as well.
 
 `Twin` says what a scenario needs of one algorithm: the two classes, the options of a typical run, the
 per-group overrides, and whether torch's for-loop is reproduced bit for bit (no sqrt, or an IEEE sqrt
