@@ -13,11 +13,13 @@ seed) and fixed random grads, set once and never zeroed, so only optimizer.step(
                  its first step, with no Python work per step but the call (what `fusedopt bench`
                  times); fused / engine is what the drop-in's Python side costs
 
-Lion and LAMB have no torch.optim twin; their references run instead of the three torch impls:
+Lion, LAMB and RMSpropTF have no torch.optim twin; their references run instead of the three torch impls:
 
   lion_pytorch               lucidrains' lion_pytorch.Lion (the reference of FusedLion)
   lamb_reference             tools/lamb_reference.py, apex FusedLAMB's formulas in torch ops (the
                              reference of FusedLAMB)
+  rmsproptf_reference        tools/rmsproptf_reference.py, torch_npu NpuFusedRMSpropTF's formulas in torch
+                             ops (the reference of FusedRMSpropTF)
   pytorch_optimizer          pytorch_optimizer.Lamb(foreach=False), the LAMB people pip-install;
   pytorch_optimizer_foreach  ... foreach=True. Its formula differs (trust ratio min(‖p‖, 10) /
                              (‖u‖ + eps), step size bias-corrected), so it is timed, not compared.
@@ -89,6 +91,11 @@ def lamb_references() -> dict:
             "pytorch_optimizer": third_party(False), "pytorch_optimizer_foreach": third_party(True)}
 
 
+def rmsproptf_references() -> dict:
+    from rmsproptf_reference import RMSpropTFReference
+    return {"rmsproptf_reference": lambda params: RMSpropTFReference(params, lr=LR)}
+
+
 def deepspeed_references(optimizer: str) -> dict:
     from deepspeed.ops.adam import DeepSpeedCPUAdam
     weight_decay = 1e-2 if optimizer == "adamw" else 0.0  # torch's defaults
@@ -96,7 +103,7 @@ def deepspeed_references(optimizer: str) -> dict:
         params, lr=LR, weight_decay=weight_decay, adamw_mode=optimizer == "adamw")}
 
 
-OPTIMIZERS = (*TORCH_OPTIMIZERS, "lion", "lamb")
+OPTIMIZERS = (*TORCH_OPTIMIZERS, "lion", "lamb", "rmsproptf")
 UNCOMPARED = {"pytorch_optimizer", "pytorch_optimizer_foreach"}  # another formula: timed only
 MODELS = {name: constructor for name, constructor, _, _ in gen_model_shapes.MODELS}
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -155,6 +162,8 @@ def references(optimizer: str, dtype: torch.dtype, deepspeed: bool = False) -> d
         return lion_references()
     if optimizer == "lamb":
         return lamb_references()
+    if optimizer == "rmsproptf":
+        return rmsproptf_references()
     name, kwargs = TORCH_OPTIMIZERS[optimizer]
     variants = {"torch_forloop": {"foreach": False}, "torch_foreach": {"foreach": True}}
     if torch_fused_supported(optimizer, dtype):
@@ -168,6 +177,8 @@ def build_fused(optimizer: str, params: list[torch.Tensor], flatten: bool) -> to
         return fusedopt.FusedLion(params, lr=LR, flatten=flatten, **LION_KW)
     if optimizer == "lamb":
         return fusedopt.FusedLAMB(params, lr=LR, flatten=flatten, **LAMB_KW)
+    if optimizer == "rmsproptf":
+        return fusedopt.FusedRMSpropTF(params, lr=LR, flatten=flatten)  # the reference's defaults otherwise
     name, kwargs = TORCH_OPTIMIZERS[optimizer]
     return getattr(fusedopt, "Fused" + name)(params, lr=LR, flatten=flatten, **kwargs)
 
@@ -214,7 +225,8 @@ def compare(param: torch.Tensor, reference: torch.Tensor,
 
 def check_agreement(optimizers: dict, dtype: torch.dtype) -> dict[str, dict]:
     """Steps every impl CHECK_STEPS times from identical params and grads and compares its params
-    with the first impl's (the reference: torch_forloop, lion_pytorch, lamb_reference); warns on
+    with the first impl's (the reference: torch_forloop, lion_pytorch, lamb_reference,
+    rmsproptf_reference); warns on
     stderr where the relative diff exceeds CHECK_TOLERANCE, where inf/nan sit elsewhere, or where
     the reference's own params are no longer finite."""
     first = next(iter(optimizers))

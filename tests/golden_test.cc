@@ -1,10 +1,11 @@
 // Golden vectors from torch.optim (tests/golden/*.json, written by tools/make_golden.py), and for
-// Lion from lion-pytorch and for LAMB from tools/lamb_reference.py (apex FusedLAMB's formulas in
-// torch ops): the fp32 fused kernels on the default (best) SIMD target must match the reference's
-// single-tensor path within 1e-6 relative (floor 1e-6·max|ref| per buffer) after steps 1, 5 and
-// 20. LAMB needs no looser tolerance despite torch's non-IEEE sqrt and the trust ratio: its worst
-// error is 8.7e-8 of that metric (torch 2.13.0+cpu wheel, AVX3 and AVX2). Whether they match bit
-// for bit is printed once at the end, for information only.
+// Lion from lion-pytorch, for LAMB from tools/lamb_reference.py (apex FusedLAMB's formulas in
+// torch ops) and for RMSpropTF from tools/rmsproptf_reference.py (torch_npu NpuFusedRMSpropTF's
+// formulas in torch ops): the fp32 fused kernels on the default (best) SIMD target must match the
+// reference's single-tensor path within 1e-6 relative (floor 1e-6·max|ref| per buffer) after steps
+// 1, 5 and 20. LAMB needs no looser tolerance despite torch's non-IEEE sqrt and the trust ratio:
+// its worst error is 8.7e-8 of that metric (torch 2.13.0+cpu wheel, AVX3 and AVX2). Whether they
+// match bit for bit is printed once at the end, for information only.
 //
 // The inputs are not stored: initial params and gradients are rebuilt from the generator's integer
 // hash. One test per case, registered at start-up from the JSON files, named
@@ -285,6 +286,32 @@ struct Algo<NadamHyper> {
   static void Step(std::span<const NadamHyper> g, std::span<const Segment> s) { NadamStep(g, s); }
 };
 
+// tools/rmsproptf_reference.py (torch_npu NpuFusedRMSpropTF's formulas): no maximize.
+template <>
+struct Algo<RmsproptfHyper> {
+  static RmsproptfHyper Parse(const json& g) {
+    RmsproptfHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.alpha = g.at("alpha").get<double>();
+    h.eps = g.at("eps").get<double>();
+    h.weight_decay = g.at("weight_decay").get<double>();
+    h.momentum = g.at("momentum").get<double>();
+    h.centered = g.at("centered").get<bool>();
+    h.decoupled_decay = g.at("decoupled_decay").get<bool>();
+    h.lr_in_momentum = g.at("lr_in_momentum").get<bool>();
+    return h;
+  }
+  static int Slot(const std::string& key) {
+    if (key == "square_avg") return kRmsproptfSquareAvg;
+    if (key == "momentum_buffer") return kRmsproptfMomentumBuffer;
+    if (key == "grad_avg") return kRmsproptfGradAvg;
+    return -1;
+  }
+  static void Step(std::span<const RmsproptfHyper> g, std::span<const Segment> s) {
+    RmsproptfStep(g, s);
+  }
+};
+
 // tools/lamb_reference.py: the case-level max_grad_norm is global (the group copies are ignored).
 // The clipping runs as the engine's pre-pass: the global norm over the tensors that have a grad
 // this step, its LAMB coefficient folded into grad_scale, then the step.
@@ -462,6 +489,8 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
       if constexpr (std::is_same_v<Hyper, AdagradHyper>) {
         // torch fills every sum with the constructor's value, whatever a group dict says.
         init = static_cast<float>(c.at("constructor").value("initial_accumulator_value", 0.0));
+      } else if constexpr (std::is_same_v<Hyper, RmsproptfHyper>) {
+        init = algos::Rmsproptf::InitialState(groups.at(group_of[t]), slot);  // square_avg: ones
       }
       state[slot][t].assign(sizes[t], init);
     }
@@ -637,6 +666,7 @@ constexpr GoldenFile kFiles[] = {
     {"adadelta.json", "Adadelta", &RunCase<AdadeltaHyper>},
     {"radam.json", "RAdam", &RunCase<RadamHyper>},
     {"nadam.json", "NAdam", &RunCase<NadamHyper>},
+    {"rmsproptf.json", "RMSpropTF", &RunCase<RmsproptfHyper>},
 };
 
 // The parsed files live for the whole run: the registered tests point into them.

@@ -753,6 +753,61 @@ struct NadamAlgo {
   }
 };
 
+struct RmsproptfAlgo {
+  using Hyper = RmsproptfHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {
+      "square_avg", "momentum_buffer", "grad_avg"};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    RmsproptfStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
+                  std::span<const double> g, const StateSpans& st) {
+    ref::RmsproptfStep(h, p, g, st[0], st[1], st[2]);
+  }
+  static unsigned States(const Hyper& h) {
+    return 1u | (h.momentum > 0.0 ? 0b010u : 0u) | (h.centered ? 0b100u : 0u);
+  }
+  // All 18 modes: weight decay {none, coupled, decoupled} × centered × momentum {none, lr in the
+  // buffer, lr on the step}.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (int decay = 0; decay < 3; ++decay) {
+      for (bool centered : {false, true}) {
+        for (int mode = 0; mode < 3; ++mode) {
+          out.push_back({.lr = 0.01,
+                         .weight_decay = decay == 0 ? 0.0 : 0.05,
+                         .momentum = mode == 0 ? 0.0 : 0.9,
+                         .centered = centered,
+                         .decoupled_decay = decay == 2,
+                         .lr_in_momentum = mode != 2});
+        }
+      }
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.alpha = 0.8;
+    h.eps = 1e-6;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "RMSpropTF{lr=" << h.lr << " alpha=" << h.alpha << " eps=" << h.eps
+      << " wd=" << h.weight_decay << " momentum=" << h.momentum << " centered=" << h.centered
+      << " decoupled_decay=" << h.decoupled_decay << " lr_in_momentum=" << h.lr_in_momentum << "}";
+    return o.str();
+  }
+  // square_avg is 1 at step 1 (as the reference), the others 0; later square_avg > 0 and
+  // grad_avg² ≤ square_avg / 4 (MakeSegment scales grad_avg).
+  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
+    if (step == 1) return slot == kRmsproptfSquareAvg ? 1.0 : 0.0;
+    if (slot == kRmsproptfSquareAvg) return rng.Uniform(0.05, 1.0);
+    return rng.Uniform(-0.5, 0.5);
+  }
+};
+
 // A fixed sign for element index i, mixed by a hash so that SIMD lanes and tails see both: Lion's
 // and LAMB's inputs keep it on every step (see LionAlgo and LambAlgo).
 int ElementSign(std::size_t i) {
@@ -1033,6 +1088,14 @@ SegData MakeSegment(const SegSpec& spec, const typename A::Hyper& h, Rng& rng) {
         }
       }
     }
+    if constexpr (std::is_same_v<A, RmsproptfAlgo>) {
+      if (s.state[kRmsproptfGradAvg]) {
+        for (std::size_t i = 0; i < spec.n; ++i) {
+          s.state[kRmsproptfGradAvg]->Set(
+              i, rng.Uniform(-0.5, 0.5) * std::sqrt(s.state[kRmsproptfSquareAvg]->Get(i)));
+        }
+      }
+    }
   }
   s.SyncOracle();
   return s;
@@ -1278,6 +1341,7 @@ TEST_P(KernelSweep, Adamax) { RunSweep<AdamaxAlgo>(target()); }
 TEST_P(KernelSweep, Adadelta) { RunSweep<AdadeltaAlgo>(target()); }
 TEST_P(KernelSweep, Radam) { RunSweep<RadamAlgo>(target()); }
 TEST_P(KernelSweep, Nadam) { RunSweep<NadamAlgo>(target()); }
+TEST_P(KernelSweep, Rmsproptf) { RunSweep<RmsproptfAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelMixed: every option combination is its own group, with one segment each; the segments cycle
@@ -1316,6 +1380,7 @@ TEST_P(KernelMixed, Adamax) { RunMixed<AdamaxAlgo>(target()); }
 TEST_P(KernelMixed, Adadelta) { RunMixed<AdadeltaAlgo>(target()); }
 TEST_P(KernelMixed, Radam) { RunMixed<RadamAlgo>(target()); }
 TEST_P(KernelMixed, Nadam) { RunMixed<NadamAlgo>(target()); }
+TEST_P(KernelMixed, Rmsproptf) { RunMixed<RmsproptfAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelLarge: 4099 elements on every 16-bit combo (so the bias check runs), and 1000003 elements
@@ -1360,6 +1425,7 @@ TEST_P(KernelLarge, Adamax) { RunLarge<AdamaxAlgo>(target()); }
 TEST_P(KernelLarge, Adadelta) { RunLarge<AdadeltaAlgo>(target()); }
 TEST_P(KernelLarge, Radam) { RunLarge<RadamAlgo>(target()); }
 TEST_P(KernelLarge, Nadam) { RunLarge<NadamAlgo>(target()); }
+TEST_P(KernelLarge, Rmsproptf) { RunLarge<RmsproptfAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelSpecial: zero, huge, eps-dominated and NaN/Inf gradients against the oracle (NaN/Inf must
@@ -1447,6 +1513,7 @@ TEST_P(KernelSpecial, AdamaxValues) { RunSpecialValues<AdamaxAlgo>(target()); }
 TEST_P(KernelSpecial, AdadeltaValues) { RunSpecialValues<AdadeltaAlgo>(target()); }
 TEST_P(KernelSpecial, RadamValues) { RunSpecialValues<RadamAlgo>(target()); }
 TEST_P(KernelSpecial, NadamValues) { RunSpecialValues<NadamAlgo>(target()); }
+TEST_P(KernelSpecial, RmsproptfValues) { RunSpecialValues<RmsproptfAlgo>(target()); }
 TEST_P(KernelSpecial, SgdZeroSize) { RunZeroSize<SgdAlgo>(target()); }
 TEST_P(KernelSpecial, AdamZeroSize) { RunZeroSize<AdamAlgo>(target()); }
 TEST_P(KernelSpecial, AdamWZeroSize) { RunZeroSize<AdamWAlgo>(target()); }
@@ -1458,6 +1525,7 @@ TEST_P(KernelSpecial, AdamaxZeroSize) { RunZeroSize<AdamaxAlgo>(target()); }
 TEST_P(KernelSpecial, AdadeltaZeroSize) { RunZeroSize<AdadeltaAlgo>(target()); }
 TEST_P(KernelSpecial, RadamZeroSize) { RunZeroSize<RadamAlgo>(target()); }
 TEST_P(KernelSpecial, NadamZeroSize) { RunZeroSize<NadamAlgo>(target()); }
+TEST_P(KernelSpecial, RmsproptfZeroSize) { RunZeroSize<RmsproptfAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // Determinism: Runtime(1), Runtime(2) and Runtime(3) give bit-identical buffers over several
@@ -1555,6 +1623,7 @@ TEST_P(Determinism, Adamax) { RunDeterminism<AdamaxAlgo>(target()); }
 TEST_P(Determinism, Adadelta) { RunDeterminism<AdadeltaAlgo>(target()); }
 TEST_P(Determinism, Radam) { RunDeterminism<RadamAlgo>(target()); }
 TEST_P(Determinism, Nadam) { RunDeterminism<NadamAlgo>(target()); }
+TEST_P(Determinism, Rmsproptf) { RunDeterminism<RmsproptfAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3

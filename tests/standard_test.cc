@@ -70,6 +70,11 @@ void RefStep(const NadamHyper& h, std::int64_t t, std::span<double> p, std::span
              const StateSpans& s) {
   ref::NadamStep(h, t, p, g, s[kNadamExpAvg], s[kNadamExpAvgSq]);
 }
+void RefStep(const RmsproptfHyper& h, std::int64_t /*t*/, std::span<double> p,
+             std::span<const double> g, const StateSpans& s) {
+  ref::RmsproptfStep(h, p, g, s[kRmsproptfSquareAvg], s[kRmsproptfMomentumBuffer],
+                     s[kRmsproptfGradAvg]);
+}
 void RefStep(const LambHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
              const StateSpans& s) {
   ref::LambStep(h, t, p, g, s[kLambExpAvg], s[kLambExpAvgSq]);
@@ -193,6 +198,24 @@ std::vector<NadamHyper> Options(std::type_identity<NadamHyper> /*tag*/) {
     }
   }
   out.push_back({.lr = 0.01, .momentum_decay = 0.0});
+  return out;
+}
+// All 18 modes: weight decay {none, coupled, decoupled} × centered × momentum {none, lr in the
+// buffer, lr on the step}.
+std::vector<RmsproptfHyper> Options(std::type_identity<RmsproptfHyper> /*tag*/) {
+  std::vector<RmsproptfHyper> out;
+  for (int decay = 0; decay < 3; ++decay) {
+    for (bool centered : {false, true}) {
+      for (int mode = 0; mode < 3; ++mode) {
+        out.push_back({.lr = 0.01,
+                       .weight_decay = decay == 0 ? 0.0 : 0.01,
+                       .momentum = mode == 0 ? 0.0 : 0.9,
+                       .centered = centered,
+                       .decoupled_decay = decay == 2,
+                       .lr_in_momentum = mode != 2});
+      }
+    }
+  }
   return out;
 }
 std::vector<LambHyper> Options(std::type_identity<LambHyper> /*tag*/) {

@@ -115,6 +115,7 @@ void RawStep(std::span<const AdamaxHyper> g, std::span<const Segment> s) { Adama
 void RawStep(std::span<const AdadeltaHyper> g, std::span<const Segment> s) { AdadeltaStep(g, s); }
 void RawStep(std::span<const RadamHyper> g, std::span<const Segment> s) { RadamStep(g, s); }
 void RawStep(std::span<const NadamHyper> g, std::span<const Segment> s) { NadamStep(g, s); }
+void RawStep(std::span<const RmsproptfHyper> g, std::span<const Segment> s) { RmsproptfStep(g, s); }
 
 template <class Hyper>
 const char* StepName() {
@@ -129,6 +130,7 @@ const char* StepName() {
   if constexpr (std::is_same_v<Hyper, AdadeltaHyper>) return "AdadeltaStep";
   if constexpr (std::is_same_v<Hyper, RadamHyper>) return "RadamStep";
   if constexpr (std::is_same_v<Hyper, NadamHyper>) return "NadamStep";
+  if constexpr (std::is_same_v<Hyper, RmsproptfHyper>) return "RmsproptfStep";
 }
 
 // Two valid segments in group 0 (one spans several chunks), then segment 2 (64 elements) in group
@@ -370,6 +372,8 @@ TEST(Validation, NullBuffersAreFineWithNumelZero) {
   ExpectEmptyNullSegmentAccepted(AdadeltaHyper{.weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(RadamHyper{.weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(NadamHyper{.weight_decay = 0.1});
+  ExpectEmptyNullSegmentAccepted(
+      RmsproptfHyper{.weight_decay = 0.1, .momentum = 0.5, .centered = true});
 }
 
 // Segment 2 lacks state[slot], which `h` requires.
@@ -409,6 +413,10 @@ TEST(Validation, MissingState) {
   ExpectMissingState(RadamHyper{}, kRadamExpAvgSq, {"exp_avg_sq"});
   ExpectMissingState(NadamHyper{}, kNadamExpAvg, {"exp_avg"});
   ExpectMissingState(NadamHyper{}, kNadamExpAvgSq, {"exp_avg_sq"});
+  ExpectMissingState(RmsproptfHyper{}, kRmsproptfSquareAvg, {"square_avg"});
+  ExpectMissingState(RmsproptfHyper{.centered = true}, kRmsproptfGradAvg, {"grad_avg"});
+  ExpectMissingState(RmsproptfHyper{.momentum = 0.5, .lr_in_momentum = false},
+                     kRmsproptfMomentumBuffer, {"momentum_buffer"});
 }
 
 // NAdam's scalar state (mu_product) is required for every segment, an empty one too.
@@ -654,6 +662,13 @@ TEST(Validation, RequiredStates) {
             0b011u);
   EXPECT_EQ(RequiredStates(RadamHyper{.weight_decay = 0.1, .decoupled_weight_decay = true}),
             0b011u);
+  // RMSpropTF: square_avg, momentum_buffer with momentum > 0, grad_avg when centered.
+  EXPECT_EQ(RequiredStates(RmsproptfHyper{}), 0b001u);
+  EXPECT_EQ(RequiredStates(RmsproptfHyper{.weight_decay = 0.1, .decoupled_decay = true}), 0b001u);
+  EXPECT_EQ(RequiredStates(RmsproptfHyper{.momentum = 0.9}), 0b011u);
+  EXPECT_EQ(RequiredStates(RmsproptfHyper{.momentum = 0.9, .lr_in_momentum = false}), 0b011u);
+  EXPECT_EQ(RequiredStates(RmsproptfHyper{.centered = true}), 0b101u);
+  EXPECT_EQ(RequiredStates(RmsproptfHyper{.momentum = 0.9, .centered = true}), 0b111u);
 }
 
 // Adamax: torch.optim.Adamax's constructor checks (lr, eps, weight_decay >= 0; betas in [0, 1)).
@@ -718,6 +733,27 @@ TEST(Validation, RadamRejectsBadHyperParameters) {
   ExpectBadGroup(RadamHyper{.beta2 = 1.0}, {"beta2: 1"});
   ExpectBadGroup(RadamHyper{.beta2 = -0.5}, {"beta2", "-0.5"});
   ExpectBadGroup(RadamHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+}
+
+// RMSpropTF: NpuFusedRMSpropTF's constructor checks (lr, eps, momentum, weight_decay, alpha each
+// >= 0; alpha has no upper bound).
+TEST(Validation, RmsproptfRejectsBadHyperParameters) {
+  ExpectBadGroup(RmsproptfHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(RmsproptfHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(RmsproptfHyper{.eps = -0.25}, {"eps", "-0.25"});
+  ExpectBadGroup(RmsproptfHyper{.momentum = -0.9}, {"momentum", "-0.9"});
+  ExpectBadGroup(RmsproptfHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(RmsproptfHyper{.weight_decay = kNaN}, {"weight_decay", "nan"});
+  ExpectBadGroup(RmsproptfHyper{.alpha = -0.1}, {"alpha", "-0.1"});
+  ExpectBadGroup(RmsproptfHyper{.alpha = kNaN}, {"alpha", "nan"});
+}
+
+TEST(Validation, RmsproptfAcceptsTheEdges) {
+  const RmsproptfHyper h{.lr = 0.0, .alpha = 0.0, .eps = 0.0, .momentum = 0.0};
+  const RmsproptfHyper big_alpha{.alpha = 1.5, .weight_decay = 0.0};
+  Model m = MakeModel(h, big_alpha);
+  const std::vector<RmsproptfHyper> groups = {h, big_alpha};
+  EXPECT_NO_THROW(RmsproptfStep(groups, m.segments()));
 }
 
 }  // namespace

@@ -6,10 +6,11 @@ Run from the repository root with the project venv (torch 2.x, lion-pytorch 0.2.
     .venv/bin/python tools/make_golden.py
 
 The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, RAdam and NAdam; lucidrains' lion_pytorch.Lion (the
-independent reference of Lion); and tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
-from its formulas: apex itself is CUDA only). Every case runs the single-tensor path (foreach=False and
-fused=False where the class takes them) on float32 CPU tensors for
-STEPS steps and records the params and the optimizer state (torch state_dict keys) after the steps in
+independent reference of Lion); tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
+from its formulas: apex itself is CUDA only); and tools/rmsproptf_reference.py's RMSpropTFReference for
+RMSpropTF (torch_npu's NpuFusedRMSpropTF written from its formulas: the NPU class runs on Ascend only).
+Every case runs the single-tensor path (foreach=False and fused=False where the class takes them) on float32
+CPU tensors for STEPS steps and records the params and the optimizer state (torch state_dict keys) after the steps in
 CHECKPOINTS. Inputs are not stored: the initial params and every gradient come from a 32-bit integer hash
 that the C++ test reimplements bit for bit (see `value` below), so each file holds only the hyper-parameters,
 the layout and the results. The output is deterministic: the same torch build and CPU capability write the
@@ -39,8 +40,9 @@ from lion_pytorch import Lion
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: lamb_reference.py
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: lamb_reference.py, rmsproptf_reference.py
 from lamb_reference import LambReference  # noqa: E402
+from rmsproptf_reference import RMSpropTFReference  # noqa: E402
 
 STEPS = 20
 CHECKPOINTS = [1, 5, 20]
@@ -380,6 +382,40 @@ SCENARIOS = {
             ),
         ],
     ),
+    # Every combination of weight decay (none, coupled, decoupled) x centered x momentum (none, lr in the
+    # buffer, lr on the step): 18 cases, then two groups. Momentum 0.5: with 0.9 the 1-element tensor's param
+    # ends near 0 after cancellation in one case, where torch's non-IEEE sqrt puts it 1e-5 (relative) from a
+    # correctly rounded kernel; with --exact-sqrt every buffer is bit for bit either way.
+    "RMSpropTF": (
+        RMSpropTFReference,
+        [
+            (
+                f"{decay}_{'centered' if centered else 'plain'}_{mode}",
+                [
+                    {
+                        "lr": 1e-2,
+                        "weight_decay": 0.0 if decay == "no_decay" else 0.05,
+                        "decoupled_decay": decay == "decoupled",
+                        "centered": centered,
+                        "momentum": 0.0 if mode == "no_momentum" else 0.5,
+                        "lr_in_momentum": mode != "momentum_lr_on_step",
+                    }
+                ],
+            )
+            for decay in ("no_decay", "coupled", "decoupled")
+            for centered in (False, True)
+            for mode in ("no_momentum", "momentum_lr_in_buffer", "momentum_lr_on_step")
+        ]
+        + [
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 1e-2, "momentum": 0.5, "alpha": 0.8},
+                    {"lr": 3e-3, "weight_decay": 0.02, "decoupled_decay": True, "centered": True, "eps": 1e-6},
+                ],
+            ),
+        ],
+    ),
 }
 
 # What each non-torch.optim file says about its reference (the torch.optim files have no such entry).
@@ -391,6 +427,11 @@ REFERENCES = {
     "LAMB": {
         "reference": "tools/lamb_reference.py LambReference: apex FusedLAMB written from its formulas, with a "
         "per-param state step; max_grad_norm is global (each case's max_grad_norm; the group copies are ignored)",
+    },
+    "RMSpropTF": {
+        "reference": "tools/rmsproptf_reference.py RMSpropTFReference: torch_npu NpuFusedRMSpropTF written from its "
+        "formulas (eps inside the sqrt, square_avg starting at ones, decoupled decay p*(1 - wd) not scaled by lr), "
+        "with a float32 tensor state step",
     },
 }
 

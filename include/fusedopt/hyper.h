@@ -139,6 +139,30 @@ struct NadamHyper {
 enum NadamState : int { kNadamExpAvg = 0, kNadamExpAvgSq = 1 };
 enum NadamScalar : int { kNadamMuProduct = 0 };
 
+// RMSpropTF: TensorFlow's RMSprop as torch_npu's NpuFusedRMSpropTF (and the old timm RMSpropTF)
+// computes it: eps inside the sqrt, square_avg starting at one, the squared-gradient average
+// updated as sq += (1 − alpha)(g² − sq). Weight decay is added to the gradient (L2), or with
+// decoupled_decay multiplies the param by (1 − weight_decay), not scaled by lr (the NPU / old timm
+// rule; current timm decays by 1 − lr·weight_decay). With lr_in_momentum (the default) lr is folded
+// into the momentum buffer (buf = μ·buf + lr·g/avg, p −= buf), else it scales the step (buf = μ·buf
+// + g/avg, p −= lr·buf). State: square_avg (initialized to 1), momentum_buffer (momentum > 0),
+// grad_avg (centered).
+struct RmsproptfHyper {
+  double lr = 1e-2;
+  double alpha = 0.9;
+  double eps = 1e-10;
+  double weight_decay = 0.0;
+  double momentum = 0.0;
+  bool centered = false;
+  bool decoupled_decay = false;
+  bool lr_in_momentum = true;
+};
+enum RmsproptfState : int {
+  kRmsproptfSquareAvg = 0,
+  kRmsproptfMomentumBuffer = 1,
+  kRmsproptfGradAvg = 2
+};
+
 // LAMB as apex's FusedLAMB defines it: Adam's moments, then a per-tensor trust ratio ‖p‖ / ‖u‖ of
 // the param and its Adam update u (only where weight_decay != 0 or use_nvlamb, and both norms are
 // non-zero). The global gradient-norm clipping of FusedLAMB (max_grad_norm) is the step's pre-pass

@@ -1,8 +1,9 @@
 """The fused optimizers. Each of torch.optim's five *is* its torch.optim twin (a subclass), so it takes the
 same arguments with the same defaults and errors, keeps the same param_groups and state (per-param
 state['step'], torch's state keys and dtypes) and exchanges state_dicts with torch both ways; only
-step() is replaced by one fused pass over all parameters (see _base.py). FusedLion and FusedLAMB take
-the arguments of their references (lion-pytorch's Lion, apex's FusedLAMB) in the same way.
+step() is replaced by one fused pass over all parameters (see _base.py). FusedLion, FusedLAMB and
+FusedRMSpropTF take the arguments of their references (lion-pytorch's Lion, apex's FusedLAMB, torch_npu's
+NpuFusedRMSpropTF) in the same way.
 
 Extra keyword arguments:
   master_weights=True  fp16/bf16 params keep an f32 master copy (state['master_param']) and f32
@@ -282,3 +283,90 @@ class FusedNAdam(FusedOptimizerMixin, torch.optim.NAdam):
                              weight_decay=_f(g, "weight_decay"), momentum_decay=_f(g, "momentum_decay"),
                              decoupled_weight_decay=bool(g.get("decoupled_weight_decay", False)),
                              maximize=bool(g["maximize"]))
+
+
+class _RMSpropTFGroups(torch.optim.Optimizer):
+    """torch_npu NpuFusedRMSpropTF's constructor (arguments, defaults, checks and their texts, param groups);
+    FusedRMSpropTF supplies the step."""
+
+    def __init__(self, params, lr: float = 1e-2, alpha: float = 0.9, eps: float = 1e-10, weight_decay: float = 0,
+                 momentum: float = 0.0, centered: bool = False, decoupled_decay: bool = False,
+                 lr_in_momentum: bool = True):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= momentum:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if not 0.0 <= alpha:
+            raise ValueError(f"Invalid alpha value: {alpha}")
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                                      centered=centered, decoupled_decay=decoupled_decay,
+                                      lr_in_momentum=lr_in_momentum))
+
+
+class FusedRMSpropTF(FusedOptimizerMixin, _RMSpropTFGroups):
+    """RMSpropTF (TensorFlow's RMSprop) with torch_npu NpuFusedRMSpropTF's arguments, defaults and formulas (the
+    old timm RMSpropTF), fused: eps inside the sqrt, square_avg starting at ones, sq += (1 - alpha)(g² - sq);
+    weight decay added to the gradient, or with decoupled_decay p *= 1 - weight_decay (not scaled by lr, as
+    the NPU class and old timm; current timm uses 1 - lr * weight_decay); momentum with lr folded into the
+    buffer (lr_in_momentum=True) or scaling the step. State: step (a float32 0-d tensor, as torch.optim's;
+    the NPU keeps an int), square_avg, momentum_buffer (momentum > 0), grad_avg (centered)."""
+
+    _algorithm = "rmsproptf"
+    _sparse_message = "fusedopt: FusedRMSpropTF does not support sparse gradients"
+
+    def _hyper(self, g):
+        return _C.RmsproptfHyper(lr=_f(g, "lr"), alpha=_f(g, "alpha"), eps=_f(g, "eps"),
+                                 weight_decay=_f(g, "weight_decay"), momentum=_f(g, "momentum"),
+                                 centered=bool(g["centered"]), decoupled_decay=bool(g["decoupled_decay"]),
+                                 lr_in_momentum=bool(g["lr_in_momentum"]))
+
+    def _initial_state_value(self, key):
+        return 1.0 if key == "square_avg" else 0.0
+
+    def _reference_step(self):
+        """NpuFusedRMSpropTF's per-tensor update in torch ops (as tools/rmsproptf_reference.py), for the params
+        the engine cannot take."""
+        for g in self.param_groups:
+            h = self._hyper(g)
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                state = self.state[p]
+                if "step" not in state:
+                    state["step"] = torch.tensor(0.0)
+                if "square_avg" not in state:
+                    state["square_avg"] = torch.ones_like(p, memory_format=torch.preserve_format)
+                if h.momentum > 0.0 and "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if h.centered and "grad_avg" not in state:
+                    state["grad_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                sq = state["square_avg"]
+                if h.weight_decay != 0.0:
+                    if h.decoupled_decay:
+                        p.add_(p, alpha=-h.weight_decay)
+                    else:
+                        grad = grad.add(p, alpha=h.weight_decay)
+                sq.add_(grad.pow(2) - sq, alpha=1.0 - h.alpha)
+                if h.centered:
+                    ga = state["grad_avg"]
+                    ga.add_(grad - ga, alpha=1.0 - h.alpha)
+                    avg = sq.addcmul(ga, ga, value=-1).add(h.eps).sqrt_()
+                else:
+                    avg = sq.add(h.eps).sqrt_()
+                if h.momentum > 0.0:
+                    buf = state["momentum_buffer"]
+                    buf.mul_(h.momentum)
+                    if h.lr_in_momentum:
+                        buf.addcdiv_(grad, avg, value=h.lr)
+                        p.add_(-buf)
+                    else:
+                        buf.addcdiv_(grad, avg)
+                        p.add_(buf, alpha=-h.lr)
+                else:
+                    p.addcdiv_(grad, avg, value=-h.lr)

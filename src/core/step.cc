@@ -160,6 +160,10 @@ void NadamStep(std::span<const NadamHyper> groups, std::span<const Segment> segm
                Runtime& runtime) {
   FusedStep(groups, segments, runtime);
 }
+void RmsproptfStep(std::span<const RmsproptfHyper> groups, std::span<const Segment> segments,
+                   Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
 void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segments,
               Runtime& runtime) {
   FusedStep(groups, segments, runtime);

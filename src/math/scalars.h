@@ -129,6 +129,27 @@ struct NadamScalars {
   bool coupled_weight_decay;
 };
 
+// Weight decay of RMSpropTF: none, added to the gradient, or multiplying the param.
+enum class RmsproptfDecay : unsigned char { kNone, kCoupled, kDecoupled };
+
+struct RmsproptfScalars {
+  float grad_mul;      // grad_scale (no maximize in the reference)
+  float weight_decay;  // coupled: g = g + wd·p
+  float neg_decay;     // decoupled: p = p + (−wd)·p, f32(−wd)
+  float one_minus_alpha;
+  float eps;
+  float momentum;
+  // Momentum: buf = μ·buf + (grad_coef·g)/avg, p = p + neg_buf_coef·buf, with (lr, −1) under
+  // lr_in_momentum and (1, −lr) without: the products by 1 and −1 are exact, so one body rounds as
+  // either reference line.
+  float grad_coef;
+  float neg_buf_coef;
+  float neg_lr;  // no momentum: p = p + (−lr·g)/avg
+  RmsproptfDecay decay;
+  bool centered;
+  bool has_momentum;
+};
+
 // The first pass of LAMB reduces ‖p‖² and ‖u‖² per tensor; the second applies p −= ratio·u with
 // ratio from those norms (Lamb::Finish fills neg_ratio in between).
 struct LambScalars {

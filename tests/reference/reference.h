@@ -282,4 +282,44 @@ inline void AdamaxStep(const AdamaxHyper& h, std::int64_t step, std::span<double
   }
 }
 
+// RMSpropTF (torch_npu's NpuFusedRMSpropTF, shared/docs/algorithms-more.md §1.4): eps inside the
+// sqrt; square_avg must hold 1 before the first step. `momentum_buffer` is used when momentum > 0,
+// `grad_avg` when centered.
+inline void RmsproptfStep(const RmsproptfHyper& h, std::span<double> p, std::span<const double> g,
+                          std::span<double> square_avg, std::span<double> momentum_buffer,
+                          std::span<double> grad_avg) {
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    double gi = g[i];
+    if (h.weight_decay != 0.0) {
+      if (h.decoupled_decay) {
+        p[i] *= 1.0 - h.weight_decay;  // θ = θ (1 − λ), not scaled by γ
+      } else {
+        gi += h.weight_decay * p[i];  // g = g + λθ
+      }
+    }
+    double& v = square_avg[i];
+    v += (1.0 - h.alpha) * (gi * gi - v);  // v = v + (1 − α)(g² − v)
+    double avg;
+    if (h.centered) {
+      double& ga = grad_avg[i];
+      ga += (1.0 - h.alpha) * (gi - ga);     // ḡ = ḡ + (1 − α)(g − ḡ)
+      avg = std::sqrt(v - ga * ga + h.eps);  // √(v − ḡ² + ε)
+    } else {
+      avg = std::sqrt(v + h.eps);  // √(v + ε)
+    }
+    if (h.momentum > 0.0) {
+      double& b = momentum_buffer[i];
+      if (h.lr_in_momentum) {
+        b = h.momentum * b + h.lr * gi / avg;  // b = μ b + γ g / avg
+        p[i] -= b;                             // θ = θ − b
+      } else {
+        b = h.momentum * b + gi / avg;  // b = μ b + g / avg
+        p[i] -= h.lr * b;               // θ = θ − γ b
+      }
+    } else {
+      p[i] -= h.lr * gi / avg;  // θ = θ − γ g / avg
+    }
+  }
+}
+
 }  // namespace fusedopt::ref

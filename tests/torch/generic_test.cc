@@ -1,7 +1,8 @@
-// fusedopt::pt's generic classes (FusedOptimizer<Hyper>: Adamax, Adadelta, RAdam, NAdam), which
-// libtorch has no twin of:
-//   TorchGenericGolden     tests/golden/<algo>.json (torch.optim 2.13's single-tensor step, written
-//                          by tools/make_golden.py) replayed through each class (golden_replay.h)
+// fusedopt::pt's generic classes (FusedOptimizer<Hyper>: Adamax, Adadelta, RAdam, NAdam,
+// RMSpropTF), which libtorch has no twin of:
+//   TorchGenericGolden     tests/golden/<algo>.json (torch.optim 2.13's single-tensor step; for
+//                          RMSpropTF tools/rmsproptf_reference.py's; written by
+//                          tools/make_golden.py) replayed through each class (golden_replay.h)
 //   TorchGenericSerialize  torch::save mid-run, torch::load into an optimizer built with other
 //                          defaults: options and state (NAdam's mu_product too) compare equal, and
 //                          both continue bit for bit like the uninterrupted run
@@ -43,6 +44,10 @@ TEST(TorchGenericGolden, RAdam) {
 TEST(TorchGenericGolden, NAdam) {
   ReplayGoldens<NAdam, NAdamOptions, NAdam::ParamState>("nadam.json");
 }
+// tools/rmsproptf_reference.py's goldens (torch_npu NpuFusedRMSpropTF's formulas), all 18 modes.
+TEST(TorchGenericGolden, RMSpropTF) {
+  ReplayGoldens<RMSpropTF, RMSpropTFOptions, RMSpropTF::ParamState>("rmsproptf.json");
+}
 
 // Options away from the defaults (weight decay on, and each algorithm's own knob).
 AdamaxHyper TestHyper(AdamaxHyper h) {
@@ -69,10 +74,18 @@ NadamHyper TestHyper(NadamHyper h) {
   h.momentum_decay = 5e-3;
   return h;
 }
+// Every state (momentum, centered); the decay coupled, so that lr 0 leaves a param as it is.
+RmsproptfHyper TestHyper(RmsproptfHyper h) {
+  h.lr = 5e-3;
+  h.weight_decay = 0.1;
+  h.momentum = 0.9;
+  h.centered = true;
+  return h;
+}
 
 template <class Optimizer>
 class TorchGeneric : public ::testing::Test {};
-using Optimizers = ::testing::Types<Adamax, Adadelta, RAdam, NAdam>;
+using Optimizers = ::testing::Types<Adamax, Adadelta, RAdam, NAdam, RMSpropTF>;
 TYPED_TEST_SUITE(TorchGeneric, Optimizers);
 
 template <class Optimizer>
@@ -168,7 +181,9 @@ TYPED_TEST(TorchGeneric, StateKeys) {
   const std::vector<std::string> keys =
       std::is_same_v<Optimizer, Adamax>     ? std::vector<std::string>{"exp_avg", "exp_inf"}
       : std::is_same_v<Optimizer, Adadelta> ? std::vector<std::string>{"square_avg", "acc_delta"}
-                                            : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+      : std::is_same_v<Optimizer, RMSpropTF>
+          ? std::vector<std::string>{"square_avg", "momentum_buffer", "grad_avg"}
+          : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
   for (const std::string& key : keys) {
     EXPECT_EQ(state.state(key).scalar_type(), torch::kBFloat16) << key;
     EXPECT_EQ(state.state(key).sizes(), p.sizes()) << key;
@@ -181,7 +196,7 @@ TYPED_TEST(TorchGeneric, StateKeys) {
     EXPECT_GT(mu_product.item<float>(), 0.0f);
     EXPECT_LT(mu_product.item<float>(), beta1);
   }
-  ExpectTorchError([&] { state.state("momentum_buffer"); }, {"has no state 'momentum_buffer'"});
+  ExpectTorchError([&] { state.state("max_exp_avg_sq"); }, {"has no state 'max_exp_avg_sq'"});
 }
 
 TYPED_TEST(TorchGeneric, OptionChecks) {

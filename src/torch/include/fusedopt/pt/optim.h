@@ -364,5 +364,7 @@ using RAdam = FusedOptimizer<RadamHyper>;
 using RAdamOptions = HyperOptions<RadamHyper>;
 using NAdam = FusedOptimizer<NadamHyper>;
 using NAdamOptions = HyperOptions<NadamHyper>;
+using RMSpropTF = FusedOptimizer<RmsproptfHyper>;
+using RMSpropTFOptions = HyperOptions<RmsproptfHyper>;
 
 }  // namespace fusedopt::pt
