@@ -60,11 +60,15 @@ bool HasReductionPass(Algorithm a);
 // - LAMB: apex FusedLAMB's defaults (weight decay 0.01, AdamW mode), and the standard step's
 //   global gradient clipping at `standard.max_grad_norm` 1 (tools/lamb_reference.py's
 //   max_grad_norm, apex's default). The fused step alone does not clip: with --clip, its pre-pass
-//   does.
+//   does;
+// - ASGD: t0 -1, so that ax averages (reads and writes ax: ax.add_(param.sub(ax).mul_(mu))) from
+//   step 2 on, the doctor's step included. With torch's t0 1e6, ax is a copy of the param for the
+//   first million steps, which the fused step writes without reading it (4/5 of the bytes).
 struct BenchHyper {
   BenchHyper() {
     Of<SgdHyper>() = {.lr = 1e-2, .momentum = 0.9};
     Of<LionHyper>().weight_decay = 0.1;
+    Of<AsgdHyper>().t0 = -1.0;
   }
   template <class Hyper>
   Hyper& Of() {

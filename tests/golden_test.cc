@@ -1,10 +1,11 @@
 // Golden vectors from torch.optim (tests/golden/*.json, written by tools/make_golden.py), and for
 // Lion from lion-pytorch and for LAMB from tools/lamb_reference.py (apex FusedLAMB's formulas in
 // torch ops): the fp32 fused kernels on the default (best) SIMD target must match the reference's
-// single-tensor path within 1e-6 relative (floor 1e-6·max|ref| per buffer) after steps 1, 5 and
-// 20. LAMB needs no looser tolerance despite torch's non-IEEE sqrt and the trust ratio: its worst
-// error is 8.7e-8 of that metric (torch 2.13.0+cpu wheel, AVX3 and AVX2). Whether they match bit
-// for bit is printed once at the end, for information only.
+// single-tensor path within 1e-6 relative (floor 1e-6·max|ref| per buffer) at the checkpoints of
+// each file (steps 1, 5 and 20; ASGD's also 100). LAMB needs no looser tolerance despite torch's
+// non-IEEE sqrt and the trust ratio: its worst error is 8.7e-8 of that metric (torch 2.13.0+cpu
+// wheel, AVX3 and AVX2). Whether they match bit for bit is printed once at the end, for information
+// only.
 //
 // The inputs are not stored: initial params and gradients are rebuilt from the generator's integer
 // hash. One test per case, registered at start-up from the JSON files, named
@@ -283,6 +284,22 @@ struct Algo<NadamHyper> {
     return -1;
   }
   static void Step(std::span<const NadamHyper> g, std::span<const Segment> s) { NadamStep(g, s); }
+};
+
+template <>
+struct Algo<AsgdHyper> {
+  static AsgdHyper Parse(const json& g) {
+    AsgdHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.lambd = g.at("lambd").get<double>();
+    h.alpha = g.at("alpha").get<double>();
+    h.t0 = g.at("t0").get<double>();
+    h.weight_decay = g.at("weight_decay").get<double>();
+    h.maximize = g.at("maximize").get<bool>();
+    return h;
+  }
+  static int Slot(const std::string& key) { return key == "ax" ? kAsgdAx : -1; }
+  static void Step(std::span<const AsgdHyper> g, std::span<const Segment> s) { AsgdStep(g, s); }
 };
 
 // tools/lamb_reference.py: the case-level max_grad_norm is global (the group copies are ignored).
@@ -637,6 +654,7 @@ constexpr GoldenFile kFiles[] = {
     {"adadelta.json", "Adadelta", &RunCase<AdadeltaHyper>},
     {"radam.json", "RAdam", &RunCase<RadamHyper>},
     {"nadam.json", "NAdam", &RunCase<NadamHyper>},
+    {"asgd.json", "ASGD", &RunCase<AsgdHyper>},
 };
 
 // The parsed files live for the whole run: the registered tests point into them.

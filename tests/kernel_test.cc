@@ -753,6 +753,65 @@ struct NadamAlgo {
   }
 };
 
+struct AsgdAlgo {
+  using Hyper = AsgdHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"ax", "", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    AsgdStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::AsgdStep(h, t, p, g, st[0]);
+  }
+  static unsigned States(const Hyper& /*h*/) { return 0b001u; }
+  // weight_decay {0, 0.05} × maximize × t0 {torch's 1e6: ax a copy of the param; 2: averaging from
+  // step 5 on, so the sweep's tensors starting at step 7 average and its 20-step cases cross into
+  // it}; the last has every feature and a larger lambd, another alpha.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (double t0 : {1e6, 2.0}) {
+      for (double wd : {0.0, 0.05}) {
+        for (bool maximize : {false, true}) {
+          out.push_back({.lr = 0.05, .t0 = t0, .weight_decay = wd, .maximize = maximize});
+        }
+      }
+    }
+    out.push_back({.lr = 0.05,
+                   .lambd = 0.1,
+                   .alpha = 0.5,
+                   .t0 = 2.0,
+                   .weight_decay = 0.05,
+                   .maximize = true});
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.maximize = !h.maximize;
+    h.lambd = 0.01;
+    h.alpha = 0.6;
+    h.t0 = h.t0 == 2.0 ? 1e6 : 3.0;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "ASGD{lr=" << h.lr << " lambd=" << h.lambd << " alpha=" << h.alpha << " t0=" << h.t0
+      << " wd=" << h.weight_decay << " maximize=" << h.maximize << "}";
+    return o.str();
+  }
+  // Zero at step 1 (as torch); later an average near the params.
+  static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
+    return step == 1 ? 0.0 : rng.Uniform(-1.0, 1.0);
+  }
+  // eta and mu before step `step`, as step - 1 left them (torch's f32 0-d tensors): lr / (1 +
+  // lambd·lr·(step − 1))^alpha and 1 / max(1, step − 1 − t0), each rounded once.
+  static void InitScalars(const Hyper& h, std::int64_t step, std::span<float, kMaxScalars> out) {
+    const auto before = static_cast<double>(step - 1);
+    out[kAsgdEta] = static_cast<float>(h.lr / std::pow(1.0 + h.lambd * h.lr * before, h.alpha));
+    out[kAsgdMu] = static_cast<float>(1.0 / std::max(1.0, before - h.t0));
+  }
+};
+
 // A fixed sign for element index i, mixed by a hash so that SIMD lanes and tails see both: Lion's
 // and LAMB's inputs keep it on every step (see LionAlgo and LambAlgo).
 int ElementSign(std::size_t i) {
@@ -1278,6 +1337,7 @@ TEST_P(KernelSweep, Adamax) { RunSweep<AdamaxAlgo>(target()); }
 TEST_P(KernelSweep, Adadelta) { RunSweep<AdadeltaAlgo>(target()); }
 TEST_P(KernelSweep, Radam) { RunSweep<RadamAlgo>(target()); }
 TEST_P(KernelSweep, Nadam) { RunSweep<NadamAlgo>(target()); }
+TEST_P(KernelSweep, Asgd) { RunSweep<AsgdAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelMixed: every option combination is its own group, with one segment each; the segments cycle
@@ -1316,6 +1376,7 @@ TEST_P(KernelMixed, Adamax) { RunMixed<AdamaxAlgo>(target()); }
 TEST_P(KernelMixed, Adadelta) { RunMixed<AdadeltaAlgo>(target()); }
 TEST_P(KernelMixed, Radam) { RunMixed<RadamAlgo>(target()); }
 TEST_P(KernelMixed, Nadam) { RunMixed<NadamAlgo>(target()); }
+TEST_P(KernelMixed, Asgd) { RunMixed<AsgdAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelLarge: 4099 elements on every 16-bit combo (so the bias check runs), and 1000003 elements
@@ -1360,6 +1421,7 @@ TEST_P(KernelLarge, Adamax) { RunLarge<AdamaxAlgo>(target()); }
 TEST_P(KernelLarge, Adadelta) { RunLarge<AdadeltaAlgo>(target()); }
 TEST_P(KernelLarge, Radam) { RunLarge<RadamAlgo>(target()); }
 TEST_P(KernelLarge, Nadam) { RunLarge<NadamAlgo>(target()); }
+TEST_P(KernelLarge, Asgd) { RunLarge<AsgdAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelSpecial: zero, huge, eps-dominated and NaN/Inf gradients against the oracle (NaN/Inf must
@@ -1447,6 +1509,7 @@ TEST_P(KernelSpecial, AdamaxValues) { RunSpecialValues<AdamaxAlgo>(target()); }
 TEST_P(KernelSpecial, AdadeltaValues) { RunSpecialValues<AdadeltaAlgo>(target()); }
 TEST_P(KernelSpecial, RadamValues) { RunSpecialValues<RadamAlgo>(target()); }
 TEST_P(KernelSpecial, NadamValues) { RunSpecialValues<NadamAlgo>(target()); }
+TEST_P(KernelSpecial, AsgdValues) { RunSpecialValues<AsgdAlgo>(target()); }
 TEST_P(KernelSpecial, SgdZeroSize) { RunZeroSize<SgdAlgo>(target()); }
 TEST_P(KernelSpecial, AdamZeroSize) { RunZeroSize<AdamAlgo>(target()); }
 TEST_P(KernelSpecial, AdamWZeroSize) { RunZeroSize<AdamWAlgo>(target()); }
@@ -1458,6 +1521,7 @@ TEST_P(KernelSpecial, AdamaxZeroSize) { RunZeroSize<AdamaxAlgo>(target()); }
 TEST_P(KernelSpecial, AdadeltaZeroSize) { RunZeroSize<AdadeltaAlgo>(target()); }
 TEST_P(KernelSpecial, RadamZeroSize) { RunZeroSize<RadamAlgo>(target()); }
 TEST_P(KernelSpecial, NadamZeroSize) { RunZeroSize<NadamAlgo>(target()); }
+TEST_P(KernelSpecial, AsgdZeroSize) { RunZeroSize<AsgdAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // Determinism: Runtime(1), Runtime(2) and Runtime(3) give bit-identical buffers over several
@@ -1555,6 +1619,7 @@ TEST_P(Determinism, Adamax) { RunDeterminism<AdamaxAlgo>(target()); }
 TEST_P(Determinism, Adadelta) { RunDeterminism<AdadeltaAlgo>(target()); }
 TEST_P(Determinism, Radam) { RunDeterminism<RadamAlgo>(target()); }
 TEST_P(Determinism, Nadam) { RunDeterminism<NadamAlgo>(target()); }
+TEST_P(Determinism, Asgd) { RunDeterminism<AsgdAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3

@@ -37,6 +37,7 @@ struct ScalarOps {
 #include "src/math/adadelta_math.h"
 #include "src/math/adam_math.h"
 #include "src/math/adamax_math.h"
+#include "src/math/asgd_math.h"
 #include "src/math/lerp_math.h"
 #include "src/math/lion_math.h"
 #include "src/math/nadam_math.h"
@@ -190,6 +191,19 @@ TEST(MathScalarOps, NadamCoupledAndDecoupled) {
           }
         });
   }
+}
+
+// t0 0: steps 1 and 2 copy the param into ax, step 3 averages (mu = 1/2).
+TEST(MathScalarOps, AsgdWeightDecayAveraging) {
+  const AsgdHyper h{.lr = 0.05, .lambd = 0.1, .t0 = 0.0, .weight_decay = 0.1, .maximize = true};
+  ExpectEngineEqualsScalarMath<algos::Asgd>(
+      h, RequiredStates(h), [](const AsgdScalars& c, float& p, float g, float& ax, float&, float&) {
+        if (c.average) {
+          scalar_math::AsgdMath<true, true>(ScalarOps{}, c, p, g, ax);
+        } else {
+          scalar_math::AsgdMath<true, false>(ScalarOps{}, c, p, g, ax);
+        }
+      });
 }
 
 TEST(MathScalarOps, RadamDecoupledRectified) {

@@ -773,5 +773,32 @@ TEST(Optimizer, NadamKeepsMuProductPerTensor) {
   }
 }
 
+// Optimizer<AsgdHyper> keeps each tensor's eta and mu (FlatStorage::scalars), starting at f32(lr)
+// and 1 as torch's state, and advanced by every step: eta = f32(lr / (1 + lambd·lr·t)^alpha),
+// mu = f32(1 / max(1, t − t0)).
+TEST(Optimizer, AsgdKeepsEtaAndMuPerTensor) {
+  const AsgdHyper h{.lr = 0.03, .lambd = 0.1, .t0 = 1.0};
+  ASGD opt({h}, {{100, 0}, {0, 0}, {7, 0}});
+  for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
+    EXPECT_EQ(*opt.storage().segments()[i].scalars[kAsgdEta], 0.03f);
+    EXPECT_EQ(*opt.storage().segments()[i].scalars[kAsgdMu], 1.0f);
+  }
+  for (int step = 1; step <= 4; ++step) {
+    for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
+      const Segment& s = opt.storage().segments()[i];
+      for (std::size_t k = 0; k < s.numel; ++k)
+        static_cast<float*>(const_cast<void*>(s.grad))[k] = 0.5f;
+    }
+    opt.Step();
+    const auto t = static_cast<double>(step);
+    const auto eta = static_cast<float>(h.lr / std::pow(1.0 + h.lambd * h.lr * t, h.alpha));
+    const float mu = t - h.t0 > 1.0 ? static_cast<float>(1.0 / (t - h.t0)) : 1.0f;
+    for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
+      EXPECT_EQ(*opt.storage().segments()[i].scalars[kAsgdEta], eta) << "tensor " << i;
+      EXPECT_EQ(*opt.storage().segments()[i].scalars[kAsgdMu], mu) << "tensor " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fusedopt

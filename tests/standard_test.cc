@@ -70,6 +70,10 @@ void RefStep(const NadamHyper& h, std::int64_t t, std::span<double> p, std::span
              const StateSpans& s) {
   ref::NadamStep(h, t, p, g, s[kNadamExpAvg], s[kNadamExpAvgSq]);
 }
+void RefStep(const AsgdHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::AsgdStep(h, t, p, g, s[kAsgdAx]);
+}
 void RefStep(const LambHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
              const StateSpans& s) {
   ref::LambStep(h, t, p, g, s[kLambExpAvg], s[kLambExpAvgSq]);
@@ -193,6 +197,19 @@ std::vector<NadamHyper> Options(std::type_identity<NadamHyper> /*tag*/) {
     }
   }
   out.push_back({.lr = 0.01, .momentum_decay = 0.0});
+  return out;
+}
+// t0 0: steps 1 and 2 copy the param into ax, step 3 averages.
+std::vector<AsgdHyper> Options(std::type_identity<AsgdHyper> /*tag*/) {
+  std::vector<AsgdHyper> out;
+  for (double t0 : {1e6, 0.0}) {
+    for (double wd : {0.0, 0.01}) {
+      for (bool maximize : {false, true}) {
+        out.push_back(
+            {.lr = 0.05, .lambd = 0.01, .t0 = t0, .weight_decay = wd, .maximize = maximize});
+      }
+    }
+  }
   return out;
 }
 std::vector<LambHyper> Options(std::type_identity<LambHyper> /*tag*/) {

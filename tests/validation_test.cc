@@ -47,7 +47,7 @@ class Model {
     for (int slot = 0; slot < kMaxStates; ++slot) {
       if ((slots >> slot & 1u) != 0) s.state[slot] = NewBuffer(numel);
     }
-    for (float*& scalar : s.scalars) scalar = NewBuffer(1);  // used by NAdam only
+    for (float*& scalar : s.scalars) scalar = NewBuffer(1);  // used by NAdam and ASGD only
     segments_.push_back(s);
     return segments_.back();
   }
@@ -115,6 +115,7 @@ void RawStep(std::span<const AdamaxHyper> g, std::span<const Segment> s) { Adama
 void RawStep(std::span<const AdadeltaHyper> g, std::span<const Segment> s) { AdadeltaStep(g, s); }
 void RawStep(std::span<const RadamHyper> g, std::span<const Segment> s) { RadamStep(g, s); }
 void RawStep(std::span<const NadamHyper> g, std::span<const Segment> s) { NadamStep(g, s); }
+void RawStep(std::span<const AsgdHyper> g, std::span<const Segment> s) { AsgdStep(g, s); }
 
 template <class Hyper>
 const char* StepName() {
@@ -129,6 +130,7 @@ const char* StepName() {
   if constexpr (std::is_same_v<Hyper, AdadeltaHyper>) return "AdadeltaStep";
   if constexpr (std::is_same_v<Hyper, RadamHyper>) return "RadamStep";
   if constexpr (std::is_same_v<Hyper, NadamHyper>) return "NadamStep";
+  if constexpr (std::is_same_v<Hyper, AsgdHyper>) return "AsgdStep";
 }
 
 // Two valid segments in group 0 (one spans several chunks), then segment 2 (64 elements) in group
@@ -370,6 +372,7 @@ TEST(Validation, NullBuffersAreFineWithNumelZero) {
   ExpectEmptyNullSegmentAccepted(AdadeltaHyper{.weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(RadamHyper{.weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(NadamHyper{.weight_decay = 0.1});
+  ExpectEmptyNullSegmentAccepted(AsgdHyper{.weight_decay = 0.1});
 }
 
 // Segment 2 lacks state[slot], which `h` requires.
@@ -409,6 +412,7 @@ TEST(Validation, MissingState) {
   ExpectMissingState(RadamHyper{}, kRadamExpAvgSq, {"exp_avg_sq"});
   ExpectMissingState(NadamHyper{}, kNadamExpAvg, {"exp_avg"});
   ExpectMissingState(NadamHyper{}, kNadamExpAvgSq, {"exp_avg_sq"});
+  ExpectMissingState(AsgdHyper{}, kAsgdAx, {"ax"});
 }
 
 // NAdam's scalar state (mu_product) is required for every segment, an empty one too.
@@ -420,6 +424,16 @@ TEST(Validation, MissingScalarState) {
     last.scalars[kNadamMuProduct] = nullptr;
     ExpectRejected(m, [&] { NadamStep(groups, m.segments()); },
                    {"NadamStep", "segment 3", "scalars[0]", "mu_product", "null"});
+  }
+  // ASGD's two (eta and mu), each.
+  const std::vector<AsgdHyper> asgd = {AsgdHyper{}, AsgdHyper{}};
+  for (const int k : {kAsgdEta, kAsgdMu}) {
+    Model m = MakeModel(asgd[0], asgd[1]);
+    Segment& last = m.Add(0, 1, RequiredStates(asgd[1]));
+    last.scalars[k] = nullptr;
+    ExpectRejected(m, [&] { AsgdStep(asgd, m.segments()); },
+                   {"AsgdStep", "segment 3", "scalars[" + std::to_string(k) + "]",
+                    k == kAsgdEta ? "eta" : "mu", "null"});
   }
   // Another algorithm ignores them.
   Model m = MakeModel(RadamHyper{}, RadamHyper{});
@@ -463,6 +477,38 @@ TEST(Validation, ScalarStateAdvancesOnlyWithTheUpdate) {
     const auto mu =
         static_cast<float>(h.beta1 * (1.0 - 0.5 * std::pow(0.96, t * h.momentum_decay)));
     EXPECT_EQ(*m.segment(i).scalars[kNadamMuProduct], old[i] * mu) << "segment " << i;
+  }
+}
+
+// ASGD's eta and mu: a skipped or rejected step leaves them, a taken one leaves what torch's step t
+// leaves: f32(lr / (1 + lambd·lr·t)^alpha) and f32(1 / max(1, t − t0)).
+TEST(Validation, AsgdScalarStatesAdvanceOnlyWithTheUpdate) {
+  const AsgdHyper h{.lr = 0.05, .lambd = 0.1, .t0 = 4.0};
+  const std::vector<AsgdHyper> groups = {h, h};
+  Model m = MakeModel(h, h);
+  for (std::size_t i = 0; i < 3; ++i) m.segment(i).step = static_cast<std::int64_t>(i) + 4;
+  std::vector<Segment> segs(m.segments().begin(), m.segments().end());
+  const float saved = *static_cast<const float*>(segs[0].grad);
+  *const_cast<float*>(static_cast<const float*>(segs[0].grad)) =
+      std::numeric_limits<float>::quiet_NaN();
+  Runtime runtime(2);
+  const auto before = m.Snapshot();
+  EXPECT_FALSE(TrainingStep(std::span<const AsgdHyper>(groups), std::span<Segment>(segs),
+                            {.check_overflow = true}, runtime)
+                   .stepped);
+  EXPECT_TRUE(m.Unchanged(before));
+  *const_cast<float*>(static_cast<const float*>(segs[0].grad)) = saved;
+  const std::vector<AsgdHyper> bad = {h, AsgdHyper{.weight_decay = -1.0}};
+  ExpectRejected(m, [&] { AsgdStep(bad, m.segments()); }, {"AsgdStep", "weight_decay"});
+  AsgdStep(groups, m.segments(), runtime);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const double t = static_cast<double>(m.segment(i).step);
+    EXPECT_EQ(*m.segment(i).scalars[kAsgdEta],
+              static_cast<float>(h.lr / std::pow(1.0 + h.lambd * h.lr * t, h.alpha)))
+        << "segment " << i;
+    EXPECT_EQ(*m.segment(i).scalars[kAsgdMu],
+              t - h.t0 > 1.0 ? static_cast<float>(1.0 / (t - h.t0)) : 1.0f)
+        << "segment " << i;
   }
 }
 
@@ -654,6 +700,9 @@ TEST(Validation, RequiredStates) {
             0b011u);
   EXPECT_EQ(RequiredStates(RadamHyper{.weight_decay = 0.1, .decoupled_weight_decay = true}),
             0b011u);
+  // ASGD: ax, whatever the options (a copy of the param until averaging starts).
+  EXPECT_EQ(RequiredStates(AsgdHyper{}), 0b001u);
+  EXPECT_EQ(RequiredStates(AsgdHyper{.t0 = 0.0, .weight_decay = 0.1, .maximize = true}), 0b001u);
 }
 
 // Adamax: torch.optim.Adamax's constructor checks (lr, eps, weight_decay >= 0; betas in [0, 1)).
@@ -708,6 +757,24 @@ TEST(Validation, NadamRejectsBadHyperParameters) {
   ExpectBadGroup(NadamHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
   ExpectBadGroup(NadamHyper{.momentum_decay = -0.004}, {"momentum_decay", "-0.004"});
   ExpectBadGroup(NadamHyper{.momentum_decay = kNaN}, {"momentum_decay", "nan"});
+}
+
+// ASGD: torch.optim.ASGD's constructor checks (lr and weight_decay >= 0); lambd, alpha and t0 have
+// none.
+TEST(Validation, AsgdRejectsBadHyperParameters) {
+  ExpectBadGroup(AsgdHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(AsgdHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(AsgdHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(AsgdHyper{.weight_decay = kNaN}, {"weight_decay", "nan"});
+}
+
+TEST(Validation, AsgdAcceptsWhatTorchAccepts) {
+  for (const AsgdHyper& h : {AsgdHyper{.lr = 0.0, .lambd = 0.0, .alpha = 0.0, .t0 = -3.0},
+                             AsgdHyper{.lambd = -1e-3, .alpha = 2.0, .t0 = 0.5}}) {
+    Model m = MakeModel(h, h);
+    const std::vector<AsgdHyper> groups = {h, h};
+    EXPECT_NO_THROW(AsgdStep(groups, m.segments()));
+  }
 }
 
 TEST(Validation, RadamRejectsBadHyperParameters) {

@@ -139,6 +139,23 @@ struct NadamHyper {
 enum NadamState : int { kNadamExpAvg = 0, kNadamExpAvgSq = 1 };
 enum NadamScalar : int { kNadamMuProduct = 0 };
 
+// torch.optim.ASGD (averaged SGD, Polyak & Juditsky): p = p·(1 − lambd·eta) − eta·g, then the
+// running average ax of the params once averaging starts (after step t0). Two per-tensor scalar
+// states, torch's f32 0-d tensors: eta, the step size, starts at lr and becomes lr / (1 +
+// lambd·lr·t)^alpha after step t; mu, the averaging weight, starts at 1 and becomes 1 / max(1, t −
+// t0). A step reads the values the previous one left (Segment::scalars[kAsgdEta], [kAsgdMu]).
+// State: ax.
+struct AsgdHyper {
+  double lr = 1e-2;
+  double lambd = 1e-4;
+  double alpha = 0.75;
+  double t0 = 1e6;
+  double weight_decay = 0.0;
+  bool maximize = false;
+};
+enum AsgdState : int { kAsgdAx = 0 };
+enum AsgdScalar : int { kAsgdEta = 0, kAsgdMu = 1 };
+
 // LAMB as apex's FusedLAMB defines it: Adam's moments, then a per-tensor trust ratio ‖p‖ / ‖u‖ of
 // the param and its Adam update u (only where weight_decay != 0 or use_nvlamb, and both norms are
 // non-zero). The global gradient-norm clipping of FusedLAMB (max_grad_norm) is the step's pre-pass

@@ -153,7 +153,8 @@ struct StepOptions {
 };
 
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
-// AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper.
+// AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper,
+// AsgdHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -208,6 +209,7 @@ using Adamax = Optimizer<AdamaxHyper>;
 using Adadelta = Optimizer<AdadeltaHyper>;
 using RAdam = Optimizer<RadamHyper>;
 using NAdam = Optimizer<NadamHyper>;
+using ASGD = Optimizer<AsgdHyper>;
 
 extern template class Optimizer<SgdHyper>;
 extern template class Optimizer<AdamHyper>;
@@ -220,5 +222,6 @@ extern template class Optimizer<AdamaxHyper>;
 extern template class Optimizer<AdadeltaHyper>;
 extern template class Optimizer<RadamHyper>;
 extern template class Optimizer<NadamHyper>;
+extern template class Optimizer<AsgdHyper>;
 
 }  // namespace fusedopt

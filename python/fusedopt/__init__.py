@@ -24,6 +24,7 @@ from .optim import (
     FusedAdam,
     FusedAdamax,
     FusedAdamW,
+    FusedASGD,
     FusedLAMB,
     FusedLion,
     FusedNAdam,
@@ -34,7 +35,7 @@ from .optim import (
 from .trainer import Model, Trainer
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
-           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "GradScaler",
+           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedASGD", "GradScaler",
            "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"

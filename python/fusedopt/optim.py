@@ -282,3 +282,18 @@ class FusedNAdam(FusedOptimizerMixin, torch.optim.NAdam):
                              weight_decay=_f(g, "weight_decay"), momentum_decay=_f(g, "momentum_decay"),
                              decoupled_weight_decay=bool(g.get("decoupled_weight_decay", False)),
                              maximize=bool(g["maximize"]))
+
+
+class FusedASGD(FusedOptimizerMixin, torch.optim.ASGD):
+    """torch.optim.ASGD, fused: p = p * (1 - lambd * eta) - eta * g, then ax = p until averaging starts (mu == 1)
+    and ax += mu * (p - ax) after; each param's state['eta'] and state['mu'] (0-d f32 tensors, as torch keeps
+    them) are read by the step as the previous one left them and advanced by the engine: eta = lr / (1 + lambd
+    * lr * step) ** alpha and mu = 1 / max(1, step - t0), in double, rounded to f32 as torch does (torch's
+    single-tensor path, bit for bit)."""
+
+    _algorithm = "asgd"
+    _sparse_message = "ASGD does not support sparse gradients"
+
+    def _hyper(self, g):
+        return _C.AsgdHyper(lr=_f(g, "lr"), lambd=_f(g, "lambd"), alpha=_f(g, "alpha"), t0=_f(g, "t0"),
+                            weight_decay=_f(g, "weight_decay"), maximize=bool(g["maximize"]))

@@ -259,5 +259,6 @@ template class Optimizer<AdamaxHyper>;
 template class Optimizer<AdadeltaHyper>;
 template class Optimizer<RadamHyper>;
 template class Optimizer<NadamHyper>;
+template class Optimizer<AsgdHyper>;
 
 }  // namespace fusedopt

@@ -160,6 +160,10 @@ void NadamStep(std::span<const NadamHyper> groups, std::span<const Segment> segm
                Runtime& runtime) {
   FusedStep(groups, segments, runtime);
 }
+void AsgdStep(std::span<const AsgdHyper> groups, std::span<const Segment> segments,
+              Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
 void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segments,
               Runtime& runtime) {
   FusedStep(groups, segments, runtime);

@@ -129,6 +129,17 @@ struct NadamScalars {
   bool coupled_weight_decay;
 };
 
+// ASGD's coefficients come from the eta and mu the previous step left (Segment::scalars).
+struct AsgdScalars {
+  float grad_mul;
+  float weight_decay;  // L2 term, used when has_weight_decay
+  float decay_mul;     // f32(1 − lambd·eta)
+  float neg_eta;       // −eta
+  float mu;            // the averaging weight, used when average
+  bool has_weight_decay;
+  bool average;  // mu != 1: ax += mu·(p − ax); else ax = p
+};
+
 // The first pass of LAMB reduces ‖p‖² and ‖u‖² per tensor; the second applies p −= ratio·u with
 // ratio from those norms (Lamb::Finish fills neg_ratio in between).
 struct LambScalars {

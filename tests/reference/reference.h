@@ -10,6 +10,7 @@
 // not use under the given hyper-parameters may be empty.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -279,6 +280,23 @@ inline void AdamaxStep(const AdamaxHyper& h, std::int64_t step, std::span<double
     m += (1.0 - h.beta1) * (gi - m);  // m = lerp(m, g, 1 − β1) (Inf − Inf: NaN, as torch)
     u = MaximumPropagatingNaN(h.beta2 * u, std::abs(gi) + h.eps);  // u = max(β2 u, |g| + ε)
     p[i] -= clr * m / u;                                           // θ = θ − γ̃ m / u
+  }
+}
+
+// torch.optim.ASGD: θ = θ(1 − λη) − ηg, then the average ax: a copy of θ until averaging starts
+// (μ = 1), ax = ax + μ(θ − ax) after. A step uses the η and μ of the step before: η_0 = γ, μ_0 = 1,
+// and after step t η_t = γ / (1 + λγt)^α, μ_t = 1 / max(1, t − t0), rebuilt from the step in
+// double.
+inline void AsgdStep(const AsgdHyper& h, std::int64_t step, std::span<double> p,
+                     std::span<const double> g, std::span<double> ax) {
+  const auto before = static_cast<double>(step - 1);
+  const double eta = h.lr / std::pow(1.0 + h.lambd * h.lr * before, h.alpha);  // η_{t−1}
+  const double mu = 1.0 / std::max(1.0, before - h.t0);                        // μ_{t−1}
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    double gi = h.maximize ? -g[i] : g[i];                   // g = -∇ if maximize else ∇
+    if (h.weight_decay != 0.0) gi += h.weight_decay * p[i];  // g = g + λ_wd θ
+    p[i] = p[i] * (1.0 - h.lambd * eta) - eta * gi;          // θ = θ(1 − λη) − ηg
+    ax[i] = mu == 1.0 ? p[i] : ax[i] + mu * (p[i] - ax[i]);  // ax = θ | ax + μ(θ − ax)
   }
 }
 
