@@ -1,5 +1,5 @@
-// fusedopt::pt's generic classes (FusedOptimizer<Hyper>: Adamax, Adadelta, RAdam, NAdam), which
-// libtorch has no twin of:
+// fusedopt::pt's generic classes (FusedOptimizer<Hyper>: Adamax, Adadelta, RAdam, NAdam, ASGD),
+// which libtorch has no twin of:
 //   TorchGenericGolden     tests/golden/<algo>.json (torch.optim 2.13's single-tensor step, written
 //                          by tools/make_golden.py) replayed through each class (golden_replay.h)
 //   TorchGenericSerialize  torch::save mid-run, torch::load into an optimizer built with other
@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -43,6 +44,7 @@ TEST(TorchGenericGolden, RAdam) {
 TEST(TorchGenericGolden, NAdam) {
   ReplayGoldens<NAdam, NAdamOptions, NAdam::ParamState>("nadam.json");
 }
+TEST(TorchGenericGolden, ASGD) { ReplayGoldens<ASGD, ASGDOptions, ASGD::ParamState>("asgd.json"); }
 
 // Options away from the defaults (weight decay on, and each algorithm's own knob).
 AdamaxHyper TestHyper(AdamaxHyper h) {
@@ -69,10 +71,28 @@ NadamHyper TestHyper(NadamHyper h) {
   h.momentum_decay = 5e-3;
   return h;
 }
+AsgdHyper TestHyper(AsgdHyper h) {
+  h.lr = 5e-2;
+  h.weight_decay = 0.1;
+  h.t0 = 2;  // averaging from the third step on
+  return h;
+}
+
+// torch's state keys of each (tensors, then 0-d f32 scalar states).
+std::vector<std::string> TensorKeys(AdamaxHyper /*tag*/) { return {"exp_avg", "exp_inf"}; }
+std::vector<std::string> TensorKeys(AdadeltaHyper /*tag*/) { return {"square_avg", "acc_delta"}; }
+std::vector<std::string> TensorKeys(RadamHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
+std::vector<std::string> TensorKeys(NadamHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
+std::vector<std::string> TensorKeys(AsgdHyper /*tag*/) { return {"ax"}; }
+std::vector<std::string> ScalarKeys(AdamaxHyper /*tag*/) { return {}; }
+std::vector<std::string> ScalarKeys(AdadeltaHyper /*tag*/) { return {}; }
+std::vector<std::string> ScalarKeys(RadamHyper /*tag*/) { return {}; }
+std::vector<std::string> ScalarKeys(NadamHyper /*tag*/) { return {"mu_product"}; }
+std::vector<std::string> ScalarKeys(AsgdHyper /*tag*/) { return {"eta", "mu"}; }
 
 template <class Optimizer>
 class TorchGeneric : public ::testing::Test {};
-using Optimizers = ::testing::Types<Adamax, Adadelta, RAdam, NAdam>;
+using Optimizers = ::testing::Types<Adamax, Adadelta, RAdam, NAdam, ASGD>;
 TYPED_TEST_SUITE(TorchGeneric, Optimizers);
 
 template <class Optimizer>
@@ -152,12 +172,15 @@ TYPED_TEST(TorchGeneric, SaveLoadContinuesBitForBit) {
   EXPECT_TRUE(SameStates(Snapshot(loaded, loaded_params), Snapshot(original, params)));
 }
 
-// The state under torch's keys, in the param's dtype; NAdam's mu_product a 0-d f32 tensor that
-// a fresh state starts at 1 and every step multiplies by a μ_t in (0, 1).
+// The state under torch's keys: tensors in the param's dtype and shape, scalar states 0-d f32
+// (NAdam's mu_product: 1 times a μ_1 in (0, β1); ASGD's eta and mu after one step: lr / (1 +
+// λ·lr)^α and 1, as torch).
 TYPED_TEST(TorchGeneric, StateKeys) {
   using Optimizer = TypeParam;
+  using Hyper = HyperOf<Optimizer>;
   Params params = MakeParams(42, torch::kBFloat16);
-  Optimizer opt = MakeOptimizer<Optimizer>(params, TestHyper(HyperOf<Optimizer>{}));
+  const Hyper hyper = TestHyper(Hyper{});
+  Optimizer opt = MakeOptimizer<Optimizer>(params, hyper);
   SetGrads(params, 0);
   opt.step();
   const torch::Tensor& p = params[0][1];
@@ -165,21 +188,26 @@ TYPED_TEST(TorchGeneric, StateKeys) {
   auto& state =
       static_cast<typename Optimizer::ParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
   EXPECT_EQ(state.step(), 1);
-  const std::vector<std::string> keys =
-      std::is_same_v<Optimizer, Adamax>     ? std::vector<std::string>{"exp_avg", "exp_inf"}
-      : std::is_same_v<Optimizer, Adadelta> ? std::vector<std::string>{"square_avg", "acc_delta"}
-                                            : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
-  for (const std::string& key : keys) {
+  for (const std::string& key : TensorKeys(Hyper{})) {
     EXPECT_EQ(state.state(key).scalar_type(), torch::kBFloat16) << key;
     EXPECT_EQ(state.state(key).sizes(), p.sizes()) << key;
   }
+  for (const std::string& key : ScalarKeys(Hyper{})) {
+    EXPECT_EQ(state.state(key).dim(), 0) << key;
+    EXPECT_EQ(state.state(key).scalar_type(), torch::kFloat) << key;
+  }
   if constexpr (std::is_same_v<Optimizer, NAdam>) {
-    const torch::Tensor& mu_product = state.state("mu_product");
-    EXPECT_EQ(mu_product.dim(), 0);
-    EXPECT_EQ(mu_product.scalar_type(), torch::kFloat);
-    const double beta1 = TestHyper(NadamHyper{}).beta1;
-    EXPECT_GT(mu_product.item<float>(), 0.0f);
-    EXPECT_LT(mu_product.item<float>(), beta1);
+    const torch::Tensor& mu = state.state("mu_product");
+    const float mu_product = mu.item<float>();
+    EXPECT_GT(mu_product, 0.0f);
+    EXPECT_LT(mu_product, hyper.beta1);
+  }
+  if constexpr (std::is_same_v<Optimizer, ASGD>) {
+    const double eta = hyper.lr / std::pow(1.0 + hyper.lambd * hyper.lr, hyper.alpha);
+    const torch::Tensor& eta_state = state.state("eta");
+    const torch::Tensor& mu_state = state.state("mu");
+    EXPECT_NEAR(eta_state.item<float>(), eta, 1e-6 * eta);
+    EXPECT_EQ(mu_state.item<float>(), 1.0f);
   }
   ExpectTorchError([&] { state.state("momentum_buffer"); }, {"has no state 'momentum_buffer'"});
 }
@@ -198,13 +226,13 @@ TYPED_TEST(TorchGeneric, OptionChecks) {
   // A group's own option is checked as it is added; the rejected group is not kept.
   Optimizer opt(params[0], Options(HyperOf<Optimizer>{}));
   HyperOf<Optimizer> group;
-  group.eps = -1e-3;
+  group.lr = -1e-3;
   ExpectTorchError(
       [&] {
         opt.add_param_group(
             torch::optim::OptimizerParamGroup(params[1], std::make_unique<Options>(group)));
       },
-      {"group 1", "invalid eps"});
+      {"group 1", "invalid lr"});
   EXPECT_EQ(opt.param_groups().size(), 1u);
 
   // libtorch's merge: the fields a group sets away from their defaults, the others the defaults'.

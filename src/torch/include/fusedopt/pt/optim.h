@@ -284,7 +284,7 @@ class LAMB : public torch::optim::Optimizer, public FusedStepOptions {
 
 // ---- The other algorithms of the engine: one generic class each ---------------------------------
 //
-// Adamax, Adadelta, RAdam and NAdam (torch.optim's, which libtorch does not have) are one template,
+// Adamax, Adadelta, RAdam, NAdam and ASGD (torch.optim's, which libtorch lacks) are one template,
 // FusedOptimizer<Hyper>, over the core's hyper struct: the options are that struct (its fields are
 // torch.optim's argument names, with betas as beta1/beta2, and its defaults), the param state is
 // torch's state keys of the algorithm (state(key): "exp_avg", "exp_inf", ... and the 0-d f32
@@ -364,5 +364,7 @@ using RAdam = FusedOptimizer<RadamHyper>;
 using RAdamOptions = HyperOptions<RadamHyper>;
 using NAdam = FusedOptimizer<NadamHyper>;
 using NAdamOptions = HyperOptions<NadamHyper>;
+using ASGD = FusedOptimizer<AsgdHyper>;
+using ASGDOptions = HyperOptions<AsgdHyper>;
 
 }  // namespace fusedopt::pt
