@@ -153,7 +153,8 @@ struct StepOptions {
 };
 
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
-// AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper.
+// AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper,
+// LarsHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -189,9 +190,9 @@ class Optimizer {
   std::vector<Hyper> groups_;
   FlatStorage storage_;
   std::vector<std::int64_t> steps_;
-  // SGD only: steps taken with a momentum buffer, so a buffer starts as a copy of the gradient on
-  // its own first step, also when momentum is switched on later (torch's `momentum_buffer is
-  // None`).
+  // SGD and LARS only: steps taken with a momentum buffer, so a buffer starts as a copy of the
+  // gradient on its own first step, also when momentum is switched on later (torch's
+  // `momentum_buffer is None`).
   std::vector<std::int64_t> buffer_steps_;
   Runtime* runtime_;
   AccumulationWindow window_;  // steps: the storage's accumulation_steps
@@ -208,6 +209,7 @@ using Adamax = Optimizer<AdamaxHyper>;
 using Adadelta = Optimizer<AdadeltaHyper>;
 using RAdam = Optimizer<RadamHyper>;
 using NAdam = Optimizer<NadamHyper>;
+using LARS = Optimizer<LarsHyper>;
 
 extern template class Optimizer<SgdHyper>;
 extern template class Optimizer<AdamHyper>;
@@ -220,5 +222,6 @@ extern template class Optimizer<AdamaxHyper>;
 extern template class Optimizer<AdadeltaHyper>;
 extern template class Optimizer<RadamHyper>;
 extern template class Optimizer<NadamHyper>;
+extern template class Optimizer<LarsHyper>;
 
 }  // namespace fusedopt

@@ -25,6 +25,7 @@ from .optim import (
     FusedAdamax,
     FusedAdamW,
     FusedLAMB,
+    FusedLARS,
     FusedLion,
     FusedNAdam,
     FusedRAdam,
@@ -34,7 +35,7 @@ from .optim import (
 from .trainer import Model, Trainer
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
-           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "GradScaler",
+           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedLARS", "GradScaler",
            "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"

@@ -31,5 +31,8 @@ void RunNadamChunks(const StepPlan<NadamScalars>& plan, std::size_t chunk_begin,
 void RunLambReduceChunk(const StepPlan<LambScalars>& plan, std::size_t chunk, double* sums);
 void RunLambChunks(const StepPlan<LambScalars>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end);
+void RunLarsReduceChunk(const StepPlan<LarsScalars>& plan, std::size_t chunk, double* sums);
+void RunLarsChunks(const StepPlan<LarsScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end);
 
 }  // namespace fusedopt

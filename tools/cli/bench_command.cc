@@ -40,7 +40,7 @@ Command AddBenchCommand(CLI::App& app) {
       ->add_option("--optimizer", options.optimizer,
                    "sgd (momentum 0.9), adam, adamw, rmsprop, adagrad, lion (lr 1e-4, weight "
                    "decay 0.1), lamb (two-phase; standard includes its global grad norm), "
-                   "adamax, adadelta, radam or nadam")
+                   "adamax, adadelta, radam, nadam or lars (two-phase, momentum 0.9)")
       ->check(CLI::IsMember(AlgorithmNames()))
       ->capture_default_str();
   auto* shapes =
