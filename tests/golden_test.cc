@@ -1,11 +1,11 @@
 // Golden vectors from torch.optim (tests/golden/*.json, written by tools/make_golden.py), and for
-// Lion from lion-pytorch and for LAMB from tools/lamb_reference.py (apex FusedLAMB's formulas in
-// torch ops): the fp32 fused kernels on the default (best) SIMD target must match the reference's
-// single-tensor path within 1e-6 relative (floor 1e-6·max|ref| per buffer) at the checkpoints of
-// each file (steps 1, 5 and 20; ASGD's also 100). LAMB needs no looser tolerance despite torch's
-// non-IEEE sqrt and the trust ratio: its worst error is 8.7e-8 of that metric (torch 2.13.0+cpu
-// wheel, AVX3 and AVX2). Whether they match bit for bit is printed once at the end, for information
-// only.
+// Lion from lion-pytorch, for LAMB from tools/lamb_reference.py (apex FusedLAMB's formulas in
+// torch ops) and for LARS from tools/lars_reference.py (apex LARC around torch.optim.SGD): the fp32
+// fused kernels on the default (best) SIMD target must match the reference's single-tensor path
+// within 1e-6 relative (floor 1e-6·max|ref| per buffer) at the checkpoints of each file (steps 1, 5
+// and 20; ASGD's also 100). LAMB needs no looser tolerance despite torch's non-IEEE sqrt and the
+// trust ratio: its worst error is 8.7e-8 of that metric (torch 2.13.0+cpu wheel, AVX3 and AVX2).
+// Whether they match bit for bit is printed once at the end, for information only.
 //
 // The inputs are not stored: initial params and gradients are rebuilt from the generator's integer
 // hash. One test per case, registered at start-up from the JSON files, named
@@ -333,6 +333,28 @@ struct Algo<LambHyper> {
   }
 };
 
+// tools/lars_reference.py: LARC around torch.optim.SGD, its per-group trust_coefficient, clip and
+// eps beside SGD's fields; SGD's state (momentum_buffer, no step).
+template <>
+struct Algo<LarsHyper> {
+  static LarsHyper Parse(const json& g) {
+    LarsHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.momentum = g.at("momentum").get<double>();
+    h.dampening = g.at("dampening").get<double>();
+    h.weight_decay = g.at("weight_decay").get<double>();
+    h.nesterov = g.at("nesterov").get<bool>();
+    h.trust_coefficient = g.at("trust_coefficient").get<double>();
+    h.clip = g.at("clip").get<bool>();
+    h.eps = g.at("eps").get<double>();
+    return h;
+  }
+  static int Slot(const std::string& key) {
+    return key == "momentum_buffer" ? kLarsMomentumBuffer : -1;
+  }
+  static void Step(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsStep(g, s); }
+};
+
 // Parse(group) or, for algorithms that need the case (its constructor arguments), Parse(group,
 // case).
 template <class Hyper>
@@ -547,8 +569,8 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
       const unsigned required = RequiredStates(groups[group_of[t]]);
       if (st.contains("step")) {
         EXPECT_EQ(st.at("step").get<std::int64_t>(), count[t]) << at << tensor << ": torch's step";
-      } else if (!std::is_same_v<Hyper, SgdHyper> &&
-                 !std::is_same_v<Hyper, LionHyper>) {  // SGD and Lion keep no step
+      } else if (!std::is_same_v<Hyper, SgdHyper> && !std::is_same_v<Hyper, LionHyper> &&
+                 !std::is_same_v<Hyper, LarsHyper>) {  // SGD, Lion and LARS keep no step
         EXPECT_EQ(count[t], 0) << at << tensor << ": torch has no state";
       }
       unsigned seen = 0;
@@ -655,6 +677,7 @@ constexpr GoldenFile kFiles[] = {
     {"radam.json", "RAdam", &RunCase<RadamHyper>},
     {"nadam.json", "NAdam", &RunCase<NadamHyper>},
     {"asgd.json", "ASGD", &RunCase<AsgdHyper>},
+    {"lars.json", "LARS", &RunCase<LarsHyper>},
 };
 
 // The parsed files live for the whole run: the registered tests point into them.

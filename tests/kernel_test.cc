@@ -950,6 +950,60 @@ struct LambAlgo {
   }
 };
 
+// LARS: LARC's trust ratio from ‖θ‖ and ‖g‖ (the oracle computes its own, in double), then SGD's
+// momentum modes. With these inputs LARC's rate tc·‖θ‖/(‖g‖ + λ‖θ‖ + ε) is about 0.02·0.58/0.6:
+// lr 0.005 puts clip mode's min(rate / lr, 1) at 1 (and OtherGroup's 0.0125 too), lr 0.05 below 1,
+// so both sides of the min are swept; |g| >= 0.2 keeps g + λθ away from 0.
+struct LarsAlgo {
+  using Hyper = LarsHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"momentum_buffer", "", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    LarsStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::LarsStep(h, t, p, g, st[0]);
+  }
+  static unsigned States(const Hyper& h) { return h.momentum != 0.0 ? 1u : 0u; }
+  // {no momentum, momentum 0.9, with dampening 0.1, nesterov} × weight_decay {0, 0.01} ×
+  // {clip at lr 0.005 (ratio 1), clip at lr 0.05 (ratio < 1), scale mode}; the last has every
+  // feature.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (int mode = 0; mode < 4; ++mode) {
+      for (double wd : {0.0, 0.01}) {
+        for (int clip = 0; clip < 3; ++clip) {
+          out.push_back({.lr = clip == 0 ? 0.005 : 0.05,
+                         .momentum = mode == 0 ? 0.0 : 0.9,
+                         .dampening = mode == 2 ? 0.1 : 0.0,
+                         .weight_decay = wd,
+                         .nesterov = mode == 3,
+                         .clip = clip != 2});
+        }
+      }
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.trust_coefficient = 0.05;
+    h.eps = 1e-4;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "LARS{lr=" << h.lr << " momentum=" << h.momentum << " dampening=" << h.dampening
+      << " wd=" << h.weight_decay << " nesterov=" << h.nesterov << " tc=" << h.trust_coefficient
+      << " eps=" << h.eps << " clip=" << h.clip << "}";
+    return o.str();
+  }
+  // As SGD's: at step 1 the buffer is not read (NaN).
+  static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
+    return step == 1 ? std::numeric_limits<double>::quiet_NaN() : rng.Uniform(-0.5, 0.5);
+  }
+};
+
 // ------------------------------------------------------------------------------------------------
 // Test cases: segments with their buffers, the oracle's copy, and one driver
 
@@ -1338,6 +1392,7 @@ TEST_P(KernelSweep, Adadelta) { RunSweep<AdadeltaAlgo>(target()); }
 TEST_P(KernelSweep, Radam) { RunSweep<RadamAlgo>(target()); }
 TEST_P(KernelSweep, Nadam) { RunSweep<NadamAlgo>(target()); }
 TEST_P(KernelSweep, Asgd) { RunSweep<AsgdAlgo>(target()); }
+TEST_P(KernelSweep, Lars) { RunSweep<LarsAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelMixed: every option combination is its own group, with one segment each; the segments cycle
@@ -1377,6 +1432,7 @@ TEST_P(KernelMixed, Adadelta) { RunMixed<AdadeltaAlgo>(target()); }
 TEST_P(KernelMixed, Radam) { RunMixed<RadamAlgo>(target()); }
 TEST_P(KernelMixed, Nadam) { RunMixed<NadamAlgo>(target()); }
 TEST_P(KernelMixed, Asgd) { RunMixed<AsgdAlgo>(target()); }
+TEST_P(KernelMixed, Lars) { RunMixed<LarsAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelLarge: 4099 elements on every 16-bit combo (so the bias check runs), and 1000003 elements
@@ -1422,6 +1478,7 @@ TEST_P(KernelLarge, Adadelta) { RunLarge<AdadeltaAlgo>(target()); }
 TEST_P(KernelLarge, Radam) { RunLarge<RadamAlgo>(target()); }
 TEST_P(KernelLarge, Nadam) { RunLarge<NadamAlgo>(target()); }
 TEST_P(KernelLarge, Asgd) { RunLarge<AsgdAlgo>(target()); }
+TEST_P(KernelLarge, Lars) { RunLarge<LarsAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelSpecial: zero, huge, eps-dominated and NaN/Inf gradients against the oracle (NaN/Inf must
@@ -1510,6 +1567,7 @@ TEST_P(KernelSpecial, AdadeltaValues) { RunSpecialValues<AdadeltaAlgo>(target())
 TEST_P(KernelSpecial, RadamValues) { RunSpecialValues<RadamAlgo>(target()); }
 TEST_P(KernelSpecial, NadamValues) { RunSpecialValues<NadamAlgo>(target()); }
 TEST_P(KernelSpecial, AsgdValues) { RunSpecialValues<AsgdAlgo>(target()); }
+TEST_P(KernelSpecial, LarsValues) { RunSpecialValues<LarsAlgo>(target()); }
 TEST_P(KernelSpecial, SgdZeroSize) { RunZeroSize<SgdAlgo>(target()); }
 TEST_P(KernelSpecial, AdamZeroSize) { RunZeroSize<AdamAlgo>(target()); }
 TEST_P(KernelSpecial, AdamWZeroSize) { RunZeroSize<AdamWAlgo>(target()); }
@@ -1522,6 +1580,7 @@ TEST_P(KernelSpecial, AdadeltaZeroSize) { RunZeroSize<AdadeltaAlgo>(target()); }
 TEST_P(KernelSpecial, RadamZeroSize) { RunZeroSize<RadamAlgo>(target()); }
 TEST_P(KernelSpecial, NadamZeroSize) { RunZeroSize<NadamAlgo>(target()); }
 TEST_P(KernelSpecial, AsgdZeroSize) { RunZeroSize<AsgdAlgo>(target()); }
+TEST_P(KernelSpecial, LarsZeroSize) { RunZeroSize<LarsAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // Determinism: Runtime(1), Runtime(2) and Runtime(3) give bit-identical buffers over several
@@ -1620,6 +1679,7 @@ TEST_P(Determinism, Adadelta) { RunDeterminism<AdadeltaAlgo>(target()); }
 TEST_P(Determinism, Radam) { RunDeterminism<RadamAlgo>(target()); }
 TEST_P(Determinism, Nadam) { RunDeterminism<NadamAlgo>(target()); }
 TEST_P(Determinism, Asgd) { RunDeterminism<AsgdAlgo>(target()); }
+TEST_P(Determinism, Lars) { RunDeterminism<LarsAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3
@@ -1698,6 +1758,19 @@ TEST(DeterminismAcrossTargets, Lamb) {
       {{exact, exact_other}},
       {Combo{kF32, kBF16, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
       /*all_targets_agree=*/true);
+}
+
+// LARS's norms come from the same fixed-order sums as LAMB's: targets of one class agree bit for
+// bit (scale mode, and clip mode below and at the clip).
+TEST(DeterminismAcrossTargets, Lars) {
+  const std::vector<LarsHyper> options = LarsAlgo::Options();
+  std::vector<std::vector<LarsHyper>> per_class;
+  for (const LarsHyper& h : {options.front(), options[options.size() - 2], options.back()})
+    per_class.push_back({h, LarsAlgo::OtherGroup(h)});
+  RunAcrossTargets<LarsAlgo>(
+      per_class,
+      {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
+      /*all_targets_agree=*/false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, KernelSweep, ::testing::ValuesIn(AvailableTargets()),

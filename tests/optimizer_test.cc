@@ -103,6 +103,7 @@ void RawStep(std::span<const AdamHyper> g, std::span<const Segment> s) { AdamSte
 void RawStep(std::span<const AdamWHyper> g, std::span<const Segment> s) { AdamWStep(g, s); }
 void RawStep(std::span<const RmspropHyper> g, std::span<const Segment> s) { RmspropStep(g, s); }
 void RawStep(std::span<const AdagradHyper> g, std::span<const Segment> s) { AdagradStep(g, s); }
+void RawStep(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsStep(g, s); }
 
 // ---------------------------------------------------------------------------------------------------------
 // FlatStorage
@@ -352,6 +353,16 @@ TEST(Optimizer, SgdStepMatchesRawStep) {
   ExpectStepMatchesRawStep<SgdHyper>(
       {{.lr = 0.1, .momentum = 0.5, .nesterov = true},
        {.lr = 0.02, .momentum = 0.9, .weight_decay = 0.1}},
+      {.param_dtype = DType::kBF16, .grad_dtype = DType::kBF16, .state_dtype = DType::kBF16});
+}
+
+TEST(Optimizer, LarsStepMatchesRawStep) {
+  ExpectStepMatchesRawStep<LarsHyper>(
+      {{.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01},
+       {.lr = 0.05, .weight_decay = 1e-3, .clip = false}},
+      {});
+  ExpectStepMatchesRawStep<LarsHyper>(
+      {{.lr = 1e-3, .momentum = 0.5, .nesterov = true}, {.lr = 0.02, .trust_coefficient = 0.1}},
       {.param_dtype = DType::kBF16, .grad_dtype = DType::kBF16, .state_dtype = DType::kBF16});
 }
 
@@ -651,6 +662,24 @@ TEST(Optimizer, SgdMomentumSwitchedOnLaterStartsFromTheGradient) {
   sgd.Step();  // buf = 0.9·2 + 0.5·2 = 2.8; p = -2 - 1.4 = -3.4
   EXPECT_FLOAT_EQ(sgd.storage().state<float>(0, kMomentumBuffer)[0], 2.8f);
   EXPECT_FLOAT_EQ(sgd.storage().params<float>(0)[0], -3.4f);
+}
+
+// LARS keeps SGD's momentum buffer, started the same way: a copy of the (scaled) gradient on its
+// first momentum step.
+TEST(Optimizer, LarsMomentumSwitchedOnLaterStartsFromTheGradient) {
+  LARS lars({{.lr = 0.5}}, {{3, 0}});
+  std::ranges::fill(lars.storage().grads<float>(0), 2.0f);
+  lars.Step();  // ‖p‖ = 0: no trust ratio, p = 0 - 0.5·2 = -1
+  EXPECT_EQ(lars.storage().params<float>(0)[0], -1.0f);
+  lars.group(0).momentum = 0.9;
+  lars.group(0).dampening = 0.5;
+  lars.Step();  // rate = 0.02·√3 / (2√3 + 1e-8), clip: rate / 0.5; buf = 2·that (no dampening)
+  const float param_norm = std::sqrt(3.0f);
+  const float grad_norm = 2.0f * std::sqrt(3.0f);
+  const float rate = 0.02f * param_norm / (grad_norm + param_norm * 0.0f + 1e-8f) / 0.5f;
+  const float d = (2.0f + 0.0f * -1.0f) * rate;
+  EXPECT_FLOAT_EQ(lars.storage().state<float>(0, kLarsMomentumBuffer)[0], d);
+  EXPECT_FLOAT_EQ(lars.storage().params<float>(0)[0], -1.0f - 0.5f * d);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -78,6 +78,10 @@ void RefStep(const LambHyper& h, std::int64_t t, std::span<double> p, std::span<
              const StateSpans& s) {
   ref::LambStep(h, t, p, g, s[kLambExpAvg], s[kLambExpAvgSq]);
 }
+void RefStep(const LarsHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::LarsStep(h, t, p, g, s[kLarsMomentumBuffer]);
+}
 
 // Hyper-parameter sets reaching every mode of the standard step.
 std::vector<SgdHyper> Options(std::type_identity<SgdHyper> /*tag*/) {
@@ -222,6 +226,26 @@ std::vector<LambHyper> Options(std::type_identity<LambHyper> /*tag*/) {
     h.grad_averaging = (mode & 8) == 0;
     h.use_nvlamb = mode == 1;
     out.push_back(h);
+  }
+  return out;
+}
+
+// Momentum modes × weight decay × clip and scale mode. LARC's local rate tc·‖θ‖/(‖g‖ + λ‖θ‖ + ε)
+// is about 20 (gradients of ±1e-3) or 2 (±1e-2) without weight decay, so at lr 5 clip mode's
+// min(rate / lr, 1) is 1 for the first and below 1 for the second.
+std::vector<LarsHyper> Options(std::type_identity<LarsHyper> /*tag*/) {
+  std::vector<LarsHyper> out;
+  for (int mode = 0; mode < 4; ++mode) {
+    for (double wd : {0.0, 0.01}) {
+      for (bool clip : {true, false}) {
+        out.push_back({.lr = 5.0,
+                       .momentum = mode == 0 ? 0.0 : 0.9,
+                       .dampening = mode == 2 ? 0.1 : 0.0,
+                       .weight_decay = wd,
+                       .nesterov = mode == 3,
+                       .clip = clip});
+      }
+    }
   }
   return out;
 }

@@ -116,6 +116,7 @@ void RawStep(std::span<const AdadeltaHyper> g, std::span<const Segment> s) { Ada
 void RawStep(std::span<const RadamHyper> g, std::span<const Segment> s) { RadamStep(g, s); }
 void RawStep(std::span<const NadamHyper> g, std::span<const Segment> s) { NadamStep(g, s); }
 void RawStep(std::span<const AsgdHyper> g, std::span<const Segment> s) { AsgdStep(g, s); }
+void RawStep(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsStep(g, s); }
 
 template <class Hyper>
 const char* StepName() {
@@ -131,6 +132,7 @@ const char* StepName() {
   if constexpr (std::is_same_v<Hyper, RadamHyper>) return "RadamStep";
   if constexpr (std::is_same_v<Hyper, NadamHyper>) return "NadamStep";
   if constexpr (std::is_same_v<Hyper, AsgdHyper>) return "AsgdStep";
+  if constexpr (std::is_same_v<Hyper, LarsHyper>) return "LarsStep";
 }
 
 // Two valid segments in group 0 (one spans several chunks), then segment 2 (64 elements) in group
@@ -318,6 +320,37 @@ TEST(Validation, LambAcceptsTheEdges) {
   }
 }
 
+// LARS: torch.optim.SGD's rules (lr, momentum, weight_decay >= 0, a finite dampening, Nesterov
+// with momentum and no dampening) and trust_coefficient, eps >= 0.
+TEST(Validation, LarsRejectsBadHyperParameters) {
+  ExpectBadGroup(LarsHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(LarsHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(LarsHyper{.momentum = -0.5}, {"momentum", "-0.5"});
+  ExpectBadGroup(LarsHyper{.dampening = kNaN}, {"dampening", "nan"});
+  ExpectBadGroup(LarsHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(LarsHyper{.weight_decay = kNaN}, {"weight_decay", "nan"});
+  ExpectBadGroup(LarsHyper{.trust_coefficient = -0.02}, {"trust_coefficient", "-0.02"});
+  ExpectBadGroup(LarsHyper{.trust_coefficient = kNaN}, {"trust_coefficient", "nan"});
+  ExpectBadGroup(LarsHyper{.eps = -0.25}, {"eps", "-0.25"});
+  ExpectBadGroup(LarsHyper{.eps = kNaN}, {"eps", "nan"});
+  ExpectBadGroup(LarsHyper{.momentum = 0.0, .nesterov = true}, {"Nesterov", "momentum 0"});
+  ExpectBadGroup(LarsHyper{.momentum = 0.9, .dampening = 0.5, .nesterov = true},
+                 {"Nesterov", "dampening 0.5"});
+}
+
+// lr 0 in clip mode too (LARC's adaptive_lr / lr is +inf there, min(inf, 1) = 1; see the Python
+// tests for the values), trust_coefficient and eps 0, and scale mode.
+TEST(Validation, LarsAcceptsTheEdges) {
+  for (const LarsHyper& h : {LarsHyper{.lr = 0.0}, LarsHyper{.lr = 0.0, .clip = false},
+                             LarsHyper{.trust_coefficient = 0.0}, LarsHyper{.eps = 0.0},
+                             LarsHyper{.momentum = 0.9, .nesterov = true},
+                             LarsHyper{.momentum = 0.9, .dampening = 0.5}}) {
+    Model m = MakeModel(h, h);
+    const std::vector<LarsHyper> groups = {h, h};
+    EXPECT_NO_THROW(LarsStep(groups, m.segments()));
+  }
+}
+
 TEST(Validation, SegmentGroupOutOfRange) {
   Model m = MakeModel(AdamHyper{}, AdamHyper{});
   m.segment(2).group = 5;
@@ -373,6 +406,7 @@ TEST(Validation, NullBuffersAreFineWithNumelZero) {
   ExpectEmptyNullSegmentAccepted(RadamHyper{.weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(NadamHyper{.weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(AsgdHyper{.weight_decay = 0.1});
+  ExpectEmptyNullSegmentAccepted(LarsHyper{.momentum = 0.9, .weight_decay = 0.1});
 }
 
 // Segment 2 lacks state[slot], which `h` requires.
@@ -413,6 +447,7 @@ TEST(Validation, MissingState) {
   ExpectMissingState(NadamHyper{}, kNadamExpAvg, {"exp_avg"});
   ExpectMissingState(NadamHyper{}, kNadamExpAvgSq, {"exp_avg_sq"});
   ExpectMissingState(AsgdHyper{}, kAsgdAx, {"ax"});
+  ExpectMissingState(LarsHyper{.momentum = 0.9}, kLarsMomentumBuffer, {"momentum_buffer"});
 }
 
 // NAdam's scalar state (mu_product) is required for every segment, an empty one too.
@@ -598,6 +633,7 @@ TEST(Validation, SegmentsWithNoGroups) {
   ExpectRejected(m, [&] { AdamaxStep({}, m.segments()); }, {"AdamaxStep", "no groups"});
   ExpectRejected(m, [&] { AdadeltaStep({}, m.segments()); }, {"AdadeltaStep", "no groups"});
   ExpectRejected(m, [&] { RadamStep({}, m.segments()); }, {"RadamStep", "no groups"});
+  ExpectRejected(m, [&] { LarsStep({}, m.segments()); }, {"LarsStep", "no groups"});
 }
 
 TEST(Validation, NothingToDoIsAccepted) {
@@ -703,6 +739,10 @@ TEST(Validation, RequiredStates) {
   // ASGD: ax, whatever the options (a copy of the param until averaging starts).
   EXPECT_EQ(RequiredStates(AsgdHyper{}), 0b001u);
   EXPECT_EQ(RequiredStates(AsgdHyper{.t0 = 0.0, .weight_decay = 0.1, .maximize = true}), 0b001u);
+  // LARS: momentum_buffer only with momentum, as SGD.
+  EXPECT_EQ(RequiredStates(LarsHyper{}), 0b000u);
+  EXPECT_EQ(RequiredStates(LarsHyper{.weight_decay = 0.1, .clip = false}), 0b000u);
+  EXPECT_EQ(RequiredStates(LarsHyper{.momentum = 0.9}), 0b001u);
 }
 
 // Adamax: torch.optim.Adamax's constructor checks (lr, eps, weight_decay >= 0; betas in [0, 1)).

@@ -6,8 +6,9 @@ Run from the repository root with the project venv (torch 2.x, lion-pytorch 0.2.
     .venv/bin/python tools/make_golden.py
 
 The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, RAdam, NAdam and ASGD; lucidrains' lion_pytorch.Lion (the
-independent reference of Lion); and tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
-from its formulas: apex itself is CUDA only). Every case runs the single-tensor path (foreach=False and
+independent reference of Lion); tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
+from its formulas: apex itself is CUDA only); and tools/lars_reference.py's LarsReference for LARS (apex LARC
+around torch.optim.SGD, written from its formulas). Every case runs the single-tensor path (foreach=False and
 fused=False where the class takes them) on float32 CPU tensors for
 STEPS steps (the algorithms of LONG_RUNS: their own count) and records the params and the optimizer state (torch
 state_dict keys) after the steps in CHECKPOINTS. Inputs are not stored: the initial params and every gradient come from a 32-bit integer hash
@@ -39,8 +40,9 @@ from lion_pytorch import Lion
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: lamb_reference.py
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: lamb_reference.py, lars_reference.py
 from lamb_reference import LambReference  # noqa: E402
+from lars_reference import LarsReference  # noqa: E402
 
 STEPS = 20
 CHECKPOINTS = [1, 5, 20]
@@ -406,6 +408,30 @@ SCENARIOS = {
             ),
         ],
     ),
+    # LARC's rate tc * ||p|| / (||g|| + wd * ||p|| + eps) is about 0.02 on these inputs: clip mode (the default)
+    # scales lr 0.1 by about 0.2 and leaves lr 0.005 alone (min(rate / lr, 1) = 1).
+    "LARS": (
+        LarsReference,
+        [
+            ("default", [{"lr": 0.1}]),
+            ("momentum", [{"lr": 0.1, "momentum": 0.9}]),
+            ("dampening_weight_decay", [{"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01}]),
+            ("nesterov", [{"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}]),
+            ("clipped_to_lr", [{"lr": 0.005, "momentum": 0.9, "weight_decay": 1e-4}]),
+            ("scale_mode", [{"lr": 1.0, "momentum": 0.9, "clip": False, "trust_coefficient": 1e-3,
+                             "weight_decay": 1e-4}]),
+            # LARC's pitfall: adaptive_lr / lr = inf, min(inf, 1) = 1; the params stay, the buffer takes g + wd * p.
+            ("lr_zero", [{"lr": 0.0, "momentum": 0.9, "weight_decay": 0.01}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 0.1, "momentum": 0.9},
+                    {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01, "trust_coefficient": 0.05, "clip": False,
+                     "eps": 1e-4},
+                ],
+            ),
+        ],
+    ),
 }
 
 # What each non-torch.optim file says about its reference (the torch.optim files have no such entry).
@@ -417,6 +443,11 @@ REFERENCES = {
     "LAMB": {
         "reference": "tools/lamb_reference.py LambReference: apex FusedLAMB written from its formulas, with a "
         "per-param state step; max_grad_norm is global (each case's max_grad_norm; the group copies are ignored)",
+    },
+    "LARS": {
+        "reference": "tools/lars_reference.py LarsReference: apex LARC around torch.optim.SGD written from its "
+        "formulas (norms in double rounded to float32, .grad untouched, per-group trust_coefficient/clip/eps); "
+        "SGD's state (momentum_buffer, no step)",
     },
 }
 

@@ -174,4 +174,22 @@ struct LambHyper {
 };
 enum LambState : int { kLambExpAvg = 0, kLambExpAvgSq = 1 };
 
+// LARS (You et al. 2017) with NVIDIA apex's LARC semantics around torch.optim.SGD: per tensor, the
+// local rate ratio = trust_coefficient·‖p‖ / (‖g‖ + ‖p‖·weight_decay + eps), in clip mode
+// min(ratio / lr, 1) (an effective lr of min(local rate, lr)); where both norms are non-zero the
+// gradient becomes (g + weight_decay·p)·ratio, otherwise it stays g and the step drops the weight
+// decay. Then SGD's momentum, dampening and Nesterov step without weight decay (torch.optim.SGD
+// with weight_decay=0, as LARC runs it). State: momentum_buffer (only when momentum != 0).
+struct LarsHyper {
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  double trust_coefficient = 0.02;
+  double eps = 1e-8;
+  bool nesterov = false;
+  bool clip = true;  // LARC's clip mode (min(ratio / lr, 1)); false: scale mode (lr·ratio)
+};
+enum LarsState : int { kLarsMomentumBuffer = 0 };
+
 }  // namespace fusedopt

@@ -154,7 +154,7 @@ struct StepOptions {
 
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
 // AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper,
-// AsgdHyper.
+// AsgdHyper, LarsHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -190,9 +190,9 @@ class Optimizer {
   std::vector<Hyper> groups_;
   FlatStorage storage_;
   std::vector<std::int64_t> steps_;
-  // SGD only: steps taken with a momentum buffer, so a buffer starts as a copy of the gradient on
-  // its own first step, also when momentum is switched on later (torch's `momentum_buffer is
-  // None`).
+  // SGD and LARS only: steps taken with a momentum buffer, so a buffer starts as a copy of the
+  // gradient on its own first step, also when momentum is switched on later (torch's
+  // `momentum_buffer is None`).
   std::vector<std::int64_t> buffer_steps_;
   Runtime* runtime_;
   AccumulationWindow window_;  // steps: the storage's accumulation_steps
@@ -210,6 +210,7 @@ using Adadelta = Optimizer<AdadeltaHyper>;
 using RAdam = Optimizer<RadamHyper>;
 using NAdam = Optimizer<NadamHyper>;
 using ASGD = Optimizer<AsgdHyper>;
+using LARS = Optimizer<LarsHyper>;
 
 extern template class Optimizer<SgdHyper>;
 extern template class Optimizer<AdamHyper>;
@@ -223,5 +224,6 @@ extern template class Optimizer<AdadeltaHyper>;
 extern template class Optimizer<RadamHyper>;
 extern template class Optimizer<NadamHyper>;
 extern template class Optimizer<AsgdHyper>;
+extern template class Optimizer<LarsHyper>;
 
 }  // namespace fusedopt

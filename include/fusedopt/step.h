@@ -102,6 +102,11 @@ void AsgdStep(std::span<const AsgdHyper> groups, std::span<const Segment> segmen
 // scaled by the trust ratio. Both norms are deterministic like the global gradient norm (grad.h).
 void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segments,
               Runtime& runtime = DefaultRuntime());
+// LARS (apex LARC over SGD) runs two passes: per-tensor norms of the param and of the gradient,
+// then the SGD step on the gradient scaled by the trust ratio; the norms are deterministic as
+// LAMB's.
+void LarsStep(std::span<const LarsHyper> groups, std::span<const Segment> segments,
+              Runtime& runtime = DefaultRuntime());
 
 // The same steps chosen by the Hyper type, for generic code: FusedStep(std::span<const
 // LionHyper>(...), ...) is LionStep. Defined for every Hyper struct of hyper.h.

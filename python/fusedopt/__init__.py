@@ -26,6 +26,7 @@ from .optim import (
     FusedAdamW,
     FusedASGD,
     FusedLAMB,
+    FusedLARS,
     FusedLion,
     FusedNAdam,
     FusedRAdam,
@@ -35,7 +36,7 @@ from .optim import (
 from .trainer import Model, Trainer
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
-           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedASGD", "GradScaler",
+           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedASGD", "FusedLARS", "GradScaler",
            "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"

@@ -13,6 +13,7 @@
 #include "src/algos/adamax.h"
 #include "src/algos/asgd.h"
 #include "src/algos/lamb.h"
+#include "src/algos/lars.h"
 #include "src/algos/lion.h"
 #include "src/algos/nadam.h"
 #include "src/algos/radam.h"
@@ -53,14 +54,14 @@ struct List {
 };
 
 using All =
-    List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam, Asgd>;
+    List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam, Asgd, Lars>;
 
 // The same list for explicit template instantiations (X(Sgd) X(Adam) ...), which a type list cannot
 // drive: step.cc and training_step.cc expand it.
 #define FOPT_FOR_EACH_ALGORITHM(X) \
   X(Sgd)                           \
   X(Adam)                          \
-  X(AdamW) X(Rmsprop) X(Adagrad) X(Lion) X(Lamb) X(Adamax) X(Adadelta) X(Radam) X(Nadam) X(Asgd)
+  X(AdamW) X(Rmsprop) X(Adagrad) X(Lion) X(Lamb) X(Adamax) X(Adadelta) X(Radam) X(Nadam) X(Asgd) X(Lars)
 #define FOPT_CHECK_LISTED(A) \
   static_assert(All::IndexOf<A::Hyper>() < All::kSize, #A " is not in All");
 FOPT_FOR_EACH_ALGORITHM(FOPT_CHECK_LISTED)

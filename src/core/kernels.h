@@ -33,5 +33,8 @@ void RunAsgdChunks(const StepPlan<AsgdScalars>& plan, std::size_t chunk_begin,
 void RunLambReduceChunk(const StepPlan<LambScalars>& plan, std::size_t chunk, double* sums);
 void RunLambChunks(const StepPlan<LambScalars>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end);
+void RunLarsReduceChunk(const StepPlan<LarsScalars>& plan, std::size_t chunk, double* sums);
+void RunLarsChunks(const StepPlan<LarsScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end);
 
 }  // namespace fusedopt

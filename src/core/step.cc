@@ -168,5 +168,9 @@ void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segmen
               Runtime& runtime) {
   FusedStep(groups, segments, runtime);
 }
+void LarsStep(std::span<const LarsHyper> groups, std::span<const Segment> segments,
+              Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
 
 }  // namespace fusedopt

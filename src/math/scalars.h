@@ -157,4 +157,19 @@ struct LambScalars {
   bool decoupled_weight_decay;  // wd·p added to the update (adam_w_mode on, wd != 0)
 };
 
+// The first pass of LARS reduces ‖p‖² and ‖g‖² per tensor (g unscaled); Lars::Finish sets the
+// trust ratio and whether it applies, then the second pass runs SGD on (g + λθ)·ratio or on g.
+struct LarsScalars {
+  float grad_mul;  // grad_scale: the loss-scale and clip factors, applied as the gradient is read
+  float weight_decay;
+  float ratio;  // LARC's adaptive_lr (clipped to ≤ 1 in clip mode), set after the reduction pass
+  float momentum;
+  float one_minus_dampening;
+  float neg_lr;
+  bool trust;  // both norms non-zero: g = (g + λθ)·ratio; else g as it is (and no weight decay)
+  bool has_momentum;
+  bool nesterov;
+  bool first_step;  // momentum buffer starts as a copy of the gradient (no dampening), as torch
+};
+
 }  // namespace fusedopt
