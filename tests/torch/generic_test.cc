@@ -1,7 +1,9 @@
 // fusedopt::pt's generic classes (FusedOptimizer<Hyper>: Adamax, Adadelta, RAdam, NAdam, ASGD),
 // which libtorch has no twin of:
-//   TorchGenericGolden     tests/golden/<algo>.json (torch.optim 2.13's single-tensor step, written
-//                          by tools/make_golden.py) replayed through each class (golden_replay.h)
+//   TorchGenericGolden     tests/golden/<algo>.json (torch.optim 2.13's single-tensor step, for
+//   LARS
+//                          tools/lars_reference.py; written by tools/make_golden.py) replayed
+//                          through each class (golden_replay.h)
 //   TorchGenericSerialize  torch::save mid-run, torch::load into an optimizer built with other
 //                          defaults: options and state (NAdam's mu_product too) compare equal, and
 //                          both continue bit for bit like the uninterrupted run
@@ -71,6 +73,12 @@ NadamHyper TestHyper(NadamHyper h) {
   h.momentum_decay = 5e-3;
   return h;
 }
+LarsHyper TestHyper(LarsHyper h) {
+  h.lr = 5e-2;
+  h.momentum = 0.9;
+  h.weight_decay = 0.1;
+  return h;
+}
 AsgdHyper TestHyper(AsgdHyper h) {
   h.lr = 5e-2;
   h.weight_decay = 0.1;
@@ -84,15 +92,17 @@ std::vector<std::string> TensorKeys(AdadeltaHyper /*tag*/) { return {"square_avg
 std::vector<std::string> TensorKeys(RadamHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
 std::vector<std::string> TensorKeys(NadamHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
 std::vector<std::string> TensorKeys(AsgdHyper /*tag*/) { return {"ax"}; }
+std::vector<std::string> TensorKeys(LarsHyper /*tag*/) { return {"momentum_buffer"}; }
 std::vector<std::string> ScalarKeys(AdamaxHyper /*tag*/) { return {}; }
 std::vector<std::string> ScalarKeys(AdadeltaHyper /*tag*/) { return {}; }
 std::vector<std::string> ScalarKeys(RadamHyper /*tag*/) { return {}; }
 std::vector<std::string> ScalarKeys(NadamHyper /*tag*/) { return {"mu_product"}; }
 std::vector<std::string> ScalarKeys(AsgdHyper /*tag*/) { return {"eta", "mu"}; }
+std::vector<std::string> ScalarKeys(LarsHyper /*tag*/) { return {}; }
 
 template <class Optimizer>
 class TorchGeneric : public ::testing::Test {};
-using Optimizers = ::testing::Types<Adamax, Adadelta, RAdam, NAdam, ASGD>;
+using Optimizers = ::testing::Types<Adamax, Adadelta, RAdam, NAdam, ASGD, LARS>;
 TYPED_TEST_SUITE(TorchGeneric, Optimizers);
 
 template <class Optimizer>

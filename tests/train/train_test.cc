@@ -109,7 +109,7 @@ INSTANTIATE_TEST_SUITE_P(Models, EndToEnd,
 INSTANTIATE_TEST_SUITE_P(Others, EndToEnd,
                          testing::Combine(testing::Values("transformer_small"),
                                           testing::Values("lion", "lamb", "adamax", "adadelta",
-                                                          "radam", "nadam", "asgd")),
+                                                          "radam", "nadam", "asgd", "lars")),
                          CaseName);
 
 TEST(Models, ShapesMatchThePythonModels) {

@@ -284,7 +284,8 @@ class LAMB : public torch::optim::Optimizer, public FusedStepOptions {
 
 // ---- The other algorithms of the engine: one generic class each ---------------------------------
 //
-// Adamax, Adadelta, RAdam, NAdam and ASGD (torch.optim's, which libtorch lacks) are one template,
+// Adamax, Adadelta, RAdam, NAdam and ASGD (torch.optim's, which libtorch lacks) and LARS (apex LARC
+// around SGD, as fusedopt.FusedLARS) are one template,
 // FusedOptimizer<Hyper>, over the core's hyper struct: the options are that struct (its fields are
 // torch.optim's argument names, with betas as beta1/beta2, and its defaults), the param state is
 // torch's state keys of the algorithm (state(key): "exp_avg", "exp_inf", ... and the 0-d f32
@@ -366,5 +367,8 @@ using NAdam = FusedOptimizer<NadamHyper>;
 using NAdamOptions = HyperOptions<NadamHyper>;
 using ASGD = FusedOptimizer<AsgdHyper>;
 using ASGDOptions = HyperOptions<AsgdHyper>;
+// apex LARC around SGD (fusedopt.FusedLARS): momentum_buffer, and a step count SGD does not keep.
+using LARS = FusedOptimizer<LarsHyper>;
+using LARSOptions = HyperOptions<LarsHyper>;
 
 }  // namespace fusedopt::pt
