@@ -154,7 +154,7 @@ struct StepOptions {
 
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
 // AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper,
-// AsgdHyper.
+// AsgdHyper, RpropHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -210,6 +210,7 @@ using Adadelta = Optimizer<AdadeltaHyper>;
 using RAdam = Optimizer<RadamHyper>;
 using NAdam = Optimizer<NadamHyper>;
 using ASGD = Optimizer<AsgdHyper>;
+using Rprop = Optimizer<RpropHyper>;
 
 extern template class Optimizer<SgdHyper>;
 extern template class Optimizer<AdamHyper>;
@@ -223,5 +224,6 @@ extern template class Optimizer<AdadeltaHyper>;
 extern template class Optimizer<RadamHyper>;
 extern template class Optimizer<NadamHyper>;
 extern template class Optimizer<AsgdHyper>;
+extern template class Optimizer<RpropHyper>;
 
 }  // namespace fusedopt

@@ -17,6 +17,7 @@
 #include "src/algos/nadam.h"
 #include "src/algos/radam.h"
 #include "src/algos/rmsprop.h"
+#include "src/algos/rprop.h"
 #include "src/algos/sgd.h"
 
 namespace fusedopt::algos {
@@ -52,15 +53,16 @@ struct List {
   }
 };
 
-using All =
-    List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam, Asgd>;
+using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam,
+                 Asgd, Rprop>;
 
 // The same list for explicit template instantiations (X(Sgd) X(Adam) ...), which a type list cannot
 // drive: step.cc and training_step.cc expand it.
 #define FOPT_FOR_EACH_ALGORITHM(X) \
   X(Sgd)                           \
   X(Adam)                          \
-  X(AdamW) X(Rmsprop) X(Adagrad) X(Lion) X(Lamb) X(Adamax) X(Adadelta) X(Radam) X(Nadam) X(Asgd)
+  X(AdamW)                         \
+  X(Rmsprop) X(Adagrad) X(Lion) X(Lamb) X(Adamax) X(Adadelta) X(Radam) X(Nadam) X(Asgd) X(Rprop)
 #define FOPT_CHECK_LISTED(A) \
   static_assert(All::IndexOf<A::Hyper>() < All::kSize, #A " is not in All");
 FOPT_FOR_EACH_ALGORITHM(FOPT_CHECK_LISTED)

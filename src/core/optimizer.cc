@@ -260,5 +260,6 @@ template class Optimizer<AdadeltaHyper>;
 template class Optimizer<RadamHyper>;
 template class Optimizer<NadamHyper>;
 template class Optimizer<AsgdHyper>;
+template class Optimizer<RpropHyper>;
 
 }  // namespace fusedopt

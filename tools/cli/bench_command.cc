@@ -40,7 +40,7 @@ Command AddBenchCommand(CLI::App& app) {
       ->add_option("--optimizer", options.optimizer,
                    "sgd (momentum 0.9), adam, adamw, rmsprop, adagrad, lion (lr 1e-4, weight "
                    "decay 0.1), lamb (two-phase; standard includes its global grad norm), "
-                   "adamax, adadelta, radam, nadam or asgd (t0 -1: ax averages from step 2)")
+                   "adamax, adadelta, radam, nadam, asgd (t0 -1: ax averages from step 2) or rprop")
       ->check(CLI::IsMember(AlgorithmNames()))
       ->capture_default_str();
   auto* shapes =
