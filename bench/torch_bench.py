@@ -6,7 +6,8 @@ seed) and fixed random grads, set once and never zeroed, so only optimizer.step(
   torch_forloop  torch.optim.<X>(foreach=False)
   torch_foreach  torch.optim.<X>(foreach=True)
   torch_fused    torch.optim.<X>(fused=True), torch's own fused CPU kernel; null where torch has
-                 none for <X> (torch 2.13: RMSprop, Adamax, Adadelta, RAdam, NAdam, ASGD)
+                 none for <X> (torch 2.13: RMSprop, Adamax, Adadelta, RAdam, NAdam, ASGD,
+                 Rprop)
   fused          fusedopt.Fused<X>()
   fused_flat     fusedopt.Fused<X>(flatten=True)
   engine         the C++ step alone: fusedopt's engine called on the segments a Fused<X> packed at
@@ -78,6 +79,7 @@ TORCH_OPTIMIZERS = {
     "radam": ("RAdam", {}),
     "nadam": ("NAdam", {}),
     "asgd": ("ASGD", {"t0": -1.0}),  # as `fusedopt bench`: ax averages from step 2 on (t0=1e6 only copies)
+    "rprop": ("Rprop", {}),
 }
 LION_KW = {"weight_decay": 0.1}  # lion-pytorch's defaults otherwise (betas 0.9, 0.99)
 LAMB_KW = {"weight_decay": 0.01, "max_grad_norm": 1.0}  # apex FusedLAMB's defaults

@@ -3,9 +3,9 @@
 // torch ops) and for LARS from tools/lars_reference.py (apex LARC around torch.optim.SGD): the fp32
 // fused kernels on the default (best) SIMD target must match the reference's single-tensor path
 // within 1e-6 relative (floor 1e-6·max|ref| per buffer) at the checkpoints of each file (steps 1, 5
-// and 20; ASGD's also 100). LAMB needs no looser tolerance despite torch's non-IEEE sqrt and the
-// trust ratio: its worst error is 8.7e-8 of that metric (torch 2.13.0+cpu wheel, AVX3 and AVX2).
-// Whether they match bit for bit is printed once at the end, for information only.
+// and 20; ASGD's and Rprop's also 100). LAMB needs no looser tolerance despite torch's non-IEEE
+// sqrt and the trust ratio: its worst error is 8.7e-8 of that metric (torch 2.13.0+cpu wheel, AVX3
+// and AVX2). Whether they match bit for bit is printed once at the end, for information only.
 //
 // The inputs are not stored: initial params and gradients are rebuilt from the generator's integer
 // hash. One test per case, registered at start-up from the JSON files, named
@@ -302,6 +302,26 @@ struct Algo<AsgdHyper> {
   static void Step(std::span<const AsgdHyper> g, std::span<const Segment> s) { AsgdStep(g, s); }
 };
 
+template <>
+struct Algo<RpropHyper> {
+  static RpropHyper Parse(const json& g) {
+    RpropHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.etaminus = g.at("etas").at(0).get<double>();
+    h.etaplus = g.at("etas").at(1).get<double>();
+    h.step_size_min = g.at("step_sizes").at(0).get<double>();
+    h.step_size_max = g.at("step_sizes").at(1).get<double>();
+    h.maximize = g.at("maximize").get<bool>();
+    return h;
+  }
+  static int Slot(const std::string& key) {
+    if (key == "prev") return kRpropPrev;
+    if (key == "step_size") return kRpropStepSize;
+    return -1;
+  }
+  static void Step(std::span<const RpropHyper> g, std::span<const Segment> s) { RpropStep(g, s); }
+};
+
 // tools/lamb_reference.py: the case-level max_grad_norm is global (the group copies are ignored).
 // The clipping runs as the engine's pre-pass: the global norm over the tensors that have a grad
 // this step, its LAMB coefficient folded into grad_scale, then the step.
@@ -501,6 +521,9 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
       if constexpr (std::is_same_v<Hyper, AdagradHyper>) {
         // torch fills every sum with the constructor's value, whatever a group dict says.
         init = static_cast<float>(c.at("constructor").value("initial_accumulator_value", 0.0));
+      } else {
+        // Rprop's step_size starts at the group's lr.
+        init = algos::DescriptorOf<Hyper>::InitialState(groups.at(group_of[t]), slot);
       }
       state[slot][t].assign(sizes[t], init);
     }
@@ -678,6 +701,7 @@ constexpr GoldenFile kFiles[] = {
     {"nadam.json", "NAdam", &RunCase<NadamHyper>},
     {"asgd.json", "ASGD", &RunCase<AsgdHyper>},
     {"lars.json", "LARS", &RunCase<LarsHyper>},
+    {"rprop.json", "Rprop", &RunCase<RpropHyper>},
 };
 
 // The parsed files live for the whole run: the registered tests point into them.

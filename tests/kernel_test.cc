@@ -812,6 +812,57 @@ struct AsgdAlgo {
   }
 };
 
+struct RpropAlgo {
+  using Hyper = RpropHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"prev", "step_size", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    RpropStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
+                  std::span<const double> g, const StateSpans& st) {
+    ref::RpropStep(h, p, g, st[0], st[1]);
+  }
+  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
+  // maximize × {torch's etas and step sizes, other etas, step sizes that clamp (the sweep's step
+  // sizes start in [1e-4, 0.05] and grow or shrink by 1.5 or 0.25 a step)}.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (bool maximize : {false, true}) {
+      out.push_back({.lr = 0.01, .maximize = maximize});
+      out.push_back({.lr = 0.01, .etaminus = 0.25, .etaplus = 1.5, .maximize = maximize});
+      out.push_back({.lr = 0.01,
+                     .etaminus = 0.25,
+                     .etaplus = 1.5,
+                     .step_size_min = 1e-3,
+                     .step_size_max = 0.02,
+                     .maximize = maximize});
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.maximize = !h.maximize;
+    h.etaminus = 0.4;
+    h.etaplus = 1.3;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "Rprop{lr=" << h.lr << " etas=(" << h.etaminus << "," << h.etaplus << ") step_sizes=("
+      << h.step_size_min << "," << h.step_size_max << ") maximize=" << h.maximize << "}";
+    return o.str();
+  }
+  // At step 1 as torch: prev 0, step_size lr. Later a previous gradient of either sign (or 0) and
+  // a step size within the bounds.
+  static double InitState(const Hyper& h, int slot, std::int64_t step, Rng& rng) {
+    if (step == 1) return slot == kRpropStepSize ? h.lr : 0.0;
+    if (slot == kRpropStepSize)
+      return rng.Uniform(h.step_size_min, std::min(h.step_size_max, 0.05));
+    const double u = rng.Uniform(-1.0, 1.0);
+    return std::abs(u) < 0.1 ? 0.0 : u;
+  }
+};
+
 // A fixed sign for element index i, mixed by a hash so that SIMD lanes and tails see both: Lion's
 // and LAMB's inputs keep it on every step (see LionAlgo and LambAlgo).
 int ElementSign(std::size_t i) {
@@ -1393,6 +1444,7 @@ TEST_P(KernelSweep, Radam) { RunSweep<RadamAlgo>(target()); }
 TEST_P(KernelSweep, Nadam) { RunSweep<NadamAlgo>(target()); }
 TEST_P(KernelSweep, Asgd) { RunSweep<AsgdAlgo>(target()); }
 TEST_P(KernelSweep, Lars) { RunSweep<LarsAlgo>(target()); }
+TEST_P(KernelSweep, Rprop) { RunSweep<RpropAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelMixed: every option combination is its own group, with one segment each; the segments cycle
@@ -1433,6 +1485,7 @@ TEST_P(KernelMixed, Radam) { RunMixed<RadamAlgo>(target()); }
 TEST_P(KernelMixed, Nadam) { RunMixed<NadamAlgo>(target()); }
 TEST_P(KernelMixed, Asgd) { RunMixed<AsgdAlgo>(target()); }
 TEST_P(KernelMixed, Lars) { RunMixed<LarsAlgo>(target()); }
+TEST_P(KernelMixed, Rprop) { RunMixed<RpropAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelLarge: 4099 elements on every 16-bit combo (so the bias check runs), and 1000003 elements
@@ -1479,6 +1532,7 @@ TEST_P(KernelLarge, Radam) { RunLarge<RadamAlgo>(target()); }
 TEST_P(KernelLarge, Nadam) { RunLarge<NadamAlgo>(target()); }
 TEST_P(KernelLarge, Asgd) { RunLarge<AsgdAlgo>(target()); }
 TEST_P(KernelLarge, Lars) { RunLarge<LarsAlgo>(target()); }
+TEST_P(KernelLarge, Rprop) { RunLarge<RpropAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelSpecial: zero, huge, eps-dominated and NaN/Inf gradients against the oracle (NaN/Inf must
@@ -1568,6 +1622,7 @@ TEST_P(KernelSpecial, RadamValues) { RunSpecialValues<RadamAlgo>(target()); }
 TEST_P(KernelSpecial, NadamValues) { RunSpecialValues<NadamAlgo>(target()); }
 TEST_P(KernelSpecial, AsgdValues) { RunSpecialValues<AsgdAlgo>(target()); }
 TEST_P(KernelSpecial, LarsValues) { RunSpecialValues<LarsAlgo>(target()); }
+TEST_P(KernelSpecial, RpropValues) { RunSpecialValues<RpropAlgo>(target()); }
 TEST_P(KernelSpecial, SgdZeroSize) { RunZeroSize<SgdAlgo>(target()); }
 TEST_P(KernelSpecial, AdamZeroSize) { RunZeroSize<AdamAlgo>(target()); }
 TEST_P(KernelSpecial, AdamWZeroSize) { RunZeroSize<AdamWAlgo>(target()); }
@@ -1581,6 +1636,7 @@ TEST_P(KernelSpecial, RadamZeroSize) { RunZeroSize<RadamAlgo>(target()); }
 TEST_P(KernelSpecial, NadamZeroSize) { RunZeroSize<NadamAlgo>(target()); }
 TEST_P(KernelSpecial, AsgdZeroSize) { RunZeroSize<AsgdAlgo>(target()); }
 TEST_P(KernelSpecial, LarsZeroSize) { RunZeroSize<LarsAlgo>(target()); }
+TEST_P(KernelSpecial, RpropZeroSize) { RunZeroSize<RpropAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // Determinism: Runtime(1), Runtime(2) and Runtime(3) give bit-identical buffers over several
@@ -1680,6 +1736,7 @@ TEST_P(Determinism, Radam) { RunDeterminism<RadamAlgo>(target()); }
 TEST_P(Determinism, Nadam) { RunDeterminism<NadamAlgo>(target()); }
 TEST_P(Determinism, Asgd) { RunDeterminism<AsgdAlgo>(target()); }
 TEST_P(Determinism, Lars) { RunDeterminism<LarsAlgo>(target()); }
+TEST_P(Determinism, Rprop) { RunDeterminism<RpropAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3

@@ -829,5 +829,27 @@ TEST(Optimizer, AsgdKeepsEtaAndMuPerTensor) {
   }
 }
 
+// Optimizer<RpropHyper> starts each tensor's step_size at its group's lr and prev at 0, as torch's
+// full_like(grad, lr) and zeros_like(p); a first step with prev 0 keeps every step size (factor 1)
+// and moves the param by -sign(g)·lr.
+TEST(Optimizer, RpropStartsStepSizesAtTheGroupsLr) {
+  const RpropHyper a{.lr = 0.25};
+  const RpropHyper b{.lr = 0.125, .etaminus = 0.25};
+  Rprop opt({a, b}, {{5, 0}, {3, 1}});
+  const float lr[] = {0.25f, 0.125f};
+  for (std::size_t i = 0; i < 2; ++i) {
+    for (const float x : opt.storage().state<float>(i, kRpropStepSize)) EXPECT_EQ(x, lr[i]);
+    for (const float x : opt.storage().state<float>(i, kRpropPrev)) EXPECT_EQ(x, 0.0f);
+    for (float& g : opt.storage().grads<float>(i)) g = -0.5f;
+    for (float& p : opt.storage().params<float>(i)) p = 1.0f;
+  }
+  opt.Step();
+  for (std::size_t i = 0; i < 2; ++i) {
+    for (const float x : opt.storage().state<float>(i, kRpropStepSize)) EXPECT_EQ(x, lr[i]);
+    for (const float x : opt.storage().state<float>(i, kRpropPrev)) EXPECT_EQ(x, -0.5f);
+    for (const float p : opt.storage().params<float>(i)) EXPECT_EQ(p, 1.0f + lr[i]);
+  }
+}
+
 }  // namespace
 }  // namespace fusedopt

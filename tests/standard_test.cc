@@ -74,6 +74,10 @@ void RefStep(const AsgdHyper& h, std::int64_t t, std::span<double> p, std::span<
              const StateSpans& s) {
   ref::AsgdStep(h, t, p, g, s[kAsgdAx]);
 }
+void RefStep(const RpropHyper& h, std::int64_t /*t*/, std::span<double> p,
+             std::span<const double> g, const StateSpans& s) {
+  ref::RpropStep(h, p, g, s[kRpropPrev], s[kRpropStepSize]);
+}
 void RefStep(const LambHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
              const StateSpans& s) {
   ref::LambStep(h, t, p, g, s[kLambExpAvg], s[kLambExpAvgSq]);
@@ -215,6 +219,14 @@ std::vector<AsgdHyper> Options(std::type_identity<AsgdHyper> /*tag*/) {
     }
   }
   return out;
+}
+std::vector<RpropHyper> Options(std::type_identity<RpropHyper> /*tag*/) {
+  return {RpropHyper{}, RpropHyper{.maximize = true},
+          RpropHyper{.lr = 0.05,
+                     .etaminus = 0.25,
+                     .etaplus = 1.5,
+                     .step_size_min = 0.02,
+                     .step_size_max = 0.06}};
 }
 std::vector<LambHyper> Options(std::type_identity<LambHyper> /*tag*/) {
   std::vector<LambHyper> out;

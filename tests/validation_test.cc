@@ -117,6 +117,7 @@ void RawStep(std::span<const RadamHyper> g, std::span<const Segment> s) { RadamS
 void RawStep(std::span<const NadamHyper> g, std::span<const Segment> s) { NadamStep(g, s); }
 void RawStep(std::span<const AsgdHyper> g, std::span<const Segment> s) { AsgdStep(g, s); }
 void RawStep(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsStep(g, s); }
+void RawStep(std::span<const RpropHyper> g, std::span<const Segment> s) { RpropStep(g, s); }
 
 template <class Hyper>
 const char* StepName() {
@@ -133,6 +134,7 @@ const char* StepName() {
   if constexpr (std::is_same_v<Hyper, NadamHyper>) return "NadamStep";
   if constexpr (std::is_same_v<Hyper, AsgdHyper>) return "AsgdStep";
   if constexpr (std::is_same_v<Hyper, LarsHyper>) return "LarsStep";
+  if constexpr (std::is_same_v<Hyper, RpropHyper>) return "RpropStep";
 }
 
 // Two valid segments in group 0 (one spans several chunks), then segment 2 (64 elements) in group
@@ -407,6 +409,7 @@ TEST(Validation, NullBuffersAreFineWithNumelZero) {
   ExpectEmptyNullSegmentAccepted(NadamHyper{.weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(AsgdHyper{.weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(LarsHyper{.momentum = 0.9, .weight_decay = 0.1});
+  ExpectEmptyNullSegmentAccepted(RpropHyper{.maximize = true});
 }
 
 // Segment 2 lacks state[slot], which `h` requires.
@@ -448,6 +451,8 @@ TEST(Validation, MissingState) {
   ExpectMissingState(NadamHyper{}, kNadamExpAvgSq, {"exp_avg_sq"});
   ExpectMissingState(AsgdHyper{}, kAsgdAx, {"ax"});
   ExpectMissingState(LarsHyper{.momentum = 0.9}, kLarsMomentumBuffer, {"momentum_buffer"});
+  ExpectMissingState(RpropHyper{}, kRpropPrev, {"prev"});
+  ExpectMissingState(RpropHyper{}, kRpropStepSize, {"step_size"});
 }
 
 // NAdam's scalar state (mu_product) is required for every segment, an empty one too.
@@ -743,6 +748,9 @@ TEST(Validation, RequiredStates) {
   EXPECT_EQ(RequiredStates(LarsHyper{}), 0b000u);
   EXPECT_EQ(RequiredStates(LarsHyper{.weight_decay = 0.1, .clip = false}), 0b000u);
   EXPECT_EQ(RequiredStates(LarsHyper{.momentum = 0.9}), 0b001u);
+  // Rprop: prev and step_size, whatever the options.
+  EXPECT_EQ(RequiredStates(RpropHyper{}), 0b011u);
+  EXPECT_EQ(RequiredStates(RpropHyper{.maximize = true}), 0b011u);
 }
 
 // Adamax: torch.optim.Adamax's constructor checks (lr, eps, weight_decay >= 0; betas in [0, 1)).
@@ -814,6 +822,29 @@ TEST(Validation, AsgdAcceptsWhatTorchAccepts) {
     Model m = MakeModel(h, h);
     const std::vector<AsgdHyper> groups = {h, h};
     EXPECT_NO_THROW(AsgdStep(groups, m.segments()));
+  }
+}
+
+// Rprop: torch.optim.Rprop's constructor checks (lr >= 0, 0 < etaminus < 1 < etaplus); the step
+// sizes have none.
+TEST(Validation, RpropRejectsBadHyperParameters) {
+  ExpectBadGroup(RpropHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(RpropHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(RpropHyper{.etaminus = 0.0}, {"eta values: 0, 1.2"});
+  ExpectBadGroup(RpropHyper{.etaminus = 1.0}, {"eta values: 1, 1.2"});
+  ExpectBadGroup(RpropHyper{.etaminus = kNaN}, {"eta values: nan"});
+  ExpectBadGroup(RpropHyper{.etaplus = 1.0}, {"eta values: 0.5, 1"});
+  ExpectBadGroup(RpropHyper{.etaplus = kNaN}, {"eta values: 0.5, nan"});
+}
+
+TEST(Validation, RpropAcceptsWhatTorchAccepts) {
+  for (const RpropHyper& h :
+       {RpropHyper{.lr = 0.0, .etaminus = 1e-50, .etaplus = 1e300},
+        RpropHyper{.step_size_min = 1.0, .step_size_max = 0.5},  // min > max: every step is max
+        RpropHyper{.step_size_min = -1.0, .step_size_max = kNaN}}) {
+    Model m = MakeModel(h, h);
+    const std::vector<RpropHyper> groups = {h, h};
+    EXPECT_NO_THROW(RpropStep(groups, m.segments()));
   }
 }
 

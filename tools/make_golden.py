@@ -5,7 +5,7 @@ Run from the repository root with the project venv (torch 2.x, lion-pytorch 0.2.
 
     .venv/bin/python tools/make_golden.py
 
-The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, RAdam, NAdam and ASGD; lucidrains' lion_pytorch.Lion (the
+The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, RAdam, NAdam, ASGD and Rprop; lucidrains' lion_pytorch.Lion (the
 independent reference of Lion); tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
 from its formulas: apex itself is CUDA only); and tools/lars_reference.py's LarsReference for LARS (apex LARC
 around torch.optim.SGD, written from its formulas). Every case runs the single-tensor path (foreach=False and
@@ -47,8 +47,9 @@ from lars_reference import LarsReference  # noqa: E402
 STEPS = 20
 CHECKPOINTS = [1, 5, 20]
 # Algorithms whose files run longer: (steps, checkpoints). ASGD's step size decays with the step and its averaging
-# starts only after t0 steps, so its cases run 100 steps.
-LONG_RUNS = {"ASGD": (100, [1, 5, 20, 100])}
+# starts only after t0 steps; Rprop's per-element step sizes grow and shrink until they reach their bounds. Their
+# cases run 100 steps.
+LONG_RUNS = {"ASGD": (100, [1, 5, 20, 100]), "Rprop": (100, [1, 5, 20, 100])}
 SIZES = [1, 7, 33, 64]
 PARAM_SCALE = 1.0
 GRAD_SCALE = 1.0
@@ -428,6 +429,23 @@ SCENARIOS = {
                     {"lr": 0.1, "momentum": 0.9},
                     {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01, "trust_coefficient": 0.05, "clip": False,
                      "eps": 1e-4},
+                ],
+            ),
+        ],
+    ),
+    # 100 steps (LONG_RUNS): step sizes that reach step_sizes' bounds, and every sign case.
+    "Rprop": (
+        torch.optim.Rprop,
+        [
+            ("default", [{"lr": 1e-2}]),
+            ("etas", [{"lr": 1e-2, "etas": (0.25, 1.75)}]),
+            ("step_sizes", [{"lr": 1e-2, "step_sizes": (1e-3, 3e-2)}]),
+            ("maximize", [{"lr": 1e-2, "maximize": True}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 1e-2},
+                    {"lr": 3e-3, "etas": (0.4, 1.3), "step_sizes": (1e-4, 0.1)},
                 ],
             ),
         ],

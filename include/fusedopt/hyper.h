@@ -156,6 +156,21 @@ struct AsgdHyper {
 enum AsgdState : int { kAsgdAx = 0 };
 enum AsgdScalar : int { kAsgdEta = 0, kAsgdMu = 1 };
 
+// torch.optim.Rprop (resilient backpropagation): per element, the step size grows by etaplus
+// while the gradient keeps the sign of the last one used, shrinks by etaminus when it flips (that
+// gradient then counts as 0: no move, and 0 is what the next step compares with), and stays within
+// [step_size_min, step_size_max]; p −= sign(g)·step_size. State: prev (the last gradient used),
+// step_size (starts at lr).
+struct RpropHyper {
+  double lr = 1e-2;
+  double etaminus = 0.5;
+  double etaplus = 1.2;
+  double step_size_min = 1e-6;
+  double step_size_max = 50.0;
+  bool maximize = false;
+};
+enum RpropState : int { kRpropPrev = 0, kRpropStepSize = 1 };
+
 // LAMB as apex's FusedLAMB defines it: Adam's moments, then a per-tensor trust ratio ‖p‖ / ‖u‖ of
 // the param and its Adam update u (only where weight_decay != 0 or use_nvlamb, and both norms are
 // non-zero). The global gradient-norm clipping of FusedLAMB (max_grad_norm) is the step's pre-pass

@@ -154,7 +154,7 @@ struct StepOptions {
 
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
 // AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper,
-// AsgdHyper, LarsHyper.
+// AsgdHyper, LarsHyper, RpropHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -211,6 +211,7 @@ using RAdam = Optimizer<RadamHyper>;
 using NAdam = Optimizer<NadamHyper>;
 using ASGD = Optimizer<AsgdHyper>;
 using LARS = Optimizer<LarsHyper>;
+using Rprop = Optimizer<RpropHyper>;
 
 extern template class Optimizer<SgdHyper>;
 extern template class Optimizer<AdamHyper>;
@@ -225,5 +226,6 @@ extern template class Optimizer<RadamHyper>;
 extern template class Optimizer<NadamHyper>;
 extern template class Optimizer<AsgdHyper>;
 extern template class Optimizer<LarsHyper>;
+extern template class Optimizer<RpropHyper>;
 
 }  // namespace fusedopt

@@ -98,6 +98,8 @@ void NadamStep(std::span<const NadamHyper> groups, std::span<const Segment> segm
 // (start it at 1).
 void AsgdStep(std::span<const AsgdHyper> groups, std::span<const Segment> segments,
               Runtime& runtime = DefaultRuntime());
+void RpropStep(std::span<const RpropHyper> groups, std::span<const Segment> segments,
+               Runtime& runtime = DefaultRuntime());
 // LAMB runs two passes: per-tensor norms of the param and of its Adam update, then the update
 // scaled by the trust ratio. Both norms are deterministic like the global gradient norm (grad.h).
 void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segments,

@@ -31,12 +31,14 @@ from .optim import (
     FusedNAdam,
     FusedRAdam,
     FusedRMSprop,
+    FusedRprop,
     FusedSGD,
 )
 from .trainer import Model, Trainer
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
-           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedASGD", "FusedLARS", "GradScaler",
+           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedASGD", "FusedRprop", "FusedLARS",
+           "GradScaler",
            "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"

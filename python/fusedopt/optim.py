@@ -84,7 +84,7 @@ class FusedAdagrad(FusedOptimizerMixin, torch.optim.Adagrad):
                                initial_accumulator_value=_f(g, "initial_accumulator_value"),
                                eps=_f(g, "eps"), maximize=bool(g["maximize"]))
 
-    def _initial_state_value(self, key):
+    def _initial_state_value(self, key, group, p):
         # torch 2.13 fills a new 'sum' with the constructor's value, whatever the group says.
         return _f(self.defaults, "initial_accumulator_value") if key == "sum" else 0.0
 
@@ -375,3 +375,25 @@ def _exact_norm(t: torch.Tensor) -> torch.Tensor:
     """‖t‖ computed in double (complex: of its real view), rounded once to t's real dtype: a 0-d tensor."""
     real = torch.view_as_real(t) if t.is_complex() else t
     return torch.linalg.vector_norm(real, dtype=torch.float64).to(real.dtype)
+
+
+class FusedRprop(FusedOptimizerMixin, torch.optim.Rprop):
+    """torch.optim.Rprop, fused: per element, f = sign(g * prev) becomes etaplus (> 0), etaminus (< 0) or 1 (== 0),
+    step_size = clamp(step_size * f, *step_sizes), g = 0 where f == etaminus, p -= sign(g) * step_size, prev = g
+    (torch's single-tensor path, bit for bit). A new step_size starts at its group's lr (lr + lr*1j for a
+    complex param, as torch)."""
+
+    _algorithm = "rprop"
+    _sparse_message = "Rprop does not support sparse gradients"
+
+    def _hyper(self, g):
+        return _C.RpropHyper(lr=_f(g, "lr"), etaminus=_f(g, "etas", 0), etaplus=_f(g, "etas", 1),
+                             step_size_min=_f(g, "step_sizes", 0), step_size_max=_f(g, "step_sizes", 1),
+                             maximize=bool(g["maximize"]))
+
+    def _initial_state_value(self, key, group, p):
+        # torch: full_like(grad, lr), or complex(lr, lr) for a complex param
+        if key != "step_size":
+            return 0.0
+        lr = _f(group, "lr")
+        return complex(lr, lr) if p.is_complex() else lr

@@ -18,6 +18,7 @@
 #include "src/algos/nadam.h"
 #include "src/algos/radam.h"
 #include "src/algos/rmsprop.h"
+#include "src/algos/rprop.h"
 #include "src/algos/sgd.h"
 
 namespace fusedopt::algos {
@@ -53,15 +54,17 @@ struct List {
   }
 };
 
-using All =
-    List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam, Asgd, Lars>;
+using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam,
+                 Asgd, Lars, Rprop>;
 
 // The same list for explicit template instantiations (X(Sgd) X(Adam) ...), which a type list cannot
 // drive: step.cc and training_step.cc expand it.
 #define FOPT_FOR_EACH_ALGORITHM(X) \
   X(Sgd)                           \
   X(Adam)                          \
-  X(AdamW) X(Rmsprop) X(Adagrad) X(Lion) X(Lamb) X(Adamax) X(Adadelta) X(Radam) X(Nadam) X(Asgd) X(Lars)
+  X(AdamW)                         \
+  X(Rmsprop)                       \
+  X(Adagrad) X(Lion) X(Lamb) X(Adamax) X(Adadelta) X(Radam) X(Nadam) X(Asgd) X(Lars) X(Rprop)
 #define FOPT_CHECK_LISTED(A) \
   static_assert(All::IndexOf<A::Hyper>() < All::kSize, #A " is not in All");
 FOPT_FOR_EACH_ALGORITHM(FOPT_CHECK_LISTED)

@@ -30,6 +30,8 @@ void RunNadamChunks(const StepPlan<NadamScalars>& plan, std::size_t chunk_begin,
                     std::size_t chunk_end);
 void RunAsgdChunks(const StepPlan<AsgdScalars>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end);
+void RunRpropChunks(const StepPlan<RpropScalars>& plan, std::size_t chunk_begin,
+                    std::size_t chunk_end);
 void RunLambReduceChunk(const StepPlan<LambScalars>& plan, std::size_t chunk, double* sums);
 void RunLambChunks(const StepPlan<LambScalars>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end);

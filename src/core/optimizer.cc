@@ -261,5 +261,6 @@ template class Optimizer<RadamHyper>;
 template class Optimizer<NadamHyper>;
 template class Optimizer<AsgdHyper>;
 template class Optimizer<LarsHyper>;
+template class Optimizer<RpropHyper>;
 
 }  // namespace fusedopt

@@ -164,6 +164,10 @@ void AsgdStep(std::span<const AsgdHyper> groups, std::span<const Segment> segmen
               Runtime& runtime) {
   FusedStep(groups, segments, runtime);
 }
+void RpropStep(std::span<const RpropHyper> groups, std::span<const Segment> segments,
+               Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
 void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segments,
               Runtime& runtime) {
   FusedStep(groups, segments, runtime);

@@ -140,6 +140,16 @@ struct AsgdScalars {
   bool average;  // mu != 1: ax += mu·(p − ax); else ax = p
 };
 
+// Rprop's factors and bounds, each a Python float rounded to f32 as torch's masked fills and clamp_
+// round it.
+struct RpropScalars {
+  float grad_mul;
+  float etaminus;
+  float etaplus;
+  float step_size_min;
+  float step_size_max;
+};
+
 // The first pass of LAMB reduces ‖p‖² and ‖u‖² per tensor; the second applies p −= ratio·u with
 // ratio from those norms (Lamb::Finish fills neg_ratio in between).
 struct LambScalars {

@@ -336,4 +336,24 @@ inline void LarsStep(const LarsHyper& h, std::int64_t step, std::span<double> p,
   }
 }
 
+// torch.optim.Rprop: per element, the step size Δ grows by η+ while g keeps the sign of the last
+// gradient used, shrinks by η− when it flips (and then the gradient counts as 0: no move, and 0 is
+// what the next step compares with), is kept when either is 0, and stays in [Δmin, Δmax];
+// θ = θ − sgn(g)·Δ. NaN products and gradients have sign 0, as torch.sign (NaN Δ stays NaN).
+inline void RpropStep(const RpropHyper& h, std::span<double> p, std::span<const double> g,
+                      std::span<double> prev, std::span<double> step_size) {
+  const auto sgn = [](double x) { return x > 0.0 ? 1.0 : (x < 0.0 ? -1.0 : 0.0); };
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    double gi = h.maximize ? -g[i] : g[i];  // g = -∇ if maximize else ∇
+    const double s = sgn(gi * prev[i]);     // s = sgn(g·prev)
+    const double factor = s > 0.0 ? h.etaplus : (s < 0.0 ? h.etaminus : 1.0);
+    double& d = step_size[i];
+    d *= factor;  // Δ = Δ·η
+    if (!std::isnan(d)) d = std::min(std::max(d, h.step_size_min), h.step_size_max);
+    if (s < 0.0) gi = 0.0;  // g = 0 where the sign flipped
+    p[i] -= sgn(gi) * d;    // θ = θ − sgn(g)Δ
+    prev[i] = gi;           // prev = g
+  }
+}
+
 }  // namespace fusedopt::ref

@@ -109,7 +109,8 @@ inline std::optional<std::int64_t> StateStep(const LionParamState& /*s*/) { retu
 inline std::optional<std::int64_t> StateStep(const LambParamState& s) { return s.step(); }
 
 // A generic class's options (optim.h, HyperOptions) from torch's group dict: each field of the
-// descriptor under its torch name, beta1 and beta2 from betas.
+// descriptor under its torch name, the pairs (beta1, beta2), (etaminus, etaplus) and
+// (step_size_min, step_size_max) from betas, etas and step_sizes.
 template <class Hyper>
 HyperOptions<Hyper> ParseOptions(const json& g, const json& /*c*/, HyperOptions<Hyper> /*tag*/) {
   Hyper h;
@@ -118,11 +119,21 @@ HyperOptions<Hyper> ParseOptions(const json& g, const json& /*c*/, HyperOptions<
         const auto parse = [&](const auto& f) {
           const std::string name = f.name;
           using T = std::remove_reference_t<decltype(h.*f.member)>;
-          if (name == "beta1" || name == "beta2") {
-            h.*f.member = g.at("betas").at(name == "beta1" ? 0 : 1).template get<T>();
-          } else {
-            h.*f.member = g.at(name).template get<T>();
+          struct Pair {
+            const char* first;
+            const char* second;
+            const char* key;
+          };
+          static constexpr Pair kPairs[] = {{"beta1", "beta2", "betas"},
+                                            {"etaminus", "etaplus", "etas"},
+                                            {"step_size_min", "step_size_max", "step_sizes"}};
+          for (const Pair& pair : kPairs) {
+            if (name == pair.first || name == pair.second) {
+              h.*f.member = g.at(pair.key).at(name == pair.first ? 0 : 1).template get<T>();
+              return;
+            }
           }
+          h.*f.member = g.at(name).template get<T>();
         };
         (parse(field), ...);
       },

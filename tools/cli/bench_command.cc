@@ -37,11 +37,12 @@ Command AddBenchCommand(CLI::App& app) {
       "--clip, a training-loop step, plus standard_pipeline (GradScaler + clip_grad_norm_ + "
       "for-loop step as separate passes)");
   parser
-      ->add_option("--optimizer", options.optimizer,
-                   "sgd (momentum 0.9), adam, adamw, rmsprop, adagrad, lion (lr 1e-4, weight "
-                   "decay 0.1), lamb (two-phase; standard includes its global grad norm), "
-                   "adamax, adadelta, radam, nadam, asgd (t0 -1: ax averages from step 2) or lars "
-                   "(two-phase, momentum 0.9)")
+      ->add_option(
+          "--optimizer", options.optimizer,
+          "sgd (momentum 0.9), adam, adamw, rmsprop, adagrad, lion (lr 1e-4, weight "
+          "decay 0.1), lamb (two-phase; standard includes its global grad norm), "
+          "adamax, adadelta, radam, nadam, asgd (t0 -1: ax averages from step 2), rprop or "
+          "lars (two-phase, momentum 0.9)")
       ->check(CLI::IsMember(AlgorithmNames()))
       ->capture_default_str();
   auto* shapes =
