@@ -25,9 +25,26 @@
 #include "src/cpu/io-inl.h"
 #include "src/cpu/loop-inl.h"
 
-// Two ATen-like elementary ops the Lion and LAMB baselines need beyond elementwise.h, built the
-// same way (one pass, f32 math, rounded to the dtype on store, ATen's grain split over threads):
-// out = sgn(a) (Tensor.sgn_: 0 for ±0 and NaN, as torch on the CPU) and out = a / b (torch.div).
+// The ATen-like elementary ops the Lion, LAMB and Rprop baselines need beyond elementwise.h, built
+// the same way (one pass, f32 math, rounded to the dtype on store, ATen's grain split over
+// threads): out = sgn(a) (Tensor.sgn_: 0 for ±0 and NaN, as torch on the CPU), out = a / b
+// (torch.div), out = clamp(a, lo, hi) (clamp_: NaN stays NaN) and out = (b cmp t) ? v : a (the
+// masked fill x[c.gt(t)] = v).
+#ifndef FOPT_BENCH_STANDARD_BASELINE_OP_  // (this file is re-included once per target)
+#  define FOPT_BENCH_STANDARD_BASELINE_OP_
+namespace fusedopt::bench {
+enum class BaselineOp : int { kSign, kDivide, kClamp, kMaskedFill };
+// The scalars of kClamp (lo, hi) and kMaskedFill (compare, threshold, value), as f32.
+struct BaselineArgs {
+  float lo = 0.0f;
+  float hi = 0.0f;
+  algos::Compare compare = algos::Compare::kEq;
+  float threshold = 0.0f;
+  float value = 0.0f;
+};
+}  // namespace fusedopt::bench
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace fusedopt::bench::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -36,21 +53,50 @@ using fusedopt::HWY_NAMESPACE::HwyOps;
 using fusedopt::HWY_NAMESPACE::Io;
 using fusedopt::HWY_NAMESPACE::WithStorageType;
 
-void BaselineOpRange(bool divide, void* out_data, const void* a_data, const void* b_data,
-                     DType dtype, std::size_t begin, std::size_t end) {
+void BaselineOpRange(BaselineOp op, const BaselineArgs& args, void* out_data, const void* a_data,
+                     const void* b_data, DType dtype, std::size_t begin, std::size_t end) {
   WithStorageType(dtype, [&](auto tag) HWY_ATTR {
     using T = typename decltype(tag)::type;
     T* out = static_cast<T*>(out_data);
     const T* a = static_cast<const T*>(a_data);
     const T* b = static_cast<const T*>(b_data);
-    if (divide) {
-      ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
-        Io<T>::Store(d, hn::Div(Io<T>::Load(d, a + i), Io<T>::Load(d, b + i)), out + i);
-      });
-    } else {
-      ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
-        Io<T>::Store(d, HwyOps<decltype(d)>{d}.Sign(Io<T>::Load(d, a + i)), out + i);
-      });
+    switch (op) {
+      case BaselineOp::kDivide:
+        ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
+          Io<T>::Store(d, hn::Div(Io<T>::Load(d, a + i), Io<T>::Load(d, b + i)), out + i);
+        });
+        return;
+      case BaselineOp::kSign:
+        ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
+          Io<T>::Store(d, HwyOps<decltype(d)>{d}.Sign(Io<T>::Load(d, a + i)), out + i);
+        });
+        return;
+      case BaselineOp::kClamp:
+        ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
+          const HwyOps<decltype(d)> o{d};
+          Io<T>::Store(d, o.Min(o.Max(Io<T>::Load(d, a + i), o.Set(args.lo)), o.Set(args.hi)),
+                       out + i);
+        });
+        return;
+      case BaselineOp::kMaskedFill: {
+        // out = (b cmp threshold) ? value : a, the comparison chosen outside the loop.
+        const auto fill = [&](const auto& compare) HWY_ATTR {
+          ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
+            const HwyOps<decltype(d)> o{d};
+            const auto mask = compare(o, Io<T>::Load(d, b + i), o.Set(args.threshold));
+            Io<T>::Store(d, o.IfThenElse(mask, o.Set(args.value), Io<T>::Load(d, a + i)), out + i);
+          });
+        };
+        switch (args.compare) {
+          case algos::Compare::kGt:
+            return fill([](const auto& o, auto c, auto t) HWY_ATTR { return o.Gt(c, t); });
+          case algos::Compare::kLt:
+            return fill([](const auto& o, auto c, auto t) HWY_ATTR { return o.Lt(c, t); });
+          case algos::Compare::kEq:
+            return fill([](const auto& o, auto c, auto t) HWY_ATTR { return o.Eq(c, t); });
+        }
+        return;
+      }
     }
   });
 }
@@ -64,13 +110,14 @@ HWY_EXPORT(BaselineOpRange);
 
 namespace {
 
-// out = sgn(a) (divide false) or out = a / b (divide true): one pass, split like RunOp.
-void RunBaselineOp(bool divide, TensorRef out, TensorRef a, TensorRef b, const Runtime& runtime) {
+// out = op(a, b): one pass, split like RunOp.
+void RunBaselineOp(BaselineOp op, TensorRef out, TensorRef a, TensorRef b, const Runtime& runtime,
+                   const BaselineArgs& args = {}) {
   const std::size_t n = out.numel;
   const std::size_t chunks = (n + kGrainElements - 1) / kGrainElements;
   ParallelForChunks(chunks, runtime.num_threads(), [&](std::size_t c0, std::size_t c1) {
     HWY_DYNAMIC_DISPATCH(BaselineOpRange)
-    (divide, out.data, a.data, b.data, out.dtype, c0 * kGrainElements,
+    (op, args, out.data, a.data, b.data, out.dtype, c0 * kGrainElements,
      std::min(c1 * kGrainElements, n));
   });
 }
@@ -106,7 +153,7 @@ class TensorOps {
   Tensor mul_(const Tensor& x, double s) const { return Run(Op::kMulScalar, x, x, x, x, s); }
   Tensor mul_(const Tensor& x, const Tensor& b) const { return Run(Op::kMul, x, x, b, b, 0.0); }
   Tensor div_(const Tensor& x, const Tensor& b) const {
-    RunBaselineOp(true, x.ref, x.ref, b.ref, runtime_);
+    RunBaselineOp(BaselineOp::kDivide, x.ref, x.ref, b.ref, runtime_);
     return x;
   }
   Tensor add_(const Tensor& x, double s) const { return Run(Op::kAddScalar, x, x, x, x, s); }
@@ -124,7 +171,20 @@ class TensorOps {
   }
   Tensor sqrt_(const Tensor& x) const { return Run(Op::kSqrt, x, x, x, x, 0.0); }
   Tensor sgn_(const Tensor& x) const {
-    RunBaselineOp(false, x.ref, x.ref, x.ref, runtime_);
+    RunBaselineOp(BaselineOp::kSign, x.ref, x.ref, x.ref, runtime_);
+    return x;
+  }
+  Tensor clamp_(const Tensor& x, double lo, double hi) const {
+    RunBaselineOp(BaselineOp::kClamp, x.ref, x.ref, x.ref, runtime_,
+                  {.lo = static_cast<float>(lo), .hi = static_cast<float>(hi)});
+    return x;
+  }
+  Tensor masked_fill_(const Tensor& x, const Tensor& c, algos::Compare compare, double threshold,
+                      double value) const {
+    RunBaselineOp(BaselineOp::kMaskedFill, x.ref, x.ref, c.ref, runtime_,
+                  {.compare = compare,
+                   .threshold = static_cast<float>(threshold),
+                   .value = static_cast<float>(value)});
     return x;
   }
   Tensor copy_(const Tensor& x, const Tensor& a) const { return Run(Op::kCopy, x, a, a, a, 0.0); }
@@ -142,7 +202,12 @@ class TensorOps {
   Tensor div(const Tensor& a, double s) const { return Run(Op::kDivScalar, New(), a, a, a, s); }
   Tensor div(const Tensor& a, const Tensor& b) const {
     Tensor out = New();
-    RunBaselineOp(true, out.ref, a.ref, b.ref, runtime_);
+    RunBaselineOp(BaselineOp::kDivide, out.ref, a.ref, b.ref, runtime_);
+    return out;
+  }
+  Tensor sign(const Tensor& a) const {
+    Tensor out = New();
+    RunBaselineOp(BaselineOp::kSign, out.ref, a.ref, a.ref, runtime_);
     return out;
   }
   Tensor add(const Tensor& a, double s) const { return Run(Op::kAddScalar, New(), a, a, a, s); }

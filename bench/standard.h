@@ -43,11 +43,12 @@ decltype(auto) WithDescriptor(Algorithm a, F&& f) {
 Algorithm ParseAlgorithm(std::string_view name);
 std::string_view AlgorithmName(Algorithm a);
 // Every kName in the registry's order: "sgd, adam, adamw, rmsprop, adagrad, lion, lamb, adamax,
-// adadelta, radam".
+// adadelta, radam, nadam, lars".
 std::string AlgorithmNames();
 
 // Whether the fused step of `a` is two-phase: a reduction pass that reads the grad, the param and
-// every state and writes nothing (LAMB's per-tensor Σp², Σu²) before the update pass. The traffic
+// every state and writes nothing (LAMB's per-tensor Σp², Σu²; LARS's Σp², Σg²) before the update
+// pass. The traffic
 // ceiling and the bytes `fusedopt bench` reports include that pass.
 bool HasReductionPass(Algorithm a);
 
@@ -60,11 +61,17 @@ bool HasReductionPass(Algorithm a);
 // - LAMB: apex FusedLAMB's defaults (weight decay 0.01, AdamW mode), and the standard step's
 //   global gradient clipping at `standard.max_grad_norm` 1 (tools/lamb_reference.py's
 //   max_grad_norm, apex's default). The fused step alone does not clip: with --clip, its pre-pass
-//   does.
+//   does;
+// - ASGD: t0 -1, so that ax averages (reads and writes ax: ax.add_(param.sub(ax).mul_(mu))) from
+//   step 2 on, the doctor's step included. With torch's t0 1e6, ax is a copy of the param for the
+//   first million steps, which the fused step writes without reading it (4/5 of the bytes).
+// - LARS: SGD's lr 1e-2 and momentum 0.9 (LARC's trust coefficient 0.02 and clip mode).
 struct BenchHyper {
   BenchHyper() {
     Of<SgdHyper>() = {.lr = 1e-2, .momentum = 0.9};
+    Of<LarsHyper>() = {.lr = 1e-2, .momentum = 0.9};
     Of<LionHyper>().weight_decay = 0.1;
+    Of<AsgdHyper>().t0 = -1.0;
   }
   template <class Hyper>
   Hyper& Of() {

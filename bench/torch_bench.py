@@ -6,7 +6,8 @@ seed) and fixed random grads, set once and never zeroed, so only optimizer.step(
   torch_forloop  torch.optim.<X>(foreach=False)
   torch_foreach  torch.optim.<X>(foreach=True)
   torch_fused    torch.optim.<X>(fused=True), torch's own fused CPU kernel; null where torch has
-                 none for <X> (torch 2.13: RMSprop, Adamax, Adadelta, RAdam, NAdam)
+                 none for <X> (torch 2.13: RMSprop, Adamax, Adadelta, RAdam, NAdam, ASGD,
+                 Rprop)
   fused          fusedopt.Fused<X>()
   fused_flat     fusedopt.Fused<X>(flatten=True)
   engine         the C++ step alone: fusedopt's engine called on the segments a Fused<X> packed at
@@ -23,6 +24,17 @@ Lion, LAMB and RMSpropTF have no torch.optim twin; their references run instead 
   pytorch_optimizer          pytorch_optimizer.Lamb(foreach=False), the LAMB people pip-install;
   pytorch_optimizer_foreach  ... foreach=True. Its formula differs (trust ratio min(‖p‖, 10) /
                              (‖u‖ + eps), step size bias-corrected), so it is timed, not compared.
+
+LARS (apex LARC around torch.optim.SGD) likewise:
+
+  lars_reference             tools/lars_reference.py, LARC's norms and scaling then torch.optim.SGD's
+                             for-loop step in torch ops (the reference of FusedLARS)
+  larc_sgd                   tools/lars_reference.py's LarcSGD: apex LARC as written (float32 norms,
+                             .grad scaled in place) around torch.optim.SGD(foreach=False); timed, not
+                             compared (it rewrites the bench's fixed grads)
+  pytorch_optimizer          pytorch_optimizer.LARS(foreach=False), trust coefficient 0.02;
+  pytorch_optimizer_foreach  ... foreach=True. Its formula differs (no eps, no clip mode, 1-D params
+                             plain SGD without decay; it scales .grad in place), so it is timed, not compared.
 
 With --deepspeed (adam, adamw), DeepSpeed's CPU Adam runs beside them (deepspeed.ops.adam.DeepSpeedCPUAdam,
 the fused CPU Adam of ZeRO-Offload; not installed by scripts/setup: `pip install deepspeed` into .venv,
@@ -68,9 +80,12 @@ TORCH_OPTIMIZERS = {
     "adadelta": ("Adadelta", {}),
     "radam": ("RAdam", {}),
     "nadam": ("NAdam", {}),
+    "asgd": ("ASGD", {"t0": -1.0}),  # as `fusedopt bench`: ax averages from step 2 on (t0=1e6 only copies)
+    "rprop": ("Rprop", {}),
 }
 LION_KW = {"weight_decay": 0.1}  # lion-pytorch's defaults otherwise (betas 0.9, 0.99)
 LAMB_KW = {"weight_decay": 0.01, "max_grad_norm": 1.0}  # apex FusedLAMB's defaults
+LARS_KW = {"momentum": 0.9}  # LARC's defaults otherwise (trust_coefficient 0.02, clip=True, eps 1e-8)
 
 
 def lion_references() -> dict:
@@ -96,6 +111,18 @@ def rmsproptf_references() -> dict:
     return {"rmsproptf_reference": lambda params: RMSpropTFReference(params, lr=LR)}
 
 
+def lars_references() -> dict:
+    import pytorch_optimizer
+    from lars_reference import LarcSGD, LarsReference
+
+    def third_party(foreach):
+        return lambda params: pytorch_optimizer.LARS(params, lr=LR, trust_coefficient=0.02, foreach=foreach, **LARS_KW)
+
+    return {"lars_reference": lambda params: LarsReference(params, lr=LR, **LARS_KW),
+            "larc_sgd": lambda params: LarcSGD(params, lr=LR, **LARS_KW),
+            "pytorch_optimizer": third_party(False), "pytorch_optimizer_foreach": third_party(True)}
+
+
 def deepspeed_references(optimizer: str) -> dict:
     from deepspeed.ops.adam import DeepSpeedCPUAdam
     weight_decay = 1e-2 if optimizer == "adamw" else 0.0  # torch's defaults
@@ -103,8 +130,8 @@ def deepspeed_references(optimizer: str) -> dict:
         params, lr=LR, weight_decay=weight_decay, adamw_mode=optimizer == "adamw")}
 
 
-OPTIMIZERS = (*TORCH_OPTIMIZERS, "lion", "lamb", "rmsproptf")
-UNCOMPARED = {"pytorch_optimizer", "pytorch_optimizer_foreach"}  # another formula: timed only
+OPTIMIZERS = (*TORCH_OPTIMIZERS, "lion", "lamb", "lars", "rmsproptf")
+UNCOMPARED = {"pytorch_optimizer", "pytorch_optimizer_foreach", "larc_sgd"}  # another formula (or grads rewritten)
 MODELS = {name: constructor for name, constructor, _, _ in gen_model_shapes.MODELS}
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 TORCH_IMPLS = ("torch_forloop", "torch_foreach", "torch_fused")
@@ -164,6 +191,8 @@ def references(optimizer: str, dtype: torch.dtype, deepspeed: bool = False) -> d
         return lamb_references()
     if optimizer == "rmsproptf":
         return rmsproptf_references()
+    if optimizer == "lars":
+        return lars_references()
     name, kwargs = TORCH_OPTIMIZERS[optimizer]
     variants = {"torch_forloop": {"foreach": False}, "torch_foreach": {"foreach": True}}
     if torch_fused_supported(optimizer, dtype):
@@ -179,6 +208,8 @@ def build_fused(optimizer: str, params: list[torch.Tensor], flatten: bool) -> to
         return fusedopt.FusedLAMB(params, lr=LR, flatten=flatten, **LAMB_KW)
     if optimizer == "rmsproptf":
         return fusedopt.FusedRMSpropTF(params, lr=LR, flatten=flatten)  # the reference's defaults otherwise
+    if optimizer == "lars":
+        return fusedopt.FusedLARS(params, lr=LR, flatten=flatten, **LARS_KW)
     name, kwargs = TORCH_OPTIMIZERS[optimizer]
     return getattr(fusedopt, "Fused" + name)(params, lr=LR, flatten=flatten, **kwargs)
 
@@ -225,7 +256,7 @@ def compare(param: torch.Tensor, reference: torch.Tensor,
 
 def check_agreement(optimizers: dict, dtype: torch.dtype) -> dict[str, dict]:
     """Steps every impl CHECK_STEPS times from identical params and grads and compares its params
-    with the first impl's (the reference: torch_forloop, lion_pytorch, lamb_reference,
+    with the first impl's (the reference: torch_forloop, lion_pytorch, lamb_reference, lars_reference,
     rmsproptf_reference); warns on
     stderr where the relative diff exceeds CHECK_TOLERANCE, where inf/nan sit elsewhere, or where
     the reference's own params are no longer finite."""

@@ -1,11 +1,13 @@
 // Golden vectors from torch.optim (tests/golden/*.json, written by tools/make_golden.py), and for
 // Lion from lion-pytorch, for LAMB from tools/lamb_reference.py (apex FusedLAMB's formulas in
-// torch ops) and for RMSpropTF from tools/rmsproptf_reference.py (torch_npu NpuFusedRMSpropTF's
-// formulas in torch ops): the fp32 fused kernels on the default (best) SIMD target must match the
-// reference's single-tensor path within 1e-6 relative (floor 1e-6·max|ref| per buffer) after steps
-// 1, 5 and 20. LAMB needs no looser tolerance despite torch's non-IEEE sqrt and the trust ratio:
-// its worst error is 8.7e-8 of that metric (torch 2.13.0+cpu wheel, AVX3 and AVX2). Whether they
-// match bit for bit is printed once at the end, for information only.
+// torch ops), for LARS from tools/lars_reference.py (apex LARC around torch.optim.SGD) and for
+// RMSpropTF from tools/rmsproptf_reference.py (torch_npu NpuFusedRMSpropTF's formulas in torch
+// ops): the fp32 fused kernels on the default (best) SIMD target must match the reference's
+// single-tensor path within 1e-6 relative (floor 1e-6·max|ref| per buffer) at the checkpoints of
+// each file (steps 1, 5 and 20; ASGD's and Rprop's also 100). LAMB needs no looser tolerance
+// despite torch's non-IEEE sqrt and the trust ratio: its worst error is 8.7e-8 of that metric
+// (torch 2.13.0+cpu wheel, AVX3 and AVX2). Whether they match bit for bit is printed once at the
+// end, for information only.
 //
 // The inputs are not stored: initial params and gradients are rebuilt from the generator's integer
 // hash. One test per case, registered at start-up from the JSON files, named
@@ -312,6 +314,42 @@ struct Algo<RmsproptfHyper> {
   }
 };
 
+template <>
+struct Algo<AsgdHyper> {
+  static AsgdHyper Parse(const json& g) {
+    AsgdHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.lambd = g.at("lambd").get<double>();
+    h.alpha = g.at("alpha").get<double>();
+    h.t0 = g.at("t0").get<double>();
+    h.weight_decay = g.at("weight_decay").get<double>();
+    h.maximize = g.at("maximize").get<bool>();
+    return h;
+  }
+  static int Slot(const std::string& key) { return key == "ax" ? kAsgdAx : -1; }
+  static void Step(std::span<const AsgdHyper> g, std::span<const Segment> s) { AsgdStep(g, s); }
+};
+
+template <>
+struct Algo<RpropHyper> {
+  static RpropHyper Parse(const json& g) {
+    RpropHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.etaminus = g.at("etas").at(0).get<double>();
+    h.etaplus = g.at("etas").at(1).get<double>();
+    h.step_size_min = g.at("step_sizes").at(0).get<double>();
+    h.step_size_max = g.at("step_sizes").at(1).get<double>();
+    h.maximize = g.at("maximize").get<bool>();
+    return h;
+  }
+  static int Slot(const std::string& key) {
+    if (key == "prev") return kRpropPrev;
+    if (key == "step_size") return kRpropStepSize;
+    return -1;
+  }
+  static void Step(std::span<const RpropHyper> g, std::span<const Segment> s) { RpropStep(g, s); }
+};
+
 // tools/lamb_reference.py: the case-level max_grad_norm is global (the group copies are ignored).
 // The clipping runs as the engine's pre-pass: the global norm over the tensors that have a grad
 // this step, its LAMB coefficient folded into grad_scale, then the step.
@@ -341,6 +379,28 @@ struct Algo<LambHyper> {
     ASSERT_FALSE(pre.non_finite) << "the golden gradients are finite";
     LambStep(g, s);
   }
+};
+
+// tools/lars_reference.py: LARC around torch.optim.SGD, its per-group trust_coefficient, clip and
+// eps beside SGD's fields; SGD's state (momentum_buffer, no step).
+template <>
+struct Algo<LarsHyper> {
+  static LarsHyper Parse(const json& g) {
+    LarsHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.momentum = g.at("momentum").get<double>();
+    h.dampening = g.at("dampening").get<double>();
+    h.weight_decay = g.at("weight_decay").get<double>();
+    h.nesterov = g.at("nesterov").get<bool>();
+    h.trust_coefficient = g.at("trust_coefficient").get<double>();
+    h.clip = g.at("clip").get<bool>();
+    h.eps = g.at("eps").get<double>();
+    return h;
+  }
+  static int Slot(const std::string& key) {
+    return key == "momentum_buffer" ? kLarsMomentumBuffer : -1;
+  }
+  static void Step(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsStep(g, s); }
 };
 
 // Parse(group) or, for algorithms that need the case (its constructor arguments), Parse(group,
@@ -489,8 +549,9 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
       if constexpr (std::is_same_v<Hyper, AdagradHyper>) {
         // torch fills every sum with the constructor's value, whatever a group dict says.
         init = static_cast<float>(c.at("constructor").value("initial_accumulator_value", 0.0));
-      } else if constexpr (std::is_same_v<Hyper, RmsproptfHyper>) {
-        init = algos::Rmsproptf::InitialState(groups.at(group_of[t]), slot);  // square_avg: ones
+      } else {
+        // Rprop's step_size starts at the group's lr.
+        init = algos::DescriptorOf<Hyper>::InitialState(groups.at(group_of[t]), slot);
       }
       state[slot][t].assign(sizes[t], init);
     }
@@ -559,8 +620,8 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
       const unsigned required = RequiredStates(groups[group_of[t]]);
       if (st.contains("step")) {
         EXPECT_EQ(st.at("step").get<std::int64_t>(), count[t]) << at << tensor << ": torch's step";
-      } else if (!std::is_same_v<Hyper, SgdHyper> &&
-                 !std::is_same_v<Hyper, LionHyper>) {  // SGD and Lion keep no step
+      } else if (!std::is_same_v<Hyper, SgdHyper> && !std::is_same_v<Hyper, LionHyper> &&
+                 !std::is_same_v<Hyper, LarsHyper>) {  // SGD, Lion and LARS keep no step
         EXPECT_EQ(count[t], 0) << at << tensor << ": torch has no state";
       }
       unsigned seen = 0;
@@ -667,6 +728,9 @@ constexpr GoldenFile kFiles[] = {
     {"radam.json", "RAdam", &RunCase<RadamHyper>},
     {"nadam.json", "NAdam", &RunCase<NadamHyper>},
     {"rmsproptf.json", "RMSpropTF", &RunCase<RmsproptfHyper>},
+    {"asgd.json", "ASGD", &RunCase<AsgdHyper>},
+    {"lars.json", "LARS", &RunCase<LarsHyper>},
+    {"rprop.json", "Rprop", &RunCase<RpropHyper>},
 };
 
 // The parsed files live for the whole run: the registered tests point into them.

@@ -808,6 +808,116 @@ struct RmsproptfAlgo {
   }
 };
 
+struct AsgdAlgo {
+  using Hyper = AsgdHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"ax", "", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    AsgdStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::AsgdStep(h, t, p, g, st[0]);
+  }
+  static unsigned States(const Hyper& /*h*/) { return 0b001u; }
+  // weight_decay {0, 0.05} × maximize × t0 {torch's 1e6: ax a copy of the param; 2: averaging from
+  // step 5 on, so the sweep's tensors starting at step 7 average and its 20-step cases cross into
+  // it}; the last has every feature and a larger lambd, another alpha.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (double t0 : {1e6, 2.0}) {
+      for (double wd : {0.0, 0.05}) {
+        for (bool maximize : {false, true}) {
+          out.push_back({.lr = 0.05, .t0 = t0, .weight_decay = wd, .maximize = maximize});
+        }
+      }
+    }
+    out.push_back({.lr = 0.05,
+                   .lambd = 0.1,
+                   .alpha = 0.5,
+                   .t0 = 2.0,
+                   .weight_decay = 0.05,
+                   .maximize = true});
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.maximize = !h.maximize;
+    h.lambd = 0.01;
+    h.alpha = 0.6;
+    h.t0 = h.t0 == 2.0 ? 1e6 : 3.0;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "ASGD{lr=" << h.lr << " lambd=" << h.lambd << " alpha=" << h.alpha << " t0=" << h.t0
+      << " wd=" << h.weight_decay << " maximize=" << h.maximize << "}";
+    return o.str();
+  }
+  // Zero at step 1 (as torch); later an average near the params.
+  static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
+    return step == 1 ? 0.0 : rng.Uniform(-1.0, 1.0);
+  }
+  // eta and mu before step `step`, as step - 1 left them (torch's f32 0-d tensors): lr / (1 +
+  // lambd·lr·(step − 1))^alpha and 1 / max(1, step − 1 − t0), each rounded once.
+  static void InitScalars(const Hyper& h, std::int64_t step, std::span<float, kMaxScalars> out) {
+    const auto before = static_cast<double>(step - 1);
+    out[kAsgdEta] = static_cast<float>(h.lr / std::pow(1.0 + h.lambd * h.lr * before, h.alpha));
+    out[kAsgdMu] = static_cast<float>(1.0 / std::max(1.0, before - h.t0));
+  }
+};
+
+struct RpropAlgo {
+  using Hyper = RpropHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"prev", "step_size", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    RpropStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
+                  std::span<const double> g, const StateSpans& st) {
+    ref::RpropStep(h, p, g, st[0], st[1]);
+  }
+  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
+  // maximize × {torch's etas and step sizes, other etas, step sizes that clamp (the sweep's step
+  // sizes start in [1e-4, 0.05] and grow or shrink by 1.5 or 0.25 a step)}.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (bool maximize : {false, true}) {
+      out.push_back({.lr = 0.01, .maximize = maximize});
+      out.push_back({.lr = 0.01, .etaminus = 0.25, .etaplus = 1.5, .maximize = maximize});
+      out.push_back({.lr = 0.01,
+                     .etaminus = 0.25,
+                     .etaplus = 1.5,
+                     .step_size_min = 1e-3,
+                     .step_size_max = 0.02,
+                     .maximize = maximize});
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.maximize = !h.maximize;
+    h.etaminus = 0.4;
+    h.etaplus = 1.3;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "Rprop{lr=" << h.lr << " etas=(" << h.etaminus << "," << h.etaplus << ") step_sizes=("
+      << h.step_size_min << "," << h.step_size_max << ") maximize=" << h.maximize << "}";
+    return o.str();
+  }
+  // At step 1 as torch: prev 0, step_size lr. Later a previous gradient of either sign (or 0) and
+  // a step size within the bounds.
+  static double InitState(const Hyper& h, int slot, std::int64_t step, Rng& rng) {
+    if (step == 1) return slot == kRpropStepSize ? h.lr : 0.0;
+    if (slot == kRpropStepSize)
+      return rng.Uniform(h.step_size_min, std::min(h.step_size_max, 0.05));
+    const double u = rng.Uniform(-1.0, 1.0);
+    return std::abs(u) < 0.1 ? 0.0 : u;
+  }
+};
+
 // A fixed sign for element index i, mixed by a hash so that SIMD lanes and tails see both: Lion's
 // and LAMB's inputs keep it on every step (see LionAlgo and LambAlgo).
 int ElementSign(std::size_t i) {
@@ -943,6 +1053,60 @@ struct LambAlgo {
     if (step == 1) return 0.0;
     if (slot == kLambExpAvg) return rng.Uniform(-0.3, 0.3);
     return rng.Uniform(0.01, 0.5);
+  }
+};
+
+// LARS: LARC's trust ratio from ‖θ‖ and ‖g‖ (the oracle computes its own, in double), then SGD's
+// momentum modes. With these inputs LARC's rate tc·‖θ‖/(‖g‖ + λ‖θ‖ + ε) is about 0.02·0.58/0.6:
+// lr 0.005 puts clip mode's min(rate / lr, 1) at 1 (and OtherGroup's 0.0125 too), lr 0.05 below 1,
+// so both sides of the min are swept; |g| >= 0.2 keeps g + λθ away from 0.
+struct LarsAlgo {
+  using Hyper = LarsHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"momentum_buffer", "", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    LarsStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::LarsStep(h, t, p, g, st[0]);
+  }
+  static unsigned States(const Hyper& h) { return h.momentum != 0.0 ? 1u : 0u; }
+  // {no momentum, momentum 0.9, with dampening 0.1, nesterov} × weight_decay {0, 0.01} ×
+  // {clip at lr 0.005 (ratio 1), clip at lr 0.05 (ratio < 1), scale mode}; the last has every
+  // feature.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (int mode = 0; mode < 4; ++mode) {
+      for (double wd : {0.0, 0.01}) {
+        for (int clip = 0; clip < 3; ++clip) {
+          out.push_back({.lr = clip == 0 ? 0.005 : 0.05,
+                         .momentum = mode == 0 ? 0.0 : 0.9,
+                         .dampening = mode == 2 ? 0.1 : 0.0,
+                         .weight_decay = wd,
+                         .nesterov = mode == 3,
+                         .clip = clip != 2});
+        }
+      }
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.trust_coefficient = 0.05;
+    h.eps = 1e-4;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "LARS{lr=" << h.lr << " momentum=" << h.momentum << " dampening=" << h.dampening
+      << " wd=" << h.weight_decay << " nesterov=" << h.nesterov << " tc=" << h.trust_coefficient
+      << " eps=" << h.eps << " clip=" << h.clip << "}";
+    return o.str();
+  }
+  // As SGD's: at step 1 the buffer is not read (NaN).
+  static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
+    return step == 1 ? std::numeric_limits<double>::quiet_NaN() : rng.Uniform(-0.5, 0.5);
   }
 };
 
@@ -1342,6 +1506,9 @@ TEST_P(KernelSweep, Adadelta) { RunSweep<AdadeltaAlgo>(target()); }
 TEST_P(KernelSweep, Radam) { RunSweep<RadamAlgo>(target()); }
 TEST_P(KernelSweep, Nadam) { RunSweep<NadamAlgo>(target()); }
 TEST_P(KernelSweep, Rmsproptf) { RunSweep<RmsproptfAlgo>(target()); }
+TEST_P(KernelSweep, Asgd) { RunSweep<AsgdAlgo>(target()); }
+TEST_P(KernelSweep, Lars) { RunSweep<LarsAlgo>(target()); }
+TEST_P(KernelSweep, Rprop) { RunSweep<RpropAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelMixed: every option combination is its own group, with one segment each; the segments cycle
@@ -1381,6 +1548,9 @@ TEST_P(KernelMixed, Adadelta) { RunMixed<AdadeltaAlgo>(target()); }
 TEST_P(KernelMixed, Radam) { RunMixed<RadamAlgo>(target()); }
 TEST_P(KernelMixed, Nadam) { RunMixed<NadamAlgo>(target()); }
 TEST_P(KernelMixed, Rmsproptf) { RunMixed<RmsproptfAlgo>(target()); }
+TEST_P(KernelMixed, Asgd) { RunMixed<AsgdAlgo>(target()); }
+TEST_P(KernelMixed, Lars) { RunMixed<LarsAlgo>(target()); }
+TEST_P(KernelMixed, Rprop) { RunMixed<RpropAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelLarge: 4099 elements on every 16-bit combo (so the bias check runs), and 1000003 elements
@@ -1426,6 +1596,9 @@ TEST_P(KernelLarge, Adadelta) { RunLarge<AdadeltaAlgo>(target()); }
 TEST_P(KernelLarge, Radam) { RunLarge<RadamAlgo>(target()); }
 TEST_P(KernelLarge, Nadam) { RunLarge<NadamAlgo>(target()); }
 TEST_P(KernelLarge, Rmsproptf) { RunLarge<RmsproptfAlgo>(target()); }
+TEST_P(KernelLarge, Asgd) { RunLarge<AsgdAlgo>(target()); }
+TEST_P(KernelLarge, Lars) { RunLarge<LarsAlgo>(target()); }
+TEST_P(KernelLarge, Rprop) { RunLarge<RpropAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelSpecial: zero, huge, eps-dominated and NaN/Inf gradients against the oracle (NaN/Inf must
@@ -1514,6 +1687,9 @@ TEST_P(KernelSpecial, AdadeltaValues) { RunSpecialValues<AdadeltaAlgo>(target())
 TEST_P(KernelSpecial, RadamValues) { RunSpecialValues<RadamAlgo>(target()); }
 TEST_P(KernelSpecial, NadamValues) { RunSpecialValues<NadamAlgo>(target()); }
 TEST_P(KernelSpecial, RmsproptfValues) { RunSpecialValues<RmsproptfAlgo>(target()); }
+TEST_P(KernelSpecial, AsgdValues) { RunSpecialValues<AsgdAlgo>(target()); }
+TEST_P(KernelSpecial, LarsValues) { RunSpecialValues<LarsAlgo>(target()); }
+TEST_P(KernelSpecial, RpropValues) { RunSpecialValues<RpropAlgo>(target()); }
 TEST_P(KernelSpecial, SgdZeroSize) { RunZeroSize<SgdAlgo>(target()); }
 TEST_P(KernelSpecial, AdamZeroSize) { RunZeroSize<AdamAlgo>(target()); }
 TEST_P(KernelSpecial, AdamWZeroSize) { RunZeroSize<AdamWAlgo>(target()); }
@@ -1526,6 +1702,9 @@ TEST_P(KernelSpecial, AdadeltaZeroSize) { RunZeroSize<AdadeltaAlgo>(target()); }
 TEST_P(KernelSpecial, RadamZeroSize) { RunZeroSize<RadamAlgo>(target()); }
 TEST_P(KernelSpecial, NadamZeroSize) { RunZeroSize<NadamAlgo>(target()); }
 TEST_P(KernelSpecial, RmsproptfZeroSize) { RunZeroSize<RmsproptfAlgo>(target()); }
+TEST_P(KernelSpecial, AsgdZeroSize) { RunZeroSize<AsgdAlgo>(target()); }
+TEST_P(KernelSpecial, LarsZeroSize) { RunZeroSize<LarsAlgo>(target()); }
+TEST_P(KernelSpecial, RpropZeroSize) { RunZeroSize<RpropAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // Determinism: Runtime(1), Runtime(2) and Runtime(3) give bit-identical buffers over several
@@ -1624,6 +1803,9 @@ TEST_P(Determinism, Adadelta) { RunDeterminism<AdadeltaAlgo>(target()); }
 TEST_P(Determinism, Radam) { RunDeterminism<RadamAlgo>(target()); }
 TEST_P(Determinism, Nadam) { RunDeterminism<NadamAlgo>(target()); }
 TEST_P(Determinism, Rmsproptf) { RunDeterminism<RmsproptfAlgo>(target()); }
+TEST_P(Determinism, Asgd) { RunDeterminism<AsgdAlgo>(target()); }
+TEST_P(Determinism, Lars) { RunDeterminism<LarsAlgo>(target()); }
+TEST_P(Determinism, Rprop) { RunDeterminism<RpropAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3
@@ -1702,6 +1884,19 @@ TEST(DeterminismAcrossTargets, Lamb) {
       {{exact, exact_other}},
       {Combo{kF32, kBF16, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
       /*all_targets_agree=*/true);
+}
+
+// LARS's norms come from the same fixed-order sums as LAMB's: targets of one class agree bit for
+// bit (scale mode, and clip mode below and at the clip).
+TEST(DeterminismAcrossTargets, Lars) {
+  const std::vector<LarsHyper> options = LarsAlgo::Options();
+  std::vector<std::vector<LarsHyper>> per_class;
+  for (const LarsHyper& h : {options.front(), options[options.size() - 2], options.back()})
+    per_class.push_back({h, LarsAlgo::OtherGroup(h)});
+  RunAcrossTargets<LarsAlgo>(
+      per_class,
+      {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
+      /*all_targets_agree=*/false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, KernelSweep, ::testing::ValuesIn(AvailableTargets()),

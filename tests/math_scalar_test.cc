@@ -32,16 +32,25 @@ struct ScalarOps {
   }
   float Abs(float a) const { return std::fabs(a); }
   float Sign(float a) const { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
+  float Min(float a, float b) const {
+    return std::isnan(a) || std::isnan(b) ? a + b : (b < a ? b : a);
+  }
+  bool Gt(float a, float b) const { return a > b; }
+  bool Lt(float a, float b) const { return a < b; }
+  bool Eq(float a, float b) const { return a == b; }
+  float IfThenElse(bool m, float a, float b) const { return m ? a : b; }
 };
 
 #include "src/math/adadelta_math.h"
 #include "src/math/adam_math.h"
 #include "src/math/adamax_math.h"
+#include "src/math/asgd_math.h"
 #include "src/math/lerp_math.h"
 #include "src/math/lion_math.h"
 #include "src/math/nadam_math.h"
 #include "src/math/radam_math.h"
 #include "src/math/rmsprop_math.h"
+#include "src/math/rprop_math.h"
 #include "src/math/sgd_math.h"
 
 }  // namespace scalar_math
@@ -190,6 +199,34 @@ TEST(MathScalarOps, NadamCoupledAndDecoupled) {
           }
         });
   }
+}
+
+// t0 0: steps 1 and 2 copy the param into ax, step 3 averages (mu = 1/2).
+TEST(MathScalarOps, AsgdWeightDecayAveraging) {
+  const AsgdHyper h{.lr = 0.05, .lambd = 0.1, .t0 = 0.0, .weight_decay = 0.1, .maximize = true};
+  ExpectEngineEqualsScalarMath<algos::Asgd>(
+      h, RequiredStates(h), [](const AsgdScalars& c, float& p, float g, float& ax, float&, float&) {
+        if (c.average) {
+          scalar_math::AsgdMath<true, true>(ScalarOps{}, c, p, g, ax);
+        } else {
+          scalar_math::AsgdMath<true, false>(ScalarOps{}, c, p, g, ax);
+        }
+      });
+}
+
+// Steps 1-3 from prev 0: every sign case (gradients of random signs), and step sizes that clamp.
+TEST(MathScalarOps, RpropClamped) {
+  const RpropHyper h{.lr = 0.05,
+                     .etaminus = 0.25,
+                     .etaplus = 3.0,
+                     .step_size_min = 0.02,
+                     .step_size_max = 0.2,
+                     .maximize = true};
+  ExpectEngineEqualsScalarMath<algos::Rprop>(
+      h, RequiredStates(h),
+      [](const RpropScalars& c, float& p, float g, float& prev, float& step_size, float&) {
+        scalar_math::RpropMath(ScalarOps{}, c, p, g, prev, step_size);
+      });
 }
 
 TEST(MathScalarOps, RadamDecoupledRectified) {

@@ -103,6 +103,7 @@ void RawStep(std::span<const AdamHyper> g, std::span<const Segment> s) { AdamSte
 void RawStep(std::span<const AdamWHyper> g, std::span<const Segment> s) { AdamWStep(g, s); }
 void RawStep(std::span<const RmspropHyper> g, std::span<const Segment> s) { RmspropStep(g, s); }
 void RawStep(std::span<const AdagradHyper> g, std::span<const Segment> s) { AdagradStep(g, s); }
+void RawStep(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsStep(g, s); }
 
 // ---------------------------------------------------------------------------------------------------------
 // FlatStorage
@@ -352,6 +353,16 @@ TEST(Optimizer, SgdStepMatchesRawStep) {
   ExpectStepMatchesRawStep<SgdHyper>(
       {{.lr = 0.1, .momentum = 0.5, .nesterov = true},
        {.lr = 0.02, .momentum = 0.9, .weight_decay = 0.1}},
+      {.param_dtype = DType::kBF16, .grad_dtype = DType::kBF16, .state_dtype = DType::kBF16});
+}
+
+TEST(Optimizer, LarsStepMatchesRawStep) {
+  ExpectStepMatchesRawStep<LarsHyper>(
+      {{.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01},
+       {.lr = 0.05, .weight_decay = 1e-3, .clip = false}},
+      {});
+  ExpectStepMatchesRawStep<LarsHyper>(
+      {{.lr = 1e-3, .momentum = 0.5, .nesterov = true}, {.lr = 0.02, .trust_coefficient = 0.1}},
       {.param_dtype = DType::kBF16, .grad_dtype = DType::kBF16, .state_dtype = DType::kBF16});
 }
 
@@ -653,6 +664,24 @@ TEST(Optimizer, SgdMomentumSwitchedOnLaterStartsFromTheGradient) {
   EXPECT_FLOAT_EQ(sgd.storage().params<float>(0)[0], -3.4f);
 }
 
+// LARS keeps SGD's momentum buffer, started the same way: a copy of the (scaled) gradient on its
+// first momentum step.
+TEST(Optimizer, LarsMomentumSwitchedOnLaterStartsFromTheGradient) {
+  LARS lars({{.lr = 0.5}}, {{3, 0}});
+  std::ranges::fill(lars.storage().grads<float>(0), 2.0f);
+  lars.Step();  // ‖p‖ = 0: no trust ratio, p = 0 - 0.5·2 = -1
+  EXPECT_EQ(lars.storage().params<float>(0)[0], -1.0f);
+  lars.group(0).momentum = 0.9;
+  lars.group(0).dampening = 0.5;
+  lars.Step();  // rate = 0.02·√3 / (2√3 + 1e-8), clip: rate / 0.5; buf = 2·that (no dampening)
+  const float param_norm = std::sqrt(3.0f);
+  const float grad_norm = 2.0f * std::sqrt(3.0f);
+  const float rate = 0.02f * param_norm / (grad_norm + param_norm * 0.0f + 1e-8f) / 0.5f;
+  const float d = (2.0f + 0.0f * -1.0f) * rate;
+  EXPECT_FLOAT_EQ(lars.storage().state<float>(0, kLarsMomentumBuffer)[0], d);
+  EXPECT_FLOAT_EQ(lars.storage().params<float>(0)[0], -1.0f - 0.5f * d);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Optimizer: master weights.
 
@@ -770,6 +799,55 @@ TEST(Optimizer, NadamKeepsMuProductPerTensor) {
       EXPECT_EQ(*opt.storage().segments()[i].scalars[kNadamMuProduct], expected)
           << "tensor " << i << ", step " << step;
     }
+  }
+}
+
+// Optimizer<AsgdHyper> keeps each tensor's eta and mu (FlatStorage::scalars), starting at f32(lr)
+// and 1 as torch's state, and advanced by every step: eta = f32(lr / (1 + lambd·lr·t)^alpha),
+// mu = f32(1 / max(1, t − t0)).
+TEST(Optimizer, AsgdKeepsEtaAndMuPerTensor) {
+  const AsgdHyper h{.lr = 0.03, .lambd = 0.1, .t0 = 1.0};
+  ASGD opt({h}, {{100, 0}, {0, 0}, {7, 0}});
+  for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
+    EXPECT_EQ(*opt.storage().segments()[i].scalars[kAsgdEta], 0.03f);
+    EXPECT_EQ(*opt.storage().segments()[i].scalars[kAsgdMu], 1.0f);
+  }
+  for (int step = 1; step <= 4; ++step) {
+    for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
+      const Segment& s = opt.storage().segments()[i];
+      for (std::size_t k = 0; k < s.numel; ++k)
+        static_cast<float*>(const_cast<void*>(s.grad))[k] = 0.5f;
+    }
+    opt.Step();
+    const auto t = static_cast<double>(step);
+    const auto eta = static_cast<float>(h.lr / std::pow(1.0 + h.lambd * h.lr * t, h.alpha));
+    const float mu = t - h.t0 > 1.0 ? static_cast<float>(1.0 / (t - h.t0)) : 1.0f;
+    for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
+      EXPECT_EQ(*opt.storage().segments()[i].scalars[kAsgdEta], eta) << "tensor " << i;
+      EXPECT_EQ(*opt.storage().segments()[i].scalars[kAsgdMu], mu) << "tensor " << i;
+    }
+  }
+}
+
+// Optimizer<RpropHyper> starts each tensor's step_size at its group's lr and prev at 0, as torch's
+// full_like(grad, lr) and zeros_like(p); a first step with prev 0 keeps every step size (factor 1)
+// and moves the param by -sign(g)·lr.
+TEST(Optimizer, RpropStartsStepSizesAtTheGroupsLr) {
+  const RpropHyper a{.lr = 0.25};
+  const RpropHyper b{.lr = 0.125, .etaminus = 0.25};
+  Rprop opt({a, b}, {{5, 0}, {3, 1}});
+  const float lr[] = {0.25f, 0.125f};
+  for (std::size_t i = 0; i < 2; ++i) {
+    for (const float x : opt.storage().state<float>(i, kRpropStepSize)) EXPECT_EQ(x, lr[i]);
+    for (const float x : opt.storage().state<float>(i, kRpropPrev)) EXPECT_EQ(x, 0.0f);
+    for (float& g : opt.storage().grads<float>(i)) g = -0.5f;
+    for (float& p : opt.storage().params<float>(i)) p = 1.0f;
+  }
+  opt.Step();
+  for (std::size_t i = 0; i < 2; ++i) {
+    for (const float x : opt.storage().state<float>(i, kRpropStepSize)) EXPECT_EQ(x, lr[i]);
+    for (const float x : opt.storage().state<float>(i, kRpropPrev)) EXPECT_EQ(x, -0.5f);
+    for (const float p : opt.storage().params<float>(i)) EXPECT_EQ(p, 1.0f + lr[i]);
   }
 }
 

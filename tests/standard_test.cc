@@ -75,9 +75,21 @@ void RefStep(const RmsproptfHyper& h, std::int64_t /*t*/, std::span<double> p,
   ref::RmsproptfStep(h, p, g, s[kRmsproptfSquareAvg], s[kRmsproptfMomentumBuffer],
                      s[kRmsproptfGradAvg]);
 }
+void RefStep(const AsgdHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::AsgdStep(h, t, p, g, s[kAsgdAx]);
+}
+void RefStep(const RpropHyper& h, std::int64_t /*t*/, std::span<double> p,
+             std::span<const double> g, const StateSpans& s) {
+  ref::RpropStep(h, p, g, s[kRpropPrev], s[kRpropStepSize]);
+}
 void RefStep(const LambHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
              const StateSpans& s) {
   ref::LambStep(h, t, p, g, s[kLambExpAvg], s[kLambExpAvgSq]);
+}
+void RefStep(const LarsHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::LarsStep(h, t, p, g, s[kLarsMomentumBuffer]);
 }
 
 // Hyper-parameter sets reaching every mode of the standard step.
@@ -218,6 +230,28 @@ std::vector<RmsproptfHyper> Options(std::type_identity<RmsproptfHyper> /*tag*/) 
   }
   return out;
 }
+
+// t0 0: steps 1 and 2 copy the param into ax, step 3 averages.
+std::vector<AsgdHyper> Options(std::type_identity<AsgdHyper> /*tag*/) {
+  std::vector<AsgdHyper> out;
+  for (double t0 : {1e6, 0.0}) {
+    for (double wd : {0.0, 0.01}) {
+      for (bool maximize : {false, true}) {
+        out.push_back(
+            {.lr = 0.05, .lambd = 0.01, .t0 = t0, .weight_decay = wd, .maximize = maximize});
+      }
+    }
+  }
+  return out;
+}
+std::vector<RpropHyper> Options(std::type_identity<RpropHyper> /*tag*/) {
+  return {RpropHyper{}, RpropHyper{.maximize = true},
+          RpropHyper{.lr = 0.05,
+                     .etaminus = 0.25,
+                     .etaplus = 1.5,
+                     .step_size_min = 0.02,
+                     .step_size_max = 0.06}};
+}
 std::vector<LambHyper> Options(std::type_identity<LambHyper> /*tag*/) {
   std::vector<LambHyper> out;
   for (int mode = 0; mode < 16; ++mode) {
@@ -228,6 +262,26 @@ std::vector<LambHyper> Options(std::type_identity<LambHyper> /*tag*/) {
     h.grad_averaging = (mode & 8) == 0;
     h.use_nvlamb = mode == 1;
     out.push_back(h);
+  }
+  return out;
+}
+
+// Momentum modes × weight decay × clip and scale mode. LARC's local rate tc·‖θ‖/(‖g‖ + λ‖θ‖ + ε)
+// is about 20 (gradients of ±1e-3) or 2 (±1e-2) without weight decay, so at lr 5 clip mode's
+// min(rate / lr, 1) is 1 for the first and below 1 for the second.
+std::vector<LarsHyper> Options(std::type_identity<LarsHyper> /*tag*/) {
+  std::vector<LarsHyper> out;
+  for (int mode = 0; mode < 4; ++mode) {
+    for (double wd : {0.0, 0.01}) {
+      for (bool clip : {true, false}) {
+        out.push_back({.lr = 5.0,
+                       .momentum = mode == 0 ? 0.0 : 0.9,
+                       .dampening = mode == 2 ? 0.1 : 0.0,
+                       .weight_decay = wd,
+                       .nesterov = mode == 3,
+                       .clip = clip});
+      }
+    }
   }
   return out;
 }

@@ -47,7 +47,7 @@ class Model {
     for (int slot = 0; slot < kMaxStates; ++slot) {
       if ((slots >> slot & 1u) != 0) s.state[slot] = NewBuffer(numel);
     }
-    for (float*& scalar : s.scalars) scalar = NewBuffer(1);  // used by NAdam only
+    for (float*& scalar : s.scalars) scalar = NewBuffer(1);  // used by NAdam and ASGD only
     segments_.push_back(s);
     return segments_.back();
   }
@@ -116,6 +116,9 @@ void RawStep(std::span<const AdadeltaHyper> g, std::span<const Segment> s) { Ada
 void RawStep(std::span<const RadamHyper> g, std::span<const Segment> s) { RadamStep(g, s); }
 void RawStep(std::span<const NadamHyper> g, std::span<const Segment> s) { NadamStep(g, s); }
 void RawStep(std::span<const RmsproptfHyper> g, std::span<const Segment> s) { RmsproptfStep(g, s); }
+void RawStep(std::span<const AsgdHyper> g, std::span<const Segment> s) { AsgdStep(g, s); }
+void RawStep(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsStep(g, s); }
+void RawStep(std::span<const RpropHyper> g, std::span<const Segment> s) { RpropStep(g, s); }
 
 template <class Hyper>
 const char* StepName() {
@@ -131,6 +134,9 @@ const char* StepName() {
   if constexpr (std::is_same_v<Hyper, RadamHyper>) return "RadamStep";
   if constexpr (std::is_same_v<Hyper, NadamHyper>) return "NadamStep";
   if constexpr (std::is_same_v<Hyper, RmsproptfHyper>) return "RmsproptfStep";
+  if constexpr (std::is_same_v<Hyper, AsgdHyper>) return "AsgdStep";
+  if constexpr (std::is_same_v<Hyper, LarsHyper>) return "LarsStep";
+  if constexpr (std::is_same_v<Hyper, RpropHyper>) return "RpropStep";
 }
 
 // Two valid segments in group 0 (one spans several chunks), then segment 2 (64 elements) in group
@@ -318,6 +324,37 @@ TEST(Validation, LambAcceptsTheEdges) {
   }
 }
 
+// LARS: torch.optim.SGD's rules (lr, momentum, weight_decay >= 0, a finite dampening, Nesterov
+// with momentum and no dampening) and trust_coefficient, eps >= 0.
+TEST(Validation, LarsRejectsBadHyperParameters) {
+  ExpectBadGroup(LarsHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(LarsHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(LarsHyper{.momentum = -0.5}, {"momentum", "-0.5"});
+  ExpectBadGroup(LarsHyper{.dampening = kNaN}, {"dampening", "nan"});
+  ExpectBadGroup(LarsHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(LarsHyper{.weight_decay = kNaN}, {"weight_decay", "nan"});
+  ExpectBadGroup(LarsHyper{.trust_coefficient = -0.02}, {"trust_coefficient", "-0.02"});
+  ExpectBadGroup(LarsHyper{.trust_coefficient = kNaN}, {"trust_coefficient", "nan"});
+  ExpectBadGroup(LarsHyper{.eps = -0.25}, {"eps", "-0.25"});
+  ExpectBadGroup(LarsHyper{.eps = kNaN}, {"eps", "nan"});
+  ExpectBadGroup(LarsHyper{.momentum = 0.0, .nesterov = true}, {"Nesterov", "momentum 0"});
+  ExpectBadGroup(LarsHyper{.momentum = 0.9, .dampening = 0.5, .nesterov = true},
+                 {"Nesterov", "dampening 0.5"});
+}
+
+// lr 0 in clip mode too (LARC's adaptive_lr / lr is +inf there, min(inf, 1) = 1; see the Python
+// tests for the values), trust_coefficient and eps 0, and scale mode.
+TEST(Validation, LarsAcceptsTheEdges) {
+  for (const LarsHyper& h : {LarsHyper{.lr = 0.0}, LarsHyper{.lr = 0.0, .clip = false},
+                             LarsHyper{.trust_coefficient = 0.0}, LarsHyper{.eps = 0.0},
+                             LarsHyper{.momentum = 0.9, .nesterov = true},
+                             LarsHyper{.momentum = 0.9, .dampening = 0.5}}) {
+    Model m = MakeModel(h, h);
+    const std::vector<LarsHyper> groups = {h, h};
+    EXPECT_NO_THROW(LarsStep(groups, m.segments()));
+  }
+}
+
 TEST(Validation, SegmentGroupOutOfRange) {
   Model m = MakeModel(AdamHyper{}, AdamHyper{});
   m.segment(2).group = 5;
@@ -374,6 +411,9 @@ TEST(Validation, NullBuffersAreFineWithNumelZero) {
   ExpectEmptyNullSegmentAccepted(NadamHyper{.weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(
       RmsproptfHyper{.weight_decay = 0.1, .momentum = 0.5, .centered = true});
+  ExpectEmptyNullSegmentAccepted(AsgdHyper{.weight_decay = 0.1});
+  ExpectEmptyNullSegmentAccepted(LarsHyper{.momentum = 0.9, .weight_decay = 0.1});
+  ExpectEmptyNullSegmentAccepted(RpropHyper{.maximize = true});
 }
 
 // Segment 2 lacks state[slot], which `h` requires.
@@ -417,6 +457,10 @@ TEST(Validation, MissingState) {
   ExpectMissingState(RmsproptfHyper{.centered = true}, kRmsproptfGradAvg, {"grad_avg"});
   ExpectMissingState(RmsproptfHyper{.momentum = 0.5, .lr_in_momentum = false},
                      kRmsproptfMomentumBuffer, {"momentum_buffer"});
+  ExpectMissingState(AsgdHyper{}, kAsgdAx, {"ax"});
+  ExpectMissingState(LarsHyper{.momentum = 0.9}, kLarsMomentumBuffer, {"momentum_buffer"});
+  ExpectMissingState(RpropHyper{}, kRpropPrev, {"prev"});
+  ExpectMissingState(RpropHyper{}, kRpropStepSize, {"step_size"});
 }
 
 // NAdam's scalar state (mu_product) is required for every segment, an empty one too.
@@ -428,6 +472,16 @@ TEST(Validation, MissingScalarState) {
     last.scalars[kNadamMuProduct] = nullptr;
     ExpectRejected(m, [&] { NadamStep(groups, m.segments()); },
                    {"NadamStep", "segment 3", "scalars[0]", "mu_product", "null"});
+  }
+  // ASGD's two (eta and mu), each.
+  const std::vector<AsgdHyper> asgd = {AsgdHyper{}, AsgdHyper{}};
+  for (const int k : {kAsgdEta, kAsgdMu}) {
+    Model m = MakeModel(asgd[0], asgd[1]);
+    Segment& last = m.Add(0, 1, RequiredStates(asgd[1]));
+    last.scalars[k] = nullptr;
+    ExpectRejected(m, [&] { AsgdStep(asgd, m.segments()); },
+                   {"AsgdStep", "segment 3", "scalars[" + std::to_string(k) + "]",
+                    k == kAsgdEta ? "eta" : "mu", "null"});
   }
   // Another algorithm ignores them.
   Model m = MakeModel(RadamHyper{}, RadamHyper{});
@@ -471,6 +525,38 @@ TEST(Validation, ScalarStateAdvancesOnlyWithTheUpdate) {
     const auto mu =
         static_cast<float>(h.beta1 * (1.0 - 0.5 * std::pow(0.96, t * h.momentum_decay)));
     EXPECT_EQ(*m.segment(i).scalars[kNadamMuProduct], old[i] * mu) << "segment " << i;
+  }
+}
+
+// ASGD's eta and mu: a skipped or rejected step leaves them, a taken one leaves what torch's step t
+// leaves: f32(lr / (1 + lambd·lr·t)^alpha) and f32(1 / max(1, t − t0)).
+TEST(Validation, AsgdScalarStatesAdvanceOnlyWithTheUpdate) {
+  const AsgdHyper h{.lr = 0.05, .lambd = 0.1, .t0 = 4.0};
+  const std::vector<AsgdHyper> groups = {h, h};
+  Model m = MakeModel(h, h);
+  for (std::size_t i = 0; i < 3; ++i) m.segment(i).step = static_cast<std::int64_t>(i) + 4;
+  std::vector<Segment> segs(m.segments().begin(), m.segments().end());
+  const float saved = *static_cast<const float*>(segs[0].grad);
+  *const_cast<float*>(static_cast<const float*>(segs[0].grad)) =
+      std::numeric_limits<float>::quiet_NaN();
+  Runtime runtime(2);
+  const auto before = m.Snapshot();
+  EXPECT_FALSE(TrainingStep(std::span<const AsgdHyper>(groups), std::span<Segment>(segs),
+                            {.check_overflow = true}, runtime)
+                   .stepped);
+  EXPECT_TRUE(m.Unchanged(before));
+  *const_cast<float*>(static_cast<const float*>(segs[0].grad)) = saved;
+  const std::vector<AsgdHyper> bad = {h, AsgdHyper{.weight_decay = -1.0}};
+  ExpectRejected(m, [&] { AsgdStep(bad, m.segments()); }, {"AsgdStep", "weight_decay"});
+  AsgdStep(groups, m.segments(), runtime);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const double t = static_cast<double>(m.segment(i).step);
+    EXPECT_EQ(*m.segment(i).scalars[kAsgdEta],
+              static_cast<float>(h.lr / std::pow(1.0 + h.lambd * h.lr * t, h.alpha)))
+        << "segment " << i;
+    EXPECT_EQ(*m.segment(i).scalars[kAsgdMu],
+              t - h.t0 > 1.0 ? static_cast<float>(1.0 / (t - h.t0)) : 1.0f)
+        << "segment " << i;
   }
 }
 
@@ -560,6 +646,7 @@ TEST(Validation, SegmentsWithNoGroups) {
   ExpectRejected(m, [&] { AdamaxStep({}, m.segments()); }, {"AdamaxStep", "no groups"});
   ExpectRejected(m, [&] { AdadeltaStep({}, m.segments()); }, {"AdadeltaStep", "no groups"});
   ExpectRejected(m, [&] { RadamStep({}, m.segments()); }, {"RadamStep", "no groups"});
+  ExpectRejected(m, [&] { LarsStep({}, m.segments()); }, {"LarsStep", "no groups"});
 }
 
 TEST(Validation, NothingToDoIsAccepted) {
@@ -669,6 +756,16 @@ TEST(Validation, RequiredStates) {
   EXPECT_EQ(RequiredStates(RmsproptfHyper{.momentum = 0.9, .lr_in_momentum = false}), 0b011u);
   EXPECT_EQ(RequiredStates(RmsproptfHyper{.centered = true}), 0b101u);
   EXPECT_EQ(RequiredStates(RmsproptfHyper{.momentum = 0.9, .centered = true}), 0b111u);
+  // ASGD: ax, whatever the options (a copy of the param until averaging starts).
+  EXPECT_EQ(RequiredStates(AsgdHyper{}), 0b001u);
+  EXPECT_EQ(RequiredStates(AsgdHyper{.t0 = 0.0, .weight_decay = 0.1, .maximize = true}), 0b001u);
+  // LARS: momentum_buffer only with momentum, as SGD.
+  EXPECT_EQ(RequiredStates(LarsHyper{}), 0b000u);
+  EXPECT_EQ(RequiredStates(LarsHyper{.weight_decay = 0.1, .clip = false}), 0b000u);
+  EXPECT_EQ(RequiredStates(LarsHyper{.momentum = 0.9}), 0b001u);
+  // Rprop: prev and step_size, whatever the options.
+  EXPECT_EQ(RequiredStates(RpropHyper{}), 0b011u);
+  EXPECT_EQ(RequiredStates(RpropHyper{.maximize = true}), 0b011u);
 }
 
 // Adamax: torch.optim.Adamax's constructor checks (lr, eps, weight_decay >= 0; betas in [0, 1)).
@@ -723,6 +820,47 @@ TEST(Validation, NadamRejectsBadHyperParameters) {
   ExpectBadGroup(NadamHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
   ExpectBadGroup(NadamHyper{.momentum_decay = -0.004}, {"momentum_decay", "-0.004"});
   ExpectBadGroup(NadamHyper{.momentum_decay = kNaN}, {"momentum_decay", "nan"});
+}
+
+// ASGD: torch.optim.ASGD's constructor checks (lr and weight_decay >= 0); lambd, alpha and t0 have
+// none.
+TEST(Validation, AsgdRejectsBadHyperParameters) {
+  ExpectBadGroup(AsgdHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(AsgdHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(AsgdHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(AsgdHyper{.weight_decay = kNaN}, {"weight_decay", "nan"});
+}
+
+TEST(Validation, AsgdAcceptsWhatTorchAccepts) {
+  for (const AsgdHyper& h : {AsgdHyper{.lr = 0.0, .lambd = 0.0, .alpha = 0.0, .t0 = -3.0},
+                             AsgdHyper{.lambd = -1e-3, .alpha = 2.0, .t0 = 0.5}}) {
+    Model m = MakeModel(h, h);
+    const std::vector<AsgdHyper> groups = {h, h};
+    EXPECT_NO_THROW(AsgdStep(groups, m.segments()));
+  }
+}
+
+// Rprop: torch.optim.Rprop's constructor checks (lr >= 0, 0 < etaminus < 1 < etaplus); the step
+// sizes have none.
+TEST(Validation, RpropRejectsBadHyperParameters) {
+  ExpectBadGroup(RpropHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(RpropHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(RpropHyper{.etaminus = 0.0}, {"eta values: 0, 1.2"});
+  ExpectBadGroup(RpropHyper{.etaminus = 1.0}, {"eta values: 1, 1.2"});
+  ExpectBadGroup(RpropHyper{.etaminus = kNaN}, {"eta values: nan"});
+  ExpectBadGroup(RpropHyper{.etaplus = 1.0}, {"eta values: 0.5, 1"});
+  ExpectBadGroup(RpropHyper{.etaplus = kNaN}, {"eta values: 0.5, nan"});
+}
+
+TEST(Validation, RpropAcceptsWhatTorchAccepts) {
+  for (const RpropHyper& h :
+       {RpropHyper{.lr = 0.0, .etaminus = 1e-50, .etaplus = 1e300},
+        RpropHyper{.step_size_min = 1.0, .step_size_max = 0.5},  // min > max: every step is max
+        RpropHyper{.step_size_min = -1.0, .step_size_max = kNaN}}) {
+    Model m = MakeModel(h, h);
+    const std::vector<RpropHyper> groups = {h, h};
+    EXPECT_NO_THROW(RpropStep(groups, m.segments()));
+  }
 }
 
 TEST(Validation, RadamRejectsBadHyperParameters) {

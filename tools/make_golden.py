@@ -5,13 +5,14 @@ Run from the repository root with the project venv (torch 2.x, lion-pytorch 0.2.
 
     .venv/bin/python tools/make_golden.py
 
-The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, RAdam and NAdam; lucidrains' lion_pytorch.Lion (the
+The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, RAdam, NAdam, ASGD and Rprop; lucidrains' lion_pytorch.Lion (the
 independent reference of Lion); tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
-from its formulas: apex itself is CUDA only); and tools/rmsproptf_reference.py's RMSpropTFReference for
-RMSpropTF (torch_npu's NpuFusedRMSpropTF written from its formulas: the NPU class runs on Ascend only).
-Every case runs the single-tensor path (foreach=False and fused=False where the class takes them) on float32
-CPU tensors for STEPS steps and records the params and the optimizer state (torch state_dict keys) after the steps in
-CHECKPOINTS. Inputs are not stored: the initial params and every gradient come from a 32-bit integer hash
+from its formulas: apex itself is CUDA only); tools/lars_reference.py's LarsReference for LARS (apex LARC
+around torch.optim.SGD, written from its formulas); and tools/rmsproptf_reference.py's RMSpropTFReference for
+RMSpropTF (torch_npu's NpuFusedRMSpropTF written from its formulas: the NPU class runs on Ascend only). Every
+case runs the single-tensor path (foreach=False and fused=False where the class takes them) on float32 CPU
+tensors for STEPS steps (the algorithms of LONG_RUNS: their own count) and records the params and the optimizer
+state (torch state_dict keys) after the steps in CHECKPOINTS. Inputs are not stored: the initial params and every gradient come from a 32-bit integer hash
 that the C++ test reimplements bit for bit (see `value` below), so each file holds only the hyper-parameters,
 the layout and the results. The output is deterministic: the same torch build and CPU capability write the
 same bytes.
@@ -40,19 +41,25 @@ from lion_pytorch import Lion
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: lamb_reference.py, rmsproptf_reference.py
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: the references of our own
 from lamb_reference import LambReference  # noqa: E402
+from lars_reference import LarsReference  # noqa: E402
 from rmsproptf_reference import RMSpropTFReference  # noqa: E402
 
 STEPS = 20
 CHECKPOINTS = [1, 5, 20]
+# Algorithms whose files run longer: (steps, checkpoints). ASGD's step size decays with the step and its averaging
+# starts only after t0 steps; Rprop's per-element step sizes grow and shrink until they reach their bounds. Their
+# cases run 100 steps.
+LONG_RUNS = {"ASGD": (100, [1, 5, 20, 100]), "Rprop": (100, [1, 5, 20, 100])}
 SIZES = [1, 7, 33, 64]
 PARAM_SCALE = 1.0
 GRAD_SCALE = 1.0
 M32 = 0xFFFFFFFF
 
 # Global steps (1-based) on which the intermittent tensor of the "groups_none_grad" cases has no grad. It
-# also misses step 1, so its state is created lazily on global step 2 (its own step 1).
+# also misses step 1, so its state is created lazily on global step 2 (its own step 1). Beyond step 20 (LONG_RUNS)
+# it misses every step s with s % 9 == 4.
 NONE_GRAD_STEPS = {1, 3, 4, 7, 10, 11, 12, 16, 19}
 
 
@@ -104,7 +111,7 @@ def jsonable(v):
     return v
 
 
-def run_case(cls, name, seed, groups, group_of, has_grad):
+def run_case(cls, name, seed, groups, group_of, has_grad, steps=STEPS, checkpoint_steps=CHECKPOINTS):
     """groups: list of hyper-parameter dicts; group_of[t]: group of tensor t; has_grad[s][t] for step s+1."""
     n_tensors = len(group_of)
     params = [
@@ -130,11 +137,11 @@ def run_case(cls, name, seed, groups, group_of, has_grad):
     flags = {k: False for k in ("foreach", "fused") if k in accepted}
     opt = cls(torch_groups, **constructor, **flags)
     checkpoints = []
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         for t, p in enumerate(params):
             p.grad = make_tensor(seed, t, step, SIZES[t], GRAD_SCALE) if has_grad[step - 1][t] else None
         opt.step()
-        if step in CHECKPOINTS:
+        if step in checkpoint_steps:
             sd = opt.state_dict()
             states = []
             for t in range(n_tensors):
@@ -172,13 +179,16 @@ def run_case(cls, name, seed, groups, group_of, has_grad):
     return case
 
 
-def all_grads():
-    return [[True] * len(SIZES) for _ in range(STEPS)]
+def all_grads(steps=STEPS):
+    return [[True] * len(SIZES) for _ in range(steps)]
 
 
-def none_grad_pattern():
-    # Tensor 2 (in group 1) skips the steps in NONE_GRAD_STEPS.
-    return [[not (t == 2 and s in NONE_GRAD_STEPS) for t in range(len(SIZES))] for s in range(1, STEPS + 1)]
+def none_grad_pattern(steps=STEPS):
+    # Tensor 2 (in group 1) skips the steps in NONE_GRAD_STEPS, and after step 20 those with s % 9 == 4.
+    def skips(s):
+        return s in NONE_GRAD_STEPS or (s > 20 and s % 9 == 4)
+
+    return [[not (t == 2 and skips(s)) for t in range(len(SIZES))] for s in range(1, steps + 1)]
 
 
 TWO_GROUPS = [0, 0, 1, 1]
@@ -416,6 +426,66 @@ SCENARIOS = {
             ),
         ],
     ),
+    # 100 steps (LONG_RUNS). state['eta'] and state['mu'] (0-d f32 tensors) are recorded as one-element lists;
+    # with torch's t0 = 1e6, ax stays a copy of the param, so most cases average from step t0 + 2 on.
+    "ASGD": (
+        torch.optim.ASGD,
+        [
+            ("default", [{"lr": 1e-2}]),
+            ("t0", [{"lr": 1e-2, "t0": 10.0}]),
+            ("lambd_alpha", [{"lr": 0.05, "lambd": 0.1, "alpha": 0.5, "t0": 30.0}]),
+            ("weight_decay", [{"lr": 1e-2, "weight_decay": 0.05, "t0": 5.0}]),
+            ("maximize", [{"lr": 1e-2, "maximize": True, "t0": 20.0}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 1e-2, "t0": 15.0},
+                    {"lr": 3e-3, "weight_decay": 0.02, "lambd": 1e-3, "t0": 40.0},
+                ],
+            ),
+        ],
+    ),
+    # LARC's rate tc * ||p|| / (||g|| + wd * ||p|| + eps) is about 0.02 on these inputs: clip mode (the default)
+    # scales lr 0.1 by about 0.2 and leaves lr 0.005 alone (min(rate / lr, 1) = 1).
+    "LARS": (
+        LarsReference,
+        [
+            ("default", [{"lr": 0.1}]),
+            ("momentum", [{"lr": 0.1, "momentum": 0.9}]),
+            ("dampening_weight_decay", [{"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01}]),
+            ("nesterov", [{"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}]),
+            ("clipped_to_lr", [{"lr": 0.005, "momentum": 0.9, "weight_decay": 1e-4}]),
+            ("scale_mode", [{"lr": 1.0, "momentum": 0.9, "clip": False, "trust_coefficient": 1e-3,
+                             "weight_decay": 1e-4}]),
+            # LARC's pitfall: adaptive_lr / lr = inf, min(inf, 1) = 1; the params stay, the buffer takes g + wd * p.
+            ("lr_zero", [{"lr": 0.0, "momentum": 0.9, "weight_decay": 0.01}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 0.1, "momentum": 0.9},
+                    {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01, "trust_coefficient": 0.05, "clip": False,
+                     "eps": 1e-4},
+                ],
+            ),
+        ],
+    ),
+    # 100 steps (LONG_RUNS): step sizes that reach step_sizes' bounds, and every sign case.
+    "Rprop": (
+        torch.optim.Rprop,
+        [
+            ("default", [{"lr": 1e-2}]),
+            ("etas", [{"lr": 1e-2, "etas": (0.25, 1.75)}]),
+            ("step_sizes", [{"lr": 1e-2, "step_sizes": (1e-3, 3e-2)}]),
+            ("maximize", [{"lr": 1e-2, "maximize": True}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 1e-2},
+                    {"lr": 3e-3, "etas": (0.4, 1.3), "step_sizes": (1e-4, 0.1)},
+                ],
+            ),
+        ],
+    ),
 }
 
 # What each non-torch.optim file says about its reference (the torch.optim files have no such entry).
@@ -432,6 +502,11 @@ REFERENCES = {
         "reference": "tools/rmsproptf_reference.py RMSpropTFReference: torch_npu NpuFusedRMSpropTF written from its "
         "formulas (eps inside the sqrt, square_avg starting at ones, decoupled decay p*(1 - wd) not scaled by lr), "
         "with a float32 tensor state step",
+    },
+    "LARS": {
+        "reference": "tools/lars_reference.py LarsReference: apex LARC around torch.optim.SGD written from its "
+        "formulas (norms in double rounded to float32, .grad untouched, per-group trust_coefficient/clip/eps); "
+        "SGD's state (momentum_buffer, no step)",
     },
 }
 
@@ -516,22 +591,22 @@ def main():
             "param_scale": PARAM_SCALE,
             "grad_scale": GRAD_SCALE,
         },
-        "steps": STEPS,
-        "checkpoint_steps": CHECKPOINTS,
     }
     for seed_base, (algo, (cls, cases)) in enumerate(SCENARIOS.items()):
+        steps, checkpoint_steps = LONG_RUNS.get(algo, (STEPS, CHECKPOINTS))
         out_cases = []
         for ci, (name, groups) in enumerate(cases):
             seed = 1000 * (seed_base + 1) + ci
             if len(groups) == 1:
-                group_of, has_grad = ONE_GROUP, all_grads()
+                group_of, has_grad = ONE_GROUP, all_grads(steps)
             else:
-                group_of, has_grad = TWO_GROUPS, none_grad_pattern()
-            out_cases.append(run_case(cls, name, seed, groups, group_of, has_grad))
+                group_of, has_grad = TWO_GROUPS, none_grad_pattern(steps)
+            out_cases.append(run_case(cls, name, seed, groups, group_of, has_grad, steps, checkpoint_steps))
         extra = dict(REFERENCES.get(algo, {}))
         if algo == "Lion":
             extra["reference"] %= importlib.metadata.version("lion-pytorch")
-        doc = {"algorithm": algo, **header, **extra, "cases": out_cases}
+        doc = {"algorithm": algo, **header, "steps": steps, "checkpoint_steps": checkpoint_steps, **extra,
+               "cases": out_cases}
         path = os.path.join(out_dir, f"{algo.lower()}.json")
         with open(path, "w", encoding="utf-8", newline="\n") as f:
             f.write(dump(doc) + "\n")

@@ -163,6 +163,38 @@ enum RmsproptfState : int {
   kRmsproptfGradAvg = 2
 };
 
+// torch.optim.ASGD (averaged SGD, Polyak & Juditsky): p = p·(1 − lambd·eta) − eta·g, then the
+// running average ax of the params once averaging starts (after step t0). Two per-tensor scalar
+// states, torch's f32 0-d tensors: eta, the step size, starts at lr and becomes lr / (1 +
+// lambd·lr·t)^alpha after step t; mu, the averaging weight, starts at 1 and becomes 1 / max(1, t −
+// t0). A step reads the values the previous one left (Segment::scalars[kAsgdEta], [kAsgdMu]).
+// State: ax.
+struct AsgdHyper {
+  double lr = 1e-2;
+  double lambd = 1e-4;
+  double alpha = 0.75;
+  double t0 = 1e6;
+  double weight_decay = 0.0;
+  bool maximize = false;
+};
+enum AsgdState : int { kAsgdAx = 0 };
+enum AsgdScalar : int { kAsgdEta = 0, kAsgdMu = 1 };
+
+// torch.optim.Rprop (resilient backpropagation): per element, the step size grows by etaplus
+// while the gradient keeps the sign of the last one used, shrinks by etaminus when it flips (that
+// gradient then counts as 0: no move, and 0 is what the next step compares with), and stays within
+// [step_size_min, step_size_max]; p −= sign(g)·step_size. State: prev (the last gradient used),
+// step_size (starts at lr).
+struct RpropHyper {
+  double lr = 1e-2;
+  double etaminus = 0.5;
+  double etaplus = 1.2;
+  double step_size_min = 1e-6;
+  double step_size_max = 50.0;
+  bool maximize = false;
+};
+enum RpropState : int { kRpropPrev = 0, kRpropStepSize = 1 };
+
 // LAMB as apex's FusedLAMB defines it: Adam's moments, then a per-tensor trust ratio ‖p‖ / ‖u‖ of
 // the param and its Adam update u (only where weight_decay != 0 or use_nvlamb, and both norms are
 // non-zero). The global gradient-norm clipping of FusedLAMB (max_grad_norm) is the step's pre-pass
@@ -180,5 +212,23 @@ struct LambHyper {
   bool use_nvlamb = false;     // trust ratio also where weight_decay == 0
 };
 enum LambState : int { kLambExpAvg = 0, kLambExpAvgSq = 1 };
+
+// LARS (You et al. 2017) with NVIDIA apex's LARC semantics around torch.optim.SGD: per tensor, the
+// local rate ratio = trust_coefficient·‖p‖ / (‖g‖ + ‖p‖·weight_decay + eps), in clip mode
+// min(ratio / lr, 1) (an effective lr of min(local rate, lr)); where both norms are non-zero the
+// gradient becomes (g + weight_decay·p)·ratio, otherwise it stays g and the step drops the weight
+// decay. Then SGD's momentum, dampening and Nesterov step without weight decay (torch.optim.SGD
+// with weight_decay=0, as LARC runs it). State: momentum_buffer (only when momentum != 0).
+struct LarsHyper {
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  double trust_coefficient = 0.02;
+  double eps = 1e-8;
+  bool nesterov = false;
+  bool clip = true;  // LARC's clip mode (min(ratio / lr, 1)); false: scale mode (lr·ratio)
+};
+enum LarsState : int { kLarsMomentumBuffer = 0 };
 
 }  // namespace fusedopt

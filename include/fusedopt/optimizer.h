@@ -154,7 +154,7 @@ struct StepOptions {
 
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
 // AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper,
-// RmsproptfHyper.
+// AsgdHyper, LarsHyper, RpropHyper, RmsproptfHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -190,9 +190,9 @@ class Optimizer {
   std::vector<Hyper> groups_;
   FlatStorage storage_;
   std::vector<std::int64_t> steps_;
-  // SGD only: steps taken with a momentum buffer, so a buffer starts as a copy of the gradient on
-  // its own first step, also when momentum is switched on later (torch's `momentum_buffer is
-  // None`).
+  // SGD and LARS only: steps taken with a momentum buffer, so a buffer starts as a copy of the
+  // gradient on its own first step, also when momentum is switched on later (torch's
+  // `momentum_buffer is None`).
   std::vector<std::int64_t> buffer_steps_;
   Runtime* runtime_;
   AccumulationWindow window_;  // steps: the storage's accumulation_steps
@@ -209,6 +209,9 @@ using Adamax = Optimizer<AdamaxHyper>;
 using Adadelta = Optimizer<AdadeltaHyper>;
 using RAdam = Optimizer<RadamHyper>;
 using NAdam = Optimizer<NadamHyper>;
+using ASGD = Optimizer<AsgdHyper>;
+using LARS = Optimizer<LarsHyper>;
+using Rprop = Optimizer<RpropHyper>;
 using RMSpropTF = Optimizer<RmsproptfHyper>;
 
 extern template class Optimizer<SgdHyper>;
@@ -222,6 +225,9 @@ extern template class Optimizer<AdamaxHyper>;
 extern template class Optimizer<AdadeltaHyper>;
 extern template class Optimizer<RadamHyper>;
 extern template class Optimizer<NadamHyper>;
+extern template class Optimizer<AsgdHyper>;
+extern template class Optimizer<LarsHyper>;
+extern template class Optimizer<RpropHyper>;
 extern template class Optimizer<RmsproptfHyper>;
 
 }  // namespace fusedopt

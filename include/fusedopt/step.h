@@ -96,9 +96,20 @@ void NadamStep(std::span<const NadamHyper> groups, std::span<const Segment> segm
                Runtime& runtime = DefaultRuntime());
 void RmsproptfStep(std::span<const RmsproptfHyper> groups, std::span<const Segment> segments,
                    Runtime& runtime = DefaultRuntime());
+// ASGD reads and advances each segment's scalars[kAsgdEta] (start it at lr) and scalars[kAsgdMu]
+// (start it at 1).
+void AsgdStep(std::span<const AsgdHyper> groups, std::span<const Segment> segments,
+              Runtime& runtime = DefaultRuntime());
+void RpropStep(std::span<const RpropHyper> groups, std::span<const Segment> segments,
+               Runtime& runtime = DefaultRuntime());
 // LAMB runs two passes: per-tensor norms of the param and of its Adam update, then the update
 // scaled by the trust ratio. Both norms are deterministic like the global gradient norm (grad.h).
 void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segments,
+              Runtime& runtime = DefaultRuntime());
+// LARS (apex LARC over SGD) runs two passes: per-tensor norms of the param and of the gradient,
+// then the SGD step on the gradient scaled by the trust ratio; the norms are deterministic as
+// LAMB's.
+void LarsStep(std::span<const LarsHyper> groups, std::span<const Segment> segments,
               Runtime& runtime = DefaultRuntime());
 
 // The same steps chosen by the Hyper type, for generic code: FusedStep(std::span<const

@@ -24,18 +24,22 @@ from .optim import (
     FusedAdam,
     FusedAdamax,
     FusedAdamW,
+    FusedASGD,
     FusedLAMB,
+    FusedLARS,
     FusedLion,
     FusedNAdam,
     FusedRAdam,
     FusedRMSprop,
     FusedRMSpropTF,
+    FusedRprop,
     FusedSGD,
 )
 from .trainer import Model, Trainer
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
-           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedRMSpropTF", "GradScaler",
+           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedASGD", "FusedRprop", "FusedLARS",
+           "FusedRMSpropTF", "GradScaler",
            "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"

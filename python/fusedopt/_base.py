@@ -117,7 +117,8 @@ class FusedOptimizerMixin:
     def _hyper(self, group: dict) -> Any:
         raise NotImplementedError
 
-    def _initial_state_value(self, key: str) -> float:
+    def _initial_state_value(self, key: str, group: dict, p: torch.Tensor) -> float | complex:
+        """What a new state[key] of param p (in param group `group`) is filled with."""
         return 0.0
 
     # ---- torch.optim.Optimizer API --------------------------------------------------------------
@@ -734,7 +735,7 @@ class FusedOptimizerMixin:
         if t is not None and t.numel() != p.numel():
             raise ValueError(f"fusedopt: state '{key}' of parameter {self._name(gi, j)} has "
                              f"{t.numel()} elements but the parameter has {p.numel()}")
-        fill = self._initial_state_value(key)
+        fill = self._initial_state_value(key, self.param_groups[gi], p)
         new = self._flat.state_slot(p, key, dtype, fill) if self._flat is not None else None
         if new is None:
             new = torch.empty_like(p, dtype=dtype, memory_format=torch.preserve_format)

@@ -1,9 +1,8 @@
 """The fused optimizers. Each of torch.optim's five *is* its torch.optim twin (a subclass), so it takes the
 same arguments with the same defaults and errors, keeps the same param_groups and state (per-param
 state['step'], torch's state keys and dtypes) and exchanges state_dicts with torch both ways; only
-step() is replaced by one fused pass over all parameters (see _base.py). FusedLion, FusedLAMB and
-FusedRMSpropTF take the arguments of their references (lion-pytorch's Lion, apex's FusedLAMB, torch_npu's
-NpuFusedRMSpropTF) in the same way.
+step() is replaced by one fused pass over all parameters (see _base.py). FusedLion and FusedLAMB take
+the arguments of their references (lion-pytorch's Lion, apex's FusedLAMB) in the same way.
 
 Extra keyword arguments:
   master_weights=True  fp16/bf16 params keep an f32 master copy (state['master_param']) and f32
@@ -85,7 +84,7 @@ class FusedAdagrad(FusedOptimizerMixin, torch.optim.Adagrad):
                                initial_accumulator_value=_f(g, "initial_accumulator_value"),
                                eps=_f(g, "eps"), maximize=bool(g["maximize"]))
 
-    def _initial_state_value(self, key):
+    def _initial_state_value(self, key, group, p):
         # torch 2.13 fills a new 'sum' with the constructor's value, whatever the group says.
         return _f(self.defaults, "initial_accumulator_value") if key == "sum" else 0.0
 
@@ -370,3 +369,118 @@ class FusedRMSpropTF(FusedOptimizerMixin, _RMSpropTFGroups):
                         p.add_(buf, alpha=-h.lr)
                 else:
                     p.addcdiv_(grad, avg, value=-h.lr)
+
+
+class FusedASGD(FusedOptimizerMixin, torch.optim.ASGD):
+    """torch.optim.ASGD, fused: p = p * (1 - lambd * eta) - eta * g, then ax = p until averaging starts (mu == 1)
+    and ax += mu * (p - ax) after; each param's state['eta'] and state['mu'] (0-d f32 tensors, as torch keeps
+    them) are read by the step as the previous one left them and advanced by the engine: eta = lr / (1 + lambd
+    * lr * step) ** alpha and mu = 1 / max(1, step - t0), in double, rounded to f32 as torch does (torch's
+    single-tensor path, bit for bit)."""
+
+    _algorithm = "asgd"
+    _sparse_message = "ASGD does not support sparse gradients"
+
+    def _hyper(self, g):
+        return _C.AsgdHyper(lr=_f(g, "lr"), lambd=_f(g, "lambd"), alpha=_f(g, "alpha"), t0=_f(g, "t0"),
+                            weight_decay=_f(g, "weight_decay"), maximize=bool(g["maximize"]))
+
+
+class _LarsGroups(torch.optim.Optimizer):
+    """LARC(SGD(...))'s constructor as one (arguments, defaults, checks, param groups); FusedLARS supplies the step.
+    SGD's arguments come first with torch.optim.SGD's defaults and checks (texts included), then LARC's, per group."""
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, trust_coefficient: float = 0.02,
+                 clip: bool = True, eps: float = 1e-8):
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        # apex LARC checks nothing; a negative trust coefficient or eps would turn the step uphill.
+        if not trust_coefficient >= 0.0:
+            raise ValueError(f"Invalid trust_coefficient value: {trust_coefficient}")
+        if not eps >= 0.0:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
+                        trust_coefficient=trust_coefficient, clip=clip, eps=eps)
+        super().__init__(params, defaults)
+
+
+class FusedLARS(FusedOptimizerMixin, _LarsGroups):
+    """LARS with NVIDIA apex LARC's semantics around torch.optim.SGD, fused: one pass for every tensor's ‖p‖ and
+    ‖g‖, then SGD's momentum step on g scaled by LARC's trust ratio tc·‖p‖/(‖g‖ + ‖p‖·wd + eps) with the weight
+    decay added first, where both norms are non-zero (else g as it is, without decay). clip=True (LARC's default)
+    uses min(ratio / lr, 1), an effective lr of min(local lr, lr); clip=False scales lr by the ratio. The state is
+    torch.optim.SGD's (momentum_buffer, no step). Unlike LARC, .grad is left as it is (LARC overwrites it with the
+    scaled gradient). Reference: tools/lars_reference.py."""
+
+    _algorithm = "lars"
+    _counts_steps = False
+    _sparse_message = "fusedopt: FusedLARS does not support sparse gradients"
+
+    def _hyper(self, g):
+        return _C.LarsHyper(lr=_f(g, "lr"), momentum=_f(g, "momentum"), dampening=_f(g, "dampening"),
+                            weight_decay=_f(g, "weight_decay"), trust_coefficient=_f(g, "trust_coefficient"),
+                            eps=_f(g, "eps"), nesterov=bool(g["nesterov"]), clip=bool(g["clip"]))
+
+    def _reference_step(self):
+        """LARC's scaling and torch.optim.SGD's step in torch ops (as tools/lars_reference.py), for the params the
+        engine cannot take; the norms in double, rounded to the param's (real) dtype."""
+        for g in self.param_groups:
+            h = self._hyper(g)
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                d = p.grad
+                pn, gn = _exact_norm(p), _exact_norm(d)
+                if pn != 0 and gn != 0:
+                    ratio = h.trust_coefficient * pn / (gn + pn * h.weight_decay + h.eps)
+                    if h.clip:
+                        ratio = min(ratio / h.lr, 1)
+                    d = d + h.weight_decay * p
+                    d *= ratio
+                if h.momentum != 0:
+                    state = self.state[p]
+                    buf = state.get("momentum_buffer")
+                    if buf is None:
+                        buf = torch.clone(d).detach()
+                        state["momentum_buffer"] = buf
+                    else:
+                        buf.mul_(h.momentum).add_(d, alpha=1 - h.dampening)
+                    d = d.add(buf, alpha=h.momentum) if h.nesterov else buf
+                p.add_(d, alpha=-h.lr)
+
+
+def _exact_norm(t: torch.Tensor) -> torch.Tensor:
+    """‖t‖ computed in double (complex: of its real view), rounded once to t's real dtype: a 0-d tensor."""
+    real = torch.view_as_real(t) if t.is_complex() else t
+    return torch.linalg.vector_norm(real, dtype=torch.float64).to(real.dtype)
+
+
+class FusedRprop(FusedOptimizerMixin, torch.optim.Rprop):
+    """torch.optim.Rprop, fused: per element, f = sign(g * prev) becomes etaplus (> 0), etaminus (< 0) or 1 (== 0),
+    step_size = clamp(step_size * f, *step_sizes), g = 0 where f == etaminus, p -= sign(g) * step_size, prev = g
+    (torch's single-tensor path, bit for bit). A new step_size starts at its group's lr (lr + lr*1j for a
+    complex param, as torch)."""
+
+    _algorithm = "rprop"
+    _sparse_message = "Rprop does not support sparse gradients"
+
+    def _hyper(self, g):
+        return _C.RpropHyper(lr=_f(g, "lr"), etaminus=_f(g, "etas", 0), etaplus=_f(g, "etas", 1),
+                             step_size_min=_f(g, "step_sizes", 0), step_size_max=_f(g, "step_sizes", 1),
+                             maximize=bool(g["maximize"]))
+
+    def _initial_state_value(self, key, group, p):
+        # torch: full_like(grad, lr), or complex(lr, lr) for a complex param
+        if key != "step_size":
+            return 0.0
+        lr = _f(group, "lr")
+        return complex(lr, lr) if p.is_complex() else lr

@@ -52,7 +52,8 @@ _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f1
 _OPTIMIZER_NAMES = ((torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.SGD, "sgd"),
                     (torch.optim.RMSprop, "rmsprop"), (torch.optim.Adagrad, "adagrad"),
                     (torch.optim.Adamax, "adamax"), (torch.optim.Adadelta, "adadelta"),
-                    (torch.optim.RAdam, "radam"), (torch.optim.NAdam, "nadam"))
+                    (torch.optim.RAdam, "radam"), (torch.optim.NAdam, "nadam"),
+                    (torch.optim.ASGD, "asgd"), (torch.optim.Rprop, "rprop"))
 
 
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
@@ -68,7 +69,7 @@ def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
 
 
 def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
-    """sgd, adam, adamw, rmsprop, adagrad, adamax, adadelta, radam, nadam (the trace's otherData.optimizer), or the class name."""
+    """sgd, adam, adamw, rmsprop, adagrad, adamax, adadelta, radam, nadam, asgd, rprop (the trace's otherData.optimizer), or the class name."""
     for cls, name in _OPTIMIZER_NAMES:
         if isinstance(optimizer, cls):
             return name

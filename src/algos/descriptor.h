@@ -43,9 +43,12 @@
 //   in place, return x:        mul_(x, s)  mul_(x, b)  div_(x, b)  add_(x, s)  add_(x, b, alpha)
 //                              lerp_(x, b, w)  addcmul_(x, b, c, value)  addcdiv_(x, b, c, value)
 //                              sqrt_(x)  sgn_(x)  copy_(x, a)  maximum(a, b, /*out=*/x)
+//                              clamp_(x, lo, hi)
+//                              masked_fill_(x, c, Compare::kGt, t, v): x[c.gt(t)] = v (kLt, kEq
+//                              likewise); torch's bool mask and its fill, one pass over x and c
 //   a new temporary:           neg(a)  abs(a)  reciprocal(a)  clone(a)  mul(a, s)  mul(a, b)
 //                              div(a, s)  div(a, b)  add(a, s)  add(a, b, alpha)  sqrt(a)
-//                              addcmul(a, b, c, value)
+//                              addcmul(a, b, c, value)  sign(a)
 //   a scalar:                  norm(a) (torch.linalg.vector_norm: reads a, writes nothing)
 // The sequence may depend on the hyper-parameters, the options and t.step(), but not on the values
 // of the tensors: the doctor counts it without any.
@@ -94,6 +97,9 @@ class HyperCheck {
   std::string_view fn_;
   std::size_t group_;
 };
+
+// The comparison of a masked fill in StandardStep (x[c.gt(t)] = v, c.lt, c.eq).
+enum class Compare { kGt, kLt, kEq };
 
 // What a reference's for-loop step takes beyond the hyper-parameters of the fused step.
 struct StandardOptions {

@@ -11,12 +11,15 @@
 #include "src/algos/adagrad.h"
 #include "src/algos/adam.h"
 #include "src/algos/adamax.h"
+#include "src/algos/asgd.h"
 #include "src/algos/lamb.h"
+#include "src/algos/lars.h"
 #include "src/algos/lion.h"
 #include "src/algos/nadam.h"
 #include "src/algos/radam.h"
 #include "src/algos/rmsprop.h"
 #include "src/algos/rmsproptf.h"
+#include "src/algos/rprop.h"
 #include "src/algos/sgd.h"
 
 namespace fusedopt::algos {
@@ -52,8 +55,8 @@ struct List {
   }
 };
 
-using All =
-    List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam, Rmsproptf>;
+using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam,
+                 Asgd, Lars, Rprop, Rmsproptf>;
 
 // The same list for explicit template instantiations (X(Sgd) X(Adam) ...), which a type list cannot
 // drive: step.cc and training_step.cc expand it.
@@ -69,6 +72,9 @@ using All =
   X(Adadelta)                      \
   X(Radam)                         \
   X(Nadam)                         \
+  X(Asgd)                          \
+  X(Lars)                          \
+  X(Rprop)                         \
   X(Rmsproptf)
 #define FOPT_CHECK_LISTED(A) \
   static_assert(All::IndexOf<A::Hyper>() < All::kSize, #A " is not in All");

@@ -30,8 +30,15 @@ void RunNadamChunks(const StepPlan<NadamScalars>& plan, std::size_t chunk_begin,
                     std::size_t chunk_end);
 void RunRmsproptfChunks(const StepPlan<RmsproptfScalars>& plan, std::size_t chunk_begin,
                         std::size_t chunk_end);
+void RunAsgdChunks(const StepPlan<AsgdScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end);
+void RunRpropChunks(const StepPlan<RpropScalars>& plan, std::size_t chunk_begin,
+                    std::size_t chunk_end);
 void RunLambReduceChunk(const StepPlan<LambScalars>& plan, std::size_t chunk, double* sums);
 void RunLambChunks(const StepPlan<LambScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end);
+void RunLarsReduceChunk(const StepPlan<LarsScalars>& plan, std::size_t chunk, double* sums);
+void RunLarsChunks(const StepPlan<LarsScalars>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end);
 
 }  // namespace fusedopt

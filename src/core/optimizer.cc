@@ -219,7 +219,7 @@ StepResult Optimizer<Hyper>::StepTensors(std::span<const std::size_t> tensors,
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::size_t t = tensors[i];
     segments[i].step = steps_[t] + 1;
-    if constexpr (std::is_same_v<Hyper, SgdHyper>) {
+    if constexpr (std::is_same_v<Hyper, SgdHyper> || std::is_same_v<Hyper, LarsHyper>) {
       if (groups_[segments[i].group].momentum != 0.0) segments[i].step = buffer_steps_[t] + 1;
     }
   }
@@ -241,7 +241,7 @@ StepResult Optimizer<Hyper>::StepTensors(std::span<const std::size_t> tensors,
   if (!result.stepped) return result;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     ++steps_[tensors[i]];
-    if constexpr (std::is_same_v<Hyper, SgdHyper>) {
+    if constexpr (std::is_same_v<Hyper, SgdHyper> || std::is_same_v<Hyper, LarsHyper>) {
       if (groups_[segments[i].group].momentum != 0.0) ++buffer_steps_[tensors[i]];
     }
   }
@@ -260,5 +260,8 @@ template class Optimizer<AdadeltaHyper>;
 template class Optimizer<RadamHyper>;
 template class Optimizer<NadamHyper>;
 template class Optimizer<RmsproptfHyper>;
+template class Optimizer<AsgdHyper>;
+template class Optimizer<LarsHyper>;
+template class Optimizer<RpropHyper>;
 
 }  // namespace fusedopt

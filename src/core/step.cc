@@ -164,7 +164,19 @@ void RmsproptfStep(std::span<const RmsproptfHyper> groups, std::span<const Segme
                    Runtime& runtime) {
   FusedStep(groups, segments, runtime);
 }
+void AsgdStep(std::span<const AsgdHyper> groups, std::span<const Segment> segments,
+              Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
+void RpropStep(std::span<const RpropHyper> groups, std::span<const Segment> segments,
+               Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
 void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segments,
+              Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
+void LarsStep(std::span<const LarsHyper> groups, std::span<const Segment> segments,
               Runtime& runtime) {
   FusedStep(groups, segments, runtime);
 }

@@ -35,6 +35,20 @@ struct HwyOps {
   HWY_INLINE V Max(V a, V b) const {
     return hn::IfThenElse(hn::Or(hn::IsNaN(a), hn::IsNaN(b)), hn::Add(a, b), hn::Max(a, b));
   }
+  // NaN if either input is NaN, as torch.minimum (and clamp_'s upper bound).
+  HWY_INLINE V Min(V a, V b) const {
+    return hn::IfThenElse(hn::Or(hn::IsNaN(a), hn::IsNaN(b)), hn::Add(a, b), hn::Min(a, b));
+  }
+  // Lane-wise a > b, a < b, a == b (false where either is NaN), for IfThenElse: torch's masked
+  // fills `x[c.gt(t)] = v` (Rprop).
+  HWY_INLINE auto Gt(V a, V b) const { return hn::Gt(a, b); }
+  HWY_INLINE auto Lt(V a, V b) const { return hn::Lt(a, b); }
+  HWY_INLINE auto Eq(V a, V b) const { return hn::Eq(a, b); }
+  // m ? a : b per lane.
+  template <class M>
+  HWY_INLINE V IfThenElse(M m, V a, V b) const {
+    return hn::IfThenElse(m, a, b);
+  }
   // +1, −1 or 0 as torch.sgn on CPU: 0 for ±0 and for NaN (neither compare holds).
   HWY_INLINE V Sign(V a) const {
     const V zero = hn::Zero(d);

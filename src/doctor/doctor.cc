@@ -50,10 +50,17 @@ DType CheckedDType(const DoctorOptions& o) {
 }
 
 // The reference's default weight decay when none is given (NaN), the Hyper struct's: AdamW 1e-2,
-// LAMB 1e-2 (apex FusedLAMB's), every other optimizer 0 (Lion: lion-pytorch's 0).
+// LAMB 1e-2 (apex FusedLAMB's), every other optimizer 0 (Lion: lion-pytorch's 0; Rprop has none).
 double EffectiveWeightDecay(const DoctorOptions& o, Algorithm a) {
   if (!std::isnan(o.weight_decay)) return o.weight_decay;
-  return WithDescriptor(a, [](auto d) { return typename decltype(d)::type::Hyper{}.weight_decay; });
+  return WithDescriptor(a, [](auto d) -> double {
+    using Hyper = typename decltype(d)::type::Hyper;
+    if constexpr (requires(Hyper h) { h.weight_decay; }) {
+      return Hyper{}.weight_decay;
+    } else {
+      return 0.0;
+    }
+  });
 }
 
 // Where DoctorOptions::numels come from, for messages.
@@ -101,7 +108,7 @@ BenchHyper MakeHyper(const Model& m, const DoctorOptions& o) {
   h.Of<SgdHyper>() = {.lr = 1e-3};
   algos::All::ForEach([&](auto d) {
     auto& hyper = h.Of<typename decltype(d)::type::Hyper>();
-    hyper.weight_decay = m.weight_decay;
+    if constexpr (requires { hyper.weight_decay; }) hyper.weight_decay = m.weight_decay;
     if constexpr (requires { hyper.momentum; }) hyper.momentum = o.momentum;
     if constexpr (requires { hyper.nesterov; }) hyper.nesterov = o.nesterov;
   });
@@ -147,6 +154,10 @@ class OpCounter {
   Tensor sgn_(Tensor x) { return Write(x, {x}); }
   Tensor copy_(Tensor x, Tensor a) { return Write(x, {a}); }
   Tensor maximum(Tensor a, Tensor b, Tensor out) { return Write(out, {a, b}); }
+  Tensor clamp_(Tensor x, double /*lo*/, double /*hi*/) { return Write(x, {x}); }
+  Tensor masked_fill_(Tensor x, Tensor c, algos::Compare /*cmp*/, double /*t*/, double /*v*/) {
+    return Write(x, {x, c});
+  }
 
   Tensor neg(Tensor a) { return New({a}); }
   Tensor abs(Tensor a) { return New({a}); }
@@ -160,6 +171,7 @@ class OpCounter {
   Tensor add(Tensor a, Tensor b, double /*alpha*/) { return New({a, b}); }
   Tensor sqrt(Tensor a) { return New({a}); }
   Tensor addcmul(Tensor a, Tensor b, Tensor c, double /*v*/) { return New({a, b, c}); }
+  Tensor sign(Tensor a) { return New({a}); }
 
   double norm(Tensor a) {
     Record({a}, 0);

@@ -150,6 +150,27 @@ struct RmsproptfScalars {
   bool has_momentum;
 };
 
+// ASGD's coefficients come from the eta and mu the previous step left (Segment::scalars).
+struct AsgdScalars {
+  float grad_mul;
+  float weight_decay;  // L2 term, used when has_weight_decay
+  float decay_mul;     // f32(1 − lambd·eta)
+  float neg_eta;       // −eta
+  float mu;            // the averaging weight, used when average
+  bool has_weight_decay;
+  bool average;  // mu != 1: ax += mu·(p − ax); else ax = p
+};
+
+// Rprop's factors and bounds, each a Python float rounded to f32 as torch's masked fills and clamp_
+// round it.
+struct RpropScalars {
+  float grad_mul;
+  float etaminus;
+  float etaplus;
+  float step_size_min;
+  float step_size_max;
+};
+
 // The first pass of LAMB reduces ‖p‖² and ‖u‖² per tensor; the second applies p −= ratio·u with
 // ratio from those norms (Lamb::Finish fills neg_ratio in between).
 struct LambScalars {
@@ -165,6 +186,21 @@ struct LambScalars {
   float neg_ratio;  // −lr·‖p‖/‖u‖ (trust ratio) or −lr, set after the reduction pass
   bool l2_weight_decay;         // wd added to the gradient (adam_w_mode off, wd != 0)
   bool decoupled_weight_decay;  // wd·p added to the update (adam_w_mode on, wd != 0)
+};
+
+// The first pass of LARS reduces ‖p‖² and ‖g‖² per tensor (g unscaled); Lars::Finish sets the
+// trust ratio and whether it applies, then the second pass runs SGD on (g + λθ)·ratio or on g.
+struct LarsScalars {
+  float grad_mul;  // grad_scale: the loss-scale and clip factors, applied as the gradient is read
+  float weight_decay;
+  float ratio;  // LARC's adaptive_lr (clipped to ≤ 1 in clip mode), set after the reduction pass
+  float momentum;
+  float one_minus_dampening;
+  float neg_lr;
+  bool trust;  // both norms non-zero: g = (g + λθ)·ratio; else g as it is (and no weight decay)
+  bool has_momentum;
+  bool nesterov;
+  bool first_step;  // momentum buffer starts as a copy of the gradient (no dampening), as torch
 };
 
 }  // namespace fusedopt

@@ -1,6 +1,7 @@
 // Test-only oracle: torch.optim's single-tensor update rules (shared/docs/torch-semantics.md §3,
 // torch 2.x; Adamax and Adadelta: shared/docs/algorithms-more.md §2), lion-pytorch's Lion and apex
-// FusedLAMB's LAMB (shared/docs/algorithms-more.md §4, §3.1) as plain per-element loops in double.
+// FusedLAMB's LAMB and apex LARC's LARS around SGD (shared/docs/algorithms-more.md §4, §3.1,
+// §3.2) as plain per-element loops in double.
 // It shares no code with src/math: it is written from the torch docs and code, so a kernel and the
 // oracle agreeing means something. Hyper-parameters are used exactly as given (no rounding of
 // scalars to f32), so the same functions reproduce torch's float64 path.
@@ -10,6 +11,7 @@
 // not use under the given hyper-parameters may be empty.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -319,6 +321,78 @@ inline void RmsproptfStep(const RmsproptfHyper& h, std::span<double> p, std::spa
     } else {
       p[i] -= h.lr * gi / avg;  // θ = θ − γ g / avg
     }
+  }
+}
+
+// torch.optim.ASGD: θ = θ(1 − λη) − ηg, then the average ax: a copy of θ until averaging starts
+// (μ = 1), ax = ax + μ(θ − ax) after. A step uses the η and μ of the step before: η_0 = γ, μ_0 = 1,
+// and after step t η_t = γ / (1 + λγt)^α, μ_t = 1 / max(1, t − t0), rebuilt from the step in
+// double.
+inline void AsgdStep(const AsgdHyper& h, std::int64_t step, std::span<double> p,
+                     std::span<const double> g, std::span<double> ax) {
+  const auto before = static_cast<double>(step - 1);
+  const double eta = h.lr / std::pow(1.0 + h.lambd * h.lr * before, h.alpha);  // η_{t−1}
+  const double mu = 1.0 / std::max(1.0, before - h.t0);                        // μ_{t−1}
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    double gi = h.maximize ? -g[i] : g[i];                   // g = -∇ if maximize else ∇
+    if (h.weight_decay != 0.0) gi += h.weight_decay * p[i];  // g = g + λ_wd θ
+    p[i] = p[i] * (1.0 - h.lambd * eta) - eta * gi;          // θ = θ(1 − λη) − ηg
+    ax[i] = mu == 1.0 ? p[i] : ax[i] + mu * (p[i] - ax[i]);  // ax = θ | ax + μ(θ − ax)
+  }
+}
+
+// LARS as apex LARC computes it around torch.optim.SGD (weight decay 0 inside): per tensor the
+// local rate tc·‖θ‖ / (‖g‖ + λ‖θ‖ + ε), in clip mode min(rate / γ, 1); where both norms are
+// non-zero d = (g + λθ)·rate, else d = g (no decay). Then SGD's momentum step on d.
+// `momentum_buffer` is used when momentum != 0; at step 1 it is (re)started.
+inline void LarsStep(const LarsHyper& h, std::int64_t step, std::span<double> p,
+                     std::span<const double> g, std::span<double> momentum_buffer) {
+  double param_sq = 0.0;
+  double grad_sq = 0.0;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    param_sq += p[i] * p[i];  // ‖θ‖²
+    grad_sq += g[i] * g[i];   // ‖g‖²
+  }
+  const double param_norm = std::sqrt(param_sq);
+  const double grad_norm = std::sqrt(grad_sq);
+  const bool trust = param_norm != 0.0 && grad_norm != 0.0;
+  // rate = tc‖θ‖ / (‖g‖ + λ‖θ‖ + ε); clip: rate = min(rate / γ, 1), NaN kept (Python's min)
+  double rate =
+      h.trust_coefficient * param_norm / (grad_norm + param_norm * h.weight_decay + h.eps);
+  if (h.clip) rate = 1.0 < rate / h.lr ? 1.0 : rate / h.lr;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    double d = g[i];
+    if (trust) d = (d + h.weight_decay * p[i]) * rate;  // d = (g + λθ)·rate
+    if (h.momentum != 0.0) {
+      double& b = momentum_buffer[i];
+      if (step == 1) {
+        b = d;  // b_1 = d
+      } else {
+        b = h.momentum * b + (1.0 - h.dampening) * d;  // b_t = μ b_{t-1} + (1 − τ) d
+      }
+      d = h.nesterov ? d + h.momentum * b : b;  // d = d + μ b_t (nesterov) | d = b_t
+    }
+    p[i] -= h.lr * d;  // θ = θ − γ d
+  }
+}
+
+// torch.optim.Rprop: per element, the step size Δ grows by η+ while g keeps the sign of the last
+// gradient used, shrinks by η− when it flips (and then the gradient counts as 0: no move, and 0 is
+// what the next step compares with), is kept when either is 0, and stays in [Δmin, Δmax];
+// θ = θ − sgn(g)·Δ. NaN products and gradients have sign 0, as torch.sign (NaN Δ stays NaN).
+inline void RpropStep(const RpropHyper& h, std::span<double> p, std::span<const double> g,
+                      std::span<double> prev, std::span<double> step_size) {
+  const auto sgn = [](double x) { return x > 0.0 ? 1.0 : (x < 0.0 ? -1.0 : 0.0); };
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    double gi = h.maximize ? -g[i] : g[i];  // g = -∇ if maximize else ∇
+    const double s = sgn(gi * prev[i]);     // s = sgn(g·prev)
+    const double factor = s > 0.0 ? h.etaplus : (s < 0.0 ? h.etaminus : 1.0);
+    double& d = step_size[i];
+    d *= factor;  // Δ = Δ·η
+    if (!std::isnan(d)) d = std::min(std::max(d, h.step_size_min), h.step_size_max);
+    if (s < 0.0) gi = 0.0;  // g = 0 where the sign flipped
+    p[i] -= sgn(gi) * d;    // θ = θ − sgn(g)Δ
+    prev[i] = gi;           // prev = g
   }
 }
 

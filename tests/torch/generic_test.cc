@@ -1,21 +1,23 @@
-// fusedopt::pt's generic classes (FusedOptimizer<Hyper>: Adamax, Adadelta, RAdam, NAdam,
-// RMSpropTF), which libtorch has no twin of:
-//   TorchGenericGolden     tests/golden/<algo>.json (torch.optim 2.13's single-tensor step; for
-//                          RMSpropTF tools/rmsproptf_reference.py's; written by
-//                          tools/make_golden.py) replayed through each class (golden_replay.h)
-//   TorchGenericSerialize  torch::save mid-run, torch::load into an optimizer built with other
-//                          defaults: options and state (NAdam's mu_product too) compare equal, and
-//                          both continue bit for bit like the uninterrupted run
-//   TorchGenericErrors     construction and group checks naming the option (a rejected group is not
-//                          kept), group options merged with the defaults, state keys, a param the
-//                          engine cannot take: c10::Error, and nothing changed
-//   TorchGenericTraining   a LossScaler: an Inf gradient skips the step with params, state, scalar
-//                          states and step counts bit-identical; set_lr as schedulers use it
+// fusedopt::pt's generic classes (FusedOptimizer<Hyper>: Adamax, Adadelta, RAdam, NAdam, ASGD,
+// Rprop, LARS, RMSpropTF), which libtorch has no twin of (the suite names are the ones ctest runs):
+//   TorchGenericGolden  tests/golden/<algo>.json (torch.optim 2.13's single-tensor step; for LARS
+//                       tools/lars_reference.py, for RMSpropTF tools/rmsproptf_reference.py;
+//                       written by tools/make_golden.py) replayed through each class
+//                       (golden_replay.h)
+//   TorchGeneric        typed over the classes: torch::save mid-run and torch::load into an
+//                       optimizer built with other defaults (options and state, scalar states too,
+//                       compare equal and both continue bit for bit); the state keys, dtypes and
+//                       shapes; construction and group checks naming the option (a rejected group
+//                       is not kept), group options merged with the defaults, another optimizer's
+//                       options refused; a param the engine cannot take is an error that changes
+//                       nothing; a LossScaler's Inf skip leaves params, states, scalar states and
+//                       step counts bit-identical; set_lr as schedulers use it
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -48,6 +50,11 @@ TEST(TorchGenericGolden, NAdam) {
 TEST(TorchGenericGolden, RMSpropTF) {
   ReplayGoldens<RMSpropTF, RMSpropTFOptions, RMSpropTF::ParamState>("rmsproptf.json");
 }
+TEST(TorchGenericGolden, ASGD) { ReplayGoldens<ASGD, ASGDOptions, ASGD::ParamState>("asgd.json"); }
+TEST(TorchGenericGolden, Rprop) {
+  ReplayGoldens<Rprop, RpropOptions, Rprop::ParamState>("rprop.json");
+}
+TEST(TorchGenericGolden, LARS) { ReplayGoldens<LARS, LARSOptions, LARS::ParamState>("lars.json"); }
 
 // Options away from the defaults (weight decay on, and each algorithm's own knob).
 AdamaxHyper TestHyper(AdamaxHyper h) {
@@ -82,10 +89,48 @@ RmsproptfHyper TestHyper(RmsproptfHyper h) {
   h.centered = true;
   return h;
 }
+RpropHyper TestHyper(RpropHyper h) {  // Rprop has no weight decay
+  h.lr = 5e-2;
+  h.etaminus = 0.4;
+  h.etaplus = 1.3;
+  return h;
+}
+LarsHyper TestHyper(LarsHyper h) {
+  h.lr = 5e-2;
+  h.momentum = 0.9;
+  h.weight_decay = 0.1;
+  return h;
+}
+AsgdHyper TestHyper(AsgdHyper h) {
+  h.lr = 5e-2;
+  h.weight_decay = 0.1;
+  h.t0 = 2;  // averaging from the third step on
+  return h;
+}
+
+// torch's state keys of each (tensors, then 0-d f32 scalar states).
+std::vector<std::string> TensorKeys(AdamaxHyper /*tag*/) { return {"exp_avg", "exp_inf"}; }
+std::vector<std::string> TensorKeys(AdadeltaHyper /*tag*/) { return {"square_avg", "acc_delta"}; }
+std::vector<std::string> TensorKeys(RadamHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
+std::vector<std::string> TensorKeys(NadamHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
+std::vector<std::string> TensorKeys(AsgdHyper /*tag*/) { return {"ax"}; }
+std::vector<std::string> TensorKeys(LarsHyper /*tag*/) { return {"momentum_buffer"}; }
+std::vector<std::string> TensorKeys(RpropHyper /*tag*/) { return {"prev", "step_size"}; }
+std::vector<std::string> TensorKeys(RmsproptfHyper /*tag*/) {
+  return {"square_avg", "momentum_buffer", "grad_avg"};
+}
+std::vector<std::string> ScalarKeys(AdamaxHyper /*tag*/) { return {}; }
+std::vector<std::string> ScalarKeys(AdadeltaHyper /*tag*/) { return {}; }
+std::vector<std::string> ScalarKeys(RadamHyper /*tag*/) { return {}; }
+std::vector<std::string> ScalarKeys(NadamHyper /*tag*/) { return {"mu_product"}; }
+std::vector<std::string> ScalarKeys(AsgdHyper /*tag*/) { return {"eta", "mu"}; }
+std::vector<std::string> ScalarKeys(LarsHyper /*tag*/) { return {}; }
+std::vector<std::string> ScalarKeys(RpropHyper /*tag*/) { return {}; }
+std::vector<std::string> ScalarKeys(RmsproptfHyper /*tag*/) { return {}; }
 
 template <class Optimizer>
 class TorchGeneric : public ::testing::Test {};
-using Optimizers = ::testing::Types<Adamax, Adadelta, RAdam, NAdam, RMSpropTF>;
+using Optimizers = ::testing::Types<Adamax, Adadelta, RAdam, NAdam, ASGD, Rprop, LARS, RMSpropTF>;
 TYPED_TEST_SUITE(TorchGeneric, Optimizers);
 
 template <class Optimizer>
@@ -165,12 +210,15 @@ TYPED_TEST(TorchGeneric, SaveLoadContinuesBitForBit) {
   EXPECT_TRUE(SameStates(Snapshot(loaded, loaded_params), Snapshot(original, params)));
 }
 
-// The state under torch's keys, in the param's dtype; NAdam's mu_product a 0-d f32 tensor that
-// a fresh state starts at 1 and every step multiplies by a μ_t in (0, 1).
+// The state under torch's keys: tensors in the param's dtype and shape, scalar states 0-d f32
+// (NAdam's mu_product: 1 times a μ_1 in (0, β1); ASGD's eta and mu after one step: lr / (1 +
+// λ·lr)^α and 1, as torch).
 TYPED_TEST(TorchGeneric, StateKeys) {
   using Optimizer = TypeParam;
+  using Hyper = HyperOf<Optimizer>;
   Params params = MakeParams(42, torch::kBFloat16);
-  Optimizer opt = MakeOptimizer<Optimizer>(params, TestHyper(HyperOf<Optimizer>{}));
+  const Hyper hyper = TestHyper(Hyper{});
+  Optimizer opt = MakeOptimizer<Optimizer>(params, hyper);
   SetGrads(params, 0);
   opt.step();
   const torch::Tensor& p = params[0][1];
@@ -178,23 +226,26 @@ TYPED_TEST(TorchGeneric, StateKeys) {
   auto& state =
       static_cast<typename Optimizer::ParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
   EXPECT_EQ(state.step(), 1);
-  const std::vector<std::string> keys =
-      std::is_same_v<Optimizer, Adamax>     ? std::vector<std::string>{"exp_avg", "exp_inf"}
-      : std::is_same_v<Optimizer, Adadelta> ? std::vector<std::string>{"square_avg", "acc_delta"}
-      : std::is_same_v<Optimizer, RMSpropTF>
-          ? std::vector<std::string>{"square_avg", "momentum_buffer", "grad_avg"}
-          : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
-  for (const std::string& key : keys) {
+  for (const std::string& key : TensorKeys(Hyper{})) {
     EXPECT_EQ(state.state(key).scalar_type(), torch::kBFloat16) << key;
     EXPECT_EQ(state.state(key).sizes(), p.sizes()) << key;
   }
+  for (const std::string& key : ScalarKeys(Hyper{})) {
+    EXPECT_EQ(state.state(key).dim(), 0) << key;
+    EXPECT_EQ(state.state(key).scalar_type(), torch::kFloat) << key;
+  }
   if constexpr (std::is_same_v<Optimizer, NAdam>) {
-    const torch::Tensor& mu_product = state.state("mu_product");
-    EXPECT_EQ(mu_product.dim(), 0);
-    EXPECT_EQ(mu_product.scalar_type(), torch::kFloat);
-    const double beta1 = TestHyper(NadamHyper{}).beta1;
-    EXPECT_GT(mu_product.item<float>(), 0.0f);
-    EXPECT_LT(mu_product.item<float>(), beta1);
+    const torch::Tensor& mu = state.state("mu_product");
+    const float mu_product = mu.item<float>();
+    EXPECT_GT(mu_product, 0.0f);
+    EXPECT_LT(mu_product, hyper.beta1);
+  }
+  if constexpr (std::is_same_v<Optimizer, ASGD>) {
+    const double eta = hyper.lr / std::pow(1.0 + hyper.lambd * hyper.lr, hyper.alpha);
+    const torch::Tensor& eta_state = state.state("eta");
+    const torch::Tensor& mu_state = state.state("mu");
+    EXPECT_NEAR(eta_state.item<float>(), eta, 1e-6 * eta);
+    EXPECT_EQ(mu_state.item<float>(), 1.0f);
   }
   ExpectTorchError([&] { state.state("max_exp_avg_sq"); }, {"has no state 'max_exp_avg_sq'"});
 }
@@ -206,20 +257,23 @@ TYPED_TEST(TorchGeneric, OptionChecks) {
   HyperOf<Optimizer> bad;
   bad.lr = -1.0;
   ExpectTorchError([&] { Optimizer opt(params[0], Options(bad)); }, {"invalid lr: -1"});
-  bad = {};
-  bad.weight_decay = -0.5;
-  ExpectTorchError([&] { Optimizer opt(params[0], Options(bad)); }, {"invalid weight_decay: -0.5"});
+  if constexpr (requires { bad.weight_decay; }) {  // Rprop has none
+    bad = {};
+    bad.weight_decay = -0.5;
+    ExpectTorchError([&] { Optimizer opt(params[0], Options(bad)); },
+                     {"invalid weight_decay: -0.5"});
+  }
 
   // A group's own option is checked as it is added; the rejected group is not kept.
   Optimizer opt(params[0], Options(HyperOf<Optimizer>{}));
   HyperOf<Optimizer> group;
-  group.eps = -1e-3;
+  group.lr = -1e-3;
   ExpectTorchError(
       [&] {
         opt.add_param_group(
             torch::optim::OptimizerParamGroup(params[1], std::make_unique<Options>(group)));
       },
-      {"group 1", "invalid eps"});
+      {"group 1", "invalid lr"});
   EXPECT_EQ(opt.param_groups().size(), 1u);
 
   // libtorch's merge: the fields a group sets away from their defaults, the others the defaults'.
@@ -231,7 +285,11 @@ TYPED_TEST(TorchGeneric, OptionChecks) {
       torch::optim::OptimizerParamGroup(params[1], std::make_unique<Options>(own)));
   const auto& got = static_cast<const Options&>(merged.param_groups()[1].options()).hyper();
   EXPECT_EQ(got.lr, 0.125);
-  EXPECT_EQ(got.weight_decay, defaults.weight_decay);
+  if constexpr (requires { got.weight_decay; }) {
+    EXPECT_EQ(got.weight_decay, defaults.weight_decay);
+  } else {
+    EXPECT_EQ(got.etaminus, defaults.etaminus);
+  }
 
   // Another optimizer's options are refused.
   ExpectTorchError(

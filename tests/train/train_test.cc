@@ -109,7 +109,8 @@ INSTANTIATE_TEST_SUITE_P(Models, EndToEnd,
 INSTANTIATE_TEST_SUITE_P(Others, EndToEnd,
                          testing::Combine(testing::Values("transformer_small"),
                                           testing::Values("lion", "lamb", "adamax", "adadelta",
-                                                          "radam", "nadam", "rmsproptf")),
+                                                          "radam", "nadam", "asgd", "rprop", "lars",
+                                                          "rmsproptf")),
                          CaseName);
 
 TEST(Models, ShapesMatchThePythonModels) {

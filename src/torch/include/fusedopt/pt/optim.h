@@ -284,17 +284,17 @@ class LAMB : public torch::optim::Optimizer, public FusedStepOptions {
 
 // ---- The other algorithms of the engine: one generic class each ---------------------------------
 //
-// Adamax, Adadelta, RAdam and NAdam (torch.optim's, which libtorch does not have) are one template,
-// FusedOptimizer<Hyper>, over the core's hyper struct: the options are that struct (its fields are
-// torch.optim's argument names, with betas as beta1/beta2, and its defaults), the param state is
-// torch's state keys of the algorithm (state(key): "exp_avg", "exp_inf", ... and the 0-d f32
-// scalar states such as NAdam's "mu_product") with the step count. Built as libtorch builds its
-// optimizers: constructors taking param groups or tensors plus the defaults (checked by the
-// engine's rules for the algorithm, as fusedopt.Fused<Algo> checks them: c10::Error naming the
-// option), get_lr/set_lr for schedulers, torch::save / torch::load of options and state. Numerics
-// are torch.optim's single-tensor step's (the engine's, see docs/numerics.md). There is no
-// torch::optim twin to take the params the engine cannot (float64, non-CPU, non-contiguous):
-// those are errors, as for Lion and LAMB.
+// Adamax, Adadelta, RAdam, NAdam, ASGD and Rprop (torch.optim's, which libtorch lacks) and LARS
+// (apex LARC around SGD, as fusedopt.FusedLARS) are one template, FusedOptimizer<Hyper>, over the
+// core's hyper struct: the options are that struct (its fields are torch.optim's argument names,
+// with betas as beta1/beta2, and its defaults), the param state is torch's state keys of the
+// algorithm (state(key): "exp_avg", "exp_inf", ... and the 0-d f32 scalar states such as NAdam's
+// "mu_product") with the step count. Built as libtorch builds its optimizers: constructors taking
+// param groups or tensors plus the defaults (checked by the engine's rules for the algorithm, as
+// fusedopt.Fused<Algo> checks them: c10::Error naming the option), get_lr/set_lr for schedulers,
+// torch::save / torch::load of options and state. Numerics are torch.optim's single-tensor step's
+// (the engine's, see docs/numerics.md). There is no torch::optim twin to take the params the engine
+// cannot (float64, non-CPU, non-contiguous): those are errors, as for Lion and LAMB.
 //
 //   fusedopt::pt::NAdam opt(model->parameters(), fusedopt::NadamHyper{.lr = 2e-3});
 //   opt.step();
@@ -364,6 +364,13 @@ using RAdam = FusedOptimizer<RadamHyper>;
 using RAdamOptions = HyperOptions<RadamHyper>;
 using NAdam = FusedOptimizer<NadamHyper>;
 using NAdamOptions = HyperOptions<NadamHyper>;
+using ASGD = FusedOptimizer<AsgdHyper>;
+using ASGDOptions = HyperOptions<AsgdHyper>;
+using Rprop = FusedOptimizer<RpropHyper>;
+using RpropOptions = HyperOptions<RpropHyper>;
+// apex LARC around SGD (fusedopt.FusedLARS): momentum_buffer, and a step count SGD does not keep.
+using LARS = FusedOptimizer<LarsHyper>;
+using LARSOptions = HyperOptions<LarsHyper>;
 using RMSpropTF = FusedOptimizer<RmsproptfHyper>;
 using RMSpropTFOptions = HyperOptions<RmsproptfHyper>;
 
