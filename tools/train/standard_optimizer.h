@@ -57,6 +57,15 @@ class AtenOps {
   at::Tensor sqrt_(const at::Tensor& x) const { return x.sqrt_(); }
   at::Tensor sgn_(const at::Tensor& x) const { return x.sgn_(); }
   at::Tensor copy_(const at::Tensor& x, const at::Tensor& a) const { return x.copy_(a); }
+  at::Tensor clamp_(const at::Tensor& x, double lo, double hi) const { return x.clamp_(lo, hi); }
+  // x[c.gt(threshold)] = value (kLt: c.lt, kEq: c.eq), as torch's masked assignment.
+  at::Tensor masked_fill_(const at::Tensor& x, const at::Tensor& c, algos::Compare compare,
+                          double threshold, double value) const {
+    const at::Tensor mask = compare == algos::Compare::kGt   ? c.gt(threshold)
+                            : compare == algos::Compare::kLt ? c.lt(threshold)
+                                                             : c.eq(threshold);
+    return x.masked_fill_(mask, value);
+  }
   at::Tensor maximum(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) const {
     at::Tensor result = out;
     return at::maximum_out(result, a, b);
@@ -64,6 +73,7 @@ class AtenOps {
 
   at::Tensor neg(const at::Tensor& a) const { return a.neg(); }
   at::Tensor abs(const at::Tensor& a) const { return a.abs(); }
+  at::Tensor sign(const at::Tensor& a) const { return a.sign(); }
   at::Tensor reciprocal(const at::Tensor& a) const { return a.reciprocal(); }
   at::Tensor clone(const at::Tensor& a) const { return a.clone(); }
   at::Tensor mul(const at::Tensor& a, double s) const { return a.mul(s); }
