@@ -323,8 +323,8 @@ class FusedRMSpropTF(FusedOptimizerMixin, _RMSpropTFGroups):
                                  centered=bool(g["centered"]), decoupled_decay=bool(g["decoupled_decay"]),
                                  lr_in_momentum=bool(g["lr_in_momentum"]))
 
-    def _initial_state_value(self, key):
-        return 1.0 if key == "square_avg" else 0.0
+    def _initial_state_value(self, key, group, p):
+        return 1.0 if key == "square_avg" else 0.0  # the reference starts square_avg at ones
 
     def _reference_step(self):
         """NpuFusedRMSpropTF's per-tensor update in torch ops (as tools/rmsproptf_reference.py), for the params
