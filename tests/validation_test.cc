@@ -67,6 +67,8 @@ class Model {
   bool Unchanged(const std::vector<std::vector<float>>& before) const {
     if (before.size() != buffers_.size()) return false;
     for (std::size_t i = 0; i < before.size(); ++i) {
+      if (before[i].size() != buffers_[i].size()) return false;
+      if (before[i].empty()) continue;  // data() may be null, which memcmp must not get
       if (std::memcmp(before[i].data(), buffers_[i].data(), before[i].size() * sizeof(float)) !=
           0) {
         return false;
