@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Writes the golden vectors under tests/golden/ (checked by tests/golden_test.cc).
 
-Run from the repository root with the project venv (torch 2.x, lion-pytorch 0.2.5):
+Run from the repository root with the project venv (torch 2.x, lion-pytorch 0.2.5, adamp 0.3.0):
 
     .venv/bin/python tools/make_golden.py
 
 The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, RAdam and NAdam; lucidrains' lion_pytorch.Lion (the
 independent reference of Lion); tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
-from its formulas: apex itself is CUDA only); and tools/lars_reference.py's LarsReference for LARS (apex LARC
-around torch.optim.SGD, written from its formulas). Every case runs the single-tensor path (foreach=False and
+from its formulas: apex itself is CUDA only); tools/lars_reference.py's LarsReference for LARS (apex LARC
+around torch.optim.SGD, written from its formulas); and clovaai's adamp.AdamP for AdamP. Every case runs the single-tensor path (foreach=False and
 fused=False where the class takes them) on float32 CPU tensors for
 STEPS steps and records the params and the optimizer state (torch state_dict keys) after the steps in
 CHECKPOINTS. Inputs are not stored: the initial params and every gradient come from a 32-bit integer hash
@@ -36,6 +36,7 @@ import os
 import sys
 
 import numpy as np
+from adamp import AdamP
 from lion_pytorch import Lion
 
 import torch
@@ -104,11 +105,15 @@ def jsonable(v):
     return v
 
 
-def run_case(cls, name, seed, groups, group_of, has_grad):
-    """groups: list of hyper-parameter dicts; group_of[t]: group of tensor t; has_grad[s][t] for step s+1."""
+def run_case(cls, name, seed, groups, group_of, has_grad, shapes=None):
+    """groups: list of hyper-parameter dicts; group_of[t]: group of tensor t; has_grad[s][t] for step s+1.
+    shapes: the tensors' shapes (the same hashed values, reshaped; recorded in the case), or 1-D of SIZES."""
     n_tensors = len(group_of)
+    shapes = shapes or [(n,) for n in SIZES[:n_tensors]]
+    sizes = [math.prod(s) for s in shapes]
     params = [
-        torch.nn.Parameter(make_tensor(seed, t, 0, SIZES[t], PARAM_SCALE)) for t in range(n_tensors)
+        torch.nn.Parameter(make_tensor(seed, t, 0, sizes[t], PARAM_SCALE).reshape(shapes[t]))
+        for t in range(n_tensors)
     ]
     # Group 0's hyper-parameters go to the constructor (as users write it); later groups override them.
     # This matters for Adagrad, whose eager `sum` is filled with the constructor's initial_accumulator_value
@@ -132,7 +137,8 @@ def run_case(cls, name, seed, groups, group_of, has_grad):
     checkpoints = []
     for step in range(1, STEPS + 1):
         for t, p in enumerate(params):
-            p.grad = make_tensor(seed, t, step, SIZES[t], GRAD_SCALE) if has_grad[step - 1][t] else None
+            p.grad = (make_tensor(seed, t, step, sizes[t], GRAD_SCALE).reshape(shapes[t]) if has_grad[step - 1][t]
+                      else None)
         opt.step()
         if step in CHECKPOINTS:
             sd = opt.state_dict()
@@ -159,12 +165,14 @@ def run_case(cls, name, seed, groups, group_of, has_grad):
     case = {
         "name": name,
         "seed": seed,
-        "sizes": SIZES[:n_tensors],
+        "sizes": sizes,
         "constructor": {k: jsonable(v) for k, v in sorted(constructor.items())},
         "groups": saved_groups,
         "group_of": group_of,
         "has_grad": has_grad,
     }
+    if any(len(s) > 1 for s in shapes):
+        case["shapes"] = [list(s) for s in shapes]  # AdamP: a param of more than one dimension is projected
     if "max_grad_norm" in opt.defaults:
         # LAMB: the global clipping threshold (the copies in the group dicts are ignored).
         case["max_grad_norm"] = opt.defaults["max_grad_norm"]
@@ -406,6 +414,27 @@ SCENARIOS = {
             ),
         ],
     ),
+    # clovaai's adamp.AdamP itself (adamp 0.3.0). Tensors 2 and 3 are a (6, 11) and a (4, 2, 3, 3) param: the hash
+    # gradients are unrelated to the params, so their |cos| is about 1/sqrt(row length): delta 0.1 projects a layer
+    # now and then, delta 1 most layers and some channel views, delta 10 every channel view.
+    "AdamP": (
+        AdamP,
+        [
+            ("default", [{"lr": 1e-2}]),
+            ("weight_decay", [{"lr": 1e-2, "weight_decay": 0.1}]),
+            ("layer_view", [{"lr": 1e-2, "weight_decay": 0.1, "delta": 1.0}]),
+            ("channel_view", [{"lr": 1e-2, "weight_decay": 0.1, "delta": 10.0, "wd_ratio": 0.5}]),
+            ("nesterov", [{"lr": 1e-2, "nesterov": True, "delta": 10.0, "weight_decay": 0.01}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 1e-2, "delta": 10.0},
+                    {"lr": 3e-3, "weight_decay": 0.02, "betas": (0.8, 0.99), "delta": 1.0},
+                ],
+            ),
+        ],
+        [(1,), (7,), (6, 11), (4, 2, 3, 3)],
+    ),
 }
 
 # What each non-torch.optim file says about its reference (the torch.optim files have no such entry).
@@ -417,6 +446,11 @@ REFERENCES = {
     "LAMB": {
         "reference": "tools/lamb_reference.py LambReference: apex FusedLAMB written from its formulas, with a "
         "per-param state step; max_grad_norm is global (each case's max_grad_norm; the group copies are ignored)",
+    },
+    "AdamP": {
+        "reference": "adamp.AdamP (clovaai/AdamP) %s, which torch_npu's NpuFusedAdamP ports; its state step is a "
+        "Python int; each case's shapes give the params of more than one dimension (projected per channel row or "
+        "per layer)",
     },
     "LARS": {
         "reference": "tools/lars_reference.py LarsReference: apex LARC around torch.optim.SGD written from its "
@@ -509,7 +543,7 @@ def main():
         "steps": STEPS,
         "checkpoint_steps": CHECKPOINTS,
     }
-    for seed_base, (algo, (cls, cases)) in enumerate(SCENARIOS.items()):
+    for seed_base, (algo, (cls, cases, *shapes)) in enumerate(SCENARIOS.items()):
         out_cases = []
         for ci, (name, groups) in enumerate(cases):
             seed = 1000 * (seed_base + 1) + ci
@@ -517,10 +551,12 @@ def main():
                 group_of, has_grad = ONE_GROUP, all_grads()
             else:
                 group_of, has_grad = TWO_GROUPS, none_grad_pattern()
-            out_cases.append(run_case(cls, name, seed, groups, group_of, has_grad))
+            out_cases.append(run_case(cls, name, seed, groups, group_of, has_grad, *shapes))
         extra = dict(REFERENCES.get(algo, {}))
         if algo == "Lion":
             extra["reference"] %= importlib.metadata.version("lion-pytorch")
+        if algo == "AdamP":
+            extra["reference"] %= importlib.metadata.version("adamp")
         doc = {"algorithm": algo, **header, **extra, "cases": out_cases}
         path = os.path.join(out_dir, f"{algo.lower()}.json")
         with open(path, "w", encoding="utf-8", newline="\n") as f:

@@ -45,6 +45,9 @@ namespace fusedopt {
 struct TensorSpec {
   std::size_t numel = 0;
   std::uint32_t group = 0;
+  // The tensor's size(0) when it has more than one dimension (Segment::rows: AdamP projects per
+  // channel row), else 0; must divide numel.
+  std::size_t rows = 0;
 };
 
 struct StorageOptions {
@@ -154,7 +157,7 @@ struct StepOptions {
 
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
 // AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper,
-// LarsHyper.
+// LarsHyper, AdampHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -210,6 +213,7 @@ using Adadelta = Optimizer<AdadeltaHyper>;
 using RAdam = Optimizer<RadamHyper>;
 using NAdam = Optimizer<NadamHyper>;
 using LARS = Optimizer<LarsHyper>;
+using AdamP = Optimizer<AdampHyper>;
 
 extern template class Optimizer<SgdHyper>;
 extern template class Optimizer<AdamHyper>;
@@ -223,5 +227,6 @@ extern template class Optimizer<AdadeltaHyper>;
 extern template class Optimizer<RadamHyper>;
 extern template class Optimizer<NadamHyper>;
 extern template class Optimizer<LarsHyper>;
+extern template class Optimizer<AdampHyper>;
 
 }  // namespace fusedopt

@@ -23,6 +23,7 @@ from .optim import (
     FusedAdagrad,
     FusedAdam,
     FusedAdamax,
+    FusedAdamP,
     FusedAdamW,
     FusedLAMB,
     FusedLARS,
@@ -35,7 +36,7 @@ from .optim import (
 from .trainer import Model, Trainer
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
-           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedLARS", "GradScaler",
+           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedLARS", "FusedAdamP", "GradScaler",
            "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"

@@ -11,6 +11,7 @@
 #include "src/algos/adagrad.h"
 #include "src/algos/adam.h"
 #include "src/algos/adamax.h"
+#include "src/algos/adamp.h"
 #include "src/algos/lamb.h"
 #include "src/algos/lars.h"
 #include "src/algos/lion.h"
@@ -52,15 +53,16 @@ struct List {
   }
 };
 
-using All =
-    List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam, Lars>;
+using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam,
+                 Lars, Adamp>;
 
 // The same list for explicit template instantiations (X(Sgd) X(Adam) ...), which a type list cannot
 // drive: step.cc and training_step.cc expand it.
 #define FOPT_FOR_EACH_ALGORITHM(X) \
   X(Sgd)                           \
   X(Adam)                          \
-  X(AdamW) X(Rmsprop) X(Adagrad) X(Lion) X(Lamb) X(Adamax) X(Adadelta) X(Radam) X(Nadam) X(Lars)
+  X(AdamW)                         \
+  X(Rmsprop) X(Adagrad) X(Lion) X(Lamb) X(Adamax) X(Adadelta) X(Radam) X(Nadam) X(Lars) X(Adamp)
 #define FOPT_CHECK_LISTED(A) \
   static_assert(All::IndexOf<A::Hyper>() < All::kSize, #A " is not in All");
 FOPT_FOR_EACH_ALGORITHM(FOPT_CHECK_LISTED)

@@ -37,10 +37,12 @@ Command AddBenchCommand(CLI::App& app) {
       "--clip, a training-loop step, plus standard_pipeline (GradScaler + clip_grad_norm_ + "
       "for-loop step as separate passes)");
   parser
-      ->add_option("--optimizer", options.optimizer,
-                   "sgd (momentum 0.9), adam, adamw, rmsprop, adagrad, lion (lr 1e-4, weight "
-                   "decay 0.1), lamb (two-phase; standard includes its global grad norm), "
-                   "adamax, adadelta, radam, nadam or lars (two-phase, momentum 0.9)")
+      ->add_option(
+          "--optimizer", options.optimizer,
+          "sgd (momentum 0.9), adam, adamw, rmsprop, adagrad, lion (lr 1e-4, weight "
+          "decay 0.1), lamb (two-phase; standard includes its global grad norm), "
+          "adamax, adadelta, radam, nadam, lars (two-phase, momentum 0.9) or adamp (two-phase, per "
+          "channel row)")
       ->check(CLI::IsMember(AlgorithmNames()))
       ->capture_default_str();
   auto* shapes =
