@@ -188,7 +188,11 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     if (options.numel != 0)
       throw std::invalid_argument("give either --shapes or --numel, not both");
     const ModelShapes& model = GetModelShapes(options.shapes);
-    for (const TensorShape& t : model.tensors) tensors.push_back({.numel = t.numel});
+    // rows: the size(0) of a tensor of more than one dimension (AdamP's channel rows; the other
+    // algorithms ignore it)
+    for (const TensorShape& t : model.tensors) {
+      tensors.push_back({.numel = t.numel, .rows = t.dims.size() > 1 ? t.dims[0] : 0});
+    }
     shapes_name = options.shapes;
   } else {
     if (options.numel == 0) throw std::invalid_argument("give --shapes MODEL or --numel N (N > 0)");

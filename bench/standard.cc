@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bench/elementwise.h"
 #include "src/core/parallel.h"
@@ -109,6 +111,69 @@ namespace fusedopt::bench {
 HWY_EXPORT(BaselineOpRange);
 
 namespace {
+
+// The row ops of a per-row reference (AdamP's cosine similarity and projection over a param's
+// view(rows, -1)), as ATen runs a reduction or broadcast over dim 1: one pass, parallel over rows
+// above ATen's grain. Per row f(row, begin, end) over the element range of that row.
+template <class F>
+void ForEachRow(std::size_t numel, std::size_t rows, const Runtime& runtime, const F& f) {
+  const std::size_t length = numel / rows;
+  const auto run = [&](std::size_t r0, std::size_t r1) {
+    for (std::size_t r = r0; r < r1; ++r) f(r, r * length, (r + 1) * length);
+  };
+  if (numel <= kGrainElements) {
+    run(0, rows);
+  } else {
+    ParallelForChunks(rows, runtime.num_threads(), run);
+  }
+}
+
+// Σx² (squares) or Σx of each row, accumulated in double in 8 interleaved sums (ATen sums f32 in
+// f32, in vectorized cascades; the traffic is the same, one read). f32 rows are read directly, so
+// the compiler vectorizes the 8 sums; 16-bit ones through LoadAsF32.
+std::vector<double> RowReduce(TensorRef a, std::size_t rows, bool squares, const Runtime& runtime) {
+  std::vector<double> out(rows, 0.0);
+  ForEachRow(a.numel, rows, runtime, [&](std::size_t r, std::size_t begin, std::size_t end) {
+    constexpr std::size_t kWays = 8;
+    double acc[kWays] = {};
+    const auto add = [&](std::size_t j, double x) { acc[j] += squares ? x * x : x; };
+    std::size_t i = begin;
+    if (a.dtype == DType::kF32) {
+      const float* x = static_cast<const float*>(a.data);
+      for (; i + kWays <= end; i += kWays) {
+        for (std::size_t j = 0; j < kWays; ++j) add(j, x[i + j]);
+      }
+    }
+    for (; i < end; ++i) add(0, LoadAsF32(a.data, a.dtype, i));
+    double sum = 0.0;
+    for (const double x : acc) sum += x;
+    out[r] = sum;
+  });
+  return out;
+}
+
+// out = a / values[row] (divide) or a · values[row], each element rounded to out's dtype.
+void RowBroadcast(TensorRef out, TensorRef a, const std::vector<double>& values, bool divide,
+                  const Runtime& runtime) {
+  ForEachRow(a.numel, values.size(), runtime,
+             [&](std::size_t r, std::size_t begin, std::size_t end) {
+               const auto v = static_cast<float>(values[r]);
+               if (a.dtype == DType::kF32 && out.dtype == DType::kF32) {  // vectorized
+                 const float* x = static_cast<const float*>(a.data);
+                 float* y = static_cast<float*>(out.data);
+                 if (divide) {
+                   for (std::size_t i = begin; i < end; ++i) y[i] = x[i] / v;
+                 } else {
+                   for (std::size_t i = begin; i < end; ++i) y[i] = x[i] * v;
+                 }
+                 return;
+               }
+               for (std::size_t i = begin; i < end; ++i) {
+                 const float x = LoadAsF32(a.data, a.dtype, i);
+                 StoreFromF32(out.data, out.dtype, i, divide ? x / v : x * v);
+               }
+             });
+}
 
 // out = op(a, b): one pass, split like RunOp.
 void RunBaselineOp(BaselineOp op, TensorRef out, TensorRef a, TensorRef b, const Runtime& runtime,
@@ -220,6 +285,28 @@ class TensorOps {
   }
 
   double norm(const Tensor& a) const { return RunNorm2(a.ref, runtime_); }
+
+  // The row ops (descriptor.h): over the segment's view(rows, -1).
+  std::size_t rows() const { return s_.rows; }
+  std::size_t numel() const { return s_.numel; }
+  std::vector<double> row_norms(const Tensor& a, std::size_t rows) const {
+    std::vector<double> out = RowReduce(a.ref, rows, /*squares=*/true, runtime_);
+    for (double& x : out) x = static_cast<float>(std::sqrt(x));  // an f32 result, as torch's
+    return out;
+  }
+  std::vector<double> row_sums(const Tensor& a, std::size_t rows) const {
+    return RowReduce(a.ref, rows, /*squares=*/false, runtime_);
+  }
+  Tensor div_rows(const Tensor& a, const std::vector<double>& values) const {
+    Tensor out = New();
+    RowBroadcast(out.ref, a.ref, values, /*divide=*/true, runtime_);
+    return out;
+  }
+  Tensor mul_rows(const Tensor& a, const std::vector<double>& values) const {
+    Tensor out = New();
+    RowBroadcast(out.ref, a.ref, values, /*divide=*/false, runtime_);
+    return out;
+  }
 
  private:
   Tensor New() const {

@@ -43,7 +43,7 @@ decltype(auto) WithDescriptor(Algorithm a, F&& f) {
 Algorithm ParseAlgorithm(std::string_view name);
 std::string_view AlgorithmName(Algorithm a);
 // Every kName in the registry's order: "sgd, adam, adamw, rmsprop, adagrad, lion, lamb, adamax,
-// adadelta, radam, nadam, lars".
+// adadelta, radam, nadam, lars, adamp".
 std::string AlgorithmNames();
 
 // Whether the fused step of `a` is two-phase: a reduction pass that reads the grad, the param and

@@ -36,6 +36,13 @@ LARS (apex LARC around torch.optim.SGD) likewise:
   pytorch_optimizer_foreach  ... foreach=True. Its formula differs (no eps, no clip mode, 1-D params
                              plain SGD without decay; it scales .grad in place), so it is timed, not compared.
 
+AdamP (clovaai's, which torch_npu's NpuFusedAdamP ports) likewise:
+
+  adamp                      clovaai's adamp.AdamP (0.3.0; the reference of FusedAdamP)
+  adamp_reference            tools/adamp_reference.py, its op-for-op copy (a tensor state['step'])
+  pytorch_optimizer          pytorch_optimizer.AdamP(foreach=False);
+  pytorch_optimizer_foreach  ... foreach=True. Its eps is scaled by sqrt(1 - beta2^t), so it is timed, not compared.
+
 With --deepspeed (adam, adamw), DeepSpeed's CPU Adam runs beside them (deepspeed.ops.adam.DeepSpeedCPUAdam,
 the fused CPU Adam of ZeRO-Offload; not installed by scripts/setup: `pip install deepspeed` into .venv,
 and its first use compiles it, about a minute). Give OMP_NUM_THREADS as --threads: it runs on its own
@@ -123,6 +130,18 @@ def lars_references() -> dict:
             "pytorch_optimizer": third_party(False), "pytorch_optimizer_foreach": third_party(True)}
 
 
+def adamp_references() -> dict:
+    import adamp
+    import pytorch_optimizer
+    from adamp_reference import AdampReference
+
+    def third_party(foreach):
+        return lambda params: pytorch_optimizer.AdamP(params, lr=LR, foreach=foreach)
+
+    return {"adamp": lambda params: adamp.AdamP(params, lr=LR), "adamp_reference": lambda params: AdampReference(
+        params, lr=LR), "pytorch_optimizer": third_party(False), "pytorch_optimizer_foreach": third_party(True)}
+
+
 def deepspeed_references(optimizer: str) -> dict:
     from deepspeed.ops.adam import DeepSpeedCPUAdam
     weight_decay = 1e-2 if optimizer == "adamw" else 0.0  # torch's defaults
@@ -130,7 +149,7 @@ def deepspeed_references(optimizer: str) -> dict:
         params, lr=LR, weight_decay=weight_decay, adamw_mode=optimizer == "adamw")}
 
 
-OPTIMIZERS = (*TORCH_OPTIMIZERS, "lion", "lamb", "lars", "rmsproptf")
+OPTIMIZERS = (*TORCH_OPTIMIZERS, "lion", "lamb", "lars", "rmsproptf", "adamp")
 UNCOMPARED = {"pytorch_optimizer", "pytorch_optimizer_foreach", "larc_sgd"}  # another formula (or grads rewritten)
 MODELS = {name: constructor for name, constructor, _, _ in gen_model_shapes.MODELS}
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -193,6 +212,8 @@ def references(optimizer: str, dtype: torch.dtype, deepspeed: bool = False) -> d
         return rmsproptf_references()
     if optimizer == "lars":
         return lars_references()
+    if optimizer == "adamp":
+        return adamp_references()
     name, kwargs = TORCH_OPTIMIZERS[optimizer]
     variants = {"torch_forloop": {"foreach": False}, "torch_foreach": {"foreach": True}}
     if torch_fused_supported(optimizer, dtype):
@@ -210,6 +231,8 @@ def build_fused(optimizer: str, params: list[torch.Tensor], flatten: bool) -> to
         return fusedopt.FusedRMSpropTF(params, lr=LR, flatten=flatten)  # the reference's defaults otherwise
     if optimizer == "lars":
         return fusedopt.FusedLARS(params, lr=LR, flatten=flatten, **LARS_KW)
+    if optimizer == "adamp":
+        return fusedopt.FusedAdamP(params, lr=LR, flatten=flatten)
     name, kwargs = TORCH_OPTIMIZERS[optimizer]
     return getattr(fusedopt, "Fused" + name)(params, lr=LR, flatten=flatten, **kwargs)
 
@@ -257,7 +280,7 @@ def compare(param: torch.Tensor, reference: torch.Tensor,
 def check_agreement(optimizers: dict, dtype: torch.dtype) -> dict[str, dict]:
     """Steps every impl CHECK_STEPS times from identical params and grads and compares its params
     with the first impl's (the reference: torch_forloop, lion_pytorch, lamb_reference, lars_reference,
-    rmsproptf_reference); warns on
+    rmsproptf_reference, adamp); warns on
     stderr where the relative diff exceeds CHECK_TOLERANCE, where inf/nan sit elsewhere, or where
     the reference's own params are no longer finite."""
     first = next(iter(optimizers))

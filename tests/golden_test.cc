@@ -2,12 +2,12 @@
 // Lion from lion-pytorch, for LAMB from tools/lamb_reference.py (apex FusedLAMB's formulas in
 // torch ops), for LARS from tools/lars_reference.py (apex LARC around torch.optim.SGD) and for
 // RMSpropTF from tools/rmsproptf_reference.py (torch_npu NpuFusedRMSpropTF's formulas in torch
-// ops): the fp32 fused kernels on the default (best) SIMD target must match the reference's
-// single-tensor path within 1e-6 relative (floor 1e-6·max|ref| per buffer) at the checkpoints of
-// each file (steps 1, 5 and 20; ASGD's and Rprop's also 100). LAMB needs no looser tolerance
-// despite torch's non-IEEE sqrt and the trust ratio: its worst error is 8.7e-8 of that metric
-// (torch 2.13.0+cpu wheel, AVX3 and AVX2). Whether they match bit for bit is printed once at the
-// end, for information only.
+// ops), AdamP from clovaai's adamp.AdamP: the fp32 fused kernels on the default (best) SIMD target
+// must match the reference's single-tensor path within 1e-6 relative (floor 1e-6·max|ref| per
+// buffer) at the checkpoints of each file (steps 1, 5 and 20; ASGD's and Rprop's also 100). LAMB
+// needs no looser tolerance despite torch's non-IEEE sqrt and the trust ratio: its worst error is
+// 8.7e-8 of that metric (torch 2.13.0+cpu wheel, AVX3 and AVX2). Whether they match bit for bit is
+// printed once at the end, for information only.
 //
 // The inputs are not stored: initial params and gradients are rebuilt from the generator's integer
 // hash. One test per case, registered at start-up from the JSON files, named
@@ -403,6 +403,29 @@ struct Algo<LarsHyper> {
   static void Step(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsStep(g, s); }
 };
 
+// clovaai's adamp.AdamP: the case's shapes give each tensor's channel rows (Segment::rows).
+template <>
+struct Algo<AdampHyper> {
+  static AdampHyper Parse(const json& g) {
+    AdampHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.beta1 = g.at("betas").at(0).get<double>();
+    h.beta2 = g.at("betas").at(1).get<double>();
+    h.eps = g.at("eps").get<double>();
+    h.weight_decay = g.at("weight_decay").get<double>();
+    h.delta = g.at("delta").get<double>();
+    h.wd_ratio = g.at("wd_ratio").get<double>();
+    h.nesterov = g.at("nesterov").get<bool>();
+    return h;
+  }
+  static int Slot(const std::string& key) {
+    if (key == "exp_avg") return kAdampExpAvg;
+    if (key == "exp_avg_sq") return kAdampExpAvgSq;
+    return -1;
+  }
+  static void Step(std::span<const AdampHyper> g, std::span<const Segment> s) { AdampStep(g, s); }
+};
+
 // Parse(group) or, for algorithms that need the case (its constructor arguments), Parse(group,
 // case).
 template <class Hyper>
@@ -528,6 +551,13 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
   const int steps = header.at("steps").get<int>();
   const std::size_t n = sizes.size();
   ASSERT_EQ(group_of.size(), n);
+  // Segment::rows from the case's shapes (AdamP's): size(0) of a tensor of more than one dimension.
+  std::vector<std::size_t> rows(n, 0);
+  if (c.contains("shapes")) {
+    const auto shapes = c.at("shapes").get<std::vector<std::vector<std::size_t>>>();
+    ASSERT_EQ(shapes.size(), n);
+    for (std::size_t t = 0; t < n; ++t) rows[t] = shapes[t].size() > 1 ? shapes[t][0] : 0;
+  }
   ASSERT_EQ(has_grad.size(), static_cast<std::size_t>(steps));
 
   std::vector<Hyper> groups;
@@ -596,6 +626,7 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
       }
       for (int k = 0; k < kMaxScalars; ++k) s.scalars[k] = &scalars[t][k];
       s.numel = sizes[t];
+      s.rows = rows[t];
       s.group = group_of[t];
       s.step = ++count[t];
       segments.push_back(s);
@@ -731,6 +762,7 @@ constexpr GoldenFile kFiles[] = {
     {"asgd.json", "ASGD", &RunCase<AsgdHyper>},
     {"lars.json", "LARS", &RunCase<LarsHyper>},
     {"rprop.json", "Rprop", &RunCase<RpropHyper>},
+    {"adamp.json", "AdamP", &RunCase<AdampHyper>},
 };
 
 // The parsed files live for the whole run: the registered tests point into them.

@@ -1110,6 +1110,75 @@ struct LarsAlgo {
   }
 };
 
+// AdamP: the oracle decides the projection from its own double sums. Segments of the sweep's and
+// the determinism workload's sizes get channel rows (Rows): a (1, 1) param, 2-8 rows of 4-13
+// elements, rows spanning ATen's grain and chunks; the others are 1-D. delta 10 projects every
+// channel view (|cos| ≤ 1 < 10 / √13), delta 1 some channel and many layer views, 0.1 few.
+struct AdampAlgo {
+  using Hyper = AdampHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_avg_sq", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    AdampStep(g, s, rt);
+  }
+  static std::size_t Rows(std::size_t n) {
+    switch (n) {
+      case 1:
+        return 1;
+      case 8:
+        return 2;
+      case 9:
+      case 33333:
+        return 3;
+      case 63:
+        return 7;
+      case 64:
+        return 8;
+      case 65:
+        return 5;
+      case 40000:
+        return 16;
+      default:
+        return 0;
+    }
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::AdampStep(h, t, Rows(p.size()), p, g, st[0], st[1]);
+  }
+  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
+  // delta {10, 1, 0.1} × nesterov × weight_decay {0, 0.05}; the first projects every channel view.
+  static std::vector<Hyper> Options() {
+    std::vector<Hyper> out;
+    for (double delta : {10.0, 1.0, 0.1}) {
+      for (bool nesterov : {false, true}) {
+        for (double wd : {0.05, 0.0}) {
+          out.push_back({.lr = 0.01, .weight_decay = wd, .delta = delta, .nesterov = nesterov});
+        }
+      }
+    }
+    return out;
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.wd_ratio = 0.5;
+    h.beta1 = 0.8;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "AdamP{lr=" << h.lr << " betas=(" << h.beta1 << "," << h.beta2 << ") eps=" << h.eps
+      << " wd=" << h.weight_decay << " delta=" << h.delta << " wd_ratio=" << h.wd_ratio
+      << " nesterov=" << h.nesterov << "}";
+    return o.str();
+  }
+  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
+    if (step == 1) return 0.0;
+    if (slot == kAdampExpAvg) return rng.Uniform(-0.3, 0.3);
+    return rng.Uniform(0.01, 0.5);
+  }
+};
+
 // ------------------------------------------------------------------------------------------------
 // Test cases: segments with their buffers, the oracle's copy, and one driver
 
@@ -1149,6 +1218,7 @@ struct SegData {
   std::array<std::optional<Buffer>, kMaxStates> state;
   // Segment::scalars (NAdam's mu_product), advanced by the step itself.
   std::array<float, kMaxScalars> scalars{};
+  std::size_t rows = 0;  // Segment::rows (AdamP's channel rows)
   // True when every persistent buffer is f32: the oracle then runs free for all steps.
   bool free_running;
   std::vector<double> ref_p;
@@ -1166,6 +1236,7 @@ struct SegData {
     s.master = master ? static_cast<float*>(master->data()) : nullptr;
     for (int k = 0; k < kMaxScalars; ++k) s.scalars[k] = &scalars[k];
     s.numel = spec.n;
+    s.rows = rows;
     s.param_dtype = spec.combo.param;
     s.grad_dtype = spec.combo.grad;
     s.state_dtype = spec.combo.state;
@@ -1211,6 +1282,7 @@ SegData MakeSegment(const SegSpec& spec, const typename A::Hyper& h, Rng& rng) {
     for (std::size_t i = 0; i < spec.n; ++i) s.param.Set(i, rng.Uniform(-1.0, 1.0));
   }
   if constexpr (requires { A::InitScalars; }) A::InitScalars(h, spec.first_step, s.scalars);
+  if constexpr (requires { A::Rows(spec.n); }) s.rows = A::Rows(spec.n);
   const unsigned states = A::States(h);
   for (int k = 0; k < kMaxStates; ++k) {
     if ((states >> k & 1u) == 0) continue;
@@ -1509,6 +1581,7 @@ TEST_P(KernelSweep, Rmsproptf) { RunSweep<RmsproptfAlgo>(target()); }
 TEST_P(KernelSweep, Asgd) { RunSweep<AsgdAlgo>(target()); }
 TEST_P(KernelSweep, Lars) { RunSweep<LarsAlgo>(target()); }
 TEST_P(KernelSweep, Rprop) { RunSweep<RpropAlgo>(target()); }
+TEST_P(KernelSweep, Adamp) { RunSweep<AdampAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelMixed: every option combination is its own group, with one segment each; the segments cycle
@@ -1551,6 +1624,7 @@ TEST_P(KernelMixed, Rmsproptf) { RunMixed<RmsproptfAlgo>(target()); }
 TEST_P(KernelMixed, Asgd) { RunMixed<AsgdAlgo>(target()); }
 TEST_P(KernelMixed, Lars) { RunMixed<LarsAlgo>(target()); }
 TEST_P(KernelMixed, Rprop) { RunMixed<RpropAlgo>(target()); }
+TEST_P(KernelMixed, Adamp) { RunMixed<AdampAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelLarge: 4099 elements on every 16-bit combo (so the bias check runs), and 1000003 elements
@@ -1599,6 +1673,7 @@ TEST_P(KernelLarge, Rmsproptf) { RunLarge<RmsproptfAlgo>(target()); }
 TEST_P(KernelLarge, Asgd) { RunLarge<AsgdAlgo>(target()); }
 TEST_P(KernelLarge, Lars) { RunLarge<LarsAlgo>(target()); }
 TEST_P(KernelLarge, Rprop) { RunLarge<RpropAlgo>(target()); }
+TEST_P(KernelLarge, Adamp) { RunLarge<AdampAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelSpecial: zero, huge, eps-dominated and NaN/Inf gradients against the oracle (NaN/Inf must
@@ -1690,6 +1765,7 @@ TEST_P(KernelSpecial, RmsproptfValues) { RunSpecialValues<RmsproptfAlgo>(target(
 TEST_P(KernelSpecial, AsgdValues) { RunSpecialValues<AsgdAlgo>(target()); }
 TEST_P(KernelSpecial, LarsValues) { RunSpecialValues<LarsAlgo>(target()); }
 TEST_P(KernelSpecial, RpropValues) { RunSpecialValues<RpropAlgo>(target()); }
+TEST_P(KernelSpecial, AdampValues) { RunSpecialValues<AdampAlgo>(target()); }
 TEST_P(KernelSpecial, SgdZeroSize) { RunZeroSize<SgdAlgo>(target()); }
 TEST_P(KernelSpecial, AdamZeroSize) { RunZeroSize<AdamAlgo>(target()); }
 TEST_P(KernelSpecial, AdamWZeroSize) { RunZeroSize<AdamWAlgo>(target()); }
@@ -1705,6 +1781,7 @@ TEST_P(KernelSpecial, RmsproptfZeroSize) { RunZeroSize<RmsproptfAlgo>(target());
 TEST_P(KernelSpecial, AsgdZeroSize) { RunZeroSize<AsgdAlgo>(target()); }
 TEST_P(KernelSpecial, LarsZeroSize) { RunZeroSize<LarsAlgo>(target()); }
 TEST_P(KernelSpecial, RpropZeroSize) { RunZeroSize<RpropAlgo>(target()); }
+TEST_P(KernelSpecial, AdampZeroSize) { RunZeroSize<AdampAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // Determinism: Runtime(1), Runtime(2) and Runtime(3) give bit-identical buffers over several
@@ -1806,6 +1883,7 @@ TEST_P(Determinism, Rmsproptf) { RunDeterminism<RmsproptfAlgo>(target()); }
 TEST_P(Determinism, Asgd) { RunDeterminism<AsgdAlgo>(target()); }
 TEST_P(Determinism, Lars) { RunDeterminism<LarsAlgo>(target()); }
 TEST_P(Determinism, Rprop) { RunDeterminism<RpropAlgo>(target()); }
+TEST_P(Determinism, Adamp) { RunDeterminism<AdampAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3
@@ -1894,6 +1972,19 @@ TEST(DeterminismAcrossTargets, Lars) {
   for (const LarsHyper& h : {options.front(), options[options.size() - 2], options.back()})
     per_class.push_back({h, LarsAlgo::OtherGroup(h)});
   RunAcrossTargets<LarsAlgo>(
+      per_class,
+      {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
+      /*all_targets_agree=*/false);
+}
+
+// AdamP's per-row sums come from the same fixed-order accumulators: targets of one class agree bit
+// for bit, projected per channel (delta 10) or not.
+TEST(DeterminismAcrossTargets, Adamp) {
+  const std::vector<AdampHyper> options = AdampAlgo::Options();
+  std::vector<std::vector<AdampHyper>> per_class;
+  for (const AdampHyper& h : {options.front(), options.back()})
+    per_class.push_back({h, AdampAlgo::OtherGroup(h)});
+  RunAcrossTargets<AdampAlgo>(
       per_class,
       {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
       /*all_targets_agree=*/false);

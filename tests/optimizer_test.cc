@@ -682,6 +682,30 @@ TEST(Optimizer, LarsMomentumSwitchedOnLaterStartsFromTheGradient) {
   EXPECT_FLOAT_EQ(lars.storage().params<float>(0)[0], -1.0f - 0.5f * d);
 }
 
+// Optimizer<AdampHyper> hands TensorSpec::rows to the step: a (8, 8) tensor is projected per
+// channel (delta 10), exactly as the raw step on a segment with rows 8; without rows it is not.
+TEST(Optimizer, AdampTakesTheChannelRowsOfTensorSpec) {
+  const AdampHyper h{.lr = 1e-2, .weight_decay = 0.1, .delta = 10.0};
+  AdamP with_rows({h}, {{.numel = 64, .rows = 8}});
+  AdamP flat({h}, {{.numel = 64}});
+  std::vector<float> p(64), g(64), m(64, 0.0f), v(64, 0.0f);
+  for (std::size_t i = 0; i < 64; ++i) {
+    p[i] = std::sin(static_cast<float>(i) + 0.5f);
+    g[i] = std::cos(3.0f * static_cast<float>(i));
+  }
+  for (AdamP* opt : {&with_rows, &flat}) {
+    std::ranges::copy(p, opt->storage().params<float>(0).begin());
+    std::ranges::copy(g, opt->storage().grads<float>(0).begin());
+    opt->Step();
+  }
+  Segment raw{.param = p.data(), .grad = g.data(), .numel = 64, .rows = 8};
+  raw.state[kAdampExpAvg] = m.data();
+  raw.state[kAdampExpAvgSq] = v.data();
+  AdampStep(std::span<const AdampHyper>(&h, 1), std::span<const Segment>(&raw, 1));
+  EXPECT_TRUE(std::ranges::equal(with_rows.storage().params<float>(0), p));
+  EXPECT_FALSE(std::ranges::equal(flat.storage().params<float>(0), p));
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Optimizer: master weights.
 

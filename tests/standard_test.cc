@@ -286,6 +286,20 @@ std::vector<LarsHyper> Options(std::type_identity<LarsHyper> /*tag*/) {
   return out;
 }
 
+// delta 10 (every channel view of the first tensor projected) and 0.1 (mostly none) × nesterov ×
+// weight decay.
+std::vector<AdampHyper> Options(std::type_identity<AdampHyper> /*tag*/) {
+  std::vector<AdampHyper> out;
+  for (double delta : {10.0, 0.1}) {
+    for (bool nesterov : {false, true}) {
+      for (double wd : {0.0, 0.1}) {
+        out.push_back({.lr = 0.01, .weight_decay = wd, .delta = delta, .nesterov = nesterov});
+      }
+    }
+  }
+  return out;
+}
+
 // The step of the first of the three: 1, except for RAdam, whose steps 1-5 are never rectified
 // (rho_t <= 5 for any beta2): steps 5, 6 and 7 take both of its branches.
 template <class Hyper>
@@ -363,7 +377,9 @@ TYPED_TEST(StandardVsOracle, ThreeSteps) {
   using A = TypeParam;
   using Hyper = typename A::Hyper;
   const Runtime runtime(2);
-  const std::vector<TensorSpec> tensors = {{.numel = 2 * kGrainElements + 37}, {.numel = 5}};
+  std::vector<TensorSpec> tensors = {{.numel = 2 * kGrainElements + 37}, {.numel = 5}};
+  // AdamP: the first tensor has 23 channel rows of 2851 (65573 elements), the second one dimension.
+  if constexpr (std::is_same_v<Hyper, AdampHyper>) tensors[0].rows = 23;
   constexpr int kSteps = 3;
   for (const Hyper& hyper : Options(std::type_identity<Hyper>{})) {
     // Gradients of global norm 0.15 and 1.5 (LAMB: below and above its clip at max_grad_norm 1).
@@ -417,7 +433,12 @@ TYPED_TEST(StandardVsOracle, ThreeSteps) {
         for (std::size_t i = 0; i < tensors.size(); ++i) {
           StateSpans spans;
           for (int k = 0; k < kMaxStates; ++k) spans[k] = st[i][k];
-          RefStep(hyper, t, p[i], grads[i], spans);
+          if constexpr (std::is_same_v<Hyper, AdampHyper>) {
+            ref::AdampStep(hyper, t, tensors[i].rows, p[i], grads[i], spans[kAdampExpAvg],
+                           spans[kAdampExpAvgSq]);
+          } else {
+            RefStep(hyper, t, p[i], grads[i], spans);
+          }
         }
       }
       // Relative error grows with the steps and with cancellation in the states.

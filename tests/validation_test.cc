@@ -121,6 +121,7 @@ void RawStep(std::span<const RmsproptfHyper> g, std::span<const Segment> s) { Rm
 void RawStep(std::span<const AsgdHyper> g, std::span<const Segment> s) { AsgdStep(g, s); }
 void RawStep(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsStep(g, s); }
 void RawStep(std::span<const RpropHyper> g, std::span<const Segment> s) { RpropStep(g, s); }
+void RawStep(std::span<const AdampHyper> g, std::span<const Segment> s) { AdampStep(g, s); }
 
 template <class Hyper>
 const char* StepName() {
@@ -139,6 +140,7 @@ const char* StepName() {
   if constexpr (std::is_same_v<Hyper, AsgdHyper>) return "AsgdStep";
   if constexpr (std::is_same_v<Hyper, LarsHyper>) return "LarsStep";
   if constexpr (std::is_same_v<Hyper, RpropHyper>) return "RpropStep";
+  if constexpr (std::is_same_v<Hyper, AdampHyper>) return "AdampStep";
 }
 
 // Two valid segments in group 0 (one spans several chunks), then segment 2 (64 elements) in group
@@ -357,6 +359,40 @@ TEST(Validation, LarsAcceptsTheEdges) {
   }
 }
 
+// AdamP: torch.optim.Adam's rules (lr, eps, weight_decay >= 0, betas in [0, 1)) and delta >= 0,
+// a finite wd_ratio >= 0 (clovaai checks nothing).
+TEST(Validation, AdampRejectsBadHyperParameters) {
+  ExpectBadGroup(AdampHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(AdampHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(AdampHyper{.beta1 = 1.0}, {"beta1: 1", "[0, 1)"});
+  ExpectBadGroup(AdampHyper{.beta2 = -0.1}, {"beta2", "-0.1"});
+  ExpectBadGroup(AdampHyper{.eps = -0.25}, {"eps", "-0.25"});
+  ExpectBadGroup(AdampHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+  ExpectBadGroup(AdampHyper{.delta = -0.1}, {"delta", "-0.1"});
+  ExpectBadGroup(AdampHyper{.delta = kNaN}, {"delta", "nan"});
+  ExpectBadGroup(AdampHyper{.wd_ratio = -0.5}, {"wd_ratio", "-0.5"});
+  ExpectBadGroup(AdampHyper{.wd_ratio = std::numeric_limits<double>::infinity()},
+                 {"wd_ratio", "inf"});
+}
+
+// Segment::rows must divide numel (AdamP's channel rows); 0 (a 1-D param) and numel itself are
+// fine, and the other algorithms ignore rows.
+TEST(Validation, AdampRowsMustDivideNumel) {
+  const std::vector<AdampHyper> groups = {AdampHyper{}, AdampHyper{}};
+  Model m = MakeModel(groups[0], groups[1]);
+  m.segment(2).rows = 3;  // 64 elements
+  ExpectRejected(m, [&] { AdampStep(groups, m.segments()); },
+                 {"AdampStep", "segment 2", "rows 3", "numel 64"});
+  for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{8}, std::size_t{64}}) {
+    m.segment(2).rows = rows;
+    EXPECT_NO_THROW(AdampStep(groups, m.segments())) << rows;
+  }
+  Model sgd = MakeModel(SgdHyper{}, SgdHyper{});
+  sgd.segment(2).rows = 3;
+  const std::vector<SgdHyper> sgd_groups(2);
+  EXPECT_NO_THROW(SgdStep(sgd_groups, sgd.segments()));
+}
+
 TEST(Validation, SegmentGroupOutOfRange) {
   Model m = MakeModel(AdamHyper{}, AdamHyper{});
   m.segment(2).group = 5;
@@ -416,6 +452,7 @@ TEST(Validation, NullBuffersAreFineWithNumelZero) {
   ExpectEmptyNullSegmentAccepted(AsgdHyper{.weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(LarsHyper{.momentum = 0.9, .weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(RpropHyper{.maximize = true});
+  ExpectEmptyNullSegmentAccepted(AdampHyper{.weight_decay = 0.1});
 }
 
 // Segment 2 lacks state[slot], which `h` requires.
@@ -463,6 +500,8 @@ TEST(Validation, MissingState) {
   ExpectMissingState(LarsHyper{.momentum = 0.9}, kLarsMomentumBuffer, {"momentum_buffer"});
   ExpectMissingState(RpropHyper{}, kRpropPrev, {"prev"});
   ExpectMissingState(RpropHyper{}, kRpropStepSize, {"step_size"});
+  ExpectMissingState(AdampHyper{}, kAdampExpAvg, {"exp_avg"});
+  ExpectMissingState(AdampHyper{}, kAdampExpAvgSq, {"exp_avg_sq"});
 }
 
 // NAdam's scalar state (mu_product) is required for every segment, an empty one too.
@@ -649,6 +688,7 @@ TEST(Validation, SegmentsWithNoGroups) {
   ExpectRejected(m, [&] { AdadeltaStep({}, m.segments()); }, {"AdadeltaStep", "no groups"});
   ExpectRejected(m, [&] { RadamStep({}, m.segments()); }, {"RadamStep", "no groups"});
   ExpectRejected(m, [&] { LarsStep({}, m.segments()); }, {"LarsStep", "no groups"});
+  ExpectRejected(m, [&] { AdampStep({}, m.segments()); }, {"AdampStep", "no groups"});
 }
 
 TEST(Validation, NothingToDoIsAccepted) {
@@ -768,6 +808,9 @@ TEST(Validation, RequiredStates) {
   // Rprop: prev and step_size, whatever the options.
   EXPECT_EQ(RequiredStates(RpropHyper{}), 0b011u);
   EXPECT_EQ(RequiredStates(RpropHyper{.maximize = true}), 0b011u);
+  // AdamP: exp_avg and exp_avg_sq, whatever the options.
+  EXPECT_EQ(RequiredStates(AdampHyper{}), 0b011u);
+  EXPECT_EQ(RequiredStates(AdampHyper{.weight_decay = 0.1, .nesterov = true}), 0b011u);
 }
 
 // Adamax: torch.optim.Adamax's constructor checks (lr, eps, weight_decay >= 0; betas in [0, 1)).

@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
 """Writes the golden vectors under tests/golden/ (checked by tests/golden_test.cc).
 
-Run from the repository root with the project venv (torch 2.x, lion-pytorch 0.2.5):
+Run from the repository root with the project venv (torch 2.x, lion-pytorch 0.2.5, adamp 0.3.0):
 
     .venv/bin/python tools/make_golden.py
 
 The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, RAdam, NAdam, ASGD and Rprop; lucidrains' lion_pytorch.Lion (the
 independent reference of Lion); tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
 from its formulas: apex itself is CUDA only); tools/lars_reference.py's LarsReference for LARS (apex LARC
-around torch.optim.SGD, written from its formulas); and tools/rmsproptf_reference.py's RMSpropTFReference for
-RMSpropTF (torch_npu's NpuFusedRMSpropTF written from its formulas: the NPU class runs on Ascend only). Every
-case runs the single-tensor path (foreach=False and fused=False where the class takes them) on float32 CPU
-tensors for STEPS steps (the algorithms of LONG_RUNS: their own count) and records the params and the optimizer
-state (torch state_dict keys) after the steps in CHECKPOINTS. Inputs are not stored: the initial params and every gradient come from a 32-bit integer hash
+around torch.optim.SGD, written from its formulas); tools/rmsproptf_reference.py's RMSpropTFReference for
+RMSpropTF (torch_npu's NpuFusedRMSpropTF written from its formulas: the NPU class runs on Ascend only); and
+clovaai's adamp.AdamP for AdamP. Every case runs the single-tensor path (foreach=False and fused=False where the
+class takes them) on float32 CPU tensors for STEPS steps (the algorithms of LONG_RUNS: their own count) and
+records the params and the optimizer state (torch state_dict keys) after the steps in CHECKPOINTS. Inputs are
+not stored: the initial params and every gradient come from a 32-bit integer hash
 that the C++ test reimplements bit for bit (see `value` below), so each file holds only the hyper-parameters,
 the layout and the results. The output is deterministic: the same torch build and CPU capability write the
 same bytes.
@@ -37,6 +38,7 @@ import os
 import sys
 
 import numpy as np
+from adamp import AdamP
 from lion_pytorch import Lion
 
 import torch
@@ -111,11 +113,15 @@ def jsonable(v):
     return v
 
 
-def run_case(cls, name, seed, groups, group_of, has_grad, steps=STEPS, checkpoint_steps=CHECKPOINTS):
-    """groups: list of hyper-parameter dicts; group_of[t]: group of tensor t; has_grad[s][t] for step s+1."""
+def run_case(cls, name, seed, groups, group_of, has_grad, steps=STEPS, checkpoint_steps=CHECKPOINTS, shapes=None):
+    """groups: list of hyper-parameter dicts; group_of[t]: group of tensor t; has_grad[s][t] for step s+1.
+    shapes: the tensors' shapes (the same hashed values, reshaped; recorded in the case), or 1-D of SIZES."""
     n_tensors = len(group_of)
+    shapes = shapes or [(n,) for n in SIZES[:n_tensors]]
+    sizes = [math.prod(s) for s in shapes]
     params = [
-        torch.nn.Parameter(make_tensor(seed, t, 0, SIZES[t], PARAM_SCALE)) for t in range(n_tensors)
+        torch.nn.Parameter(make_tensor(seed, t, 0, sizes[t], PARAM_SCALE).reshape(shapes[t]))
+        for t in range(n_tensors)
     ]
     # Group 0's hyper-parameters go to the constructor (as users write it); later groups override them.
     # This matters for Adagrad, whose eager `sum` is filled with the constructor's initial_accumulator_value
@@ -139,7 +145,8 @@ def run_case(cls, name, seed, groups, group_of, has_grad, steps=STEPS, checkpoin
     checkpoints = []
     for step in range(1, steps + 1):
         for t, p in enumerate(params):
-            p.grad = make_tensor(seed, t, step, SIZES[t], GRAD_SCALE) if has_grad[step - 1][t] else None
+            p.grad = (make_tensor(seed, t, step, sizes[t], GRAD_SCALE).reshape(shapes[t]) if has_grad[step - 1][t]
+                      else None)
         opt.step()
         if step in checkpoint_steps:
             sd = opt.state_dict()
@@ -166,12 +173,14 @@ def run_case(cls, name, seed, groups, group_of, has_grad, steps=STEPS, checkpoin
     case = {
         "name": name,
         "seed": seed,
-        "sizes": SIZES[:n_tensors],
+        "sizes": sizes,
         "constructor": {k: jsonable(v) for k, v in sorted(constructor.items())},
         "groups": saved_groups,
         "group_of": group_of,
         "has_grad": has_grad,
     }
+    if any(len(s) > 1 for s in shapes):
+        case["shapes"] = [list(s) for s in shapes]  # AdamP: a param of more than one dimension is projected
     if "max_grad_norm" in opt.defaults:
         # LAMB: the global clipping threshold (the copies in the group dicts are ignored).
         case["max_grad_norm"] = opt.defaults["max_grad_norm"]
@@ -486,6 +495,27 @@ SCENARIOS = {
             ),
         ],
     ),
+    # clovaai's adamp.AdamP itself (adamp 0.3.0). Tensors 2 and 3 are a (6, 11) and a (4, 2, 3, 3) param: the hash
+    # gradients are unrelated to the params, so their |cos| is about 1/sqrt(row length): delta 0.1 projects a layer
+    # now and then, delta 1 most layers and some channel views, delta 10 every channel view.
+    "AdamP": (
+        AdamP,
+        [
+            ("default", [{"lr": 1e-2}]),
+            ("weight_decay", [{"lr": 1e-2, "weight_decay": 0.1}]),
+            ("layer_view", [{"lr": 1e-2, "weight_decay": 0.1, "delta": 1.0}]),
+            ("channel_view", [{"lr": 1e-2, "weight_decay": 0.1, "delta": 10.0, "wd_ratio": 0.5}]),
+            ("nesterov", [{"lr": 1e-2, "nesterov": True, "delta": 10.0, "weight_decay": 0.01}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 1e-2, "delta": 10.0},
+                    {"lr": 3e-3, "weight_decay": 0.02, "betas": (0.8, 0.99), "delta": 1.0},
+                ],
+            ),
+        ],
+        [(1,), (7,), (6, 11), (4, 2, 3, 3)],
+    ),
 }
 
 # What each non-torch.optim file says about its reference (the torch.optim files have no such entry).
@@ -502,6 +532,11 @@ REFERENCES = {
         "reference": "tools/rmsproptf_reference.py RMSpropTFReference: torch_npu NpuFusedRMSpropTF written from its "
         "formulas (eps inside the sqrt, square_avg starting at ones, decoupled decay p*(1 - wd) not scaled by lr), "
         "with a float32 tensor state step",
+    },
+    "AdamP": {
+        "reference": "adamp.AdamP (clovaai/AdamP) %s, which torch_npu's NpuFusedAdamP ports; its state step is a "
+        "Python int; each case's shapes give the params of more than one dimension (projected per channel row or "
+        "per layer)",
     },
     "LARS": {
         "reference": "tools/lars_reference.py LarsReference: apex LARC around torch.optim.SGD written from its "
@@ -592,7 +627,7 @@ def main():
             "grad_scale": GRAD_SCALE,
         },
     }
-    for seed_base, (algo, (cls, cases)) in enumerate(SCENARIOS.items()):
+    for seed_base, (algo, (cls, cases, *shapes)) in enumerate(SCENARIOS.items()):
         steps, checkpoint_steps = LONG_RUNS.get(algo, (STEPS, CHECKPOINTS))
         out_cases = []
         for ci, (name, groups) in enumerate(cases):
@@ -601,10 +636,12 @@ def main():
                 group_of, has_grad = ONE_GROUP, all_grads(steps)
             else:
                 group_of, has_grad = TWO_GROUPS, none_grad_pattern(steps)
-            out_cases.append(run_case(cls, name, seed, groups, group_of, has_grad, steps, checkpoint_steps))
+            out_cases.append(run_case(cls, name, seed, groups, group_of, has_grad, steps, checkpoint_steps, *shapes))
         extra = dict(REFERENCES.get(algo, {}))
         if algo == "Lion":
             extra["reference"] %= importlib.metadata.version("lion-pytorch")
+        if algo == "AdamP":
+            extra["reference"] %= importlib.metadata.version("adamp")
         doc = {"algorithm": algo, **header, "steps": steps, "checkpoint_steps": checkpoint_steps, **extra,
                "cases": out_cases}
         path = os.path.join(out_dir, f"{algo.lower()}.json")

@@ -231,4 +231,23 @@ struct LarsHyper {
 };
 enum LarsState : int { kLarsMomentumBuffer = 0 };
 
+// AdamP (Heo et al. 2021) as clovaai's adamp.AdamP computes it (torch_npu's NpuFusedAdamP ports
+// it): Adam's moments, u = m / (√v / √(1 − β2^t) + eps) (Nesterov: β1·m + (1 − β1)·g over it);
+// for a param with more than one dimension (Segment::rows), where the raw gradient is nearly
+// orthogonal to the param (max over the channel rows of |cos(g_r, p_r)| < delta / √(row length),
+// or else the same over the whole tensor), u loses its component along each row's p
+// (u −= p̂·Σp̂u, p̂ = p / (‖p_r‖ + eps)) and the decoupled decay p *= 1 − lr·wd is scaled by
+// wd_ratio; then p −= lr / (1 − β1^t)·u. State: exp_avg, exp_avg_sq.
+struct AdampHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double delta = 0.1;
+  double wd_ratio = 0.1;
+  bool nesterov = false;
+};
+enum AdampState : int { kAdampExpAvg = 0, kAdampExpAvgSq = 1 };
+
 }  // namespace fusedopt

@@ -45,6 +45,9 @@ namespace fusedopt {
 struct TensorSpec {
   std::size_t numel = 0;
   std::uint32_t group = 0;
+  // The tensor's size(0) when it has more than one dimension (Segment::rows: AdamP projects per
+  // channel row), else 0; must divide numel.
+  std::size_t rows = 0;
 };
 
 struct StorageOptions {
@@ -154,7 +157,7 @@ struct StepOptions {
 
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
 // AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper,
-// AsgdHyper, LarsHyper, RpropHyper, RmsproptfHyper.
+// AsgdHyper, LarsHyper, RpropHyper, RmsproptfHyper, AdampHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -213,6 +216,7 @@ using ASGD = Optimizer<AsgdHyper>;
 using LARS = Optimizer<LarsHyper>;
 using Rprop = Optimizer<RpropHyper>;
 using RMSpropTF = Optimizer<RmsproptfHyper>;
+using AdamP = Optimizer<AdampHyper>;
 
 extern template class Optimizer<SgdHyper>;
 extern template class Optimizer<AdamHyper>;
@@ -229,5 +233,6 @@ extern template class Optimizer<AsgdHyper>;
 extern template class Optimizer<LarsHyper>;
 extern template class Optimizer<RpropHyper>;
 extern template class Optimizer<RmsproptfHyper>;
+extern template class Optimizer<AdampHyper>;
 
 }  // namespace fusedopt

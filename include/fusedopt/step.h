@@ -42,6 +42,11 @@ struct Segment {
   // them (a param listed twice goes into separate waves, see TrainingStepOptions::wave_ends).
   float* scalars[kMaxScalars] = {};
   std::size_t numel = 0;
+  // For an algorithm with per-row reductions (AdamP): the number of channel rows of the param, its
+  // size(0) when it has more than one dimension, each row numel / rows elements contiguous in
+  // memory (rows must divide numel; the segment is the whole tensor); 0 for a param with at most
+  // one dimension. The other algorithms ignore it.
+  std::size_t rows = 0;
   DType param_dtype = DType::kF32;
   DType grad_dtype = DType::kF32;
   DType state_dtype = DType::kF32;  // dtype of all state buffers of this segment
@@ -111,6 +116,11 @@ void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segmen
 // LAMB's.
 void LarsStep(std::span<const LarsHyper> groups, std::span<const Segment> segments,
               Runtime& runtime = DefaultRuntime());
+// AdamP runs two passes: per channel row (Segment::rows) the sums of the raw gradient and the param
+// that decide and make the projection, then the projected update; the sums are deterministic as
+// LAMB's norms.
+void AdampStep(std::span<const AdampHyper> groups, std::span<const Segment> segments,
+               Runtime& runtime = DefaultRuntime());
 
 // The same steps chosen by the Hyper type, for generic code: FusedStep(std::span<const
 // LionHyper>(...), ...) is LionStep. Defined for every Hyper struct of hyper.h.

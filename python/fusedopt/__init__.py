@@ -23,6 +23,7 @@ from .optim import (
     FusedAdagrad,
     FusedAdam,
     FusedAdamax,
+    FusedAdamP,
     FusedAdamW,
     FusedASGD,
     FusedLAMB,
@@ -39,7 +40,7 @@ from .trainer import Model, Trainer
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
            "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedASGD", "FusedRprop", "FusedLARS",
-           "FusedRMSpropTF", "GradScaler",
+           "FusedRMSpropTF", "FusedAdamP", "GradScaler",
            "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"

@@ -65,6 +65,7 @@ class FusedOptimizerMixin:
             cls._engine_step = staticmethod(entry["step"])
             cls._slot_keys = entry["state_names"]
             cls._scalar_keys = entry["scalar_names"]  # 0-d state tensors the engine advances (mu_product)
+            cls._row_reductions = entry["row_reductions"]  # its step reads each param's size(0) (AdamP)
 
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
                  max_grad_norm: float | None = None, norm_type: float = 2.0, accumulation_steps: int = 1,
@@ -662,7 +663,8 @@ class FusedOptimizerMixin:
                                  numel=p.numel() * (2 if p.is_complex() else 1), param_dtype=pcode,
                                  state_dtype=_ENGINE_CODES[sdtype], group=gi, step_counter=step_ptr, step=step,
                                  stochastic_rounding=self._rounding[0], rounding_seed=self._rounding[1],
-                                 global_offset=self._global_offset(p), scalars=scalar_ptrs)
+                                 global_offset=self._global_offset(p), scalars=scalar_ptrs,
+                                 rows=p.shape[0] if self._row_reductions and p.dim() > 1 else 0)
 
         now = row(step)
         keys = [k for k, need in zip(self._slot_keys, needed) if need]

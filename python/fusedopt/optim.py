@@ -1,8 +1,9 @@
 """The fused optimizers. Each of torch.optim's five *is* its torch.optim twin (a subclass), so it takes the
 same arguments with the same defaults and errors, keeps the same param_groups and state (per-param
 state['step'], torch's state keys and dtypes) and exchanges state_dicts with torch both ways; only
-step() is replaced by one fused pass over all parameters (see _base.py). FusedLion and FusedLAMB take
-the arguments of their references (lion-pytorch's Lion, apex's FusedLAMB) in the same way.
+step() is replaced by one fused pass over all parameters (see _base.py). FusedLion, FusedLAMB, FusedLARS and
+FusedAdamP take the arguments of their references (lion-pytorch's Lion, apex's FusedLAMB, apex's LARC around
+torch.optim.SGD, clovaai's AdamP) in the same way.
 
 Extra keyword arguments:
   master_weights=True  fp16/bf16 params keep an f32 master copy (state['master_param']) and f32
@@ -26,11 +27,14 @@ Extra keyword arguments:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import _C
 from ._base import FusedOptimizerMixin
 from ._base import group_number as _f  # hyper-parameters may be 1-element tensors (lr, betas)
+from ._tensors import route_error
 
 
 class FusedSGD(FusedOptimizerMixin, torch.optim.SGD):
@@ -484,3 +488,93 @@ class FusedRprop(FusedOptimizerMixin, torch.optim.Rprop):
             return 0.0
         lr = _f(group, "lr")
         return complex(lr, lr) if p.is_complex() else lr
+class _AdampGroups(torch.optim.Optimizer):
+    """clovaai AdamP's constructor (arguments, defaults, param groups), with torch.optim.Adam's checks (clovaai
+    checks nothing); FusedAdamP supplies the step."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0,
+                 delta: float = 0.1, wd_ratio: float = 0.1, nesterov: bool = False):
+        if not lr >= 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not eps >= 0.0:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        for i, beta in enumerate(betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
+        if not weight_decay >= 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if not delta >= 0.0:
+            raise ValueError(f"Invalid delta value: {delta}")
+        if not (wd_ratio >= 0.0 and math.isfinite(wd_ratio)):
+            raise ValueError(f"Invalid wd_ratio value: {wd_ratio}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, delta=delta, wd_ratio=wd_ratio,
+                        nesterov=nesterov)
+        super().__init__(params, defaults)
+
+
+class FusedAdamP(FusedOptimizerMixin, _AdampGroups):
+    """AdamP (Heo et al. 2021) with clovaai's adamp.AdamP arguments, defaults and update (the one torch_npu's
+    NpuFusedAdamP ports), fused: Adam's moments and u = m / (sqrt(v) / sqrt(1 - b2^t) + eps) (Nesterov: b1 m +
+    (1 - b1) g over the same denominator); for each param of more than one dimension, when the raw gradient is
+    nearly orthogonal to the param (max over the channel rows of |cos(g_r, p_r)| < delta / sqrt(row length), or
+    else over the whole tensor), u loses its radial part per row (u -= p_n (p_n . u), p_n = p / (|p_r| + eps)) and
+    the decoupled decay p *= 1 - lr wd is scaled by wd_ratio; then p -= lr / (1 - b1^t) u. One reduction pass gives
+    every channel row's sums; the update pass projects, decays and steps. state['step'] is a float32 tensor, as
+    torch.optim keeps it (clovaai: an int; both load). Params whose channel rows are not contiguous in memory (a
+    transposed matrix) take the reference's step."""
+
+    _algorithm = "adamp"
+    _sparse_message = "fusedopt: FusedAdamP does not support sparse gradients"
+
+    def _hyper(self, g):
+        return _C.AdampHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
+                             weight_decay=_f(g, "weight_decay"), delta=_f(g, "delta"), wd_ratio=_f(g, "wd_ratio"),
+                             nesterov=bool(g["nesterov"]))
+
+    def _route(self, p, g, gi, j):
+        route = super()._route(p, g, gi, j)
+        if route is None and p.dim() > 1 and p.shape[0] > 1 and p.stride(0) * p.shape[0] != p.numel():
+            reason = (f"its channel rows (dimension 0, of shape {tuple(p.shape)} and strides {p.stride()}) are not "
+                      "contiguous in memory")
+            if self._strict:
+                raise route_error((ValueError, reason), self._name(gi, j))
+            return reason
+        return route
+
+    def _reference_step(self):
+        """clovaai's AdamP.step in torch ops (as tools/adamp_reference.py), for the params the engine cannot take."""
+        for group in self.param_groups:
+            beta1, beta2 = _f(group, "betas", 0), _f(group, "betas", 1)
+            lr, eps, wd = _f(group, "lr"), _f(group, "eps"), _f(group, "weight_decay")
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+                state["step"] += 1
+                t = int(state["step"].item())
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
+                if group["nesterov"]:
+                    perturb = (beta1 * exp_avg + (1 - beta1) * grad) / denom
+                else:
+                    perturb = exp_avg / denom
+                wd_ratio = 1
+                if p.dim() > 1:
+                    expand = [-1] + [1] * (p.dim() - 1)
+                    for rows in (p.shape[0], 1):
+                        cos = torch.nn.functional.cosine_similarity(grad.reshape(rows, -1), p.reshape(rows, -1), dim=1,
+                                                                    eps=eps).abs_()
+                        if cos.max() < _f(group, "delta") / math.sqrt(p.numel() // rows):
+                            p_n = p / p.reshape(rows, -1).norm(dim=1).view(expand).add_(eps)
+                            perturb -= p_n * (p_n * perturb).reshape(rows, -1).sum(dim=1).view(expand)
+                            wd_ratio = _f(group, "wd_ratio")
+                            break
+                if wd > 0:
+                    p.mul_(1 - lr * wd * wd_ratio)
+                p.add_(perturb, alpha=-(lr / (1 - beta1**t)))

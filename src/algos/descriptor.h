@@ -28,6 +28,14 @@
 //   kReductions         how many sums the reduction pass gives per tensor
 //   kReduce             the reduction kernel
 //   Finish(h, s, sums, scalars)  turns a tensor's sums into its update coefficients
+// and, for a two-phase algorithm whose sums are per channel row (AdamP: of a param's view(size(0),
+// -1), Segment::rows rows of numel / rows elements; a segment with rows 0 is one row):
+//   kRowValues          how many floats per row Finish writes for the update pass
+//   kReduce             then writes kReductions sums for each row part of each piece (the piece's
+//                       rows in order, the first and last possibly partial)
+//   Finish(h, s, sums, scalars, row_values)  with the tensor's sums row by row (max(rows, 1) ×
+//                       kReductions, each row's parts added in chunk order) and its rows ×
+//                       kRowValues floats, which live until the update pass has run
 //
 // src/algos/registry.h lists the descriptors; the step functions, Optimizer<>, the Python module
 // and the tools loop over that list.
@@ -51,7 +59,12 @@
 //                              addcmul(a, b, c, value)  sign(a)
 //   a scalar:                  norm(a) (torch.linalg.vector_norm: reads a, writes nothing)
 // The sequence may depend on the hyper-parameters, the options and t.step(), but not on the values
-// of the tensors: the doctor counts it without any.
+// of the tensors: the doctor counts it without any. For a reference that branches on per-row
+// reductions (AdamP), the row ops (their sizes from t.rows() and t.numel()):
+//   t.rows(), t.numel()        Segment::rows (the doctor: 1) and the element count
+//   per row, on the host:      row_norms(a, rows)  row_sums(a, rows) (std::vector<double>; read a)
+//   a new temporary:           div_rows(a, values)  mul_rows(a, values) (a / or · values[row])
+// where the doctor's row norms and sums are zeros.
 #pragma once
 
 #include <array>
@@ -113,6 +126,12 @@ struct StandardOptions {
 template <class A>
 concept TwoPhase = requires {
   A::kReductions;
+};
+
+// A two-phase algorithm whose sums are per channel row (kRowValues; Segment::rows).
+template <class A>
+concept RowReductions = TwoPhase<A> && requires {
+  A::kRowValues;
 };
 
 // An algorithm with per-tensor scalar states (kScalarStates, InitialScalar, NextScalars).

@@ -40,5 +40,8 @@ void RunLambChunks(const StepPlan<LambScalars>& plan, std::size_t chunk_begin,
 void RunLarsReduceChunk(const StepPlan<LarsScalars>& plan, std::size_t chunk, double* sums);
 void RunLarsChunks(const StepPlan<LarsScalars>& plan, std::size_t chunk_begin,
                    std::size_t chunk_end);
+void RunAdampReduceChunk(const StepPlan<AdampScalars>& plan, std::size_t chunk, double* sums);
+void RunAdampChunks(const StepPlan<AdampScalars>& plan, std::size_t chunk_begin,
+                    std::size_t chunk_end);
 
 }  // namespace fusedopt

@@ -43,6 +43,11 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
                   std::to_string(tensors[i].group) + " out of range (" +
                   std::to_string(num_groups) + " groups)");
     }
+    if (tensors[i].rows > 0 && tensors[i].numel % tensors[i].rows != 0) {
+      throw Error("FlatStorage: tensor " + std::to_string(i) + ": rows " +
+                  std::to_string(tensors[i].rows) + " does not divide numel " +
+                  std::to_string(tensors[i].numel));
+    }
   }
   const std::size_t param_size = DTypeSize(options.param_dtype);
   const std::size_t grad_size = DTypeSize(options.grad_dtype);
@@ -56,6 +61,7 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
     Segment& s = segments_[i];
     const std::size_t o = offsets[i];
     s.numel = tensors[i].numel;
+    s.rows = tensors[i].rows;
     s.group = tensors[i].group;
     s.param_dtype = options.param_dtype;
     s.grad_dtype = options.grad_dtype;
@@ -263,5 +269,6 @@ template class Optimizer<RmsproptfHyper>;
 template class Optimizer<AsgdHyper>;
 template class Optimizer<LarsHyper>;
 template class Optimizer<RpropHyper>;
+template class Optimizer<AdampHyper>;
 
 }  // namespace fusedopt

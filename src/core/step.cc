@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "src/algos/registry.h"
@@ -27,6 +28,11 @@ void ValidateStep(std::span<const typename A::Hyper> groups, std::span<const Seg
     if (s.numel > 0) {
       ValidateStates(A::kStepName, i, s, A::RequiredStates(groups[s.group]), A::kStates);
     }
+    if constexpr (algos::RowReductions<A>) {
+      if (s.rows > 0 && s.numel % s.rows != 0) {
+        Fail(A::kStepName, "segment ", i, ": rows ", s.rows, " does not divide numel ", s.numel);
+      }
+    }
     if constexpr (algos::HasScalarStates<A>) {
       for (std::size_t k = 0; k < A::kScalarStates.size(); ++k) {
         if (s.scalars[k] == nullptr) {
@@ -38,36 +44,85 @@ void ValidateStep(std::span<const typename A::Hyper> groups, std::span<const Seg
   }
 }
 
-// The reduction pass of a two-phase algorithm: every chunk's piece sums in parallel, then each
-// segment's sums added up in chunk order (so they do not depend on the thread count), then the
-// segment's coefficients finished from them.
+// Elements per reduction row of a segment: numel (one row), or numel / rows for an algorithm with
+// per-row sums and a segment with rows.
+template <class A>
+std::size_t RowLength(const Segment& s) {
+  if constexpr (algos::RowReductions<A>) {
+    if (s.rows > 0) return s.numel / s.rows;
+  }
+  return s.numel;
+}
+
+// The rows a piece [begin, end) of a segment covers (at least one element each): its first row and
+// how many (1 without per-row sums).
+template <class A>
+std::pair<std::size_t, std::size_t> PieceRows(const Segment& s, std::size_t begin,
+                                              std::size_t end) {
+  const std::size_t length = RowLength<A>(s);
+  if (length == s.numel) return {0, 1};
+  return {begin / length, (end - 1) / length - begin / length + 1};
+}
+
+// The reduction pass of a two-phase algorithm: every chunk's piece sums (per row part, for
+// per-row sums) in parallel, then each segment's (row's) sums added up in chunk order (so they do
+// not depend on the thread count), then the segment's coefficients finished from them; a per-row
+// algorithm's Finish also writes its rows' values into `row_values`.
 template <algos::TwoPhase A>
 void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scalars>& plan,
-            Runtime& runtime) {
+            Runtime& runtime, std::vector<float>& row_values) {
   constexpr std::size_t k = A::kReductions;
   const std::size_t num_chunks = plan.chunks.num_chunks();
-  std::vector<std::size_t> first_piece(num_chunks + 1, 0);
-  for (std::size_t c = 0; c < num_chunks; ++c) {
-    std::size_t pieces = 0;
-    plan.chunks.ForEachPiece(c, c + 1, [&](std::size_t, std::size_t, std::size_t) { ++pieces; });
-    first_piece[c + 1] = first_piece[c] + pieces;
-  }
-  std::vector<double> piece_sums(first_piece.back() * k);
-  ParallelForChunks(num_chunks, runtime.num_threads(), [&](std::size_t begin, std::size_t end) {
-    for (std::size_t c = begin; c < end; ++c) A::kReduce(plan, c, &piece_sums[first_piece[c] * k]);
-  });
   const std::span<const Segment> segments = plan.chunks.segments();
-  std::vector<double> sums(segments.size() * k, 0.0);
-  std::size_t piece = 0;
+  std::vector<std::size_t> first_part(num_chunks + 1, 0);
   for (std::size_t c = 0; c < num_chunks; ++c) {
-    plan.chunks.ForEachPiece(c, c + 1, [&](std::size_t s, std::size_t, std::size_t) {
-      for (std::size_t j = 0; j < k; ++j) sums[s * k + j] += piece_sums[piece * k + j];
-      ++piece;
+    std::size_t parts = 0;
+    plan.chunks.ForEachPiece(c, c + 1, [&](std::size_t s, std::size_t begin, std::size_t end) {
+      parts += PieceRows<A>(segments[s], begin, end).second;
+    });
+    first_part[c + 1] = first_part[c] + parts;
+  }
+  std::vector<double> part_sums(first_part.back() * k);
+  ParallelForChunks(num_chunks, runtime.num_threads(), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t c = begin; c < end; ++c) A::kReduce(plan, c, &part_sums[first_part[c] * k]);
+  });
+  // Each segment's sums: max(rows, 1) rows of k from first_sum[s].
+  std::vector<std::size_t> first_sum(segments.size() + 1, 0);
+  for (std::size_t s = 0; s < segments.size(); ++s) {
+    const std::size_t length = RowLength<A>(segments[s]);
+    const std::size_t rows = length == segments[s].numel ? 1 : segments[s].numel / length;
+    first_sum[s + 1] = first_sum[s] + k * rows;
+  }
+  std::vector<double> sums(first_sum.back(), 0.0);
+  std::size_t part = 0;
+  for (std::size_t c = 0; c < num_chunks; ++c) {
+    plan.chunks.ForEachPiece(c, c + 1, [&](std::size_t s, std::size_t begin, std::size_t end) {
+      const auto [row, rows] = PieceRows<A>(segments[s], begin, end);
+      for (std::size_t r = 0; r < rows; ++r, ++part) {
+        for (std::size_t j = 0; j < k; ++j) {
+          sums[first_sum[s] + (row + r) * k + j] += part_sums[part * k + j];
+        }
+      }
     });
   }
-  for (std::size_t s = 0; s < segments.size(); ++s) {
-    A::Finish(groups[segments[s].group], segments[s], std::span<const double, k>(&sums[s * k], k),
-              plan.scalars[s]);
+  if constexpr (algos::RowReductions<A>) {
+    std::vector<std::size_t> first_value(segments.size() + 1, 0);
+    for (std::size_t s = 0; s < segments.size(); ++s) {
+      first_value[s + 1] = first_value[s] + segments[s].rows * A::kRowValues;
+    }
+    row_values.assign(first_value.back(), 0.0f);
+    for (std::size_t s = 0; s < segments.size(); ++s) {
+      A::Finish(groups[segments[s].group], segments[s],
+                std::span<const double>(&sums[first_sum[s]], first_sum[s + 1] - first_sum[s]),
+                plan.scalars[s],
+                std::span<float>(row_values.data() + first_value[s],
+                                 first_value[s + 1] - first_value[s]));
+    }
+  } else {
+    for (std::size_t s = 0; s < segments.size(); ++s) {
+      A::Finish(groups[segments[s].group], segments[s],
+                std::span<const double, k>(&sums[first_sum[s]], k), plan.scalars[s]);
+    }
   }
 }
 
@@ -91,7 +146,8 @@ void RunStep(std::span<const typename A::Hyper> groups, std::span<const Segment>
       plan.scalars.push_back(A::MakeScalars(groups[s.group], s));
     }
   }
-  if constexpr (algos::TwoPhase<A>) Reduce<A>(groups, plan, runtime);
+  std::vector<float> row_values;  // a per-row algorithm's, read by the update pass
+  if constexpr (algos::TwoPhase<A>) Reduce<A>(groups, plan, runtime, row_values);
   ParallelForChunks(plan.chunks.num_chunks(), runtime.num_threads(),
                     [&](std::size_t begin, std::size_t end) { A::kRun(plan, begin, end); });
   if constexpr (kScalars > 0) {
@@ -178,6 +234,10 @@ void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segmen
 }
 void LarsStep(std::span<const LarsHyper> groups, std::span<const Segment> segments,
               Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
+void AdampStep(std::span<const AdampHyper> groups, std::span<const Segment> segments,
+               Runtime& runtime) {
   FusedStep(groups, segments, runtime);
 }
 

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include "bench/pipeline.h"
 #include "bench/same_traffic.h"
@@ -177,6 +178,19 @@ class OpCounter {
     Record({a}, 0);
     return 0.0;
   }
+  // The row ops: one symbolic tensor of one row; the row norms and sums are zeros.
+  std::size_t rows() const { return 1; }
+  std::size_t numel() const { return 1; }
+  std::vector<double> row_norms(Tensor a, std::size_t rows) {
+    Record({a}, 0);
+    return std::vector<double>(rows, 0.0);
+  }
+  std::vector<double> row_sums(Tensor a, std::size_t rows) {
+    Record({a}, 0);
+    return std::vector<double>(rows, 0.0);
+  }
+  Tensor div_rows(Tensor a, const std::vector<double>& /*values*/) { return New({a}); }
+  Tensor mul_rows(Tensor a, const std::vector<double>& /*values*/) { return New({a}); }
 
   const std::vector<TensorOp>& ops() const { return ops_; }
 

@@ -17,8 +17,8 @@
 namespace fusedopt::bench {
 
 struct DoctorOptions {
-  // sgd, adam, adamw, rmsprop, adagrad, lion, lamb, adamax, adadelta, radam, nadam or lars
-  // (registry)
+  // sgd, adam, adamw, rmsprop, adagrad, lion, lamb, adamax, adadelta, radam, nadam, lars or
+  // adamp (registry)
   std::string optimizer = "adamw";
   std::vector<std::size_t> numels;  // element count of every parameter tensor, optimizer order
   std::string dtype = "f32";        // params, grads and states (as torch keeps them)

@@ -3,6 +3,8 @@
 // bodies in <algo>_math.h read only these.
 #pragma once
 
+#include <cstddef>
+
 // Marks the math bodies (<algo>_math.h) for a device compiler: empty for the CPU, where Highway's
 // per-target code and plain scalar Ops (tests/math_scalar_test.cc) instantiate them; a CUDA
 // backend defines it as __host__ __device__ before including them.
@@ -201,6 +203,26 @@ struct LarsScalars {
   bool has_momentum;
   bool nesterov;
   bool first_step;  // momentum buffer starts as a copy of the gradient (no dampening), as torch
+};
+
+// AdamP's first pass reduces, per channel row of a param with more than one dimension, Σg·p, Σg²,
+// Σp² and Σp·u (g the raw gradient, u the perturbation before the projection); Adamp::Finish picks
+// the projection and fills its per-row values and the decay in between.
+struct AdampScalars {
+  float grad_mul;  // grad_scale: the loss-scale and clip factors, applied as the gradient is read
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction2_sqrt;  // math.sqrt(1 − β2^t)
+  float eps;
+  float neg_step_size;  // −lr / (1 − β1^t)
+  float decay_mul;  // 1 − lr·wd·wd_ratio (wd_ratio 1 unprojected), set after the reduction pass
+  std::size_t reduce_row_length;   // numel / Segment::rows; 0: at most one dimension (no sums)
+  std::size_t project_row_length;  // set by Finish: the channel row length, numel (the layer), 0
+  const float* row_values;         // set by Finish: per projected row ‖p_r‖ + eps and Σ p̂·u
+  bool nesterov;
+  bool decay;  // weight_decay > 0
 };
 
 }  // namespace fusedopt

@@ -116,7 +116,8 @@ StepReport RunStep(const std::vector<Hyper>& groups, const SegmentTable& table,
 // StepReport (see RunStep;
 // fusedopt::Error surfaces as ValueError; norm_type 2, 1, or 0 for inf; clip_rule 0 torch, 1
 // LAMB). algorithms[name] = {"hyper": class, "step": function, "state_names": torch's keys of the
-// state slots, "scalar_names": torch's keys of the scalar states (Segment::scalars)}; a Hyper's
+// state slots, "scalar_names": torch's keys of the scalar states (Segment::scalars),
+// "row_reductions": whether its step reads Segment::rows (AdamP)}; a Hyper's
 // initial_scalars() are the values fresh scalar states start from.
 template <class A>
 void BindAlgorithm(py::module_& m, py::dict& algorithms) {
@@ -173,6 +174,7 @@ void BindAlgorithm(py::module_& m, py::dict& algorithms) {
     for (const char* name : A::kScalarStates) scalar_names.append(name);
   }
   entry["scalar_names"] = py::tuple(scalar_names);
+  entry["row_reductions"] = algos::RowReductions<A>;
   algorithms[A::kName] = entry;
 }
 

@@ -46,6 +46,7 @@ Segment ToSegment(const SegmentRow& row) {
   s.stochastic_rounding = row.stochastic_rounding;
   s.rounding_seed = row.rounding_seed;
   s.global_offset = row.global_offset;
+  s.rows = row.rows;
   return s;
 }
 
@@ -100,7 +101,7 @@ void BindSegmentTable(py::module_& m) {
                        std::uint32_t group, std::uintptr_t step_counter, std::int64_t step,
                        bool stochastic_rounding, std::uint64_t rounding_seed,
                        std::uint64_t global_offset,
-                       const std::array<std::uintptr_t, kMaxScalars>& scalars) {
+                       const std::array<std::uintptr_t, kMaxScalars>& scalars, std::size_t rows) {
              return SegmentRow{param,
                                states,
                                master,
@@ -113,13 +114,14 @@ void BindSegmentTable(py::module_& m) {
                                step,
                                stochastic_rounding,
                                rounding_seed,
-                               global_offset};
+                               global_offset,
+                               rows};
            }),
            py::kw_only(), py::arg("param"), py::arg("states"), py::arg("master"), py::arg("numel"),
            py::arg("param_dtype"), py::arg("state_dtype"), py::arg("group"),
            py::arg("step_counter"), py::arg("step"), py::arg("stochastic_rounding"),
            py::arg("rounding_seed"), py::arg("global_offset"),
-           py::arg("scalars") = std::array<std::uintptr_t, kMaxScalars>{})
+           py::arg("scalars") = std::array<std::uintptr_t, kMaxScalars>{}, py::arg("rows") = 0)
       .def_readonly("param", &SegmentRow::param)
       .def_readonly("numel", &SegmentRow::numel)
       .def_readonly("param_dtype", &SegmentRow::param_dtype);

@@ -43,6 +43,7 @@ struct SegmentRow {
   bool stochastic_rounding = false;
   std::uint64_t rounding_seed = 0;
   std::uint64_t global_offset = 0;
+  std::size_t rows = 0;  // Segment::rows: the param's size(0) for AdamP's per-row sums, else 0
 };
 
 class SegmentTable {

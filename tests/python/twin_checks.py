@@ -53,6 +53,9 @@ class Twin:
     low_precision_ulps: dict | None = None
     # the reference keeps a per-param state['step'] (torch.optim's twins); SGD-like ones (LARS) do not
     counts_steps: bool = True
+    # the GradScaler scenario's fp32 params and states equal the reference's bit for bit with an IEEE sqrt
+    # (False: within rtol, where the engine sums in another order than the reference, as AdamP's projection)
+    scaler_bitwise: bool = True
 
 
 def fresh(kw: dict) -> dict:
@@ -156,13 +159,20 @@ def check_grad_scaler(twin: Twin, kind: str):
             assert_unchanged(fus, snap, f"step {t} (overflow)")
         else:
             assert any(not torch.equal(a, b) for a, b in zip(p_fus, snap[0])), f"step {t} was not taken"
-        _compare_params(p_fus, p_ref, f"step {t}")
+        if twin.scaler_bitwise:
+            _compare_params(p_fus, p_ref, f"step {t}")
+        else:
+            for j, (a, r) in enumerate(zip(p_fus, p_ref)):
+                if a.dtype == torch.float32:
+                    assert_close(a.detach(), r.detach(), f"step {t} param {j}", rtol=twin.rtol)
+                else:
+                    assert ulp_err(a, r).max().item() <= ULP_BOUND[a.dtype], f"step {t} param {j}"
     assert scales == EXPECTED_SCALE
     for j, (a, r) in enumerate(zip(p_fus, p_ref)):
         if twin.counts_steps:
             assert float(fus.state[a]["step"]) == float(ref.state[r]["step"])
         for k, v in ref.state[r].items():
-            if k != "step" and v.dtype == torch.float32:
+            if k != "step" and v.dtype == torch.float32 and twin.scaler_bitwise:
                 assert_bitwise(fus.state[a][k], v, f"param {j} state {k}")
             elif k != "step":
                 assert fus.state[a][k].dtype == v.dtype and bool(fus.state[a][k].isfinite().all())

@@ -1,7 +1,7 @@
 // Test-only oracle: torch.optim's single-tensor update rules (shared/docs/torch-semantics.md §3,
 // torch 2.x; Adamax and Adadelta: shared/docs/algorithms-more.md §2), lion-pytorch's Lion and apex
-// FusedLAMB's LAMB and apex LARC's LARS around SGD (shared/docs/algorithms-more.md §4, §3.1,
-// §3.2) as plain per-element loops in double.
+// FusedLAMB's LAMB, apex LARC's LARS around SGD and clovaai's AdamP (shared/docs/algorithms-more.md
+// §4, §3.1, §3.2, §1.1) as plain per-element loops in double.
 // It shares no code with src/math: it is written from the torch docs and code, so a kernel and the
 // oracle agreeing means something. Hyper-parameters are used exactly as given (no rounding of
 // scalars to f32), so the same functions reproduce torch's float64 path.
@@ -393,6 +393,69 @@ inline void RpropStep(const RpropHyper& h, std::span<double> p, std::span<const 
     if (s < 0.0) gi = 0.0;  // g = 0 where the sign flipped
     p[i] -= sgn(gi) * d;    // θ = θ − sgn(g)Δ
     prev[i] = gi;           // prev = g
+  }
+}
+
+// AdamP as clovaai's adamp.AdamP computes it (shared/docs/algorithms-more.md §1.1). `rows`: the
+// param's size(0) when it has more than one dimension (its channel view is rows × numel / rows),
+// 0 for a param with at most one dimension, which is never projected. Two passes, as the
+// reference: the moments and the perturbation u of every element, then per view (the channel rows,
+// then the whole tensor) the cosine similarity of the raw gradient and the param; the first view
+// whose largest |cos| is below delta / √(row length) projects u row by row.
+inline void AdampStep(const AdampHyper& h, std::int64_t step, std::size_t rows, std::span<double> p,
+                      std::span<const double> g, std::span<double> exp_avg,
+                      std::span<double> exp_avg_sq) {
+  const auto t = static_cast<double>(step);
+  const double bias_correction1 = 1.0 - std::pow(h.beta1, t);  // bc1 = 1 − β1^t
+  const double bias_correction2 = 1.0 - std::pow(h.beta2, t);  // bc2 = 1 − β2^t
+  const std::size_t n = p.size();
+  std::vector<double> u(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    double& m = exp_avg[i];
+    double& v = exp_avg_sq[i];
+    m = h.beta1 * m + (1.0 - h.beta1) * g[i];         // m = β1 m + (1 − β1) g
+    v = h.beta2 * v + (1.0 - h.beta2) * g[i] * g[i];  // v = β2 v + (1 − β2) g²
+    const double denom = std::sqrt(v) / std::sqrt(bias_correction2) + h.eps;  // √v / √bc2 + ε
+    u[i] = h.nesterov ? (h.beta1 * m + (1.0 - h.beta1) * g[i]) / denom  // (β1 m + (1 − β1) g) / d
+                      : m / denom;                                      // m / d
+  }
+  double wd_ratio = 1.0;
+  if (rows > 0 && n > 0) {
+    for (const std::size_t view_rows : {rows, std::size_t{1}}) {
+      const std::size_t length = n / view_rows;
+      double largest = 0.0;
+      bool nan = false;
+      for (std::size_t r = 0; r < view_rows; ++r) {
+        double gp = 0.0, gg = 0.0, pp = 0.0;
+        for (std::size_t i = r * length; i < (r + 1) * length; ++i) {
+          gp += g[i] * p[i];
+          gg += g[i] * g[i];
+          pp += p[i] * p[i];
+        }
+        // |cos| = |g·p| / (max(‖g‖, ε) max(‖p‖, ε))
+        const double c =
+            std::abs(gp) / (std::max(std::sqrt(gg), h.eps) * std::max(std::sqrt(pp), h.eps));
+        nan = nan || std::isnan(c);
+        largest = std::max(largest, c);
+      }
+      if (nan || !(largest < h.delta / std::sqrt(static_cast<double>(length)))) continue;
+      for (std::size_t r = 0; r < view_rows; ++r) {
+        double pp = 0.0;
+        for (std::size_t i = r * length; i < (r + 1) * length; ++i) pp += p[i] * p[i];
+        const double norm = std::sqrt(pp) + h.eps;  // ‖p_r‖ + ε
+        double radial = 0.0;                        // Σ p̂ u, p̂ = p / (‖p_r‖ + ε)
+        for (std::size_t i = r * length; i < (r + 1) * length; ++i) radial += p[i] / norm * u[i];
+        for (std::size_t i = r * length; i < (r + 1) * length; ++i) {
+          u[i] -= p[i] / norm * radial;  // u = u − p̂ Σ p̂ u
+        }
+      }
+      wd_ratio = h.wd_ratio;
+      break;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (h.weight_decay > 0.0) p[i] *= 1.0 - h.lr * h.weight_decay * wd_ratio;  // θ = θ(1 − γλr)
+    p[i] -= h.lr / bias_correction1 * u[i];  // θ = θ − γ/bc1 u
   }
 }
 
