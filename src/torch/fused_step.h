@@ -203,6 +203,9 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       seg.param = p.data_ptr();
       seg.grad = grads.back().const_data_ptr();
       seg.numel = static_cast<std::size_t>(p.numel());
+      // AdamP's channel rows: size(0) of a param of more than one dimension (contiguous, as
+      // checked); the algorithms without per-row sums ignore it.
+      seg.rows = p.dim() > 1 ? static_cast<std::size_t>(p.size(0)) : 0;
       seg.param_dtype = ToDType(p);
       seg.grad_dtype = ToDType(grads.back());
       seg.state_dtype = seg.param_dtype;  // torch keeps state in the param's dtype

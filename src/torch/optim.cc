@@ -258,8 +258,9 @@ template <class Hyper>
 std::string GenericName() {
   using D = algos::DescriptorOf<Hyper>;
   static constexpr std::pair<std::string_view, std::string_view> kTorchSpelling[] = {
-      {"sgd", "SGD"},     {"rmsprop", "RMSprop"}, {"lamb", "LAMB"}, {"radam", "RAdam"},
-      {"nadam", "NAdam"}, {"asgd", "ASGD"},       {"lars", "LARS"}, {"rmsproptf", "RMSpropTF"}};
+      {"sgd", "SGD"},     {"rmsprop", "RMSprop"},     {"lamb", "LAMB"},
+      {"radam", "RAdam"}, {"nadam", "NAdam"},         {"asgd", "ASGD"},
+      {"lars", "LARS"},   {"rmsproptf", "RMSpropTF"}, {"adamp", "AdamP"}};
   for (const auto& [engine, torch_name] : kTorchSpelling) {
     if (D::kName == engine) return "fusedopt::pt::" + std::string(torch_name);
   }

@@ -1,7 +1,9 @@
 // fusedopt::pt's generic classes (FusedOptimizer<Hyper>: Adamax, Adadelta, RAdam, NAdam, ASGD,
-// Rprop, LARS, RMSpropTF), which libtorch has no twin of (the suite names are the ones ctest runs):
+// Rprop, LARS, RMSpropTF, AdamP), which libtorch has no twin of (the suite names are the ones ctest
+// runs):
 //   TorchGenericGolden  tests/golden/<algo>.json (torch.optim 2.13's single-tensor step; for LARS
-//                       tools/lars_reference.py, for RMSpropTF tools/rmsproptf_reference.py;
+//                       tools/lars_reference.py, for RMSpropTF tools/rmsproptf_reference.py, for
+//                       AdamP clovaai's adamp.AdamP, its matrices projected per row or layer;
 //                       written by tools/make_golden.py) replayed through each class
 //                       (golden_replay.h)
 //   TorchGeneric        typed over the classes: torch::save mid-run and torch::load into an
@@ -55,6 +57,9 @@ TEST(TorchGenericGolden, Rprop) {
   ReplayGoldens<Rprop, RpropOptions, Rprop::ParamState>("rprop.json");
 }
 TEST(TorchGenericGolden, LARS) { ReplayGoldens<LARS, LARSOptions, LARS::ParamState>("lars.json"); }
+TEST(TorchGenericGolden, AdamP) {
+  ReplayGoldens<AdamP, AdamPOptions, AdamP::ParamState>("adamp.json");
+}
 
 // Options away from the defaults (weight decay on, and each algorithm's own knob).
 AdamaxHyper TestHyper(AdamaxHyper h) {
@@ -101,6 +106,12 @@ LarsHyper TestHyper(LarsHyper h) {
   h.weight_decay = 0.1;
   return h;
 }
+AdampHyper TestHyper(AdampHyper h) {
+  h.lr = 5e-3;
+  h.weight_decay = 0.1;
+  h.nesterov = true;
+  return h;
+}
 AsgdHyper TestHyper(AsgdHyper h) {
   h.lr = 5e-2;
   h.weight_decay = 0.1;
@@ -115,6 +126,7 @@ std::vector<std::string> TensorKeys(RadamHyper /*tag*/) { return {"exp_avg", "ex
 std::vector<std::string> TensorKeys(NadamHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
 std::vector<std::string> TensorKeys(AsgdHyper /*tag*/) { return {"ax"}; }
 std::vector<std::string> TensorKeys(LarsHyper /*tag*/) { return {"momentum_buffer"}; }
+std::vector<std::string> TensorKeys(AdampHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
 std::vector<std::string> TensorKeys(RpropHyper /*tag*/) { return {"prev", "step_size"}; }
 std::vector<std::string> TensorKeys(RmsproptfHyper /*tag*/) {
   return {"square_avg", "momentum_buffer", "grad_avg"};
@@ -125,12 +137,14 @@ std::vector<std::string> ScalarKeys(RadamHyper /*tag*/) { return {}; }
 std::vector<std::string> ScalarKeys(NadamHyper /*tag*/) { return {"mu_product"}; }
 std::vector<std::string> ScalarKeys(AsgdHyper /*tag*/) { return {"eta", "mu"}; }
 std::vector<std::string> ScalarKeys(LarsHyper /*tag*/) { return {}; }
+std::vector<std::string> ScalarKeys(AdampHyper /*tag*/) { return {}; }
 std::vector<std::string> ScalarKeys(RpropHyper /*tag*/) { return {}; }
 std::vector<std::string> ScalarKeys(RmsproptfHyper /*tag*/) { return {}; }
 
 template <class Optimizer>
 class TorchGeneric : public ::testing::Test {};
-using Optimizers = ::testing::Types<Adamax, Adadelta, RAdam, NAdam, ASGD, Rprop, LARS, RMSpropTF>;
+using Optimizers =
+    ::testing::Types<Adamax, Adadelta, RAdam, NAdam, ASGD, Rprop, LARS, RMSpropTF, AdamP>;
 TYPED_TEST_SUITE(TorchGeneric, Optimizers);
 
 template <class Optimizer>

@@ -196,6 +196,10 @@ void ReplayGoldens(const std::string& file) {
     const auto sizes = c.at("sizes").get<std::vector<std::size_t>>();
     const auto group_of = c.at("group_of").get<std::vector<std::size_t>>();
     const auto has_grad = c.at("has_grad").get<std::vector<std::vector<bool>>>();
+    // A case's shapes (AdamP's params of more than one dimension), or 1-D tensors of its sizes.
+    std::vector<std::vector<std::int64_t>> shapes;
+    for (const std::size_t n : sizes) shapes.push_back({static_cast<std::int64_t>(n)});
+    if (c.contains("shapes")) shapes = c.at("shapes").get<std::vector<std::vector<std::int64_t>>>();
     std::vector<Options> options;
     for (const json& g : c.at("groups")) options.push_back(ParseOptions(g, c, Options{}));
 
@@ -203,6 +207,7 @@ void ReplayGoldens(const std::string& file) {
     std::vector<std::vector<torch::Tensor>> by_group(options.size());
     for (std::size_t t = 0; t < sizes.size(); ++t) {
       params.push_back(MakeTensor(seed, static_cast<std::uint32_t>(t), 0, sizes[t], param_scale)
+                           .reshape(shapes[t])
                            .requires_grad_(true));
       by_group.at(group_of[t]).push_back(params.back());
     }
@@ -222,7 +227,8 @@ void ReplayGoldens(const std::string& file) {
         if (has_grad.at(step - 1).at(t)) {
           params[t].mutable_grad() =
               MakeTensor(seed, static_cast<std::uint32_t>(t), static_cast<std::uint32_t>(step),
-                         sizes[t], grad_scale);
+                         sizes[t], grad_scale)
+                  .reshape(shapes[t]);
           ++count[t];
         } else {
           params[t].mutable_grad() = torch::Tensor();

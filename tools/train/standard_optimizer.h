@@ -92,7 +92,39 @@ class AtenOps {
 
   double norm(const at::Tensor& a) const { return at::linalg_vector_norm(a).item<double>(); }
 
+  // The row ops (descriptor.h) over a tensor's view(rows, -1), as clovaai's AdamP runs them: rows
+  // is the param's size(0) when it has more than one dimension, else 0 (never projected).
+  std::size_t rows() const {
+    return param_.dim() > 1 ? static_cast<std::size_t>(param_.size(0)) : 0;
+  }
+  std::size_t numel() const { return static_cast<std::size_t>(param_.numel()); }
+  std::vector<double> row_norms(const at::Tensor& a, std::size_t rows) const {
+    return Doubles(at::linalg_vector_norm(Rows(a, rows), 2, {1}));
+  }
+  std::vector<double> row_sums(const at::Tensor& a, std::size_t rows) const {
+    return Doubles(Rows(a, rows).sum(1));
+  }
+  at::Tensor div_rows(const at::Tensor& a, const std::vector<double>& values) const {
+    return Rows(a, values.size()).div(Column(values)).view(a.sizes());
+  }
+  at::Tensor mul_rows(const at::Tensor& a, const std::vector<double>& values) const {
+    return Rows(a, values.size()).mul(Column(values)).view(a.sizes());
+  }
+
  private:
+  static at::Tensor Rows(const at::Tensor& a, std::size_t rows) {
+    return a.reshape({static_cast<std::int64_t>(rows), -1});
+  }
+  // values as an f32 column (rows × 1), which broadcasts over each row
+  static at::Tensor Column(const std::vector<double>& values) {
+    const std::vector<float> f(values.begin(), values.end());
+    return at::tensor(f).unsqueeze(1);
+  }
+  static std::vector<double> Doubles(const at::Tensor& t) {
+    const at::Tensor d = t.to(at::kDouble).contiguous();
+    return {d.data_ptr<double>(), d.data_ptr<double>() + d.numel()};
+  }
+
   at::Tensor param_;
   State& state_;
 };

@@ -373,5 +373,9 @@ using LARS = FusedOptimizer<LarsHyper>;
 using LARSOptions = HyperOptions<LarsHyper>;
 using RMSpropTF = FusedOptimizer<RmsproptfHyper>;
 using RMSpropTFOptions = HyperOptions<RmsproptfHyper>;
+// clovaai's AdamP (fusedopt.FusedAdamP): a param of more than one dimension is projected per
+// channel row (its size(0)) or as a whole, as the reference decides each step.
+using AdamP = FusedOptimizer<AdampHyper>;
+using AdamPOptions = HyperOptions<AdampHyper>;
 
 }  // namespace fusedopt::pt
