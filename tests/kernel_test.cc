@@ -1887,10 +1887,10 @@ TEST_P(Determinism, Adamp) { RunDeterminism<AdampAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3
-// threads in turn). Targets of one class (FMA: AVX2 and up; non-FMA: SSE4, SSSE3, SCALAR) must
-// agree bit for bit whatever their vector width: LAMB's per-tensor norms are reduced in a fixed
-// order of 16 accumulators, never per lane. Between the classes only MulAdd rounds differently, so
-// inputs where every MulAdd is exact must agree on every target:
+// threads in turn). Targets of one class (FMA: AVX2 and up; non-FMA: SSE4 and SSSE3 where built,
+// SCALAR) must agree bit for bit whatever their vector width: LAMB's per-tensor norms are reduced
+// in a fixed order of 16 accumulators, never per lane. Between the classes only MulAdd rounds
+// differently, so inputs where every MulAdd is exact must agree on every target:
 //   Lion with β1 = β2 = 0.5: c and m are fma(0.5, g, 0.5·m), whose product is exact;
 //   LAMB with β1 = β2 = 0, no grad averaging or bias correction, eps 0, no weight decay,
 //   use_nvlamb, and 16-bit gradients (g² exact in f32): m = g, v = g², u = ±1 exactly, so p ∓ ratio

@@ -61,6 +61,24 @@ HWY_INLINE void WithStorageTypes(DType param, DType grad, DType state, const F& 
   });
 }
 
+// Calls f(param_tag, grad_tag, state_tag) for the kernels: the grad typed when it has the param's
+// dtype (as torch's grads do), else read through its run-time dtype (StorageTag<AnyGrad>). 18 loops
+// per kernel, mode and target instead of the 27 of WithStorageTypes: a rare combination (an f32
+// grad of a bf16 param) costs a predictable switch per load rather than a loop of its own, and the
+// build a third less of its time.
+template <class F>
+HWY_INLINE void WithKernelStorageTypes(DType param, DType grad, DType state, const F& f) {
+  WithStorageType(param, [&](auto p) HWY_ATTR {
+    WithStorageType(state, [&](auto s) HWY_ATTR {
+      if (grad == param) {
+        f(p, p, s);
+      } else {
+        f(p, StorageTag<AnyGrad>{}, s);
+      }
+    });
+  });
+}
+
 // Calls f(flag...) with each runtime bool turned into std::true_type / std::false_type, so a
 // kernel's mode flags become template arguments: one branch-free loop per combination instead of
 // tests in the loop body.
@@ -130,7 +148,7 @@ HWY_INLINE void RunPlanChunks(const StepPlan<Scalars>& plan, std::size_t chunk_b
           });
           return;
         }
-        WithStorageTypes(
+        WithKernelStorageTypes(
             seg.param_dtype, seg.grad_dtype, seg.state_dtype, [&](auto p, auto g, auto s) HWY_ATTR {
               using Buffers = SegmentBuffers<typename decltype(p)::type, typename decltype(g)::type,
                                              typename decltype(s)::type>;

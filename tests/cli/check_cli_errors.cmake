@@ -61,11 +61,11 @@ if(leftovers)
 endif()
 
 # FOPT_DISABLE_TARGETS: an unknown name is an error naming it and listing the valid names.
-expect_exit(2 "FOPT_DISABLE_TARGETS.*NOT_A_TARGET.*valid.*SSE" ${CMAKE_COMMAND} -E env
+expect_exit(2 "FOPT_DISABLE_TARGETS.*NOT_A_TARGET.*valid.*AVX2" ${CMAKE_COMMAND} -E env
             FOPT_DISABLE_TARGETS=NOT_A_TARGET ${FUSEDOPT} info)
 expect_exit(2 "FOPT_DISABLE_TARGETS.*NOT_A_TARGET" ${CMAKE_COMMAND} -E env
-            FOPT_DISABLE_TARGETS=SSE4,NOT_A_TARGET ${FUSEDOPT} ${tiny_bench})
-expect_exit(0 "" ${CMAKE_COMMAND} -E env FOPT_DISABLE_TARGETS=SSE4 ${FUSEDOPT} info)
+            FOPT_DISABLE_TARGETS=AVX2,NOT_A_TARGET ${FUSEDOPT} ${tiny_bench})
+expect_exit(0 "" ${CMAKE_COMMAND} -E env FOPT_DISABLE_TARGETS=AVX2 ${FUSEDOPT} info)
 
 # The human-readable target names say what AVX3 is (the README's AVX-512).
 expect_exit(0 "" ${FUSEDOPT} info)
