@@ -33,6 +33,8 @@ TORCH = {
     "Adadelta": torch.optim.Adadelta,
     "RAdam": torch.optim.RAdam,
     "NAdam": torch.optim.NAdam,
+    "ASGD": torch.optim.ASGD,
+    "Rprop": torch.optim.Rprop,
 }
 FUSED = {
     "SGD": fusedopt.FusedSGD,
@@ -44,12 +46,14 @@ FUSED = {
     "Adadelta": fusedopt.FusedAdadelta,
     "RAdam": fusedopt.FusedRAdam,
     "NAdam": fusedopt.FusedNAdam,
+    "ASGD": fusedopt.FusedASGD,
+    "Rprop": fusedopt.FusedRprop,
 }
 NAMES = list(TORCH)
 # The rules without a square root: with float hyper-parameters the fused step reproduces torch's
 # for-loop bit for bit as torch is. The others agree within a relative bound (torch's CPU fp32 sqrt is
 # not correctly rounded), and bit for bit with an IEEE sqrt in torch (the ieee_sqrt fixture).
-SQRT_FREE = ("SGD", "Adamax")
+SQRT_FREE = ("SGD", "Adamax", "ASGD", "Rprop")
 
 # A "typical" option set per class (used where the scenario is not about the options).
 BASE_KW = {
@@ -63,6 +67,9 @@ BASE_KW = {
     # decoupled (AdamW-style) decay in groups 0 and 2, L2 decay in group 1 (GROUP_KW)
     "RAdam": dict(lr=1e-2, weight_decay=1e-2, decoupled_weight_decay=True),
     "NAdam": dict(lr=1e-2, weight_decay=1e-2, momentum_decay=8e-3, decoupled_weight_decay=True),
+    # averaging starts at step 5 in group 0, so both of ASGD's phases run
+    "ASGD": dict(lr=1e-2, weight_decay=1e-2, t0=5.0),
+    "Rprop": dict(lr=1e-2, etas=(0.4, 1.3)),
 }
 
 # Per-group overrides for groups 1 and 2 (group 0 takes the constructor's values).
@@ -79,6 +86,8 @@ GROUP_KW = {
               dict(lr=2e-2, weight_decay=0.0, eps=1e-6)],
     "NAdam": [dict(lr=3e-3, betas=(0.8, 0.99), momentum_decay=2e-2, decoupled_weight_decay=False),
               dict(lr=2e-2, weight_decay=0.0, eps=1e-6)],
+    "ASGD": [dict(lr=3e-3, lambd=1e-3, t0=20.0), dict(lr=2e-2, weight_decay=0.0, alpha=0.5, t0=1e6)],
+    "Rprop": [dict(lr=3e-3, etas=(0.3, 1.5)), dict(lr=2e-2, step_sizes=(1e-4, 0.05))],
 }
 
 

@@ -129,7 +129,8 @@ def test_add_param_group_mid_training(name):
              "AdamW": dict(lr=5e-3, weight_decay=0.5), "RMSprop": dict(lr=5e-3, alpha=0.5),
              "Adagrad": dict(lr=0.2, lr_decay=0.1), "Adamax": dict(lr=5e-3, betas=(0.5, 0.9)),
              "Adadelta": dict(lr=0.3, rho=0.5), "RAdam": dict(lr=5e-3, betas=(0.5, 0.9), weight_decay=0.5),
-             "NAdam": dict(lr=5e-3, momentum_decay=0.1, decoupled_weight_decay=False)}[name]
+             "NAdam": dict(lr=5e-3, momentum_decay=0.1, decoupled_weight_decay=False),
+             "ASGD": dict(lr=5e-3, lambd=1e-3, t0=3.0), "Rprop": dict(lr=5e-3, etas=(0.3, 1.6))}[name]
     ref.add_param_group({"params": extra_ref, **hyper})
     fus.add_param_group({"params": extra_fus, **hyper})
     assert fus.param_groups[-1].keys() == ref.param_groups[-1].keys()
@@ -309,7 +310,7 @@ def test_state_dict_lr_changes_are_loaded(name):
 
 STATE_KEY = {"SGD": "momentum_buffer", "Adam": "exp_avg", "AdamW": "exp_avg_sq", "RMSprop": "square_avg",
              "Adagrad": "sum", "Adamax": "exp_inf", "Adadelta": "acc_delta", "RAdam": "exp_avg_sq",
-             "NAdam": "exp_avg"}
+             "NAdam": "exp_avg", "ASGD": "ax", "Rprop": "step_size"}
 
 
 def test_state_tensor_storage_replaced_through_data():

@@ -24,6 +24,8 @@ DUP_KW = {
     "Adadelta": dict(lr=0.5, rho=0.85, weight_decay=0.1),
     "RAdam": dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
     "NAdam": dict(lr=0.01, weight_decay=0.1, momentum_decay=8e-3),
+    "ASGD": dict(lr=0.01, weight_decay=0.1, t0=3.0),
+    "Rprop": dict(lr=0.01, etas=(0.4, 1.3)),
 }
 
 
@@ -288,6 +290,8 @@ def test_flatten_resized_param_with_stale_grad_is_a_named_value_error():
     ("Adamax", "betas", (0.9, torch.tensor([0.9, 0.99])), "['betas'][1]"),
     ("Adadelta", "rho", torch.zeros(2), "['rho']"),
     ("NAdam", "momentum_decay", torch.tensor([1e-3, 2e-3]), "['momentum_decay']"),
+    ("ASGD", "t0", torch.tensor([1.0, 2.0]), "['t0']"),
+    ("Rprop", "etas", (0.5, torch.tensor([1.2, 1.3])), "['etas'][1]"),
 ])
 def test_multi_element_hyper_parameter_is_named(name, key, value, field):
     ps = [torch.nn.Parameter(torch.zeros(3))]

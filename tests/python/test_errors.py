@@ -142,6 +142,9 @@ BAD_ARGS = {
               dict(lr=torch.tensor([1e-3, 1e-3]))],
     "NAdam": [dict(lr=-1), dict(eps=-1), dict(betas=(1.0, 0.999)), dict(betas=(0.9, 1.5)), dict(weight_decay=-1),
               dict(momentum_decay=-1e-3), dict(lr=torch.tensor([1e-3, 1e-3]))],
+    "ASGD": [dict(lr=-1), dict(weight_decay=-1), dict(lr=torch.tensor([1e-3, 1e-3]))],
+    "Rprop": [dict(lr=-1), dict(etas=(0.0, 1.2)), dict(etas=(1.0, 1.2)), dict(etas=(0.5, 1.0)),
+              dict(lr=torch.tensor([1e-3, 1e-3]))],
 }
 ARG_CASES = [(n, kw) for n in NAMES for kw in BAD_ARGS[n]]
 
@@ -185,6 +188,8 @@ BAD_HYPERS = {
     "Adadelta": [("lr", -1.0), ("rho", 1.5), ("rho", -0.5), ("eps", -1.0)],
     "RAdam": [("lr", -1.0), ("betas", (0.9, 1.5)), ("eps", -1.0), ("weight_decay", -0.5)],
     "NAdam": [("lr", float("nan")), ("betas", (-0.1, 0.9)), ("momentum_decay", -0.5), ("weight_decay", -0.5)],
+    "ASGD": [("lr", -1.0), ("lr", float("nan")), ("weight_decay", -0.5)],
+    "Rprop": [("lr", -1.0), ("etas", (1.5, 1.2)), ("etas", (0.5, 0.9))],
 }
 HYPER_CASES = [(n, k, v) for n in NAMES for k, v in BAD_HYPERS[n]]
 

@@ -7,6 +7,8 @@ differences feed back); param 1 and 3 have no grad on some steps and param 4 onl
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from conftest import (
     FUSED,
@@ -102,6 +104,19 @@ OPTION_SETS = {
         dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True, maximize=True),
         dict(lr=T(1e-2)),
     ],
+    # (test_asgd.py and test_rprop.py run more option sets each)
+    "ASGD": [
+        dict(lr=1e-2),
+        dict(lr=1e-2, t0=3.0, weight_decay=0.1),
+        dict(lr=5e-2, lambd=0.1, alpha=0.5, t0=10.0, maximize=True),
+        dict(lr=T(1e-2), t0=5.0),
+    ],
+    "Rprop": [
+        dict(lr=1e-2),
+        dict(lr=1e-2, etas=(0.25, 1.75), step_sizes=(1e-3, 2e-2)),
+        dict(lr=1e-2, maximize=True),
+        dict(lr=T(1e-2)),
+    ],
 }
 
 # Tensor hyper-parameters in every group for the tensor option sets.
@@ -111,6 +126,8 @@ TENSOR_GROUP_KW_OF = {
     "Adadelta": [dict(lr=T(0.2), rho=0.95), dict(lr=T(1.0), weight_decay=0.0)],
     "RAdam": [dict(lr=T(3e-3), betas=(0.8, 0.99)), dict(lr=T(2e-2), weight_decay=0.0)],
     "NAdam": [dict(lr=T(3e-3), betas=(0.8, 0.99), momentum_decay=2e-2), dict(lr=T(2e-2), weight_decay=0.0)],
+    "ASGD": [dict(lr=T(3e-3), lambd=1e-3, t0=20.0), dict(lr=T(2e-2), weight_decay=0.0)],
+    "Rprop": [dict(lr=T(3e-3), etas=(0.3, 1.5)), dict(lr=T(2e-2))],
 }
 
 CASES = [(n, i) for n in NAMES for i in range(len(OPTION_SETS[n]))]
@@ -214,13 +231,15 @@ LOW_OPTS = {
     "Adadelta": [dict(lr=0.5, rho=0.85, weight_decay=0.1)],
     "RAdam": [dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True)],
     "NAdam": [dict(lr=1e-2, weight_decay=0.1, momentum_decay=8e-3)],
+    "ASGD": [dict(lr=1e-2, weight_decay=0.1, t0=3.0)],
+    "Rprop": [dict(lr=1e-2, etas=(0.4, 1.3))],
 }
 LOW_CASES = [(n, i) for n in NAMES for i in range(len(LOW_OPTS[n]))]
 LOW_IDS = [f"{n}-{i}" for n, i in LOW_CASES]
 
 def _kw16(name, i, dtype):
     kw = dict(LOW_OPTS[name][i])
-    if dtype == torch.float16 and name != "SGD":
+    if dtype == torch.float16 and "eps" in inspect.signature(TORCH[name]).parameters:
         # torch's fp16 path needs an eps that fp16 holds well: 1e-8 rounds to 0 in fp16 and torch
         # then divides 0 by 0 wherever exp_avg_sq underflows; with 1e-3, torch's subnormal
         # exp_avg_sq (g < 0.25) puts torch itself 12 ulps away from the fp32 run (fused: 4).
@@ -253,8 +272,9 @@ def test_low_precision_params_default_mode(name, i, dtype):
     for j, (a, r, x) in enumerate(zip(p_f, p_t, p_32)):
         assert a.dtype == dtype
         for k, v in fus.state[a].items():
-            if name == "NAdam" and k == "mu_product":
-                # a 0-d f32 scalar per param, not a buffer: torch keeps it in f32 for 16-bit params too
+            if k in ("mu_product", "eta", "mu"):
+                # NAdam's and ASGD's 0-d f32 scalars per param, not buffers: torch keeps them in f32 for 16-bit
+                # params too
                 assert v.dtype == ref.state[r][k].dtype == torch.float32 and v.dim() == 0
             elif k != "step":
                 assert v.dtype == dtype, f"state {k} is {v.dtype}, torch keeps it in {dtype}"
@@ -280,6 +300,8 @@ MASTER_OPTS = {
     "Adadelta": dict(lr=0.5, rho=0.85, weight_decay=0.1),
     "RAdam": dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True),
     "NAdam": dict(lr=1e-2, weight_decay=0.1, momentum_decay=8e-3),
+    "ASGD": dict(lr=1e-2, weight_decay=0.1, t0=3.0),
+    "Rprop": dict(lr=1e-2, etas=(0.4, 1.3)),
 }
 
 

@@ -66,11 +66,15 @@ SAME_MODE_GROUPS = [dict(lr=3e-3, alpha=0.8), dict(lr=2e-2, eps=1e-6)]
 # difference of torch's sqrt grows to ~3e-4 relative in a few elements over 100 steps (measured; bit for bit
 # with an IEEE sqrt, below).
 CENTERED = dataclasses.replace(RMSPROPTF, rtol=1e-3)
+# Not centered: which inputs torch's sqrt rounds off by an ulp depends on the CPU (its MKL kernel); with
+# momentum 0.9 the differences accumulate to 1.5e-5 relative in one element of 40000 after 100 steps on an
+# AVX-512-FP16 Xeon (below 1e-5 on the AVX-512 machine the bound was first measured on).
+PLAIN = dataclasses.replace(RMSPROPTF, rtol=1e-4)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_matches_the_reference_within_its_sqrt_rounding_100_steps(mode):
-    checks.check_parity(CENTERED if MODES[mode]["centered"] else RMSPROPTF, MODES[mode], SAME_MODE_GROUPS)
+    checks.check_parity(CENTERED if MODES[mode]["centered"] else PLAIN, MODES[mode], SAME_MODE_GROUPS)
 
 
 @pytest.mark.parametrize("mode", list(MODES))

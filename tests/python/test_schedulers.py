@@ -35,12 +35,15 @@ OPT_KW = {"SGD": dict(lr=0.05, momentum=0.9, weight_decay=1e-3),
           "Adamax": dict(lr=1e-2, weight_decay=1e-2),
           "Adadelta": dict(lr=0.5, rho=0.85),
           "RAdam": dict(lr=1e-2, weight_decay=1e-2, decoupled_weight_decay=True),
-          "NAdam": dict(lr=1e-2, momentum_decay=8e-3)}
+          "NAdam": dict(lr=1e-2, momentum_decay=8e-3),
+          "ASGD": dict(lr=1e-2, t0=5.0),
+          "Rprop": dict(lr=1e-2)}
 
 # (Adadelta has neither momentum nor betas for OneCycleLR to cycle)
 CASES = [("SGD", "warmup_cosine"), ("AdamW", "warmup_cosine"), ("SGD", "onecycle"), ("AdamW", "onecycle"),
          ("SGD", "step"), ("Adam", "step"), ("RMSprop", "warmup_cosine"), ("Adagrad", "step"),
-         ("Adamax", "warmup_cosine"), ("Adadelta", "step"), ("RAdam", "onecycle"), ("NAdam", "onecycle")]
+         ("Adamax", "warmup_cosine"), ("Adadelta", "step"), ("RAdam", "onecycle"), ("NAdam", "onecycle"),
+         ("ASGD", "warmup_cosine"), ("Rprop", "step")]
 
 
 def _make(name, params, fused, tensor_lr):
