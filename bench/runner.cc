@@ -254,14 +254,26 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     num_states += segments.empty() || segments[0].state[slot] == nullptr ? 0 : 1;
   // Bytes one fused step moves per element: param read+write, grad read, each state read+write;
   // the training loop's pre-pass reads the grad once more; a two-phase step's reduction pass
-  // (LAMB) reads the param, the grad and each state once more.
+  // (LAMB) reads the param, the grad and each state once more (BertAdam's: the grad only).
   const bool reduction_pass = HasReductionPass(algorithm);
+  const bool reduces_grad_only = ReductionReadsGradOnly(algorithm);
+  const std::size_t reduction_bytes =
+      !reduction_pass ? 0
+      : reduces_grad_only
+          ? DTypeSize(grad_dtype)
+          : DTypeSize(dtype) * (1 + static_cast<std::size_t>(num_states)) + DTypeSize(grad_dtype);
   const std::size_t bytes_per_param =
       2 * DTypeSize(dtype) + DTypeSize(grad_dtype) * (training_loop ? 2 : 1) +
-      2 * DTypeSize(dtype) * static_cast<std::size_t>(num_states) +
-      (reduction_pass
-           ? DTypeSize(dtype) * (1 + static_cast<std::size_t>(num_states)) + DTypeSize(grad_dtype)
-           : 0);
+      2 * DTypeSize(dtype) * static_cast<std::size_t>(num_states) + reduction_bytes;
+  // The reduction pass's floor: what it reads, nothing written.
+  const auto reduce_traffic = [&] {
+    if (!reduction_pass) return;
+    if (reduces_grad_only) {
+      SameTrafficGradRead(segments, runtime);
+    } else {
+      SameTrafficReduce(segments, runtime);
+    }
+  };
 
   // `standard` steps on grads of the param dtype: a copy made here, untimed, if the dtypes differ.
   std::vector<Segment> standard_segments = segments;
@@ -299,7 +311,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
             clock->Start();
             SameTrafficGradRead(segments, runtime);
             clock->Lap("pre_pass");
-            if (reduction_pass) SameTrafficReduce(segments, runtime);
+            reduce_traffic();
             SameTrafficStep(segments, runtime, stores);
             clock->Lap("step");
           },
@@ -311,7 +323,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
                        [&] { StandardStep(algorithm, hyper, standard_segments, runtime); });
     for (const TrafficStores stores : kAllTrafficStores) {
       impls.emplace_back(TrafficImplName(stores), [&, stores] {
-        if (reduction_pass) SameTrafficReduce(segments, runtime);
+        reduce_traffic();
         SameTrafficStep(segments, runtime, stores);
       });
     }

@@ -393,6 +393,17 @@ bool HasReductionPass(Algorithm a) {
   return WithDescriptor(a, [](auto d) { return algos::TwoPhase<typename decltype(d)::type>; });
 }
 
+bool ReductionReadsGradOnly(Algorithm a) {
+  return WithDescriptor(a, [](auto d) {
+    using A = typename decltype(d)::type;
+    if constexpr (requires { A::kReducesGradOnly; }) {
+      return A::kReducesGradOnly;
+    } else {
+      return false;
+    }
+  });
+}
+
 unsigned BenchRequiredStates(Algorithm a, const BenchHyper& h) {
   return WithDescriptor(a, [&](auto d) {
     using A = typename decltype(d)::type;

@@ -51,6 +51,10 @@ std::string AlgorithmNames();
 // pass. The traffic
 // ceiling and the bytes `fusedopt bench` reports include that pass.
 bool HasReductionPass(Algorithm a);
+// Whether that reduction pass reads the gradients only (BertAdam's Σg², descriptor
+// kReducesGradOnly): its floor is then one read of every gradient (SameTrafficGradRead), and its
+// bytes the gradient's.
+bool ReductionReadsGradOnly(Algorithm a);
 
 // Hyper-parameters of every algorithm, one group each (Of<SgdHyper>()); only the one being
 // benchmarked is used. The Hyper structs' defaults (torch's, the reference's), except:

@@ -43,6 +43,13 @@ AdamP (clovaai's, which torch_npu's NpuFusedAdamP ports) likewise:
   pytorch_optimizer          pytorch_optimizer.AdamP(foreach=False);
   pytorch_optimizer_foreach  ... foreach=True. Its eps is scaled by sqrt(1 - beta2^t), so it is timed, not compared.
 
+BertAdam (torch_npu's NpuFusedBertAdam, a port of HF's BertAdam) likewise:
+
+  bert_adam_reference        tools/bert_adam_reference.py, NpuFusedBertAdam's formulas in torch ops (the
+                             reference of FusedBertAdam; it clips .grad in place per (group, dtype))
+  hf_bert_adam               HF pytorch-pretrained-bert 0.6.2's BertAdam: per-param clipping (clip_grad_norm_
+                             of each param, in place), so it is timed, not compared.
+
 With --deepspeed (adam, adamw), DeepSpeed's CPU Adam runs beside them (deepspeed.ops.adam.DeepSpeedCPUAdam,
 the fused CPU Adam of ZeRO-Offload; not installed by scripts/setup: `pip install deepspeed` into .venv,
 and its first use compiles it, about a minute). Give OMP_NUM_THREADS as --threads: it runs on its own
@@ -67,9 +74,9 @@ import statistics
 import sys
 import time
 
-import torch
-
 import fusedopt
+
+import torch
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "tools"))
@@ -142,6 +149,16 @@ def adamp_references() -> dict:
         params, lr=LR), "pytorch_optimizer": third_party(False), "pytorch_optimizer_foreach": third_party(True)}
 
 
+def bert_adam_references() -> dict:
+    from bert_adam_reference import BertAdamReference
+
+    def hf(params):
+        from pytorch_pretrained_bert.optimization import BertAdam
+        return BertAdam(params, lr=LR)
+
+    return {"bert_adam_reference": lambda params: BertAdamReference(params, lr=LR), "hf_bert_adam": hf}
+
+
 def deepspeed_references(optimizer: str) -> dict:
     from deepspeed.ops.adam import DeepSpeedCPUAdam
     weight_decay = 1e-2 if optimizer == "adamw" else 0.0  # torch's defaults
@@ -149,8 +166,9 @@ def deepspeed_references(optimizer: str) -> dict:
         params, lr=LR, weight_decay=weight_decay, adamw_mode=optimizer == "adamw")}
 
 
-OPTIMIZERS = (*TORCH_OPTIMIZERS, "lion", "lamb", "lars", "rmsproptf", "adamp")
-UNCOMPARED = {"pytorch_optimizer", "pytorch_optimizer_foreach", "larc_sgd"}  # another formula (or grads rewritten)
+OPTIMIZERS = (*TORCH_OPTIMIZERS, "lion", "lamb", "lars", "rmsproptf", "adamp", "bert_adam")
+# another formula (or grads rewritten)
+UNCOMPARED = {"pytorch_optimizer", "pytorch_optimizer_foreach", "larc_sgd", "hf_bert_adam"}
 MODELS = {name: constructor for name, constructor, _, _ in gen_model_shapes.MODELS}
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 TORCH_IMPLS = ("torch_forloop", "torch_foreach", "torch_fused")
@@ -214,6 +232,8 @@ def references(optimizer: str, dtype: torch.dtype, deepspeed: bool = False) -> d
         return lars_references()
     if optimizer == "adamp":
         return adamp_references()
+    if optimizer == "bert_adam":
+        return bert_adam_references()
     name, kwargs = TORCH_OPTIMIZERS[optimizer]
     variants = {"torch_forloop": {"foreach": False}, "torch_foreach": {"foreach": True}}
     if torch_fused_supported(optimizer, dtype):
@@ -233,6 +253,8 @@ def build_fused(optimizer: str, params: list[torch.Tensor], flatten: bool) -> to
         return fusedopt.FusedLARS(params, lr=LR, flatten=flatten, **LARS_KW)
     if optimizer == "adamp":
         return fusedopt.FusedAdamP(params, lr=LR, flatten=flatten)
+    if optimizer == "bert_adam":  # the reference's defaults otherwise: clipping at 1 per (group, dtype)
+        return fusedopt.FusedBertAdam(params, lr=LR, flatten=flatten)
     name, kwargs = TORCH_OPTIMIZERS[optimizer]
     return getattr(fusedopt, "Fused" + name)(params, lr=LR, flatten=flatten, **kwargs)
 

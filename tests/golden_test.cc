@@ -2,9 +2,11 @@
 // Lion from lion-pytorch, for LAMB from tools/lamb_reference.py (apex FusedLAMB's formulas in
 // torch ops), for LARS from tools/lars_reference.py (apex LARC around torch.optim.SGD) and for
 // RMSpropTF from tools/rmsproptf_reference.py (torch_npu NpuFusedRMSpropTF's formulas in torch
-// ops), AdamP from clovaai's adamp.AdamP: the fp32 fused kernels on the default (best) SIMD target
-// must match the reference's single-tensor path within 1e-6 relative (floor 1e-6·max|ref| per
-// buffer) at the checkpoints of each file (steps 1, 5 and 20; ASGD's and Rprop's also 100). LAMB
+// ops), AdamP from clovaai's adamp.AdamP, BertAdam from tools/bert_adam_reference.py (torch_npu
+// NpuFusedBertAdam's formulas in torch ops): the fp32 fused kernels on the default (best) SIMD
+// target must match the reference's single-tensor path within 1e-6 relative (floor 1e-6·max|ref|
+// per buffer) at the checkpoints of each file (steps 1, 5 and 20; ASGD's, Rprop's and BertAdam's
+// also 100). LAMB
 // needs no looser tolerance despite torch's non-IEEE sqrt and the trust ratio: its worst error is
 // 8.7e-8 of that metric (torch 2.13.0+cpu wheel, AVX3 and AVX2). Whether they match bit for bit is
 // printed once at the end, for information only.
@@ -426,6 +428,33 @@ struct Algo<AdampHyper> {
   static void Step(std::span<const AdampHyper> g, std::span<const Segment> s) { AdampStep(g, s); }
 };
 
+// tools/bert_adam_reference.py (torch_npu NpuFusedBertAdam's formulas): the schedule by name, each
+// group's max_grad_norm (the clipping per (group, dtype) is the step's).
+template <>
+struct Algo<BertAdamHyper> {
+  static BertAdamHyper Parse(const json& g) {
+    BertAdamHyper h;
+    h.lr = g.at("lr").get<double>();
+    h.warmup = g.at("warmup").get<double>();
+    h.t_total = g.at("t_total").get<double>();
+    h.schedule = algos::BertAdamScheduleCode(g.at("schedule").get<std::string>());
+    h.b1 = g.at("b1").get<double>();
+    h.b2 = g.at("b2").get<double>();
+    h.e = g.at("e").get<double>();
+    h.weight_decay = g.at("weight_decay").get<double>();
+    h.max_grad_norm = g.at("max_grad_norm").get<double>();
+    return h;
+  }
+  static int Slot(const std::string& key) {
+    if (key == "exp_avg") return kBertAdamExpAvg;
+    if (key == "exp_avg_sq") return kBertAdamExpAvgSq;
+    return -1;
+  }
+  static void Step(std::span<const BertAdamHyper> g, std::span<const Segment> s) {
+    BertAdamStep(g, s);
+  }
+};
+
 // Parse(group) or, for algorithms that need the case (its constructor arguments), Parse(group,
 // case).
 template <class Hyper>
@@ -763,6 +792,7 @@ constexpr GoldenFile kFiles[] = {
     {"lars.json", "LARS", &RunCase<LarsHyper>},
     {"rprop.json", "Rprop", &RunCase<RpropHyper>},
     {"adamp.json", "AdamP", &RunCase<AdampHyper>},
+    {"bertadam.json", "BertAdam", &RunCase<BertAdamHyper>},
 };
 
 // The parsed files live for the whole run: the registered tests point into them.

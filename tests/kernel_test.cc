@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <optional>
 #include <span>
 #include <sstream>
@@ -919,6 +920,75 @@ struct RpropAlgo {
   }
 };
 
+// BertAdam: the oracle clips per (group, param dtype) as the reference's flat buffers
+// (ScaleGrads, before Ref). With these inputs (|g| < 1, 0-65 elements a segment) a group's norm is
+// a few units: max_grad_norm 1 clips on every step, 5 on some, -1 never. The schedules run past
+// t_total (first steps 1, 7, 2 and 20 steps).
+struct BertAdamAlgo {
+  using Hyper = BertAdamHyper;
+  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_avg_sq", ""};
+  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
+    BertAdamStep(g, s, rt);
+  }
+  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+                  const StateSpans& st) {
+    ref::BertAdamStep(h, t, 1.0, p, g, st[0], st[1]);  // g: clipped by ScaleGrads
+  }
+  // Each (group, param dtype)'s factor from its Σg², applied to its segments' oracle gradients.
+  template <class Seg>
+  static void ScaleGrads(std::span<const Hyper> groups, const std::vector<Seg>& segs,
+                         std::vector<std::vector<double>>& grads) {
+    std::map<std::pair<std::uint32_t, DType>, double> sums;
+    for (std::size_t i = 0; i < segs.size(); ++i) {
+      double& sum = sums[{segs[i].spec.group, segs[i].spec.combo.param}];
+      for (double x : grads[i]) sum += x * x;
+    }
+    for (std::size_t i = 0; i < segs.size(); ++i) {
+      const double clip = ref::BertAdamClip(groups[segs[i].spec.group].max_grad_norm,
+                                            sums[{segs[i].spec.group, segs[i].spec.combo.param}]);
+      for (double& x : grads[i]) x *= clip;
+    }
+  }
+  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
+  // Constant lr with clipping and weight decay (the reference's defaults), neither, and each
+  // schedule with a warmup (cosine: none), clipped at 1, 5 or 2.
+  static std::vector<Hyper> Options() {
+    return {
+        {.lr = 0.01},
+        {.lr = 0.01, .weight_decay = 0.0, .max_grad_norm = -1.0},
+        {.lr = 0.01, .warmup = 0.2, .t_total = 10, .max_grad_norm = 5.0},
+        {.lr = 0.01, .warmup = 0.1, .t_total = 30, .schedule = kBertAdamWarmupConstant},
+        {.lr = 0.01, .t_total = 25, .schedule = kBertAdamWarmupCosine, .weight_decay = 0.05},
+        {.lr = 0.01,
+         .warmup = 0.3,
+         .t_total = 15,
+         .schedule = kBertAdamWarmupPoly,
+         .max_grad_norm = 2.0},
+    };
+  }
+  static Hyper OtherGroup(Hyper h) {
+    h.lr *= 2.5;
+    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+    h.b1 = 0.8;
+    h.e = 1e-4;
+    h.max_grad_norm = h.max_grad_norm == 1.0 ? 3.0 : 1.0;
+    return h;
+  }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << "BertAdam{lr=" << h.lr << " warmup=" << h.warmup << " t_total=" << h.t_total
+      << " schedule=" << h.schedule << " b1=" << h.b1 << " b2=" << h.b2 << " e=" << h.e
+      << " wd=" << h.weight_decay << " max_grad_norm=" << h.max_grad_norm << "}";
+    return o.str();
+  }
+  // Zero at step 1; later a plausible state.
+  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
+    if (step == 1) return 0.0;
+    if (slot == kBertAdamExpAvg) return rng.Uniform(-0.3, 0.3);
+    return rng.Uniform(0.01, 0.5);
+  }
+};
+
 // A fixed sign for element index i, mixed by a hash so that SIMD lanes and tails see both: Lion's
 // and LAMB's inputs keep it on every step (see LionAlgo and LambAlgo).
 int ElementSign(std::size_t i) {
@@ -1456,15 +1526,23 @@ bool RunCase(const Case<A>& c, const std::string& target) {
   for (int t = 0; t < c.steps; ++t) {
     std::vector<Segment> table;
     std::vector<Buffer> grad_copies;
+    std::vector<std::vector<double>> grads;
     for (SegData& s : segs) {
       FillGrads<A>(s, c.grads, rng);
       grad_copies.push_back(s.grad);
       if (!s.free_running) s.SyncOracle();
       s.TrackScale();
-      const std::vector<double> g = s.grad.ToDouble();
+      grads.push_back(s.grad.ToDouble());
+    }
+    // Clipping across segments (BertAdam's per (group, dtype) norms) scales the oracle's gradients.
+    if constexpr (requires { A::ScaleGrads(std::span(c.groups), segs, grads); }) {
+      A::ScaleGrads(std::span(c.groups), segs, grads);
+    }
+    for (std::size_t i = 0; i < segs.size(); ++i) {
+      SegData& s = segs[i];
       StateSpans st;
       for (int k = 0; k < kMaxStates; ++k) st[k] = s.ref_state[k];
-      A::Ref(c.groups[s.spec.group], s.step, s.ref_p, g, st);
+      A::Ref(c.groups[s.spec.group], s.step, s.ref_p, grads[i], st);
       table.push_back(s.ToSegment());
     }
     A::Step(c.groups, table, runtime);
@@ -1587,6 +1665,7 @@ TEST_P(KernelSweep, Asgd) { RunSweep<AsgdAlgo>(target()); }
 TEST_P(KernelSweep, Lars) { RunSweep<LarsAlgo>(target()); }
 TEST_P(KernelSweep, Rprop) { RunSweep<RpropAlgo>(target()); }
 TEST_P(KernelSweep, Adamp) { RunSweep<AdampAlgo>(target()); }
+TEST_P(KernelSweep, BertAdam) { RunSweep<BertAdamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelMixed: every option combination is its own group, with one segment each; the segments cycle
@@ -1630,6 +1709,7 @@ TEST_P(KernelMixed, Asgd) { RunMixed<AsgdAlgo>(target()); }
 TEST_P(KernelMixed, Lars) { RunMixed<LarsAlgo>(target()); }
 TEST_P(KernelMixed, Rprop) { RunMixed<RpropAlgo>(target()); }
 TEST_P(KernelMixed, Adamp) { RunMixed<AdampAlgo>(target()); }
+TEST_P(KernelMixed, BertAdam) { RunMixed<BertAdamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelLarge: 4099 elements on every 16-bit combo (so the bias check runs), and 1000003 elements
@@ -1679,6 +1759,7 @@ TEST_P(KernelLarge, Asgd) { RunLarge<AsgdAlgo>(target()); }
 TEST_P(KernelLarge, Lars) { RunLarge<LarsAlgo>(target()); }
 TEST_P(KernelLarge, Rprop) { RunLarge<RpropAlgo>(target()); }
 TEST_P(KernelLarge, Adamp) { RunLarge<AdampAlgo>(target()); }
+TEST_P(KernelLarge, BertAdam) { RunLarge<BertAdamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelSpecial: zero, huge, eps-dominated and NaN/Inf gradients against the oracle (NaN/Inf must
@@ -1743,9 +1824,12 @@ void RunZeroSize(const std::string& target) {
   // untouched.
   StateSpans st;
   for (int k = 0; k < kMaxStates; ++k) st[k] = real.ref_state[k];
-  const std::vector<double> g = real.grad.ToDouble();
+  std::vector<std::vector<double>> g = {real.grad.ToDouble()};
   real.TrackScale();
-  A::Ref(h, real.step, real.ref_p, g, st);
+  if constexpr (requires { A::ScaleGrads(std::span(groups), std::vector<SegData>{}, g); }) {
+    A::ScaleGrads(std::span(groups), std::vector<SegData>{real}, g);  // the empty ones add nothing
+  }
+  A::Ref(h, real.step, real.ref_p, g[0], st);
   const std::vector<Segment> table = {with_scalars(null_seg, 0), with_scalars(pointing, 1),
                                       real.ToSegment(), with_scalars(null_seg, 2),
                                       with_scalars(pointing, 3)};
@@ -1771,6 +1855,7 @@ TEST_P(KernelSpecial, AsgdValues) { RunSpecialValues<AsgdAlgo>(target()); }
 TEST_P(KernelSpecial, LarsValues) { RunSpecialValues<LarsAlgo>(target()); }
 TEST_P(KernelSpecial, RpropValues) { RunSpecialValues<RpropAlgo>(target()); }
 TEST_P(KernelSpecial, AdampValues) { RunSpecialValues<AdampAlgo>(target()); }
+TEST_P(KernelSpecial, BertAdamValues) { RunSpecialValues<BertAdamAlgo>(target()); }
 TEST_P(KernelSpecial, SgdZeroSize) { RunZeroSize<SgdAlgo>(target()); }
 TEST_P(KernelSpecial, AdamZeroSize) { RunZeroSize<AdamAlgo>(target()); }
 TEST_P(KernelSpecial, AdamWZeroSize) { RunZeroSize<AdamWAlgo>(target()); }
@@ -1787,6 +1872,7 @@ TEST_P(KernelSpecial, AsgdZeroSize) { RunZeroSize<AsgdAlgo>(target()); }
 TEST_P(KernelSpecial, LarsZeroSize) { RunZeroSize<LarsAlgo>(target()); }
 TEST_P(KernelSpecial, RpropZeroSize) { RunZeroSize<RpropAlgo>(target()); }
 TEST_P(KernelSpecial, AdampZeroSize) { RunZeroSize<AdampAlgo>(target()); }
+TEST_P(KernelSpecial, BertAdamZeroSize) { RunZeroSize<BertAdamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // Determinism: Runtime(1), Runtime(2) and Runtime(3) give bit-identical buffers over several
@@ -1889,6 +1975,7 @@ TEST_P(Determinism, Asgd) { RunDeterminism<AsgdAlgo>(target()); }
 TEST_P(Determinism, Lars) { RunDeterminism<LarsAlgo>(target()); }
 TEST_P(Determinism, Rprop) { RunDeterminism<RpropAlgo>(target()); }
 TEST_P(Determinism, Adamp) { RunDeterminism<AdampAlgo>(target()); }
+TEST_P(Determinism, BertAdam) { RunDeterminism<BertAdamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3
@@ -1967,6 +2054,19 @@ TEST(DeterminismAcrossTargets, Lamb) {
       {{exact, exact_other}},
       {Combo{kF32, kBF16, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
       /*all_targets_agree=*/true);
+}
+
+// BertAdam's clip factors come from the same fixed-order sums as LAMB's norms: targets of one
+// class agree bit for bit (clipped and not).
+TEST(DeterminismAcrossTargets, BertAdam) {
+  const std::vector<BertAdamHyper> options = BertAdamAlgo::Options();
+  std::vector<std::vector<BertAdamHyper>> per_class;
+  for (const BertAdamHyper& h : {options.front(), options[1], options.back()})
+    per_class.push_back({h, BertAdamAlgo::OtherGroup(h)});
+  RunAcrossTargets<BertAdamAlgo>(
+      per_class,
+      {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
+      /*all_targets_agree=*/false);
 }
 
 // LARS's norms come from the same fixed-order sums as LAMB's: targets of one class agree bit for

@@ -83,6 +83,10 @@ void RefStep(const RpropHyper& h, std::int64_t /*t*/, std::span<double> p,
              std::span<const double> g, const StateSpans& s) {
   ref::RpropStep(h, p, g, s[kRpropPrev], s[kRpropStepSize]);
 }
+void RefStep(const BertAdamHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
+             const StateSpans& s) {
+  ref::BertAdamStep(h, t, 1.0, p, g, s[kBertAdamExpAvg], s[kBertAdamExpAvgSq]);  // g: clipped
+}
 void RefStep(const LambHyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
              const StateSpans& s) {
   ref::LambStep(h, t, p, g, s[kLambExpAvg], s[kLambExpAvgSq]);
@@ -251,6 +255,16 @@ std::vector<RpropHyper> Options(std::type_identity<RpropHyper> /*tag*/) {
                      .etaplus = 1.5,
                      .step_size_min = 0.02,
                      .step_size_max = 0.06}};
+}
+// The reference's defaults (clipping at 1: the larger gradients only), no clipping and no decay,
+// and each schedule.
+std::vector<BertAdamHyper> Options(std::type_identity<BertAdamHyper> /*tag*/) {
+  return {{.lr = 0.01},
+          {.lr = 0.01, .weight_decay = 0.0, .max_grad_norm = -1.0},
+          {.lr = 0.01, .warmup = 0.5, .t_total = 4},
+          {.lr = 0.01, .warmup = 0.2, .t_total = 5, .schedule = kBertAdamWarmupConstant},
+          {.lr = 0.01, .t_total = 5, .schedule = kBertAdamWarmupCosine},
+          {.lr = 0.01, .t_total = 3, .schedule = kBertAdamWarmupPoly, .max_grad_norm = 0.5}};
 }
 std::vector<LambHyper> Options(std::type_identity<LambHyper> /*tag*/) {
   std::vector<LambHyper> out;
@@ -429,6 +443,15 @@ TYPED_TEST(StandardVsOracle, ThreeSteps) {
             for (auto& gi : grads)
               for (double& x : gi) x *= h.standard.max_grad_norm / norm;
           }
+        }
+        // BertAdam clips the gradients of each (group, dtype) buffer (here: all, one f32 group).
+        if constexpr (std::is_same_v<Hyper, BertAdamHyper>) {
+          double total = 0.0;
+          for (const auto& gi : g)
+            for (const double x : gi) total += x * x;
+          const double clip = ref::BertAdamClip(hyper.max_grad_norm, total);
+          for (auto& gi : grads)
+            for (double& x : gi) x *= clip;
         }
         for (std::size_t i = 0; i < tensors.size(); ++i) {
           StateSpans spans;

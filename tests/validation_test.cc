@@ -122,6 +122,7 @@ void RawStep(std::span<const AsgdHyper> g, std::span<const Segment> s) { AsgdSte
 void RawStep(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsStep(g, s); }
 void RawStep(std::span<const RpropHyper> g, std::span<const Segment> s) { RpropStep(g, s); }
 void RawStep(std::span<const AdampHyper> g, std::span<const Segment> s) { AdampStep(g, s); }
+void RawStep(std::span<const BertAdamHyper> g, std::span<const Segment> s) { BertAdamStep(g, s); }
 
 template <class Hyper>
 const char* StepName() {
@@ -141,6 +142,7 @@ const char* StepName() {
   if constexpr (std::is_same_v<Hyper, LarsHyper>) return "LarsStep";
   if constexpr (std::is_same_v<Hyper, RpropHyper>) return "RpropStep";
   if constexpr (std::is_same_v<Hyper, AdampHyper>) return "AdampStep";
+  if constexpr (std::is_same_v<Hyper, BertAdamHyper>) return "BertAdamStep";
 }
 
 // Two valid segments in group 0 (one spans several chunks), then segment 2 (64 elements) in group
@@ -375,6 +377,39 @@ TEST(Validation, AdampRejectsBadHyperParameters) {
                  {"wd_ratio", "inf"});
 }
 
+// BertAdam: NpuFusedBertAdam's constructor checks (lr >= 0; warmup -1 or in [0, 1); b1, b2 in
+// [0, 1); e >= 0), a schedule code of the four, and what the reference cannot run: t_total 0 or
+// another negative one than -1, a NaN max_grad_norm, a non-finite weight_decay.
+TEST(Validation, BertAdamRejectsBadHyperParameters) {
+  ExpectBadGroup(BertAdamHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(BertAdamHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(BertAdamHyper{.warmup = -0.5}, {"warmup", "-0.5"});
+  ExpectBadGroup(BertAdamHyper{.warmup = 1.0}, {"warmup: 1", "[0, 1)"});
+  ExpectBadGroup(BertAdamHyper{.warmup = kNaN}, {"warmup", "nan"});
+  ExpectBadGroup(BertAdamHyper{.t_total = 0.0}, {"t_total: 0", "-1 or > 0"});
+  ExpectBadGroup(BertAdamHyper{.t_total = -2.0}, {"t_total", "-2"});
+  ExpectBadGroup(BertAdamHyper{.schedule = 4}, {"schedule code: 4"});
+  ExpectBadGroup(BertAdamHyper{.schedule = -1}, {"schedule code: -1"});
+  ExpectBadGroup(BertAdamHyper{.b1 = 1.0}, {"b1: 1", "[0, 1)"});
+  ExpectBadGroup(BertAdamHyper{.b2 = -0.1}, {"b2", "-0.1"});
+  ExpectBadGroup(BertAdamHyper{.e = -1e-6}, {"e", "-1e-06"});
+  ExpectBadGroup(BertAdamHyper{.weight_decay = kNaN}, {"weight_decay", "nan"});
+  ExpectBadGroup(BertAdamHyper{.max_grad_norm = kNaN}, {"max_grad_norm", "nan"});
+}
+
+// Unchecked by the reference and fine here: a negative weight decay (skipped: wd > 0 is the test),
+// max_grad_norm <= 0 (no clipping), lr 0, warmup 0 and -1, e 0.
+TEST(Validation, BertAdamAcceptsTheEdges) {
+  for (const BertAdamHyper& h :
+       {BertAdamHyper{.lr = 0.0, .warmup = 0.0, .t_total = 5}, BertAdamHyper{.e = 0.0},
+        BertAdamHyper{.weight_decay = -0.1, .max_grad_norm = 0.0},
+        BertAdamHyper{.t_total = 1e9, .schedule = kBertAdamWarmupPoly, .max_grad_norm = -1.0}}) {
+    Model m = MakeModel(h, h);
+    const std::vector<BertAdamHyper> groups = {h, h};
+    EXPECT_NO_THROW(BertAdamStep(groups, m.segments()));
+  }
+}
+
 // Segment::rows must divide numel (AdamP's channel rows); 0 (a 1-D param) and numel itself are
 // fine, and the other algorithms ignore rows.
 TEST(Validation, AdampRowsMustDivideNumel) {
@@ -453,6 +488,7 @@ TEST(Validation, NullBuffersAreFineWithNumelZero) {
   ExpectEmptyNullSegmentAccepted(LarsHyper{.momentum = 0.9, .weight_decay = 0.1});
   ExpectEmptyNullSegmentAccepted(RpropHyper{.maximize = true});
   ExpectEmptyNullSegmentAccepted(AdampHyper{.weight_decay = 0.1});
+  ExpectEmptyNullSegmentAccepted(BertAdamHyper{.t_total = 10});
 }
 
 // Segment 2 lacks state[slot], which `h` requires.
@@ -502,6 +538,8 @@ TEST(Validation, MissingState) {
   ExpectMissingState(RpropHyper{}, kRpropStepSize, {"step_size"});
   ExpectMissingState(AdampHyper{}, kAdampExpAvg, {"exp_avg"});
   ExpectMissingState(AdampHyper{}, kAdampExpAvgSq, {"exp_avg_sq"});
+  ExpectMissingState(BertAdamHyper{}, kBertAdamExpAvg, {"exp_avg"});
+  ExpectMissingState(BertAdamHyper{.weight_decay = 0.0}, kBertAdamExpAvgSq, {"exp_avg_sq"});
 }
 
 // NAdam's scalar state (mu_product) is required for every segment, an empty one too.
@@ -811,6 +849,8 @@ TEST(Validation, RequiredStates) {
   // AdamP: exp_avg and exp_avg_sq, whatever the options.
   EXPECT_EQ(RequiredStates(AdampHyper{}), 0b011u);
   EXPECT_EQ(RequiredStates(AdampHyper{.weight_decay = 0.1, .nesterov = true}), 0b011u);
+  EXPECT_EQ(RequiredStates(BertAdamHyper{}), 0b011u);
+  EXPECT_EQ(RequiredStates(BertAdamHyper{.weight_decay = 0.0, .max_grad_norm = -1.0}), 0b011u);
 }
 
 // Adamax: torch.optim.Adamax's constructor checks (lr, eps, weight_decay >= 0; betas in [0, 1)).

@@ -9,8 +9,9 @@ The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadel
 independent reference of Lion); tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
 from its formulas: apex itself is CUDA only); tools/lars_reference.py's LarsReference for LARS (apex LARC
 around torch.optim.SGD, written from its formulas); tools/rmsproptf_reference.py's RMSpropTFReference for
-RMSpropTF (torch_npu's NpuFusedRMSpropTF written from its formulas: the NPU class runs on Ascend only); and
-clovaai's adamp.AdamP for AdamP. Every case runs the single-tensor path (foreach=False and fused=False where the
+RMSpropTF (torch_npu's NpuFusedRMSpropTF written from its formulas: the NPU class runs on Ascend only); clovaai's
+adamp.AdamP for AdamP; tools/bert_adam_reference.py's BertAdamReference for BertAdam (torch_npu's NpuFusedBertAdam
+written from its formulas). Every case runs the single-tensor path (foreach=False and fused=False where the
 class takes them) on float32 CPU tensors for STEPS steps (the algorithms of LONG_RUNS: their own count) and
 records the params and the optimizer state (torch state_dict keys) after the steps in CHECKPOINTS. Inputs are
 not stored: the initial params and every gradient come from a 32-bit integer hash
@@ -46,14 +47,15 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: the references of our own
 from lamb_reference import LambReference  # noqa: E402
 from lars_reference import LarsReference  # noqa: E402
+from bert_adam_reference import BertAdamReference  # noqa: E402
 from rmsproptf_reference import RMSpropTFReference  # noqa: E402
 
 STEPS = 20
 CHECKPOINTS = [1, 5, 20]
 # Algorithms whose files run longer: (steps, checkpoints). ASGD's step size decays with the step and its averaging
-# starts only after t0 steps; Rprop's per-element step sizes grow and shrink until they reach their bounds. Their
-# cases run 100 steps.
-LONG_RUNS = {"ASGD": (100, [1, 5, 20, 100]), "Rprop": (100, [1, 5, 20, 100])}
+# starts only after t0 steps; Rprop's per-element step sizes grow and shrink until they reach their bounds;
+# BertAdam's schedules run over t_total steps (and past them). Their cases run 100 steps.
+LONG_RUNS = {"ASGD": (100, [1, 5, 20, 100]), "Rprop": (100, [1, 5, 20, 100]), "BertAdam": (100, [1, 5, 20, 100])}
 SIZES = [1, 7, 33, 64]
 PARAM_SCALE = 1.0
 GRAD_SCALE = 1.0
@@ -181,7 +183,7 @@ def run_case(cls, name, seed, groups, group_of, has_grad, steps=STEPS, checkpoin
     }
     if any(len(s) > 1 for s in shapes):
         case["shapes"] = [list(s) for s in shapes]  # AdamP: a param of more than one dimension is projected
-    if "max_grad_norm" in opt.defaults:
+    if "max_grad_norm" in opt.defaults and cls is LambReference:
         # LAMB: the global clipping threshold (the copies in the group dicts are ignored).
         case["max_grad_norm"] = opt.defaults["max_grad_norm"]
     case["checkpoints"] = checkpoints
@@ -516,6 +518,31 @@ SCENARIOS = {
         ],
         [(1,), (7,), (6, 11), (4, 2, 3, 3)],
     ),
+    # 100 steps (LONG_RUNS). The gradients' norm per group is about 6 (sizes 1, 7, 33, 64, values in [-1, 1]):
+    # max_grad_norm 1 (the default) clips every step, 5 some steps, -1 none. The schedules run past t_total
+    # (warmup_linear and warmup_poly are 0 there, warmup_cosine rises again). Each group is one clipping buffer.
+    "BertAdam": (
+        BertAdamReference,
+        [
+            ("default", [{"lr": 1e-2}]),
+            ("no_clipping", [{"lr": 1e-2, "max_grad_norm": -1.0}]),
+            ("partly_clipped_no_weight_decay", [{"lr": 1e-2, "max_grad_norm": 5.0, "weight_decay": 0.0}]),
+            ("betas_e_weight_decay", [{"lr": 1e-2, "b1": 0.8, "b2": 0.99, "e": 1e-4, "weight_decay": 0.1}]),
+            ("warmup_linear", [{"lr": 1e-2, "warmup": 0.1, "t_total": 80}]),
+            ("linear_without_warmup", [{"lr": 1e-2, "t_total": 100}]),
+            ("warmup_constant", [{"lr": 1e-2, "warmup": 0.2, "t_total": 100, "schedule": "warmup_constant"}]),
+            ("warmup_cosine", [{"lr": 1e-2, "warmup": 0.1, "t_total": 70, "schedule": "warmup_cosine"}]),
+            ("warmup_poly", [{"lr": 1e-2, "warmup": 0.05, "t_total": 90, "schedule": "warmup_poly"}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 1e-2},
+                    {"lr": 3e-3, "weight_decay": 0.0, "max_grad_norm": 2.0, "t_total": 60, "warmup": 0.1,
+                     "schedule": "warmup_cosine"},
+                ],
+            ),
+        ],
+    ),
 }
 
 # What each non-torch.optim file says about its reference (the torch.optim files have no such entry).
@@ -537,6 +564,11 @@ REFERENCES = {
         "reference": "adamp.AdamP (clovaai/AdamP) %s, which torch_npu's NpuFusedAdamP ports; its state step is a "
         "Python int; each case's shapes give the params of more than one dimension (projected per channel row or "
         "per layer)",
+    },
+    "BertAdam": {
+        "reference": "tools/bert_adam_reference.py BertAdamReference: torch_npu NpuFusedBertAdam written from its "
+        "formulas (no bias correction, the warmup schedules, max_grad_norm clipping per (group, dtype) buffer), with "
+        "a float32 tensor state step, incremented per param and read by the schedule before its increment",
     },
     "LARS": {
         "reference": "tools/lars_reference.py LarsReference: apex LARC around torch.optim.SGD written from its "

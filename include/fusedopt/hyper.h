@@ -250,4 +250,33 @@ struct AdampHyper {
 };
 enum AdampState : int { kAdampExpAvg = 0, kAdampExpAvgSq = 1 };
 
+// The lr schedules of BertAdam, factors of lr at progress x = s / t_total (s: the steps taken
+// before this one) with warmup w: all x / w while x < w; then warmup_linear max((x − 1) / (w − 1),
+// 0), warmup_constant 1, warmup_cosine 0.5·(1 + cos(πx)), warmup_poly (1 − x)^0.5 (0 from x = 1).
+enum BertAdamSchedule : int {
+  kBertAdamWarmupLinear = 0,
+  kBertAdamWarmupConstant = 1,
+  kBertAdamWarmupCosine = 2,
+  kBertAdamWarmupPoly = 3
+};
+
+// BertAdam (HF pytorch-pretrained-bert's BertAdam, as torch_npu's NpuFusedBertAdam runs it): Adam
+// without bias correction, u = m / (√v + e) (+ weight_decay·p when weight_decay > 0), p −= lr_s·u,
+// lr_s = lr·schedule(s / t_total, warmup) (lr when t_total is −1). With max_grad_norm > 0 the
+// gradients of each (group, param dtype) are first scaled by max_grad_norm / (‖g‖ + 1e-6) of that
+// buffer when it is below 1 (NpuFusedBertAdam's per-buffer clipping; the step's reduction pass).
+// Names and defaults are the reference's (lr is required there). State: exp_avg, exp_avg_sq.
+struct BertAdamHyper {
+  double lr = 1e-3;
+  double warmup = -1.0;   // fraction of t_total; −1: none
+  double t_total = -1.0;  // steps of the schedule; −1: constant lr
+  int schedule = kBertAdamWarmupLinear;
+  double b1 = 0.9;
+  double b2 = 0.999;
+  double e = 1e-6;
+  double weight_decay = 0.01;
+  double max_grad_norm = 1.0;  // <= 0: no clipping
+};
+enum BertAdamState : int { kBertAdamExpAvg = 0, kBertAdamExpAvgSq = 1 };
+
 }  // namespace fusedopt

@@ -157,7 +157,7 @@ struct StepOptions {
 
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
 // AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper,
-// AsgdHyper, LarsHyper, RpropHyper, RmsproptfHyper, AdampHyper.
+// AsgdHyper, LarsHyper, RpropHyper, RmsproptfHyper, AdampHyper, BertAdamHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -217,6 +217,7 @@ using LARS = Optimizer<LarsHyper>;
 using Rprop = Optimizer<RpropHyper>;
 using RMSpropTF = Optimizer<RmsproptfHyper>;
 using AdamP = Optimizer<AdampHyper>;
+using BertAdam = Optimizer<BertAdamHyper>;
 
 extern template class Optimizer<SgdHyper>;
 extern template class Optimizer<AdamHyper>;
@@ -234,5 +235,6 @@ extern template class Optimizer<LarsHyper>;
 extern template class Optimizer<RpropHyper>;
 extern template class Optimizer<RmsproptfHyper>;
 extern template class Optimizer<AdampHyper>;
+extern template class Optimizer<BertAdamHyper>;
 
 }  // namespace fusedopt

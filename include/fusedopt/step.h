@@ -121,6 +121,11 @@ void LarsStep(std::span<const LarsHyper> groups, std::span<const Segment> segmen
 // LAMB's norms.
 void AdampStep(std::span<const AdampHyper> groups, std::span<const Segment> segments,
                Runtime& runtime = DefaultRuntime());
+// BertAdam runs two passes when max_grad_norm > 0: Σg² of every tensor, added per (group, param
+// dtype) for the clip factor of each such buffer, then the update. The segments' step is the one
+// after this update (1 on the first), so the schedule reads step − 1.
+void BertAdamStep(std::span<const BertAdamHyper> groups, std::span<const Segment> segments,
+                  Runtime& runtime = DefaultRuntime());
 
 // The same steps chosen by the Hyper type, for generic code: FusedStep(std::span<const
 // LionHyper>(...), ...) is LionStep. Defined for every Hyper struct of hyper.h.

@@ -26,6 +26,7 @@ from .optim import (
     FusedAdamP,
     FusedAdamW,
     FusedASGD,
+    FusedBertAdam,
     FusedLAMB,
     FusedLARS,
     FusedLion,
@@ -40,7 +41,7 @@ from .trainer import Model, Trainer
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
            "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedASGD", "FusedRprop", "FusedLARS",
-           "FusedRMSpropTF", "FusedAdamP", "GradScaler",
+           "FusedRMSpropTF", "FusedAdamP", "FusedBertAdam", "GradScaler",
            "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"

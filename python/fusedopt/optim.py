@@ -1,9 +1,9 @@
 """The fused optimizers. Each of torch.optim's five *is* its torch.optim twin (a subclass), so it takes the
 same arguments with the same defaults and errors, keeps the same param_groups and state (per-param
 state['step'], torch's state keys and dtypes) and exchanges state_dicts with torch both ways; only
-step() is replaced by one fused pass over all parameters (see _base.py). FusedLion, FusedLAMB, FusedLARS and
-FusedAdamP take the arguments of their references (lion-pytorch's Lion, apex's FusedLAMB, apex's LARC around
-torch.optim.SGD, clovaai's AdamP) in the same way.
+step() is replaced by one fused pass over all parameters (see _base.py). FusedLion, FusedLAMB, FusedLARS,
+FusedAdamP and FusedBertAdam take the arguments of their references (lion-pytorch's Lion, apex's FusedLAMB, apex's
+LARC around torch.optim.SGD, clovaai's AdamP, torch_npu's NpuFusedBertAdam) in the same way.
 
 Extra keyword arguments:
   master_weights=True  fp16/bf16 params keep an f32 master copy (state['master_param']) and f32
@@ -28,11 +28,14 @@ Extra keyword arguments:
 from __future__ import annotations
 
 import math
+from itertools import chain
+
+from torch.optim.optimizer import required
 
 import torch
 
 from . import _C
-from ._base import FusedOptimizerMixin
+from ._base import FusedOptimizerMixin, _grad_norm, _Skipped
 from ._base import group_number as _f  # hyper-parameters may be 1-element tensors (lr, betas)
 from ._tensors import route_error
 
@@ -578,3 +581,160 @@ class FusedAdamP(FusedOptimizerMixin, _AdampGroups):
                 if wd > 0:
                     p.mul_(1 - lr * wd * wd_ratio)
                 p.add_(perturb, alpha=-(lr / (1 - beta1**t)))
+
+
+# NpuFusedBertAdam's schedule names and the engine's codes (BertAdamSchedule in include/fusedopt/hyper.h).
+_BERT_SCHEDULES = {"warmup_linear": 0, "warmup_constant": 1, "warmup_cosine": 2, "warmup_poly": 3}
+
+
+def _bert_schedule_factor(schedule: str, x: float, warmup: float) -> float:
+    """The factor of lr at progress x = steps before / t_total (src/algos/bert_adam.h says where this differs
+    from NpuFusedBertAdam: warmup -1 counts as 0, cosine works, poly is 0 past x = 1)."""
+    warmup = max(warmup, 0.0)
+    if x < warmup:
+        return x / warmup
+    if schedule == "warmup_constant":
+        return 1.0
+    if schedule == "warmup_cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * x))
+    if schedule == "warmup_poly":
+        return (1.0 - x) ** 0.5 if x < 1.0 else 0.0
+    return max((x - 1.0) / (warmup - 1.0), 0.0)
+
+
+class _BertAdamGroups(torch.optim.Optimizer):
+    """torch_npu NpuFusedBertAdam's constructor (arguments, defaults, checks and their texts, param groups; HF
+    pytorch-pretrained-bert's BertAdam has the same); FusedBertAdam supplies the step."""
+
+    def __init__(self, params, lr=required, warmup=-1, t_total=-1, schedule="warmup_linear", b1=0.9, b2=0.999,
+                 e=1e-6, weight_decay=0.01, max_grad_norm=1.0):
+        if lr is not required and lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if (warmup < 0.0 and warmup != -1) or warmup >= 1.0:
+            raise ValueError(f"Invalid warmup: {warmup}")
+        if schedule not in _BERT_SCHEDULES:
+            raise ValueError(f"Invalid schedule parameter: {schedule}")
+        if b1 < 0.0 or b1 >= 1.0:
+            raise ValueError(f"Invalid b1 parameter: {b1}")
+        if b2 < 0.0 or b2 >= 1.0:
+            raise ValueError(f"Invalid b2 parameter: {b2}")
+        if e < 0.0:
+            raise ValueError(f"Invalid epsilon value: {e}")
+        # The reference leaves t_total unchecked: 0 divides by zero at the first step.
+        if not (t_total == -1 or t_total > 0):
+            raise ValueError(f"Invalid t_total: {t_total} (must be -1 or > 0)")
+        defaults = dict(lr=lr, schedule=schedule, warmup=warmup, t_total=t_total, b1=b1, b2=b2, e=e,
+                        weight_decay=weight_decay, max_grad_norm=max_grad_norm)
+        self.max_grad_norm = max_grad_norm
+        super().__init__(params, defaults)
+
+
+class FusedBertAdam(FusedOptimizerMixin, _BertAdamGroups):
+    """BertAdam (HF pytorch-pretrained-bert's, as torch_npu's NpuFusedBertAdam runs it) with the reference's
+    arguments, defaults and update, fused: Adam's moments without bias correction, u = m / (sqrt(v) + e), plus
+    weight_decay * p when weight_decay > 0, p -= lr_s * u with lr_s = lr * schedule(s / t_total, warmup) (s: the
+    param's steps before this one; lr when t_total is -1).
+
+    max_grad_norm is the reference's clipping, not the mixin's global one: with max_grad_norm > 0 the gradients of
+    each (param group, dtype) -- the flat buffers NpuFusedBertAdam clips one by one -- are scaled by
+    max_grad_norm / (||g|| + 1e-6) of that buffer when it is below 1, before the moments. Global clipping
+    (torch.nn.utils.clip_grad_norm_ over every param, the max_grad_norm= of the other fused classes) scales all
+    gradients by one factor from one norm; here each buffer has its own norm and factor, so a group whose
+    gradients are small is not shrunk because another's are large. HF's BertAdam clips each param by its own
+    norm: the same when every group holds one param. One reduction pass gives every tensor's sum of g^2, the
+    update pass applies each buffer's factor as it reads the gradient: .grad is left as it is (the reference
+    writes the clipped gradient into it). Each group's max_grad_norm is the one used (HF; the NPU class reads the
+    constructor's for all groups: the same unless a group sets its own).
+
+    Where the reference is broken this does what it means: state['step'] is incremented per param (a float32
+    tensor, as torch.optim keeps it) and is the step the schedule reads, so a resumed run continues its schedule
+    (the NPU class never increments it); warmup_cosine uses math.cos (the NPU class raises TypeError);
+    warmup -1 counts as 0 (HF), and warmup_poly is 0 past t_total. A step in which some param must take the
+    reference's own step (float64, strided, another device) runs it for every param, so that each buffer is
+    clipped by its whole norm. Reference: tools/bert_adam_reference.py."""
+
+    _algorithm = "bert_adam"
+    _sparse_message = "Adam does not support sparse gradients, please consider SparseAdam instead"
+
+    def __init__(self, params, lr=required, warmup=-1, t_total=-1, schedule="warmup_linear", b1=0.9, b2=0.999,
+                 e=1e-6, weight_decay=0.01, max_grad_norm=1.0, **kwargs):
+        if "norm_type" in kwargs:
+            raise TypeError("FusedBertAdam clips by the L2 norm only (the reference's max_grad_norm); norm_type is "
+                            "not taken")
+        # Positional: max_grad_norm goes to the reference's constructor, not to the mixin's global clipping.
+        super().__init__(params, lr, warmup, t_total, schedule, b1, b2, e, weight_decay, max_grad_norm, **kwargs)
+
+    def _hyper(self, g):
+        schedule = _BERT_SCHEDULES.get(g["schedule"]) if isinstance(g["schedule"], str) else None
+        if schedule is None:
+            raise ValueError(f"Invalid schedule parameter: {g['schedule']}")
+        return _C.BertAdamHyper(lr=_f(g, "lr"), warmup=_f(g, "warmup"), t_total=_f(g, "t_total"), schedule=schedule,
+                                b1=_f(g, "b1"), b2=_f(g, "b2"), e=_f(g, "e"), weight_decay=_f(g, "weight_decay"),
+                                max_grad_norm=_f(g, "max_grad_norm"))
+
+    def _step_with_torch(self, packed, grad_scale, found_out):
+        """Some params take the reference's step: every param does, in this step (see the class docstring)."""
+        self._warn_routed(packed.routed)
+        self.last_grad_norm = None
+        params = list(dict.fromkeys(chain(packed.params, packed.routed)))
+        if found_out is not None and not math.isfinite(_grad_norm([p.grad for p in params], 2)):
+            found_out.fill_(1.0)
+            raise _Skipped
+        # The engine's checks of the hyper-parameters, before any update: a call without segments.
+        type(self)._engine_step(packed.hypers, _C.SegmentTable([]), [], [], 1.0, 1)
+        if grad_scale == 1.0:
+            self._torch_step({p: p.grad for p in params})
+        else:  # as torch's GradScaler.unscale_ multiplies, by an f32 factor
+            factor = torch.tensor(grad_scale, dtype=torch.float32)
+            self._torch_step({p: p.grad * factor.to(p.grad.device) for p in params})
+
+    def _micro_batch(self):
+        out = super()._micro_batch()
+        routed = out[4]
+        if routed and any(_f(g, "max_grad_norm") > 0 for g in self.param_groups):
+            raise ValueError("fusedopt: FusedBertAdam's max_grad_norm with accumulation_steps > 1 needs every "
+                             f"parameter on the fused path; {'; '.join(routed.values())}")
+        return out
+
+    def _reference_step(self):
+        """NpuFusedBertAdam's step in torch ops (as tools/bert_adam_reference.py), for the params the engine cannot
+        take: per (group, dtype) the gradient norm (in double) and its clip factor, then each param's update; the
+        clipped gradient is a new tensor (.grad is left as it is). A param with an f32 master copy is updated
+        through it."""
+        for group in self.param_groups:
+            h = self._hyper(group)
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for p in dict.fromkeys(group["params"]):
+                if p.grad is not None:
+                    by_dtype.setdefault(p.dtype, []).append(p)
+            for params in by_dtype.values():
+                clip = None
+                if h.max_grad_norm > 0:
+                    norms = torch.stack([torch.linalg.vector_norm(p.grad, dtype=torch.float64).cpu() for p in params])
+                    coef = h.max_grad_norm / (torch.linalg.vector_norm(norms).float() + 1e-6)
+                    if coef < 1.0:
+                        clip = coef
+                for p in params:
+                    self._bert_update(p, h, group["schedule"], p.grad if clip is None else p.grad * clip.to(p.device))
+
+    def _bert_update(self, p, h, schedule, grad):
+        state = self.state[p]
+        target = state.get("master_param", p)
+        if "step" not in state:
+            state["step"] = torch.tensor(0.0)
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key not in state:
+                state[key] = torch.zeros_like(target, memory_format=torch.preserve_format)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        g = grad.to(m.dtype)
+        m.mul_(h.b1).add_(g, alpha=1 - h.b1)
+        v.mul_(h.b2).addcmul_(g, g, value=1 - h.b2)
+        update = m / (v.sqrt() + h.e)
+        if h.weight_decay > 0.0:
+            update += h.weight_decay * target
+        before = int(state["step"].item())
+        lr = h.lr if h.t_total == -1 else h.lr * _bert_schedule_factor(schedule, before / h.t_total, h.warmup)
+        target.add_(-(lr * update).to(target.dtype))
+        if target is not p:
+            p.copy_(target)
+        state["step"] += 1

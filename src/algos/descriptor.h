@@ -28,6 +28,14 @@
 //   kReductions         how many sums the reduction pass gives per tensor
 //   kReduce             the reduction kernel
 //   Finish(h, s, sums, scalars)  turns a tensor's sums into its update coefficients
+// and, for a two-phase algorithm whose coefficients come from the sums of several tensors together
+// (BertAdam: one gradient norm per (group, param dtype)), instead of Finish:
+//   FinishAll(groups, segments, sums, scalars)  with every segment's kReductions sums, in
+//                       segment order, and every segment's coefficients
+// and optionally kReducesGradOnly = true where kReduce reads the gradients only (the traffic floor
+// that `fusedopt bench` and the doctor count for the reduction pass), and NeedsReduction(h): false
+// for a group whose coefficients do not read the sums (the step skips the pass when no group does;
+// FinishAll is then not called and MakeScalars' values stand).
 // and, for a two-phase algorithm whose sums are per channel row (AdamP: of a param's view(size(0),
 // -1), Segment::rows rows of numel / rows elements; a segment with rows 0 is one row):
 //   kRowValues          how many floats per row Finish writes for the update pass
@@ -126,6 +134,12 @@ struct StandardOptions {
 template <class A>
 concept TwoPhase = requires {
   A::kReductions;
+};
+
+// A two-phase algorithm that finishes all segments' coefficients at once (FinishAll).
+template <class A>
+concept FinishesAll = TwoPhase<A> && requires {
+  &A::FinishAll;
 };
 
 // A two-phase algorithm whose sums are per channel row (kRowValues; Segment::rows).

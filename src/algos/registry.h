@@ -13,6 +13,7 @@
 #include "src/algos/adamax.h"
 #include "src/algos/adamp.h"
 #include "src/algos/asgd.h"
+#include "src/algos/bert_adam.h"
 #include "src/algos/lamb.h"
 #include "src/algos/lars.h"
 #include "src/algos/lion.h"
@@ -57,7 +58,7 @@ struct List {
 };
 
 using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam,
-                 Asgd, Lars, Rprop, Rmsproptf, Adamp>;
+                 Asgd, Lars, Rprop, Rmsproptf, Adamp, BertAdam>;
 
 // The same list for explicit template instantiations (X(Sgd) X(Adam) ...), which a type list cannot
 // drive: step.cc and training_step.cc expand it.
@@ -77,7 +78,8 @@ using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelt
   X(Lars)                          \
   X(Rprop)                         \
   X(Rmsproptf)                     \
-  X(Adamp)
+  X(Adamp)                         \
+  X(BertAdam)
 #define FOPT_CHECK_LISTED(A) \
   static_assert(All::IndexOf<A::Hyper>() < All::kSize, #A " is not in All");
 FOPT_FOR_EACH_ALGORITHM(FOPT_CHECK_LISTED)

@@ -43,5 +43,8 @@ void RunLarsChunks(const StepPlan<LarsScalars>& plan, std::size_t chunk_begin,
 void RunAdampReduceChunk(const StepPlan<AdampScalars>& plan, std::size_t chunk, double* sums);
 void RunAdampChunks(const StepPlan<AdampScalars>& plan, std::size_t chunk_begin,
                     std::size_t chunk_end);
+void RunBertAdamReduceChunk(const StepPlan<BertAdamScalars>& plan, std::size_t chunk, double* sums);
+void RunBertAdamChunks(const StepPlan<BertAdamScalars>& plan, std::size_t chunk_begin,
+                       std::size_t chunk_end);
 
 }  // namespace fusedopt

@@ -270,5 +270,6 @@ template class Optimizer<AsgdHyper>;
 template class Optimizer<LarsHyper>;
 template class Optimizer<RpropHyper>;
 template class Optimizer<AdampHyper>;
+template class Optimizer<BertAdamHyper>;
 
 }  // namespace fusedopt

@@ -5,6 +5,7 @@
 
 #include "fusedopt/step.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <utility>
@@ -105,7 +106,9 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
       }
     });
   }
-  if constexpr (algos::RowReductions<A>) {
+  if constexpr (algos::FinishesAll<A>) {
+    A::FinishAll(groups, segments, std::span<const double>(sums), std::span(plan.scalars));
+  } else if constexpr (algos::RowReductions<A>) {
     std::vector<std::size_t> first_value(segments.size() + 1, 0);
     for (std::size_t s = 0; s < segments.size(); ++s) {
       first_value[s + 1] = first_value[s] + segments[s].rows * A::kRowValues;
@@ -147,7 +150,16 @@ void RunStep(std::span<const typename A::Hyper> groups, std::span<const Segment>
     }
   }
   std::vector<float> row_values;  // a per-row algorithm's, read by the update pass
-  if constexpr (algos::TwoPhase<A>) Reduce<A>(groups, plan, runtime, row_values);
+  if constexpr (algos::TwoPhase<A>) {
+    // An algorithm whose sums some groups do not use skips the pass when none does (BertAdam
+    // without clipping).
+    bool reduce = true;
+    if constexpr (requires { A::NeedsReduction(groups[0]); }) {
+      reduce = std::any_of(groups.begin(), groups.end(),
+                           [](const typename A::Hyper& h) { return A::NeedsReduction(h); });
+    }
+    if (reduce) Reduce<A>(groups, plan, runtime, row_values);
+  }
   ParallelForChunks(plan.chunks.num_chunks(), runtime.num_threads(),
                     [&](std::size_t begin, std::size_t end) { A::kRun(plan, begin, end); });
   if constexpr (kScalars > 0) {
@@ -238,6 +250,10 @@ void LarsStep(std::span<const LarsHyper> groups, std::span<const Segment> segmen
 }
 void AdampStep(std::span<const AdampHyper> groups, std::span<const Segment> segments,
                Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
+void BertAdamStep(std::span<const BertAdamHyper> groups, std::span<const Segment> segments,
+                  Runtime& runtime) {
   FusedStep(groups, segments, runtime);
 }
 

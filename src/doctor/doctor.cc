@@ -292,7 +292,11 @@ Timings Measure(const Model& m, const DoctorOptions& o, bool time_standard,
   impls.push_back({"same_traffic",
                    [&] {
                      if (o.clip) SameTrafficGradRead(segments, runtime);
-                     if (reduction_pass) SameTrafficReduce(segments, runtime);
+                     if (reduction_pass && ReductionReadsGradOnly(m.algorithm)) {
+                       SameTrafficGradRead(segments, runtime);
+                     } else if (reduction_pass) {
+                       SameTrafficReduce(segments, runtime);
+                     }
                      SameTrafficStep(segments, runtime);
                    },
                    {}});
@@ -578,12 +582,13 @@ OpCount CountFusedOps(const DoctorOptions& options) {
   // The states the fused step keeps under these hyper-parameters, as FlatStorage allocates them.
   const int states = std::popcount(BenchRequiredStates(m.algorithm, MakeHyper(m, options)));
   // param read + write, grad read, each state read + write; a two-phase step's reduction pass
-  // reads the param, the grad and each state once more (as `fusedopt bench` counts it); the
+  // reads the param, the grad and each state once more (BertAdam's the grad only; as `fusedopt
+  // bench` counts it); the
   // pre-pass reads the grads again.
   std::size_t passes = 2 + 1 + 2 * static_cast<std::size_t>(states);
   std::size_t ops = 1;
   if (HasReductionPass(m.algorithm)) {
-    passes += 1 + 1 + static_cast<std::size_t>(states);
+    passes += ReductionReadsGradOnly(m.algorithm) ? 1 : 1 + 1 + static_cast<std::size_t>(states);
     ops += 1;
   }
   if (options.clip) {

@@ -173,6 +173,21 @@ struct RpropScalars {
   float step_size_max;
 };
 
+// BertAdam: the first pass reduces Σ(g·grad_scale)² per tensor, FinishAll sets `clip` from the
+// norm of each (group, param dtype); the second pass updates. No bias correction.
+struct BertAdamScalars {
+  float grad_mul;  // grad_scale (the loss scale's inverse), as the gradient is read
+  float clip;      // max_grad_norm / (‖g‖ + 1e-6) of the tensor's buffer when below 1, else 1
+  float b1;
+  float one_minus_b1;
+  float b2;
+  float one_minus_b2;
+  float e;
+  float weight_decay;
+  float lr_scheduled;     // lr · schedule(s / t_total, warmup), rounded once
+  bool has_weight_decay;  // weight_decay > 0 (the reference's test: a negative one is ignored)
+};
+
 // The first pass of LAMB reduces ‖p‖² and ‖u‖² per tensor; the second applies p −= ratio·u with
 // ratio from those norms (Lamb::Finish fills neg_ratio in between).
 struct LambScalars {

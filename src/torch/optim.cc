@@ -539,8 +539,11 @@ void HyperOptions<Hyper>::serialize(torch::serialize::InputArchive& archive) {
     c10::IValue value;
     archive.read(field.name, value);
     auto& member = hyper_.*field.member;
-    if constexpr (std::is_same_v<std::remove_reference_t<decltype(member)>, bool>) {
+    using T = std::remove_reference_t<decltype(member)>;
+    if constexpr (std::is_same_v<T, bool>) {
       member = value.toBool();
+    } else if constexpr (std::is_integral_v<T>) {  // an enum code (BertAdam's schedule)
+      member = static_cast<T>(value.toInt());
     } else {
       member = value.toDouble();
     }

@@ -459,4 +459,48 @@ inline void AdampStep(const AdampHyper& h, std::int64_t step, std::size_t rows, 
   }
 }
 
+// BertAdam (torch_npu NpuFusedBertAdam / HF BertAdam, shared/docs/algorithms-more.md §1.2) with
+// fusedopt's schedules (warmup −1 as 0, cosine with cos, poly 0 from x = 1). The gradient clipping
+// is per (group, dtype) buffer: BertAdamClip gives the factor from the buffer's Σg², and the caller
+// passes it to every tensor of the buffer as `clip`.
+inline double BertAdamClip(double max_grad_norm, double sum_of_squares) {
+  if (!(max_grad_norm > 0.0)) return 1.0;
+  const double c = max_grad_norm / (std::sqrt(sum_of_squares) + 1e-6);  // max / (‖g‖ + 1e-6)
+  return c < 1.0 ? c : 1.0;  // applied when below 1 (a NaN norm: never)
+}
+
+// lr · the schedule at the step before this one (s = step − 1; x = s / t_total), or lr.
+inline double BertAdamScheduledLr(const BertAdamHyper& h, std::int64_t step) {
+  if (h.t_total == -1.0) return h.lr;
+  const double x = static_cast<double>(step - 1) / h.t_total;
+  const double w = h.warmup < 0.0 ? 0.0 : h.warmup;
+  if (x < w) return h.lr * x / w;  // linear warmup
+  switch (h.schedule) {
+    case kBertAdamWarmupConstant:
+      return h.lr;
+    case kBertAdamWarmupCosine:
+      return h.lr * 0.5 * (1.0 + std::cos(3.14159265358979323846 * x));
+    case kBertAdamWarmupPoly:
+      return x >= 1.0 ? 0.0 : h.lr * std::sqrt(1.0 - x);
+    default:
+      return h.lr * std::max((x - 1.0) / (w - 1.0), 0.0);  // from 1 at x = w to 0 at x = 1
+  }
+}
+
+inline void BertAdamStep(const BertAdamHyper& h, std::int64_t step, double clip,
+                         std::span<double> p, std::span<const double> g, std::span<double> exp_avg,
+                         std::span<double> exp_avg_sq) {
+  const double lr = BertAdamScheduledLr(h, step);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const double gi = g[i] * clip;
+    double& m = exp_avg[i];
+    double& v = exp_avg_sq[i];
+    m = h.b1 * m + (1.0 - h.b1) * gi;                      // m = β1 m + (1 − β1) g
+    v = h.b2 * v + (1.0 - h.b2) * gi * gi;                 // v = β2 v + (1 − β2) g²
+    double u = m / (std::sqrt(v) + h.e);                   // u = m / (√v + e)
+    if (h.weight_decay > 0.0) u += h.weight_decay * p[i];  // u = u + λθ
+    p[i] -= lr * u;                                        // θ = θ − lr_s u
+  }
+}
+
 }  // namespace fusedopt::ref

@@ -1,9 +1,10 @@
 // fusedopt::pt's generic classes (FusedOptimizer<Hyper>: Adamax, Adadelta, RAdam, NAdam, ASGD,
-// Rprop, LARS, RMSpropTF, AdamP), which libtorch has no twin of (the suite names are the ones ctest
-// runs):
+// Rprop, LARS, RMSpropTF, AdamP, BertAdam), which libtorch has no twin of (the suite names are the
+// ones ctest runs):
 //   TorchGenericGolden  tests/golden/<algo>.json (torch.optim 2.13's single-tensor step; for LARS
 //                       tools/lars_reference.py, for RMSpropTF tools/rmsproptf_reference.py, for
-//                       AdamP clovaai's adamp.AdamP, its matrices projected per row or layer;
+//                       AdamP clovaai's adamp.AdamP, its matrices projected per row or layer; for
+//                       BertAdam tools/bert_adam_reference.py, clipped per (group, dtype);
 //                       written by tools/make_golden.py) replayed through each class
 //                       (golden_replay.h)
 //   TorchGeneric        typed over the classes: torch::save mid-run and torch::load into an
@@ -60,6 +61,11 @@ TEST(TorchGenericGolden, LARS) { ReplayGoldens<LARS, LARSOptions, LARS::ParamSta
 TEST(TorchGenericGolden, AdamP) {
   ReplayGoldens<AdamP, AdamPOptions, AdamP::ParamState>("adamp.json");
 }
+// tools/bert_adam_reference.py's goldens (torch_npu NpuFusedBertAdam's formulas): the schedules and
+// the clipping per (group, dtype), which the class's one step over all groups does.
+TEST(TorchGenericGolden, BertAdam) {
+  ReplayGoldens<BertAdam, BertAdamOptions, BertAdam::ParamState>("bertadam.json");
+}
 
 // Options away from the defaults (weight decay on, and each algorithm's own knob).
 AdamaxHyper TestHyper(AdamaxHyper h) {
@@ -112,6 +118,15 @@ AdampHyper TestHyper(AdampHyper h) {
   h.nesterov = true;
   return h;
 }
+// A schedule that reads the step (linear decay over 50 steps, no warmup: the first step moves the
+// params) and clipping that fires.
+BertAdamHyper TestHyper(BertAdamHyper h) {
+  h.lr = 5e-3;
+  h.t_total = 50;
+  h.weight_decay = 0.1;
+  h.max_grad_norm = 0.5;
+  return h;
+}
 AsgdHyper TestHyper(AsgdHyper h) {
   h.lr = 5e-2;
   h.weight_decay = 0.1;
@@ -128,6 +143,7 @@ std::vector<std::string> TensorKeys(AsgdHyper /*tag*/) { return {"ax"}; }
 std::vector<std::string> TensorKeys(LarsHyper /*tag*/) { return {"momentum_buffer"}; }
 std::vector<std::string> TensorKeys(AdampHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
 std::vector<std::string> TensorKeys(RpropHyper /*tag*/) { return {"prev", "step_size"}; }
+std::vector<std::string> TensorKeys(BertAdamHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
 std::vector<std::string> TensorKeys(RmsproptfHyper /*tag*/) {
   return {"square_avg", "momentum_buffer", "grad_avg"};
 }
@@ -140,11 +156,12 @@ std::vector<std::string> ScalarKeys(LarsHyper /*tag*/) { return {}; }
 std::vector<std::string> ScalarKeys(AdampHyper /*tag*/) { return {}; }
 std::vector<std::string> ScalarKeys(RpropHyper /*tag*/) { return {}; }
 std::vector<std::string> ScalarKeys(RmsproptfHyper /*tag*/) { return {}; }
+std::vector<std::string> ScalarKeys(BertAdamHyper /*tag*/) { return {}; }
 
 template <class Optimizer>
 class TorchGeneric : public ::testing::Test {};
 using Optimizers =
-    ::testing::Types<Adamax, Adadelta, RAdam, NAdam, ASGD, Rprop, LARS, RMSpropTF, AdamP>;
+    ::testing::Types<Adamax, Adadelta, RAdam, NAdam, ASGD, Rprop, LARS, RMSpropTF, AdamP, BertAdam>;
 TYPED_TEST_SUITE(TorchGeneric, Optimizers);
 
 template <class Optimizer>
@@ -271,7 +288,9 @@ TYPED_TEST(TorchGeneric, OptionChecks) {
   HyperOf<Optimizer> bad;
   bad.lr = -1.0;
   ExpectTorchError([&] { Optimizer opt(params[0], Options(bad)); }, {"invalid lr: -1"});
-  if constexpr (requires { bad.weight_decay; }) {  // Rprop has none
+  // Rprop has no weight decay; BertAdam's reference ignores a negative one (`if weight_decay > 0`).
+  if constexpr (requires { bad.weight_decay; } &&
+                !std::is_same_v<HyperOf<Optimizer>, BertAdamHyper>) {
     bad = {};
     bad.weight_decay = -0.5;
     ExpectTorchError([&] { Optimizer opt(params[0], Options(bad)); },

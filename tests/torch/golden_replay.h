@@ -133,6 +133,12 @@ HyperOptions<Hyper> ParseOptions(const json& g, const json& /*c*/, HyperOptions<
               return;
             }
           }
+          if constexpr (std::is_same_v<T, int>) {  // BertAdam's schedule, by name
+            if (g.at(name).is_string()) {
+              h.*f.member = algos::BertAdamScheduleCode(g.at(name).template get<std::string>());
+              return;
+            }
+          }
           h.*f.member = g.at(name).template get<T>();
         };
         (parse(field), ...);

@@ -113,7 +113,7 @@ INSTANTIATE_TEST_SUITE_P(Others, EndToEnd,
                          testing::Combine(testing::Values("transformer_small"),
                                           testing::Values("lion", "lamb", "adamax", "adadelta",
                                                           "radam", "nadam", "asgd", "rprop", "lars",
-                                                          "rmsproptf", "adamp")),
+                                                          "rmsproptf", "adamp", "bert_adam")),
                          CaseName);
 
 TEST(Models, ShapesMatchThePythonModels) {

@@ -41,8 +41,9 @@ Command AddBenchCommand(CLI::App& app) {
                    "sgd (momentum 0.9), adam, adamw, rmsprop, adagrad, lion (lr 1e-4, weight "
                    "decay 0.1), lamb (two-phase; standard includes its global grad norm), "
                    "adamax, adadelta, radam, nadam, asgd (t0 -1: ax averages from step 2), rprop, "
-                   "lars (two-phase, momentum 0.9), rmsproptf (torch_npu NpuFusedRMSpropTF) or "
-                   "adamp (two-phase, per channel row)")
+                   "lars (two-phase, momentum 0.9), rmsproptf (torch_npu NpuFusedRMSpropTF), "
+                   "adamp (two-phase, per channel row) or bert_adam (two-phase: the gradient "
+                   "norm per (group, dtype), torch_npu NpuFusedBertAdam)")
       ->check(CLI::IsMember(AlgorithmNames()))
       ->capture_default_str();
   auto* shapes =

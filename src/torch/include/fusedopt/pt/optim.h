@@ -377,5 +377,9 @@ using RMSpropTFOptions = HyperOptions<RmsproptfHyper>;
 // channel row (its size(0)) or as a whole, as the reference decides each step.
 using AdamP = FusedOptimizer<AdampHyper>;
 using AdamPOptions = HyperOptions<AdampHyper>;
+// torch_npu NpuFusedBertAdam / HF BertAdam (fusedopt.FusedBertAdam): no bias correction, the lr
+// schedules, and max_grad_norm clipping per (group, param dtype) inside the step.
+using BertAdam = FusedOptimizer<BertAdamHyper>;
+using BertAdamOptions = HyperOptions<BertAdamHyper>;
 
 }  // namespace fusedopt::pt
