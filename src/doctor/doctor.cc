@@ -222,7 +222,12 @@ std::vector<TensorOp> StandardOpsPerTensor(const Model& m, const DoctorOptions& 
   OpCounter counter;
   WithDescriptor(m.algorithm, [&](auto d) {
     using A = typename decltype(d)::type;
-    A::StandardStep(hyper.Of<typename A::Hyper>(), hyper.standard, counter);
+    if constexpr (algos::HasStandardStep<A>) {
+      A::StandardStep(hyper.Of<typename A::Hyper>(), hyper.standard, counter);
+    } else {
+      throw std::invalid_argument(std::string(A::kName) +
+                                  ": no standard step (the reference's for-loop) to count yet");
+    }
   });
   return counter.ops();
 }
