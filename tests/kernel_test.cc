@@ -2016,12 +2016,22 @@ struct AdafactorShape {
   std::size_t rows, cols, numel;  // rows = cols = 0: a vector
 };
 const std::vector<AdafactorShape>& AdafactorShapes() {
-  static const std::vector<AdafactorShape> shapes = {{0, 0, 1},         {0, 0, 7},
-                                                     {0, 0, 65},        {0, 0, 40000},
-                                                     {1, 1, 1},         {3, 5, 15},
-                                                     {7, 33, 231},      {2, 4100, 3 * 2 * 4100},
-                                                     {1100, 40, 44000}, {5, 300, 3 * 5 * 300},
-                                                     {9, 1, 9},         {1, 64, 2 * 64}};
+  static const std::vector<AdafactorShape> shapes = {{0, 0, 1},
+                                                     {0, 0, 7},
+                                                     {0, 0, 65},
+                                                     {0, 0, 40000},
+                                                     {1, 1, 1},
+                                                     {3, 5, 15},
+                                                     {7, 33, 231},
+                                                     {2, 4100, 3 * 2 * 4100},
+                                                     {1100, 40, 44000},
+                                                     {5, 300, 3 * 5 * 300},
+                                                     {9, 1, 9},
+                                                     {1, 64, 2 * 64},
+                                                     // small matrices grouped into tiles (a conv's
+                                                     // 3x3 and 1x1 kernels), two tiles each
+                                                     {3, 3, 9 * 5000},
+                                                     {1, 1, 40000}};
   return shapes;
 }
 
@@ -2233,8 +2243,9 @@ std::vector<std::vector<std::uint8_t>> AdafactorRun(int threads, const Combo& c)
   const std::vector<AdafactorHyper> groups = {AdafactorHyper{.weight_decay = 0.01},
                                               AdafactorHyper{.lr = 0.5, .maximize = true}};
   std::vector<AdafactorCase> cases;
-  const std::vector<AdafactorShape> shapes = {
-      {0, 0, 100003}, {3, 9000, 27000}, {2000, 70, 140000}, {30, 50, 4 * 1500}};
+  const std::vector<AdafactorShape> shapes = {{0, 0, 100003},     {3, 9000, 27000},
+                                              {2000, 70, 140000}, {30, 50, 4 * 1500},
+                                              {1, 1, 70000},      {3, 3, 9 * 4000}};
   cases.reserve(shapes.size());
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     cases.emplace_back(shapes[i], c, static_cast<std::uint32_t>(i % 2), 1, false, rng);

@@ -170,6 +170,42 @@ void StoreFactor(std::span<const float> in, void* state, DType t) {
   }
 }
 
+// Matrices of one tile each (rows·cols at most this, cols at most kTileColumns) share tiles: a tile
+// then covers whole consecutive matrices.
+constexpr std::size_t kSmallMatrix = kGrainElements / 2;
+
+// The tiles of one segment: AppendTiles's, except that small matrices (the 3×3 and 1×1 kernels of a
+// convolution's [out, in, kh, kw]) are grouped, kGrainElements / (rows·cols) whole matrices per
+// tile. A tile's rows then run on through the following matrices: row r of a tile whose first
+// matrix is `batch` is row r % rows of matrix batch + r / rows (the param as a stacked batch·rows ×
+// cols matrix from `base`), which the kernels and RunFactoredStep read for every tile.
+void AppendFactoredTiles(std::uint32_t segment, std::size_t numel, std::size_t rows,
+                         std::size_t cols, std::vector<Tile>& tiles) {
+  if (rows == 0 || numel == 0 || rows * cols > kSmallMatrix || cols > kTileColumns) {
+    AppendTiles(segment, numel, rows, cols, tiles);
+    return;
+  }
+  const std::size_t size = rows * cols;
+  const std::size_t batch = numel / size;
+  const std::size_t per_tile = kGrainElements / size;
+  for (std::size_t b = 0; b < batch; b += per_tile) {
+    const std::size_t end = std::min(batch, b + per_tile);
+    tiles.push_back({.segment = segment,
+                     .batch = b,
+                     .row_begin = 0,
+                     .row_end = (end - b) * rows,
+                     .col_begin = 0,
+                     .col_end = cols,
+                     .stride = cols,
+                     .base = b * size});
+  }
+}
+
+// How many matrices a tile of a segment with `rows` rows per matrix touches (1 unless grouped).
+std::size_t TileMatrices(const Tile& t, std::size_t rows) {
+  return (t.row_end - 1) / rows - t.row_begin / rows + 1;
+}
+
 // The step of a factored algorithm (Adafactor), over tiles: (1) the stats pass (Σp²; a matrix's
 // per-row and per-column Σg²; a vector's ΣU²), each segment's sums added tile by tile in order;
 // (2) on the host, per segment, alpha and a matrix's new factors (from the old ones in its state
@@ -191,19 +227,21 @@ void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const 
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     plan.scalars.push_back(A::MakeScalars(groups[s.group], s));
-    AppendTiles(static_cast<std::uint32_t>(i), s.numel, s.rows, s.cols, plan.tiles);
+    AppendFactoredTiles(static_cast<std::uint32_t>(i), s.numel, s.rows, s.cols, plan.tiles);
     first_tile[i + 1] = plan.tiles.size();
     const std::size_t batch = s.rows > 0 ? s.numel / (s.rows * s.cols) : 0;
     first_factor[i + 1] = first_factor[i] + batch * (s.rows + s.cols);
     first_mean[i + 1] = first_mean[i] + batch;
   }
-  // Each tile's stats: Σp², then a matrix tile's row sums and column sums, or a vector tile's ΣU².
+  // Each tile's stats: Σp², then a matrix tile's row sums and the column sums of each matrix it
+  // touches, or a vector tile's ΣU².
   std::size_t stats_size = 0;
   for (Tile& t : plan.tiles) {
     t.out = stats_size;
-    stats_size += segments[t.segment].rows > 0
-                      ? 1 + (t.row_end - t.row_begin) + (t.col_end - t.col_begin)
-                      : 2;
+    const std::size_t rows = segments[t.segment].rows;
+    stats_size +=
+        rows > 0 ? 1 + (t.row_end - t.row_begin) + TileMatrices(t, rows) * (t.col_end - t.col_begin)
+                 : 2;
   }
   const std::size_t num_tiles = plan.tiles.size();
   const auto run = [&](TilePass pass, double* sums) {
@@ -245,8 +283,9 @@ void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const 
       for (std::size_t r = t.row_begin; r < t.row_end; ++r) {
         row_sums[t.batch * s.rows + r] += *out++;
       }
-      for (std::size_t c = t.col_begin; c < t.col_end; ++c) {
-        col_sums[t.batch * s.cols + c] += *out++;
+      const std::size_t first = t.batch + t.row_begin / s.rows;
+      for (std::size_t m = first; m < first + TileMatrices(t, s.rows); ++m) {
+        for (std::size_t c = t.col_begin; c < t.col_end; ++c) col_sums[m * s.cols + c] += *out++;
       }
     }
     const std::span<float> row_var(&factors[first_factor[i]], batch * s.rows);

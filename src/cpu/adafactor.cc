@@ -53,25 +53,31 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorSc
                     [&](auto d, std::size_t c) HWY_ATTR { f(d, row_start + c, c, r); });
     }
   };
+  // A tile's row r is row r % rows of matrix t.batch + r / rows (src/core/step.cc groups small
+  // matrices into one tile): its row factor is row_var[t.batch·rows + r], its column factors start
+  // at col_var[(t.batch + r / rows)·cols], its row mean is row_mean[t.batch + r / rows].
   const bool factored = s.rows != 0;
-  const std::size_t mat_row = t.batch * s.rows;  // the tile's matrix in row_var
-  const std::size_t mat_col = t.batch * s.cols;  // and in col_var
+  const std::size_t mat_row = t.batch * s.rows;
+  const auto matrix = [&](std::size_t r) { return factored ? t.batch + r / s.rows : 0; };
   if (pass == TilePass::kStats) {
     SquareSum param_sq;
     if (factored) {
       double* row_sums = stats + 1;
+      // the column sums of each matrix the tile touches, one after the other
       double* col_sums = stats + 1 + (t.row_end - t.row_begin);
-      std::fill_n(col_sums, width, 0.0);
+      const std::size_t first = matrix(t.row_begin);
+      std::fill_n(col_sums, (matrix(t.row_end - 1) - first + 1) * width, 0.0);
       for (std::size_t r = t.row_begin; r < t.row_end; ++r) {
         SquareSum grad_sq;
         const std::size_t row_start = t.base + r * t.stride;
+        double* cols = col_sums + (matrix(r) - first) * width;
         ForEachVector(t.col_begin, t.col_end, [&](auto d, std::size_t c) HWY_ATTR {
           const HwyOps<decltype(d)> o{d};
           const std::size_t k = c - t.col_begin;
           const auto g = o.Mul(b.Grad(d, row_start + c), o.Set(s.grad_mul));
           param_sq.Add(d, b.param.Load(d, row_start + c), k);
           grad_sq.Add(d, g, k);
-          AddSquares(d, g, col_sums + k);
+          AddSquares(d, g, cols + k);
         });
         row_sums[r - t.row_begin] = grad_sq.Total();
       }
@@ -94,12 +100,13 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorSc
   if (pass == TilePass::kNorm) {
     if (!factored) return;
     SquareSum update_sq;
-    const auto mean = s.row_mean[t.batch];
     for_each([&](auto d, std::size_t i, std::size_t c, std::size_t r) HWY_ATTR {
       const HwyOps<decltype(d)> o{d};
+      const std::size_t m = matrix(r);
       const auto g = o.Mul(b.Grad(d, i), o.Set(s.grad_mul));
-      const auto u = AdafactorFactoredUpdate(o, s, g, o.Set(s.row_var[mat_row + r]),
-                                             hn::LoadU(d, s.col_var + mat_col + c), o.Set(mean));
+      const auto u =
+          AdafactorFactoredUpdate(o, s, g, o.Set(s.row_var[mat_row + r]),
+                                  hn::LoadU(d, s.col_var + m * s.cols + c), o.Set(s.row_mean[m]));
       update_sq.Add(d, u, c - t.col_begin);
     });
     *norm = update_sq.Total();
@@ -109,13 +116,13 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorSc
       [&](auto decay) HWY_ATTR {
         constexpr bool kDecay = decltype(decay)::value;
         if (factored) {
-          const auto mean = s.row_mean[t.batch];
           for_each([&](auto d, std::size_t i, std::size_t c, std::size_t r) HWY_ATTR {
             const HwyOps<decltype(d)> o{d};
+            const std::size_t m = matrix(r);
             const auto g = o.Mul(b.Grad(d, i), o.Set(s.grad_mul));
-            const auto u =
-                AdafactorFactoredUpdate(o, s, g, o.Set(s.row_var[mat_row + r]),
-                                        hn::LoadU(d, s.col_var + mat_col + c), o.Set(mean));
+            const auto u = AdafactorFactoredUpdate(o, s, g, o.Set(s.row_var[mat_row + r]),
+                                                   hn::LoadU(d, s.col_var + m * s.cols + c),
+                                                   o.Set(s.row_mean[m]));
             auto p = b.param.Load(d, i);
             AdafactorApply<kDecay>(o, s, p, u);
             b.param.Store(d, p, i);

@@ -14,7 +14,7 @@ import pytest
 
 import torch
 
-SHAPES = [(33,), (6, 11), (3, 4, 5), (1,), (70, 40), (2, 5000), ()]
+SHAPES = [(33,), (6, 11), (3, 4, 5), (1,), (70, 40), (2, 5000), (), (16, 8, 3, 3), (32, 16, 1, 1)]
 
 
 def make_params(seed=0, shapes=SHAPES, dtype=torch.float32):
