@@ -181,6 +181,10 @@ constexpr std::size_t kSmallMatrix = kGrainElements / 2;
 // cols matrix from `base`), which the kernels and RunFactoredStep read for every tile.
 void AppendFactoredTiles(std::uint32_t segment, std::size_t numel, std::size_t rows,
                          std::size_t cols, std::vector<Tile>& tiles) {
+  if (rows == 1 && cols == 1) {  // Pointwise: a vector's tiles
+    AppendTiles(segment, numel, 0, 0, tiles);
+    return;
+  }
   if (rows == 0 || numel == 0 || rows * cols > kSmallMatrix || cols > kTileColumns) {
     AppendTiles(segment, numel, rows, cols, tiles);
     return;
@@ -200,6 +204,12 @@ void AppendFactoredTiles(std::uint32_t segment, std::size_t numel, std::size_t r
                      .base = b * size});
   }
 }
+
+// A param of 1×1 matrices (a [out, in, 1, 1] convolution weight): its factors are element-wise
+// (row_var and col_var hold numel values each), so its tiles are a vector's and the kernels lerp
+// and store the factors themselves (AdafactorPointwiseUpdate); the host only gives the clamp of
+// the row means, f32(eps1), as row_mean[0].
+bool Pointwise(const Segment& s) { return s.rows == 1 && s.cols == 1; }
 
 // How many matrices a tile of a segment with `rows` rows per matrix touches (1 unless grouped).
 std::size_t TileMatrices(const Tile& t, std::size_t rows) {
@@ -224,12 +234,17 @@ void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const 
   // in `means` (batch).
   std::vector<std::size_t> first_factor(segments.size() + 1, 0);
   std::vector<std::size_t> first_mean(segments.size() + 1, 0);
+  std::vector<float> clamps(segments.size());  // a Pointwise segment's row_mean: f32(eps1)
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     plan.scalars.push_back(A::MakeScalars(groups[s.group], s));
+    if (Pointwise(s)) {  // read by every pass
+      clamps[i] = static_cast<float>(groups[s.group].eps1);
+      plan.scalars.back().row_mean = &clamps[i];
+    }
     AppendFactoredTiles(static_cast<std::uint32_t>(i), s.numel, s.rows, s.cols, plan.tiles);
     first_tile[i + 1] = plan.tiles.size();
-    const std::size_t batch = s.rows > 0 ? s.numel / (s.rows * s.cols) : 0;
+    const std::size_t batch = s.rows > 0 && !Pointwise(s) ? s.numel / (s.rows * s.cols) : 0;
     first_factor[i + 1] = first_factor[i] + batch * (s.rows + s.cols);
     first_mean[i + 1] = first_mean[i] + batch;
   }
@@ -238,7 +253,7 @@ void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const 
   std::size_t stats_size = 0;
   for (Tile& t : plan.tiles) {
     t.out = stats_size;
-    const std::size_t rows = segments[t.segment].rows;
+    const std::size_t rows = Pointwise(segments[t.segment]) ? 0 : segments[t.segment].rows;
     stats_size +=
         rows > 0 ? 1 + (t.row_end - t.row_begin) + TileMatrices(t, rows) * (t.col_end - t.col_begin)
                  : 2;
@@ -267,7 +282,7 @@ void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const 
       param_sq += stats[plan.tiles[k].out];
     }
     alpha[i] = A::Alpha(h, s, param_sq);
-    if (s.rows == 0) {
+    if (s.rows == 0 || Pointwise(s)) {
       for (std::size_t k = first_tile[i]; k < first_tile[i + 1]; ++k) {
         update_sq[i] += stats[plan.tiles[k].out + 1];
       }
@@ -302,7 +317,7 @@ void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const 
     std::vector<double> norms(num_tiles, 0.0);
     run(TilePass::kNorm, norms.data());
     for (std::size_t i = 0; i < segments.size(); ++i) {
-      if (segments[i].rows == 0) continue;
+      if (segments[i].rows == 0 || Pointwise(segments[i])) continue;
       for (std::size_t k = first_tile[i]; k < first_tile[i + 1]; ++k) update_sq[i] += norms[k];
     }
   }
@@ -314,7 +329,7 @@ void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const 
   run(TilePass::kUpdate, nullptr);
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
-    if (s.rows == 0 || s.numel == 0) continue;
+    if (s.rows == 0 || s.numel == 0 || Pointwise(s)) continue;
     const std::size_t batch = s.numel / (s.rows * s.cols);
     StoreFactor(std::span<const float>(&factors[first_factor[i]], batch * s.rows),
                 s.state[kAdafactorRowVar], s.state_dtype);

@@ -56,7 +56,11 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorSc
   // A tile's row r is row r % rows of matrix t.batch + r / rows (src/core/step.cc groups small
   // matrices into one tile): its row factor is row_var[t.batch·rows + r], its column factors start
   // at col_var[(t.batch + r / rows)·cols], its row mean is row_mean[t.batch + r / rows].
-  const bool factored = s.rows != 0;
+  // 1×1 matrices (AdafactorPointwiseUpdate) run as a vector: one row of numel columns, the factors
+  // element-wise in state[kAdafactorRowVar] and [kAdafactorColVar], row_mean[0] the clamp
+  // f32(eps1).
+  const bool pointwise = s.rows == 1 && s.cols == 1;
+  const bool factored = s.rows != 0 && !pointwise;
   const std::size_t mat_row = t.batch * s.rows;
   const auto matrix = [&](std::size_t r) { return factored ? t.batch + r / s.rows : 0; };
   if (pass == TilePass::kStats) {
@@ -88,9 +92,15 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorSc
         const HwyOps<decltype(d)> o{d};
         const std::size_t k = c - t.col_begin;
         const auto g = o.Mul(b.Grad(d, i), o.Set(s.grad_mul));
-        auto v = b.LoadState(d, kAdafactorVariance, i);
         param_sq.Add(d, b.param.Load(d, i), k);
-        update_sq.Add(d, AdafactorVectorUpdate(o, s, g, v), k);
+        if (pointwise) {
+          auto r = b.LoadState(d, kAdafactorRowVar, i);
+          auto c1 = b.LoadState(d, kAdafactorColVar, i);
+          update_sq.Add(d, AdafactorPointwiseUpdate(o, s, g, r, c1, s.row_mean[0]), k);
+        } else {
+          auto v = b.LoadState(d, kAdafactorVariance, i);
+          update_sq.Add(d, AdafactorVectorUpdate(o, s, g, v), k);
+        }
       });
       stats[0] = param_sq.Total();
       stats[1] = update_sq.Total();
@@ -126,6 +136,19 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorSc
             auto p = b.param.Load(d, i);
             AdafactorApply<kDecay>(o, s, p, u);
             b.param.Store(d, p, i);
+          });
+        } else if (pointwise) {
+          for_each([&](auto d, std::size_t i, std::size_t, std::size_t) HWY_ATTR {
+            const HwyOps<decltype(d)> o{d};
+            const auto g = o.Mul(b.Grad(d, i), o.Set(s.grad_mul));
+            auto r = b.LoadState(d, kAdafactorRowVar, i);
+            auto c = b.LoadState(d, kAdafactorColVar, i);
+            const auto u = AdafactorPointwiseUpdate(o, s, g, r, c, s.row_mean[0]);
+            auto p = b.param.Load(d, i);
+            AdafactorApply<kDecay>(o, s, p, u);
+            b.param.Store(d, p, i);
+            b.StoreState(d, kAdafactorRowVar, r, i);
+            b.StoreState(d, kAdafactorColVar, c, i);
           });
         } else {
           for_each([&](auto d, std::size_t i, std::size_t, std::size_t) HWY_ATTR {

@@ -27,6 +27,21 @@ FOPT_HOST_DEVICE inline V AdafactorFactoredUpdate(const Ops& o, const AdafactorS
   return o.Mul(o.Div(o.Set(1.0f), o.Sqrt(clamped)), g);
 }
 
+// A param whose matrices are 1×1 (a [out, in, 1, 1] convolution weight): each element is its own
+// row and column, so the factors are element-wise and the kernel updates them itself: r (row_var)
+// and c (col_var) after this step's lerp (in place), clamped the row mean r at `eps1` (f32), U.
+//   row_mean = torch.norm(grad, dim=-1, keepdim=True).square_().div_(1)   = fl(g·g)
+//   row_var.lerp_(row_mean, one_minus_beta2_t); col_var likewise
+//   var_estimate = (row_var @ col_var).div_(row_var.mean(dim=-2).clamp_(min=eps1))
+template <class Ops, class V>
+FOPT_HOST_DEVICE inline V AdafactorPointwiseUpdate(const Ops& o, const AdafactorScalars& s, V g,
+                                                   V& r, V& c, float eps1) {
+  const V mean_square = o.Mul(g, g);
+  r = Lerp(o, r, mean_square, s.variance_lerp);
+  c = Lerp(o, c, mean_square, s.variance_lerp);
+  return AdafactorFactoredUpdate(o, s, g, r, c, o.Max(r, o.Set(eps1)));
+}
+
 // The update pass, after U:
 //   if weight_decay != 0: param.mul_(1 - lr * weight_decay)
 //   param.add_(update, alpha=-alpha / denom)
