@@ -35,12 +35,21 @@ namespace {
 }
 
 Algorithm CheckedAlgorithm(const DoctorOptions& o) {
+  Algorithm a{};
   try {
-    return ParseAlgorithm(o.optimizer);
+    a = ParseAlgorithm(o.optimizer);
   } catch (const std::invalid_argument&) {
     Bad("optimizer", "--optimizer",
         "unknown optimizer '" + o.optimizer + "'; known: " + AlgorithmNames());
   }
+  // The doctor counts the reference's ops from StandardStep: an algorithm without one (adafactor)
+  // has nothing to count.
+  if (!WithDescriptor(a,
+                      [](auto d) { return algos::HasStandardStep<typename decltype(d)::type>; })) {
+    Bad("optimizer", "--optimizer",
+        "'" + o.optimizer + "' is not supported by the doctor yet (no StandardStep to count)");
+  }
+  return a;
 }
 
 DType CheckedDType(const DoctorOptions& o) {
