@@ -155,6 +155,14 @@ double ParseClip(std::string_view text) {
 
 nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::ostream& progress) {
   const Algorithm algorithm = ParseAlgorithm(options.optimizer);
+  // Every run times `standard` beside `fused`; an algorithm without a StandardStep (adafactor) is
+  // refused before anything is allocated.
+  if (!WithDescriptor(algorithm,
+                      [](auto d) { return algos::HasStandardStep<typename decltype(d)::type>; })) {
+    throw std::invalid_argument("--optimizer " + options.optimizer +
+                                ": not supported by fusedopt bench yet (no `standard` baseline, "
+                                "the reference's for-loop step, to time it against)");
+  }
   DType dtype = DType::kF32;
   if (!ParseDType(options.dtype, &dtype)) {
     throw std::invalid_argument("unknown dtype '" + options.dtype + "'; known: f32, bf16, f16");

@@ -431,8 +431,13 @@ void StandardStep(Algorithm a, const BenchHyper& h, std::span<const Segment> seg
                   const Runtime& runtime) {
   WithDescriptor(a, [&](auto d) {
     using A = typename decltype(d)::type;
-    SegmentsStep step(segments, runtime, /*placeholder=*/!algos::TwoPhase<A>);
-    A::StandardStep(h.Of<typename A::Hyper>(), h.standard, step);
+    if constexpr (algos::HasStandardStep<A>) {
+      SegmentsStep step(segments, runtime, /*placeholder=*/!algos::TwoPhase<A>);
+      A::StandardStep(h.Of<typename A::Hyper>(), h.standard, step);
+    } else {
+      throw std::invalid_argument(std::string(A::kName) +
+                                  ": no `standard` baseline (the reference's for-loop) yet");
+    }
   });
 }
 

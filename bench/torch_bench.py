@@ -7,9 +7,9 @@ seed) and fixed random grads, set once and never zeroed, so only optimizer.step(
   torch_foreach  torch.optim.<X>(foreach=True)
   torch_fused    torch.optim.<X>(fused=True), torch's own fused CPU kernel; null where torch has
                  none for <X> (torch 2.13: RMSprop, Adamax, Adadelta, RAdam, NAdam, ASGD,
-                 Rprop)
+                 Rprop, Adafactor)
   fused          fusedopt.Fused<X>()
-  fused_flat     fusedopt.Fused<X>(flatten=True)
+  fused_flat     fusedopt.Fused<X>(flatten=True); not for Adafactor (FusedAdafactor refuses it)
   engine         the C++ step alone: fusedopt's engine called on the segments a Fused<X> packed at
                  its first step, with no Python work per step but the call (what `fusedopt bench`
                  times); fused / engine is what the drop-in's Python side costs
@@ -96,6 +96,7 @@ TORCH_OPTIMIZERS = {
     "nadam": ("NAdam", {}),
     "asgd": ("ASGD", {"t0": -1.0}),  # as `fusedopt bench`: ax averages from step 2 on (t0=1e6 only copies)
     "rprop": ("Rprop", {}),
+    "adafactor": ("Adafactor", {}),
 }
 LION_KW = {"weight_decay": 0.1}  # lion-pytorch's defaults otherwise (betas 0.9, 0.99)
 LAMB_KW = {"weight_decay": 0.01, "max_grad_norm": 1.0}  # apex FusedLAMB's defaults
@@ -173,6 +174,12 @@ MODELS = {name: constructor for name, constructor, _, _ in gen_model_shapes.MODE
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 TORCH_IMPLS = ("torch_forloop", "torch_foreach", "torch_fused")
 FUSEDOPT_IMPLS = ("fused", "fused_flat")
+NO_FLATTEN = ("adafactor",)  # FusedAdafactor refuses flatten=True (its row_var/col_var are not param-shaped)
+
+
+def fused_impls(optimizer: str) -> tuple[str, ...]:
+    """The fusedopt impls timed for an optimizer: fused, and fused_flat where it takes flatten=True."""
+    return ("fused",) if optimizer in NO_FLATTEN else FUSEDOPT_IMPLS
 ENGINE = "engine"
 
 SEED = 0
@@ -370,7 +377,7 @@ def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, 
     print(f"{optimizer} on {shapes_name}: {len(dims)} tensors, {total:,} params, {dtype_name}, "
           f"{torch.get_num_threads()} threads, {rounds} rounds", file=sys.stderr)
     optimizers = {impl: make(make_params(dims, dtype)) for impl, make in refs.items()}
-    for impl in FUSEDOPT_IMPLS:
+    for impl in fused_impls(optimizer):
         optimizers[impl] = build_fused(optimizer, make_params(dims, dtype), impl == "fused_flat")
     optimizers[ENGINE] = EngineOnly(build_fused(optimizer, make_params(dims, dtype), False))
     checks = check_agreement(optimizers, dtype)
@@ -380,9 +387,9 @@ def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, 
 
     # torch's three impls are always listed (null: no fused=True kernel), as the README tables expect.
     results = {impl: None for impl in TORCH_IMPLS} if optimizer in TORCH_OPTIMIZERS else {}
-    for impl in optimizers_order(refs):
+    for impl in optimizers_order(refs, optimizer):
         results[impl] = summary(samples[impl]) | {"check_vs_reference": checks[impl]}
-    best = min(results[i]["median_ms"] for i in FUSEDOPT_IMPLS)
+    best = min(results[i]["median_ms"] for i in fused_impls(optimizer))
     engine = results[ENGINE]["median_ms"]
     return {
         "optimizer": optimizer, "shapes": shapes_name, "tensors": len(dims), "numel": total,
@@ -394,15 +401,15 @@ def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, 
     }
 
 
-def optimizers_order(refs: dict) -> list[str]:
-    return list(refs) + list(FUSEDOPT_IMPLS) + [ENGINE]
+def optimizers_order(refs: dict, optimizer: str) -> list[str]:
+    return list(refs) + list(fused_impls(optimizer)) + [ENGINE]
 
 
 # -------------------------------------------------------------------------------- reports
 
 
 def fusedopt_best_ms(result: dict) -> float:
-    return min(result["impls"][i]["median_ms"] for i in FUSEDOPT_IMPLS)
+    return min(result["impls"][i]["median_ms"] for i in FUSEDOPT_IMPLS if i in result["impls"])
 
 
 def text_table(result: dict) -> str:

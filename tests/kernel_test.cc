@@ -2106,5 +2106,305 @@ INSTANTIATE_TEST_SUITE_P(Targets, KernelSpecial, ::testing::ValuesIn(AvailableTa
 INSTANTIATE_TEST_SUITE_P(Targets, Determinism, ::testing::ValuesIn(AvailableTargets()),
                          TargetParamName);
 
+// ------------------------------------------------------------------------------------------------
+// Adafactor: factored states (row_var batch·rows, col_var batch·cols) do not fit the generic
+// sweep's param-shaped buffers, so it has its own: every shape kind (vectors; matrices of one tile,
+// several row tiles, several column tiles, a batch) in one call of two groups, against
+// ref::AdafactorStep.
+
+struct AdafactorShape {
+  std::size_t rows, cols, numel;  // rows = cols = 0: a vector
+};
+const std::vector<AdafactorShape>& AdafactorShapes() {
+  static const std::vector<AdafactorShape> shapes = {{0, 0, 1},
+                                                     {0, 0, 7},
+                                                     {0, 0, 65},
+                                                     {0, 0, 40000},
+                                                     {1, 1, 1},
+                                                     {3, 5, 15},
+                                                     {7, 33, 231},
+                                                     {2, 4100, 3 * 2 * 4100},
+                                                     {1100, 40, 44000},
+                                                     {5, 300, 3 * 5 * 300},
+                                                     {9, 1, 9},
+                                                     {1, 64, 2 * 64},
+                                                     // small matrices grouped into tiles (a conv's
+                                                     // 3x3 and 1x1 kernels), two tiles each
+                                                     {3, 3, 9 * 5000},
+                                                     {1, 1, 40000}};
+  return shapes;
+}
+
+// One Adafactor segment's buffers and the oracle's copy.
+struct AdafactorCase {
+  AdafactorShape shape;
+  std::uint32_t group = 0;
+  std::int64_t step = 1;  // of the next call
+  Buffer param, grad, row_var, col_var, variance;
+  std::optional<Buffer> master;
+  std::vector<double> p, g, rv, cv, var;  // the oracle's
+
+  AdafactorCase(const AdafactorShape& sh, const Combo& c, std::uint32_t grp, std::int64_t first,
+                bool unaligned, Rng& rng)
+      : shape(sh),
+        group(grp),
+        step(first),
+        param(c.param, sh.numel, unaligned),
+        grad(c.grad, sh.numel, unaligned),
+        row_var(c.state, Batch() * sh.rows, unaligned),
+        col_var(c.state, Batch() * sh.cols, unaligned),
+        variance(c.state, sh.rows == 0 ? sh.numel : 0, unaligned) {
+    if (c.master) master.emplace(kF32, sh.numel, unaligned);
+    for (std::size_t i = 0; i < sh.numel; ++i) {
+      const double x = rng.Uniform(-1.0, 1.0);
+      if (master) {
+        master->Set(i, x);
+        param.Set(i, master->F32(i));
+      } else {
+        param.Set(i, x);
+      }
+    }
+    p = master ? master->ToDouble() : param.ToDouble();
+    // Nonzero states after the first step: squares' running means around g², some far below it (so
+    // that RMS(U) > d and the update is clipped).
+    const auto init = [&](Buffer& b) {
+      for (std::size_t i = 0; i < b.size(); ++i) {
+        b.Set(i, first == 1 ? 0.0 : rng.Uniform(1e-4, 0.02));
+      }
+      return b.ToDouble();
+    };
+    rv = init(row_var);
+    cv = init(col_var);
+    var = init(variance);
+  }
+  std::size_t Batch() const {
+    return shape.rows == 0 ? 0 : shape.numel / (shape.rows * shape.cols);
+  }
+
+  void NewGrad(Rng& rng, double scale) {
+    for (std::size_t i = 0; i < shape.numel; ++i) grad.Set(i, rng.Uniform(-scale, scale));
+    g = grad.ToDouble();
+  }
+  Segment MakeSegment(const Combo& c) {
+    Segment s;
+    s.param = param.data();
+    s.grad = grad.data();
+    s.master = master ? static_cast<float*>(master->data()) : nullptr;
+    if (shape.rows > 0) {
+      s.state[kAdafactorRowVar] = row_var.data();
+      s.state[kAdafactorColVar] = col_var.data();
+    } else {
+      s.state[kAdafactorVariance] = variance.data();
+    }
+    s.numel = shape.numel;
+    s.rows = shape.rows;
+    s.cols = shape.cols;
+    s.param_dtype = c.param;
+    s.grad_dtype = c.grad;
+    s.state_dtype = c.state;
+    s.group = group;
+    s.step = step;
+    return s;
+  }
+  void OracleStep(const AdafactorHyper& h) {
+    ref::AdafactorStep(h, step, shape.rows, shape.cols, p, g, rv, cv, var);
+  }
+  // The oracle restarts from the kernel's (rounded) buffers: the per-step check of 16-bit storage.
+  void SyncOracle() {
+    p = master ? master->ToDouble() : param.ToDouble();
+    rv = row_var.ToDouble();
+    cv = col_var.ToDouble();
+    var = variance.ToDouble();
+  }
+};
+
+std::vector<AdafactorHyper> AdafactorOptions() {
+  return {
+      AdafactorHyper{},
+      // lr above 1/√t (ρ = 1/√t), decay, maximize, a large eps1 (V clamped), clipping at d = 1
+      AdafactorHyper{.lr = 1.0, .eps1 = 0.3, .weight_decay = 0.1, .maximize = true},
+      // eps2 above RMS(p), a large d (no clipping), slow decay of β2
+      AdafactorHyper{.lr = 0.05,
+                     .beta2_decay = -0.3,
+                     .eps1 = 1e-30,
+                     .eps2 = 2.0,
+                     .d = 50.0,
+                     .weight_decay = 0.0},
+  };
+}
+AdafactorHyper AdafactorOtherGroup(AdafactorHyper h) {
+  h.lr *= 0.5;
+  h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
+  h.beta2_decay = -0.6;
+  return h;
+}
+std::string DescribeAdafactor(const AdafactorHyper& h) {
+  std::ostringstream o;
+  o << "Adafactor{lr=" << h.lr << " beta2_decay=" << h.beta2_decay << " eps=(" << h.eps1 << ","
+    << h.eps2 << ") d=" << h.d << " wd=" << h.weight_decay << " maximize=" << h.maximize << "}";
+  return o.str();
+}
+
+// |k − r| ≤ rtol·|r| + atol·max|r| + floor over a buffer; "" when it holds.
+std::string CompareAdafactor(const char* what, const std::vector<double>& k,
+                             const std::vector<double>& r, double rtol, double atol,
+                             double floor = 0.0) {
+  double scale = 0.0;
+  for (const double x : r) scale = std::max(scale, std::abs(x));
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    if (!(std::abs(k[i] - r[i]) <= rtol * std::abs(r[i]) + atol * scale + floor)) {
+      return std::string(what) + "[" + std::to_string(i) + "]: kernel " + Num(k[i]) + ", oracle " +
+             Num(r[i]) + " (of " + std::to_string(r.size()) + ")";
+    }
+  }
+  return "";
+}
+
+// Runs `steps` calls over every shape (two groups, alternating; different step counts), checking
+// each against the oracle: f32 storage free running over all steps, 16-bit storage per step.
+void RunAdafactorSweep(const std::vector<AdafactorHyper>& groups, const Combo& c, int steps,
+                       int threads, bool unaligned, bool fma) {
+  Rng rng(2026);
+  std::vector<AdafactorCase> cases;
+  cases.reserve(AdafactorShapes().size());
+  std::uint32_t k = 0;
+  for (const AdafactorShape& sh : AdafactorShapes()) {
+    cases.emplace_back(sh, c, k % 2, k % 3 == 0 ? 1 : 4 + k, unaligned, rng);
+    ++k;
+  }
+  const bool exact_storage = (c.param == kF32 || c.master) && c.state == kF32;
+  const double widen = fma ? 1.0 : 10.0;
+  Runtime runtime(threads);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<Segment> segments;
+    for (AdafactorCase& a : cases) {
+      a.NewGrad(rng, step % 2 == 0 ? 1.0 : 1e-3);
+      if (!exact_storage) a.SyncOracle();
+      segments.push_back(a.MakeSegment(c));
+    }
+    AdafactorStep(groups, segments, runtime);
+    for (AdafactorCase& a : cases) {
+      a.OracleStep(groups[a.group]);
+      ++a.step;
+      // f32 storage: the norms and factors round to f32 along the way (rtol over a few steps);
+      // 16-bit storage: two ulps of the type.
+      const double rtol16 = c.state == kBF16 || c.param == kBF16 ? 1.6e-2 : 2e-3;
+      const double rtol_p = (exact_storage || c.master ? 2e-5 : rtol16) * widen;
+      const double rtol_s = (c.state == kF32 ? 2e-5 : rtol16) * widen;
+      const std::string where = DescribeAdafactor(groups[a.group]) + ", " + ComboName(c) +
+                                ", shape " + std::to_string(a.shape.rows) + "x" +
+                                std::to_string(a.shape.cols) + " numel " +
+                                std::to_string(a.shape.numel) + ", call " + std::to_string(step);
+      const std::vector<double> kp = a.master ? a.master->ToDouble() : a.param.ToDouble();
+      EXPECT_EQ(CompareAdafactor("param", kp, a.p, rtol_p, 8 * FLT_EPSILON * widen), "") << where;
+      // f16 states of tiny gradients are subnormal: half their spacing (2^-25) absolute
+      const double floor = c.state == kF16 ? 0x1p-25 : 0.0;
+      EXPECT_EQ(CompareAdafactor("row_var", a.row_var.ToDouble(), a.rv, rtol_s, 0.0, floor), "")
+          << where;
+      EXPECT_EQ(CompareAdafactor("col_var", a.col_var.ToDouble(), a.cv, rtol_s, 0.0, floor), "")
+          << where;
+      EXPECT_EQ(CompareAdafactor("variance", a.variance.ToDouble(), a.var, rtol_s, 0.0, floor), "")
+          << where;
+      if (a.master) {  // the 16-bit param is the rounding of the master
+        for (std::size_t i = 0; i < a.shape.numel; ++i) {
+          ASSERT_EQ(a.param.Get(i),
+                    static_cast<double>(c.param == kBF16 ? BF16ToF32(F32ToBF16(a.master->F32(i)))
+                                                         : F16ToF32(F32ToF16(a.master->F32(i)))))
+              << where << " element " << i;
+        }
+      }
+      for (const Buffer* b : {&a.param, &a.grad, &a.row_var, &a.col_var, &a.variance}) {
+        ASSERT_TRUE(b->GuardsIntact()) << where;
+      }
+    }
+  }
+}
+
+class AdafactorKernel : public TargetTest {};
+
+TEST_P(AdafactorKernel, Sweep) {
+  const std::vector<Combo> combos = {
+      Combo{kF32, kF32, kF32},  Combo{kBF16, kBF16, kBF16},      Combo{kF16, kF16, kF32},
+      Combo{kF32, kF32, kBF16}, Combo{kBF16, kBF16, kF32, true}, Combo{kF16, kF32, kF16, true}};
+  const int steps = SmallOnly() ? 2 : 4;
+  for (const AdafactorHyper& h : AdafactorOptions()) {
+    for (const Combo& c : combos) {
+      for (const int threads : {1, 3}) {
+        RunAdafactorSweep({h, AdafactorOtherGroup(h)}, c, steps, threads, threads == 3,
+                          IsFmaTarget(target()));
+      }
+    }
+  }
+}
+
+// Runtime(1), (2) and (3) give the same bits, over shapes of many tiles.
+std::vector<std::vector<std::uint8_t>> AdafactorRun(int threads, const Combo& c) {
+  Rng rng(99);
+  const std::vector<AdafactorHyper> groups = {AdafactorHyper{.weight_decay = 0.01},
+                                              AdafactorHyper{.lr = 0.5, .maximize = true}};
+  std::vector<AdafactorCase> cases;
+  const std::vector<AdafactorShape> shapes = {{0, 0, 100003},     {3, 9000, 27000},
+                                              {2000, 70, 140000}, {30, 50, 4 * 1500},
+                                              {1, 1, 70000},      {3, 3, 9 * 4000}};
+  cases.reserve(shapes.size());
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    cases.emplace_back(shapes[i], c, static_cast<std::uint32_t>(i % 2), 1, false, rng);
+  }
+  Runtime runtime(threads);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<Segment> segments;
+    for (AdafactorCase& a : cases) {
+      a.NewGrad(rng, 1.0);
+      segments.push_back(a.MakeSegment(c));
+      ++a.step;
+    }
+    AdafactorStep(groups, segments, runtime);
+  }
+  std::vector<std::vector<std::uint8_t>> out;
+  for (AdafactorCase& a : cases) {
+    for (const Buffer* b : {&a.param, &a.row_var, &a.col_var, &a.variance}) {
+      const auto* bytes = static_cast<const std::uint8_t*>(b->data());
+      out.emplace_back(bytes, bytes + b->num_bytes());
+    }
+    if (a.master) {
+      const auto* bytes = static_cast<const std::uint8_t*>(a.master->data());
+      out.emplace_back(bytes, bytes + a.master->num_bytes());
+    }
+  }
+  return out;
+}
+
+TEST_P(AdafactorKernel, Determinism) {
+  for (const Combo& c : {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16, true}}) {
+    const auto one = AdafactorRun(1, c);
+    EXPECT_TRUE(one == AdafactorRun(2, c)) << ComboName(c) << ": Runtime(2) differs from (1)";
+    EXPECT_TRUE(one == AdafactorRun(3, c)) << ComboName(c) << ": Runtime(3) differs from (1)";
+  }
+}
+
+// Targets of one class (FMA: AVX2 and up; the others) give the same bits: the sums never depend on
+// the vector width.
+TEST(DeterminismAcrossTargets, Adafactor) {
+  test::TargetGuard guard;
+  for (const Combo& c : {Combo{kF32, kF32, kF32}, Combo{kF16, kF16, kF32, true}}) {
+    std::optional<std::pair<std::string, std::vector<std::vector<std::uint8_t>>>> first[2];
+    const std::vector<std::string> targets = AvailableTargets();
+    for (std::size_t ti = 0; ti < targets.size(); ++ti) {
+      ForceTarget(targets[ti]);
+      auto run = AdafactorRun(static_cast<int>(ti % 3) + 1, c);
+      auto& baseline = first[IsFmaTarget(targets[ti]) ? 1 : 0];
+      if (!baseline) {
+        baseline.emplace(targets[ti], std::move(run));
+        continue;
+      }
+      EXPECT_TRUE(baseline->second == run)
+          << ComboName(c) << ": target " << targets[ti] << " vs " << baseline->first;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, AdafactorKernel, ::testing::ValuesIn(AvailableTargets()),
+                         TargetParamName);
+
 }  // namespace
 }  // namespace fusedopt

@@ -706,6 +706,35 @@ TEST(Optimizer, AdampTakesTheChannelRowsOfTensorSpec) {
   EXPECT_FALSE(std::ranges::equal(flat.storage().params<float>(0), p));
 }
 
+// Optimizer<AdafactorHyper> hands TensorSpec::rows and cols to the step: a batch of two (4, 8)
+// matrices is factored, exactly as the raw step on a segment with rows 4 and cols 8 (row_var 8
+// values, col_var 16); as a vector (no rows or cols) it is not.
+TEST(Optimizer, AdafactorTakesTheShapeOfTensorSpec) {
+  const AdafactorHyper h{.lr = 0.5, .weight_decay = 0.1};
+  Adafactor factored({h}, {{.numel = 64, .rows = 4, .cols = 8}});
+  Adafactor flat({h}, {{.numel = 64}});
+  std::vector<float> p(64), g(64), row(8, 0.0f), col(16, 0.0f);
+  for (std::size_t i = 0; i < 64; ++i) {
+    p[i] = std::sin(static_cast<float>(i) + 0.5f);
+    g[i] = std::cos(3.0f * static_cast<float>(i));
+  }
+  for (Adafactor* opt : {&factored, &flat}) {
+    std::ranges::copy(p, opt->storage().params<float>(0).begin());
+    std::ranges::copy(g, opt->storage().grads<float>(0).begin());
+    opt->Step();
+  }
+  Segment raw{.param = p.data(), .grad = g.data(), .numel = 64, .rows = 4, .cols = 8};
+  raw.state[kAdafactorRowVar] = row.data();
+  raw.state[kAdafactorColVar] = col.data();
+  AdafactorStep(std::span<const AdafactorHyper>(&h, 1), std::span<const Segment>(&raw, 1));
+  EXPECT_TRUE(std::ranges::equal(factored.storage().params<float>(0), p));
+  EXPECT_TRUE(
+      std::ranges::equal(factored.storage().state<float>(0, kAdafactorRowVar).first(8), row));
+  EXPECT_TRUE(
+      std::ranges::equal(factored.storage().state<float>(0, kAdafactorColVar).first(16), col));
+  EXPECT_FALSE(std::ranges::equal(flat.storage().params<float>(0), p));
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Optimizer: master weights.
 

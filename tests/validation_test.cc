@@ -123,6 +123,7 @@ void RawStep(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsSte
 void RawStep(std::span<const RpropHyper> g, std::span<const Segment> s) { RpropStep(g, s); }
 void RawStep(std::span<const AdampHyper> g, std::span<const Segment> s) { AdampStep(g, s); }
 void RawStep(std::span<const BertAdamHyper> g, std::span<const Segment> s) { BertAdamStep(g, s); }
+void RawStep(std::span<const AdafactorHyper> g, std::span<const Segment> s) { AdafactorStep(g, s); }
 
 template <class Hyper>
 const char* StepName() {
@@ -143,6 +144,7 @@ const char* StepName() {
   if constexpr (std::is_same_v<Hyper, RpropHyper>) return "RpropStep";
   if constexpr (std::is_same_v<Hyper, AdampHyper>) return "AdampStep";
   if constexpr (std::is_same_v<Hyper, BertAdamHyper>) return "BertAdamStep";
+  if constexpr (std::is_same_v<Hyper, AdafactorHyper>) return "AdafactorStep";
 }
 
 // Two valid segments in group 0 (one spans several chunks), then segment 2 (64 elements) in group
@@ -426,6 +428,80 @@ TEST(Validation, AdampRowsMustDivideNumel) {
   sgd.segment(2).rows = 3;
   const std::vector<SgdHyper> sgd_groups(2);
   EXPECT_NO_THROW(SgdStep(sgd_groups, sgd.segments()));
+}
+
+// Adafactor: torch's rules (lr, eps1, eps2, weight_decay >= 0, beta2_decay <= 0, d >= 1; NaN
+// fails them all).
+TEST(Validation, AdafactorRejectsBadHyperParameters) {
+  ExpectBadGroup(AdafactorHyper{.lr = -0.5}, {"lr", "-0.5"});
+  ExpectBadGroup(AdafactorHyper{.lr = kNaN}, {"lr", "nan"});
+  ExpectBadGroup(AdafactorHyper{.beta2_decay = 0.25}, {"beta2_decay", "0.25", "<= 0"});
+  ExpectBadGroup(AdafactorHyper{.beta2_decay = kNaN}, {"beta2_decay", "nan"});
+  ExpectBadGroup(AdafactorHyper{.eps1 = -1e-3}, {"eps1", "-0.001"});
+  ExpectBadGroup(AdafactorHyper{.eps2 = -2.0}, {"eps2", "-2"});
+  ExpectBadGroup(AdafactorHyper{.d = 0.5}, {"invalid d: 0.5", ">= 1"});
+  ExpectBadGroup(AdafactorHyper{.weight_decay = -0.01}, {"weight_decay", "-0.01"});
+}
+
+TEST(Validation, AdafactorAcceptsTheEdges) {
+  const AdafactorHyper edge{
+      .lr = 0.0, .beta2_decay = 0.0, .eps1 = 0.0, .eps2 = 0.0, .d = 1.0, .weight_decay = 0.0};
+  const std::vector<AdafactorHyper> groups = {edge, AdafactorHyper{}};
+  Model m = MakeModel(groups[0], groups[1]);
+  EXPECT_NO_THROW(AdafactorStep(groups, m.segments()));
+}
+
+// A factored segment: rows and cols both set (and dividing numel) or both 0; numel > 0; no
+// stochastic rounding; row_var and col_var for matrices, variance for vectors (the other slots may
+// be null). Each rejection leaves every buffer as it was.
+TEST(Validation, AdafactorSegments) {
+  const std::vector<AdafactorHyper> groups = {AdafactorHyper{}, AdafactorHyper{.lr = 0.1}};
+  const auto step = [&](const Model& m) { AdafactorStep(groups, m.segments()); };
+  {
+    Model m = MakeModel(groups[0], groups[1]);
+    m.segment(2).rows = 4;  // 64 elements, cols 0
+    ExpectRejected(m, [&] { step(m); }, {"AdafactorStep", "segment 2", "rows 4", "cols 0"});
+    m.segment(2).rows = 0;
+    m.segment(2).cols = 4;
+    ExpectRejected(m, [&] { step(m); }, {"segment 2", "rows 0", "cols 4"});
+    m.segment(2).rows = 3;
+    ExpectRejected(m, [&] { step(m); }, {"segment 2", "rows 3", "cols 4", "numel 64"});
+    m.segment(2).rows = 2;
+    m.segment(2).cols = 8;  // a batch of 4 matrices of 2 x 8
+    EXPECT_NO_THROW(step(m));
+    m.segment(2).state[kAdafactorVariance] = nullptr;  // a matrix needs no variance
+    EXPECT_NO_THROW(step(m));
+    m.segment(2).state[kAdafactorColVar] = nullptr;
+    ExpectRejected(m, [&] { step(m); }, {"segment 2", "state[1]", "col_var"});
+  }
+  {
+    Model m = MakeModel(groups[0], groups[1]);
+    m.segment(1).state[kAdafactorRowVar] = nullptr;  // a vector needs only variance
+    m.segment(1).state[kAdafactorColVar] = nullptr;
+    EXPECT_NO_THROW(step(m));
+    m.segment(1).state[kAdafactorVariance] = nullptr;
+    ExpectRejected(m, [&] { step(m); }, {"segment 1", "state[2]", "variance"});
+  }
+  {  // numel 0 (TrainingStep's up-front check): nothing is read or written, null buffers are fine
+    Model m = MakeModel(groups[0], groups[1]);
+    Segment& empty = m.segment(0);
+    empty.numel = 0;
+    empty.rows = 2;
+    empty.cols = 3;
+    empty.param = nullptr;
+    empty.grad = nullptr;
+    for (void*& state : empty.state) state = nullptr;
+    const auto before = m.Snapshot();
+    m.segment(1).numel = 0;
+    m.segment(2).numel = 0;
+    EXPECT_NO_THROW(step(m));
+    EXPECT_TRUE(m.Unchanged(before));
+  }
+  {
+    Model m = MakeModel(groups[0], groups[1]);
+    m.segment(2).stochastic_rounding = true;
+    ExpectRejected(m, [&] { step(m); }, {"segment 2", "stochastic_rounding"});
+  }
 }
 
 TEST(Validation, SegmentGroupOutOfRange) {
@@ -851,6 +927,7 @@ TEST(Validation, RequiredStates) {
   EXPECT_EQ(RequiredStates(AdampHyper{.weight_decay = 0.1, .nesterov = true}), 0b011u);
   EXPECT_EQ(RequiredStates(BertAdamHyper{}), 0b011u);
   EXPECT_EQ(RequiredStates(BertAdamHyper{.weight_decay = 0.0, .max_grad_norm = -1.0}), 0b011u);
+  EXPECT_EQ(RequiredStates(AdafactorHyper{}), 0b111u);  // by shape: see AdafactorSegments
 }
 
 // Adamax: torch.optim.Adamax's constructor checks (lr, eps, weight_decay >= 0; betas in [0, 1)).

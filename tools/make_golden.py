@@ -5,7 +5,7 @@ Run from the repository root with the project venv (torch 2.x, lion-pytorch 0.2.
 
     .venv/bin/python tools/make_golden.py
 
-The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, RAdam, NAdam, ASGD and Rprop; lucidrains' lion_pytorch.Lion (the
+The references: torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, RAdam, NAdam, ASGD, Rprop and Adafactor; lucidrains' lion_pytorch.Lion (the
 independent reference of Lion); tools/lamb_reference.py's LambReference for LAMB (apex FusedLAMB written
 from its formulas: apex itself is CUDA only); tools/lars_reference.py's LarsReference for LARS (apex LARC
 around torch.optim.SGD, written from its formulas); tools/rmsproptf_reference.py's RMSpropTFReference for
@@ -54,8 +54,14 @@ STEPS = 20
 CHECKPOINTS = [1, 5, 20]
 # Algorithms whose files run longer: (steps, checkpoints). ASGD's step size decays with the step and its averaging
 # starts only after t0 steps; Rprop's per-element step sizes grow and shrink until they reach their bounds;
-# BertAdam's schedules run over t_total steps (and past them). Their cases run 100 steps.
-LONG_RUNS = {"ASGD": (100, [1, 5, 20, 100]), "Rprop": (100, [1, 5, 20, 100]), "BertAdam": (100, [1, 5, 20, 100])}
+# BertAdam's schedules run over t_total steps (and past them); Adafactor's rho = min(lr, 1/sqrt(t)) moves with t.
+# Their cases run 100 steps.
+LONG_RUNS = {
+    "ASGD": (100, [1, 5, 20, 100]),
+    "Rprop": (100, [1, 5, 20, 100]),
+    "BertAdam": (100, [1, 5, 20, 100]),
+    "Adafactor": (100, [1, 5, 20, 100]),
+}
 SIZES = [1, 7, 33, 64]
 PARAM_SCALE = 1.0
 GRAD_SCALE = 1.0
@@ -543,6 +549,27 @@ SCENARIOS = {
             ),
         ],
     ),
+    # torch.optim.Adafactor (new in torch 2.5), 100 steps (LONG_RUNS): rho = min(lr, 1/sqrt(t)) reaches lr after
+    # 10^4 steps at lr 1e-2, so the large-lr cases exercise the 1/sqrt(t) branch. Tensors 1 and 2 are a (6, 11) and
+    # a (3, 4, 5) param (factored over their last two dimensions; 3 is a batch), 0 and 3 vectors (variance).
+    "Adafactor": (
+        torch.optim.Adafactor,
+        [
+            ("default", [{"lr": 1e-2}]),
+            ("weight_decay", [{"lr": 1e-2, "weight_decay": 0.1}]),
+            ("large_lr", [{"lr": 0.5, "weight_decay": 0.05, "d": 2.0}]),
+            ("eps", [{"lr": 1e-2, "eps": (1e-3, 1e-2), "beta2_decay": -0.5}]),
+            ("maximize", [{"lr": 1e-2, "maximize": True}]),
+            (
+                "groups_none_grad",
+                [
+                    {"lr": 1e-2},
+                    {"lr": 3e-3, "weight_decay": 0.02, "beta2_decay": -0.6, "eps": (1e-20, 1e-3)},
+                ],
+            ),
+        ],
+        [(1,), (6, 11), (3, 4, 5), (33,)],
+    ),
 }
 
 # What each non-torch.optim file says about its reference (the torch.optim files have no such entry).
@@ -569,6 +596,12 @@ REFERENCES = {
         "reference": "tools/bert_adam_reference.py BertAdamReference: torch_npu NpuFusedBertAdam written from its "
         "formulas (no bias correction, the warmup schedules, max_grad_norm clipping per (group, dtype) buffer), with "
         "a float32 tensor state step, incremented per param and read by the schedule before its increment",
+    },
+    "Adafactor": {
+        "reference": "torch.optim.Adafactor (torch %s, _single_tensor_adafactor); each case's shapes give the params "
+        "of more than one dimension (row_var and col_var over their last two dimensions, leading dimensions a "
+        "batch); eps = (eps1, eps2), eps1 null: finfo(float32).eps. Not reproducible bit for bit: torch.norm and "
+        "mean sum in their own order",
     },
     "LARS": {
         "reference": "tools/lars_reference.py LarsReference: apex LARC around torch.optim.SGD written from its "
@@ -674,6 +707,8 @@ def main():
             extra["reference"] %= importlib.metadata.version("lion-pytorch")
         if algo == "AdamP":
             extra["reference"] %= importlib.metadata.version("adamp")
+        if algo == "Adafactor":
+            extra["reference"] %= torch.__version__
         doc = {"algorithm": algo, **header, "steps": steps, "checkpoint_steps": checkpoint_steps, **extra,
                "cases": out_cases}
         path = os.path.join(out_dir, f"{algo.lower()}.json")

@@ -278,5 +278,24 @@ struct BertAdamHyper {
   double max_grad_norm = 1.0;  // <= 0: no clipping
 };
 enum BertAdamState : int { kBertAdamExpAvg = 0, kBertAdamExpAvgSq = 1 };
+// torch.optim.Adafactor (torch 2.13's _single_tensor_adafactor): factored second moments. For a
+// param of more than one dimension (Segment::rows = size(-2), Segment::cols = size(-1); leading
+// dimensions are a batch) the state is row_var [..., rows, 1] and col_var [..., 1, cols], lerped
+// towards the row and column means of g² with weight t^beta2_decay; V = row_var ⊗ col_var /
+// max(mean(row_var), eps1). A param of at most one dimension keeps variance (like the param) and
+// V = variance. U = g / √max(V, eps1²); p *= 1 − lr·wd; p −= max(eps2, RMS(p))·min(lr, 1/√t) /
+// max(1, RMS(U) / d)·U (RMS(p) before the decay). torch's eps = (eps1, eps2); its eps1 None
+// (finfo(param dtype).eps of the group's first param with a grad) is resolved by the caller: the
+// default here is finfo(float32).eps. State: row_var, col_var (matrices) or variance (vectors).
+struct AdafactorHyper {
+  double lr = 1e-2;
+  double beta2_decay = -0.8;
+  double eps1 = 1.1920928955078125e-07;
+  double eps2 = 1e-3;
+  double d = 1.0;
+  double weight_decay = 0.0;
+  bool maximize = false;
+};
+enum AdafactorState : int { kAdafactorRowVar = 0, kAdafactorColVar = 1, kAdafactorVariance = 2 };
 
 }  // namespace fusedopt

@@ -48,6 +48,10 @@ struct TensorSpec {
   // The tensor's size(0) when it has more than one dimension (Segment::rows: AdamP projects per
   // channel row), else 0; must divide numel.
   std::size_t rows = 0;
+  // Adafactor: the tensor's size(-1) when it has more than one dimension (Segment::cols), and rows
+  // then its size(-2); rows·cols must divide numel. 0 otherwise. FlatStorage gives every state slot
+  // numel elements, more than a factored tensor's row_var and col_var use.
+  std::size_t cols = 0;
 };
 
 struct StorageOptions {
@@ -157,7 +161,7 @@ struct StepOptions {
 
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
 // AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper,
-// AsgdHyper, LarsHyper, RpropHyper, RmsproptfHyper, AdampHyper, BertAdamHyper.
+// AsgdHyper, LarsHyper, RpropHyper, RmsproptfHyper, AdampHyper, BertAdamHyper, AdafactorHyper.
 template <class Hyper>
 class Optimizer {
  public:
@@ -218,6 +222,7 @@ using Rprop = Optimizer<RpropHyper>;
 using RMSpropTF = Optimizer<RmsproptfHyper>;
 using AdamP = Optimizer<AdampHyper>;
 using BertAdam = Optimizer<BertAdamHyper>;
+using Adafactor = Optimizer<AdafactorHyper>;
 
 extern template class Optimizer<SgdHyper>;
 extern template class Optimizer<AdamHyper>;
@@ -236,5 +241,6 @@ extern template class Optimizer<RpropHyper>;
 extern template class Optimizer<RmsproptfHyper>;
 extern template class Optimizer<AdampHyper>;
 extern template class Optimizer<BertAdamHyper>;
+extern template class Optimizer<AdafactorHyper>;
 
 }  // namespace fusedopt

@@ -47,6 +47,11 @@ struct Segment {
   // memory (rows must divide numel; the segment is the whole tensor); 0 for a param with at most
   // one dimension. The other algorithms ignore it.
   std::size_t rows = 0;
+  // For Adafactor (factored second moments): size(-1) of a param with more than one dimension, and
+  // rows its size(-2); the param is numel / (rows·cols) row-major rows × cols matrices (a batch),
+  // its state[kAdafactorRowVar] holds batch·rows elements and state[kAdafactorColVar] batch·cols.
+  // 0 (with rows 0) for a param of at most one dimension. The other algorithms ignore it.
+  std::size_t cols = 0;
   DType param_dtype = DType::kF32;
   DType grad_dtype = DType::kF32;
   DType state_dtype = DType::kF32;  // dtype of all state buffers of this segment
@@ -126,6 +131,12 @@ void AdampStep(std::span<const AdampHyper> groups, std::span<const Segment> segm
 // after this update (1 on the first), so the schedule reads step − 1.
 void BertAdamStep(std::span<const BertAdamHyper> groups, std::span<const Segment> segments,
                   Runtime& runtime = DefaultRuntime());
+// Adafactor runs three passes over a factored param (Segment::rows, cols): Σp² with the row and
+// column sums of g², then ΣU² from the new factors, then the update; two over a vector param (Σp²
+// and ΣU², then the update). Every sum is deterministic as LAMB's norms; the states are written
+// only by the last pass.
+void AdafactorStep(std::span<const AdafactorHyper> groups, std::span<const Segment> segments,
+                   Runtime& runtime = DefaultRuntime());
 
 // The same steps chosen by the Hyper type, for generic code: FusedStep(std::span<const
 // LionHyper>(...), ...) is LionStep. Defined for every Hyper struct of hyper.h.

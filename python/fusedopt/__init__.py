@@ -20,6 +20,7 @@ from .amp import GradScaler
 from .clip import clip_grad_norm_, clip_grad_value_
 from .optim import (
     FusedAdadelta,
+    FusedAdafactor,
     FusedAdagrad,
     FusedAdam,
     FusedAdamax,
@@ -40,8 +41,8 @@ from .optim import (
 from .trainer import Model, Trainer
 
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
-           "FusedAdamax", "FusedAdadelta", "FusedRAdam", "FusedNAdam", "FusedASGD", "FusedRprop", "FusedLARS",
-           "FusedRMSpropTF", "FusedAdamP", "FusedBertAdam", "GradScaler",
+           "FusedAdamax", "FusedAdadelta", "FusedAdafactor", "FusedRAdam", "FusedNAdam", "FusedASGD", "FusedRprop",
+           "FusedLARS", "FusedRMSpropTF", "FusedAdamP", "FusedBertAdam", "GradScaler",
            "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"

@@ -66,6 +66,8 @@ class FusedOptimizerMixin:
             cls._slot_keys = entry["state_names"]
             cls._scalar_keys = entry["scalar_names"]  # 0-d state tensors the engine advances (mu_product)
             cls._row_reductions = entry["row_reductions"]  # its step reads each param's size(0) (AdamP)
+            # its states are shaped by each param's last two dims, and its step reads them (Adafactor)
+            cls._factored = entry["factored"]
 
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
                  max_grad_norm: float | None = None, norm_type: float = 2.0, accumulation_steps: int = 1,
@@ -121,6 +123,15 @@ class FusedOptimizerMixin:
     def _initial_state_value(self, key: str, group: dict, p: torch.Tensor) -> float | complex:
         """What a new state[key] of param p (in param group `group`) is filled with."""
         return 0.0
+
+    def _needed_states(self, p: torch.Tensor, needed: tuple) -> tuple:
+        """Which state slots param p needs, of those its group's hyper-parameters may need (`needed`): all of
+        them, but for a factored algorithm (Adafactor) that depends on p's shape."""
+        return needed
+
+    def _state_shape(self, p: torch.Tensor, key: str) -> tuple | None:
+        """The shape of state[key] of param p, or None for p's own shape (all but Adafactor's factors)."""
+        return None
 
     # ---- torch.optim.Optimizer API --------------------------------------------------------------
     def add_param_group(self, param_group: dict) -> None:
@@ -480,11 +491,12 @@ class FusedOptimizerMixin:
                 if g is None:
                     packed.none_at.append(index)
                     continue
+                mine = self._needed_states(p, needed) if self._factored else needed
                 if seen is None:  # the common case, kept as lean as it was
-                    segment = self._segment(p, g, gi, j, needed, undo, grads is None)
+                    segment = self._segment(p, g, gi, j, mine, undo, grads is None)
                 else:
                     if p not in seen:
-                        seen[p] = self._segment(p, g, gi, j, needed, undo, grads is None)
+                        seen[p] = self._segment(p, g, gi, j, mine, undo, grads is None)
                     segment = seen[p]
                 row, grad_ptr, code = segment
                 if row is None:  # (grad_ptr is why)
@@ -664,7 +676,9 @@ class FusedOptimizerMixin:
                                  state_dtype=_ENGINE_CODES[sdtype], group=gi, step_counter=step_ptr, step=step,
                                  stochastic_rounding=self._rounding[0], rounding_seed=self._rounding[1],
                                  global_offset=self._global_offset(p), scalars=scalar_ptrs,
-                                 rows=p.shape[0] if self._row_reductions and p.dim() > 1 else 0)
+                                 rows=(p.shape[-2] if self._factored else p.shape[0])
+                                 if (self._row_reductions or self._factored) and p.dim() > 1 else 0,
+                                 cols=p.shape[-1] if self._factored and p.dim() > 1 else 0)
 
         now = row(step)
         keys = [k for k, need in zip(self._slot_keys, needed) if need]
@@ -729,6 +743,9 @@ class FusedOptimizerMixin:
         its slot in the flat buffer. A loaded or replaced tensor is converted or moved; a missing one
         is created (zeros, Adagrad's initial value, or the param itself for master_param).
         Returns (tensor, whether it was created)."""
+        shape = self._state_shape(p, key)
+        if shape is not None:
+            return self._ensure_shaped_state(p, state, key, dtype, shape, gi, j, undo)
         t = state.get(key)
         if t is not None and t.dtype == dtype and t.numel() == p.numel() and (
                 t.stride() == p.stride() or (t.is_contiguous() and p.is_contiguous())) and (
@@ -747,6 +764,22 @@ class FusedOptimizerMixin:
             new.copy_(p.detach())
         elif not (key == "momentum_buffer" and not self._counts_steps):  # SGD's is filled by the step
             new.fill_(fill)
+        undo.append((state, key, _ABSENT if t is None else t))  # a failed step puts a loaded tensor back
+        state[key] = new
+        return new, t is None
+
+    def _ensure_shaped_state(self, p, state, key, dtype, shape, gi, j, undo):
+        """As _ensure_state, for a state of another shape than p's (Adafactor's row_var and col_var): contiguous,
+        created with zeros; a loaded one of the same number of elements is converted or reshaped."""
+        t = state.get(key)
+        if t is not None and t.dtype == dtype and t.shape == shape and t.is_contiguous() and t.device == p.device:
+            return t, False
+        if t is not None and t.numel() != math.prod(shape):
+            raise ValueError(f"fusedopt: state '{key}' of parameter {self._name(gi, j)} has shape {tuple(t.shape)} "
+                             f"but the parameter's shape {tuple(p.shape)} needs {tuple(shape)}")
+        new = torch.zeros(shape, dtype=dtype, device=p.device)
+        if t is not None:
+            new.copy_(t.reshape(shape))
         undo.append((state, key, _ABSENT if t is None else t))  # a failed step puts a loaded tensor back
         state[key] = new
         return new, t is None

@@ -738,3 +738,63 @@ class FusedBertAdam(FusedOptimizerMixin, _BertAdamGroups):
         if target is not p:
             p.copy_(target)
         state["step"] += 1
+
+
+class FusedAdafactor(FusedOptimizerMixin, torch.optim.Adafactor):
+    """torch.optim.Adafactor (torch 2.13's _single_tensor_adafactor), fused: for a param of more than one dimension
+    the second moment is factored over its last two dimensions (leading ones are a batch): state['row_var'] of
+    shape [..., R, 1] and state['col_var'] [..., 1, C], lerped towards the row and column means of g^2 with
+    weight t**beta2_decay; V = row_var @ col_var / max(mean(row_var), eps1). A vector keeps state['variance']
+    like the param. U = g / sqrt(max(V, eps1^2)); p *= 1 - lr * weight_decay; p -= alpha / max(1, RMS(U) / d) * U
+    with alpha = max(eps2, RMS(p)) * min(lr, 1 / sqrt(t)) (RMS of p before the decay). eps = (eps1, eps2) with
+    eps1 None: finfo(dtype).eps of the group's first param with a gradient, as torch. The engine runs three
+    passes over a factored param (Sigma p^2 with the row and column sums of g^2; ||U||^2 from the new factors; the
+    update), two over a vector, every sum in double in a fixed order: results match torch to about 1e-7
+    relative, not bit for bit (torch.norm sums in an order of its own). Params of no elements, complex params
+    and params whose last two dimensions are not row-major contiguous take torch's step (which raises for the
+    first two, as torch.optim.Adafactor does). flatten=True and stochastic_rounding=True are refused."""
+
+    _algorithm = "adafactor"
+    _sparse_message = "Adafactor does not support sparse gradients"
+
+    def __init__(self, params, *args, flatten: bool = False, stochastic_rounding: bool = False, **kwargs):
+        if flatten:
+            raise ValueError("fusedopt: FusedAdafactor does not support flatten=True (its row_var and col_var "
+                             "are not shaped like the params)")
+        if stochastic_rounding:
+            raise ValueError("fusedopt: FusedAdafactor does not support stochastic_rounding=True")
+        super().__init__(params, *args, **kwargs)
+
+    def _hyper(self, g):
+        eps1 = g["eps"][0]
+        if eps1 is None:  # torch: finfo(param.dtype).eps of the first param with a grad (in the loop)
+            dtype = next((p.dtype for p in g["params"] if p.grad is not None), torch.float32)
+            eps1 = torch.finfo(dtype).eps
+        return _C.AdafactorHyper(lr=_f(g, "lr"), beta2_decay=_f(g, "beta2_decay"), eps1=float(eps1),
+                                 eps2=_f(g, "eps", 1), d=_f(g, "d"), weight_decay=_f(g, "weight_decay"),
+                                 maximize=bool(g["maximize"]))
+
+    def _needed_states(self, p, needed):
+        return (True, True, False) if p.dim() > 1 else (False, False, True)
+
+    def _state_shape(self, p, key):
+        if key == "row_var":
+            return tuple(p.shape[:-1]) + (1,)
+        if key == "col_var":
+            return tuple(p.shape[:-2]) + (1, p.shape[-1])
+        return None
+
+    def _route(self, p, g, gi, j):
+        if p.is_complex():
+            raise RuntimeError("Adafactor does not support complex parameters")
+        route = super()._route(p, g, gi, j)
+        if route is not None:
+            return route
+        reason = None
+        if p.numel() == 0:
+            reason = "it has no elements (torch's step divides by numel)"
+        elif p.dim() > 1 and not p.is_contiguous():
+            reason = f"its last two dimensions are not row-major contiguous (shape {tuple(p.shape)}, strides {p.stride()})"
+        if reason is not None and self._strict:
+            raise route_error((ValueError, reason), self._name(gi, j))
+        return reason

@@ -45,6 +45,16 @@
 //                       kReductions, each row's parts added in chunk order) and its rows ×
 //                       kRowValues floats, which live until the update pass has run
 //
+// and, for a factored algorithm (Adafactor: state buffers not shaped like the param; a param of
+// more than one dimension is Segment::rows × Segment::cols matrices), instead of the chunk passes:
+//   kFactored           true; the step is RunFactoredStep (src/core/step.cc) over tiles
+//                       (src/core/tiles.h), each pass a call of kRunTiles
+//   SegmentStates(s)    which state slots a segment needs (by its shape; RequiredStates(h) says
+//                       which ones any segment may need)
+//   Alpha, Factors, NegAlpha  the host work between the passes (see src/algos/adafactor.h)
+// An algorithm may leave out StandardStep (kNoStandardStep): the `standard` baseline, the doctor's
+// op counts and `fusedopt train`'s ATen for-loop then refuse it by name.
+//
 // src/algos/registry.h lists the descriptors; the step functions, Optimizer<>, the Python module
 // and the tools loop over that list.
 //
@@ -146,6 +156,18 @@ concept FinishesAll = TwoPhase<A> && requires {
 template <class A>
 concept RowReductions = TwoPhase<A> && requires {
   A::kRowValues;
+};
+
+// A factored algorithm (kFactored: Adafactor), stepped over tiles by RunFactoredStep.
+template <class A>
+concept Factored = requires {
+  A::kFactored;
+};
+
+// An algorithm with a StandardStep (all but those that declare kNoStandardStep).
+template <class A>
+concept HasStandardStep = !requires {
+  A::kNoStandardStep;
 };
 
 // An algorithm with per-tensor scalar states (kScalarStates, InitialScalar, NextScalars).

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "src/algos/adadelta.h"
+#include "src/algos/adafactor.h"
 #include "src/algos/adagrad.h"
 #include "src/algos/adam.h"
 #include "src/algos/adamax.h"
@@ -58,7 +59,7 @@ struct List {
 };
 
 using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam,
-                 Asgd, Lars, Rprop, Rmsproptf, Adamp, BertAdam>;
+                 Asgd, Lars, Rprop, Rmsproptf, Adamp, BertAdam, Adafactor>;
 
 // The same list for explicit template instantiations (X(Sgd) X(Adam) ...), which a type list cannot
 // drive: step.cc and training_step.cc expand it.
@@ -79,7 +80,8 @@ using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelt
   X(Rprop)                         \
   X(Rmsproptf)                     \
   X(Adamp)                         \
-  X(BertAdam)
+  X(BertAdam)                      \
+  X(Adafactor)
 #define FOPT_CHECK_LISTED(A) \
   static_assert(All::IndexOf<A::Hyper>() < All::kSize, #A " is not in All");
 FOPT_FOR_EACH_ALGORITHM(FOPT_CHECK_LISTED)

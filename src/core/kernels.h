@@ -7,6 +7,7 @@
 #include <cstddef>
 
 #include "src/core/plan.h"
+#include "src/core/tiles.h"
 #include "src/math/scalars.h"
 
 namespace fusedopt {
@@ -46,5 +47,9 @@ void RunAdampChunks(const StepPlan<AdampScalars>& plan, std::size_t chunk_begin,
 void RunBertAdamReduceChunk(const StepPlan<BertAdamScalars>& plan, std::size_t chunk, double* sums);
 void RunBertAdamChunks(const StepPlan<BertAdamScalars>& plan, std::size_t chunk_begin,
                        std::size_t chunk_end);
+// A factored algorithm runs over tiles (src/core/tiles.h): one pass over tiles [tile_begin,
+// tile_end), writing each reduction pass's sums at sums + tile.out.
+void RunAdafactorTiles(const TilePlan<AdafactorScalars>& plan, TilePass pass,
+                       std::size_t tile_begin, std::size_t tile_end, double* sums);
 
 }  // namespace fusedopt

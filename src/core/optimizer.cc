@@ -48,6 +48,12 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
                   std::to_string(tensors[i].rows) + " does not divide numel " +
                   std::to_string(tensors[i].numel));
     }
+    if (tensors[i].cols > 0 &&
+        (tensors[i].rows == 0 || tensors[i].numel % (tensors[i].rows * tensors[i].cols) != 0)) {
+      throw Error("FlatStorage: tensor " + std::to_string(i) + ": rows " +
+                  std::to_string(tensors[i].rows) + " × cols " + std::to_string(tensors[i].cols) +
+                  " does not divide numel " + std::to_string(tensors[i].numel));
+    }
   }
   const std::size_t param_size = DTypeSize(options.param_dtype);
   const std::size_t grad_size = DTypeSize(options.grad_dtype);
@@ -62,6 +68,7 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
     const std::size_t o = offsets[i];
     s.numel = tensors[i].numel;
     s.rows = tensors[i].rows;
+    s.cols = tensors[i].cols;
     s.group = tensors[i].group;
     s.param_dtype = options.param_dtype;
     s.grad_dtype = options.grad_dtype;
@@ -271,5 +278,6 @@ template class Optimizer<LarsHyper>;
 template class Optimizer<RpropHyper>;
 template class Optimizer<AdampHyper>;
 template class Optimizer<BertAdamHyper>;
+template class Optimizer<AdafactorHyper>;
 
 }  // namespace fusedopt

@@ -7,16 +7,40 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <utility>
 #include <vector>
 
+#include "fusedopt/convert.h"
 #include "src/algos/registry.h"
 #include "src/core/parallel.h"
+#include "src/core/tiles.h"
 #include "src/core/validate.h"
 
 namespace fusedopt {
 namespace {
+
+// A segment of a factored algorithm: its shape (rows and cols both 0, or both set and dividing
+// numel), the state slots of that shape (numel > 0), no stochastic rounding (not implemented for
+// the tiles). A segment of numel 0 is left as it is (torch's Adafactor divides by numel: an empty
+// param raises ZeroDivisionError there; TrainingStep's up-front check runs every segment with numel
+// 0).
+template <class A>
+void ValidateFactored(std::size_t i, const Segment& s) {
+  if ((s.rows == 0) != (s.cols == 0)) {
+    Fail(A::kStepName, "segment ", i, ": rows ", s.rows, " and cols ", s.cols,
+         " (both 0 for a vector, both set for matrices)");
+  }
+  if (s.rows > 0 && s.numel % (s.rows * s.cols) != 0) {
+    Fail(A::kStepName, "segment ", i, ": rows ", s.rows, " × cols ", s.cols,
+         " does not divide numel ", s.numel);
+  }
+  if (s.stochastic_rounding) {
+    Fail(A::kStepName, "segment ", i, ": stochastic_rounding is not supported");
+  }
+  if (s.numel > 0) ValidateStates(A::kStepName, i, s, A::SegmentStates(s), A::kStates);
+}
 
 template <class A>
 void ValidateStep(std::span<const typename A::Hyper> groups, std::span<const Segment> segments) {
@@ -26,7 +50,9 @@ void ValidateStep(std::span<const typename A::Hyper> groups, std::span<const Seg
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     ValidateSegment(A::kStepName, i, s, groups.size());
-    if (s.numel > 0) {
+    if constexpr (algos::Factored<A>) {
+      ValidateFactored<A>(i, s);
+    } else if (s.numel > 0) {
       ValidateStates(A::kStepName, i, s, A::RequiredStates(groups[s.group]), A::kStates);
     }
     if constexpr (algos::RowReductions<A>) {
@@ -129,9 +155,194 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
   }
 }
 
+// Reads n elements of a state buffer of dtype t as f32 (into out), or writes them back (rounded to
+// nearest even).
+void LoadFactor(const void* state, DType t, std::span<float> out) {
+  if (t == DType::kF32) {
+    std::copy_n(static_cast<const float*>(state), out.size(), out.data());
+  } else {
+    ConvertBuffer(state, t, out.data(), DType::kF32, out.size());
+  }
+}
+void StoreFactor(std::span<const float> in, void* state, DType t) {
+  if (t == DType::kF32) {
+    std::copy_n(in.data(), in.size(), static_cast<float*>(state));
+  } else {
+    ConvertBuffer(in.data(), DType::kF32, state, t, in.size());
+  }
+}
+
+// Matrices of one tile each (rows·cols at most this, cols at most kTileColumns) share tiles: a tile
+// then covers whole consecutive matrices.
+constexpr std::size_t kSmallMatrix = kGrainElements / 2;
+
+// The tiles of one segment: AppendTiles's, except that small matrices (the 3×3 and 1×1 kernels of a
+// convolution's [out, in, kh, kw]) are grouped, kGrainElements / (rows·cols) whole matrices per
+// tile. A tile's rows then run on through the following matrices: row r of a tile whose first
+// matrix is `batch` is row r % rows of matrix batch + r / rows (the param as a stacked batch·rows ×
+// cols matrix from `base`), which the kernels and RunFactoredStep read for every tile.
+void AppendFactoredTiles(std::uint32_t segment, std::size_t numel, std::size_t rows,
+                         std::size_t cols, std::vector<Tile>& tiles) {
+  if (rows == 1 && cols == 1) {  // Pointwise: a vector's tiles
+    AppendTiles(segment, numel, 0, 0, tiles);
+    return;
+  }
+  if (rows == 0 || numel == 0 || rows * cols > kSmallMatrix || cols > kTileColumns) {
+    AppendTiles(segment, numel, rows, cols, tiles);
+    return;
+  }
+  const std::size_t size = rows * cols;
+  const std::size_t batch = numel / size;
+  const std::size_t per_tile = kGrainElements / size;
+  for (std::size_t b = 0; b < batch; b += per_tile) {
+    const std::size_t end = std::min(batch, b + per_tile);
+    tiles.push_back({.segment = segment,
+                     .batch = b,
+                     .row_begin = 0,
+                     .row_end = (end - b) * rows,
+                     .col_begin = 0,
+                     .col_end = cols,
+                     .stride = cols,
+                     .base = b * size});
+  }
+}
+
+// A param of 1×1 matrices (a [out, in, 1, 1] convolution weight): its factors are element-wise
+// (row_var and col_var hold numel values each), so its tiles are a vector's and the kernels lerp
+// and store the factors themselves (AdafactorPointwiseUpdate); the host only gives the clamp of
+// the row means, f32(eps1), as row_mean[0].
+bool Pointwise(const Segment& s) { return s.rows == 1 && s.cols == 1; }
+
+// How many matrices a tile of a segment with `rows` rows per matrix touches (1 unless grouped).
+std::size_t TileMatrices(const Tile& t, std::size_t rows) {
+  return (t.row_end - 1) / rows - t.row_begin / rows + 1;
+}
+
+// The step of a factored algorithm (Adafactor), over tiles: (1) the stats pass (Σp²; a matrix's
+// per-row and per-column Σg²; a vector's ΣU²), each segment's sums added tile by tile in order;
+// (2) on the host, per segment, alpha and a matrix's new factors (from the old ones in its state
+// buffers, into scratch); (3) the norm pass, ΣU² of each matrix from the new factors; (4) the
+// clipping coefficient; (5) the update pass; (6) the new factors into the state buffers. Every sum
+// is in double in an order fixed by the shapes, so the step is bit-identical on any thread count
+// and SIMD target; nothing is written before (5), so a rejected call changes nothing.
+template <algos::Factored A>
+void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const Segment> segments,
+                     Runtime& runtime) {
+  ValidateStep<A>(groups, segments);
+  TilePlan<typename A::Scalars> plan{segments, {}, {}};
+  plan.scalars.reserve(segments.size());
+  std::vector<std::size_t> first_tile(segments.size() + 1, 0);
+  // Per segment, its factors' offset in `factors` (batch·rows, then batch·cols) and its row means'
+  // in `means` (batch).
+  std::vector<std::size_t> first_factor(segments.size() + 1, 0);
+  std::vector<std::size_t> first_mean(segments.size() + 1, 0);
+  std::vector<float> clamps(segments.size());  // a Pointwise segment's row_mean: f32(eps1)
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    plan.scalars.push_back(A::MakeScalars(groups[s.group], s));
+    if (Pointwise(s)) {  // read by every pass
+      clamps[i] = static_cast<float>(groups[s.group].eps1);
+      plan.scalars.back().row_mean = &clamps[i];
+    }
+    AppendFactoredTiles(static_cast<std::uint32_t>(i), s.numel, s.rows, s.cols, plan.tiles);
+    first_tile[i + 1] = plan.tiles.size();
+    const std::size_t batch = s.rows > 0 && !Pointwise(s) ? s.numel / (s.rows * s.cols) : 0;
+    first_factor[i + 1] = first_factor[i] + batch * (s.rows + s.cols);
+    first_mean[i + 1] = first_mean[i] + batch;
+  }
+  // Each tile's stats: Σp², then a matrix tile's row sums and the column sums of each matrix it
+  // touches, or a vector tile's ΣU².
+  std::size_t stats_size = 0;
+  for (Tile& t : plan.tiles) {
+    t.out = stats_size;
+    const std::size_t rows = Pointwise(segments[t.segment]) ? 0 : segments[t.segment].rows;
+    stats_size +=
+        rows > 0 ? 1 + (t.row_end - t.row_begin) + TileMatrices(t, rows) * (t.col_end - t.col_begin)
+                 : 2;
+  }
+  const std::size_t num_tiles = plan.tiles.size();
+  const auto run = [&](TilePass pass, double* sums) {
+    ParallelForChunks(num_tiles, runtime.num_threads(), [&](std::size_t begin, std::size_t end) {
+      A::kRunTiles(plan, pass, begin, end, sums);
+    });
+  };
+  std::vector<double> stats(stats_size);
+  run(TilePass::kStats, stats.data());
+
+  std::vector<float> factors(first_factor.back());
+  std::vector<float> means(first_mean.back());
+  std::vector<double> alpha(segments.size());
+  std::vector<double> update_sq(segments.size(), 0.0);
+  bool any_matrix = false;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    if (s.numel == 0) continue;
+    const auto& h = groups[s.group];
+    auto& sc = plan.scalars[i];
+    double param_sq = 0.0;
+    for (std::size_t k = first_tile[i]; k < first_tile[i + 1]; ++k) {
+      param_sq += stats[plan.tiles[k].out];
+    }
+    alpha[i] = A::Alpha(h, s, param_sq);
+    if (s.rows == 0 || Pointwise(s)) {
+      for (std::size_t k = first_tile[i]; k < first_tile[i + 1]; ++k) {
+        update_sq[i] += stats[plan.tiles[k].out + 1];
+      }
+      continue;
+    }
+    any_matrix = true;
+    const std::size_t batch = s.numel / (s.rows * s.cols);
+    std::vector<double> row_sums(batch * s.rows, 0.0);
+    std::vector<double> col_sums(batch * s.cols, 0.0);
+    for (std::size_t k = first_tile[i]; k < first_tile[i + 1]; ++k) {
+      const Tile& t = plan.tiles[k];
+      const double* out = &stats[t.out + 1];
+      for (std::size_t r = t.row_begin; r < t.row_end; ++r) {
+        row_sums[t.batch * s.rows + r] += *out++;
+      }
+      const std::size_t first = t.batch + t.row_begin / s.rows;
+      for (std::size_t m = first; m < first + TileMatrices(t, s.rows); ++m) {
+        for (std::size_t c = t.col_begin; c < t.col_end; ++c) col_sums[m * s.cols + c] += *out++;
+      }
+    }
+    const std::span<float> row_var(&factors[first_factor[i]], batch * s.rows);
+    const std::span<float> col_var(&factors[first_factor[i] + batch * s.rows], batch * s.cols);
+    const std::span<float> row_mean(&means[first_mean[i]], batch);
+    LoadFactor(s.state[kAdafactorRowVar], s.state_dtype, row_var);
+    LoadFactor(s.state[kAdafactorColVar], s.state_dtype, col_var);
+    A::Factors(h, sc, row_sums, col_sums, row_var, col_var, row_mean);
+    sc.row_var = row_var.data();
+    sc.col_var = col_var.data();
+    sc.row_mean = row_mean.data();
+  }
+  if (any_matrix) {
+    std::vector<double> norms(num_tiles, 0.0);
+    run(TilePass::kNorm, norms.data());
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      if (segments[i].rows == 0 || Pointwise(segments[i])) continue;
+      for (std::size_t k = first_tile[i]; k < first_tile[i + 1]; ++k) update_sq[i] += norms[k];
+    }
+  }
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    if (s.numel == 0) continue;
+    plan.scalars[i].neg_alpha = A::NegAlpha(groups[s.group], s, alpha[i], update_sq[i]);
+  }
+  run(TilePass::kUpdate, nullptr);
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    if (s.rows == 0 || s.numel == 0 || Pointwise(s)) continue;
+    const std::size_t batch = s.numel / (s.rows * s.cols);
+    StoreFactor(std::span<const float>(&factors[first_factor[i]], batch * s.rows),
+                s.state[kAdafactorRowVar], s.state_dtype);
+    StoreFactor(std::span<const float>(&factors[first_factor[i] + batch * s.rows], batch * s.cols),
+                s.state[kAdafactorColVar], s.state_dtype);
+  }
+}
+
 template <class A>
-void RunStep(std::span<const typename A::Hyper> groups, std::span<const Segment> segments,
-             Runtime& runtime) {
+void RunStepChunks(std::span<const typename A::Hyper> groups, std::span<const Segment> segments,
+                   Runtime& runtime) {
   ValidateStep<A>(groups, segments);
   StepPlan<typename A::Scalars> plan{ChunkPlan(segments), {}};
   plan.scalars.reserve(segments.size());
@@ -166,6 +377,17 @@ void RunStep(std::span<const typename A::Hyper> groups, std::span<const Segment>
     for (std::size_t i = 0; i < segments.size(); ++i) {
       for (std::size_t k = 0; k < kScalars; ++k) *segments[i].scalars[k] = next[i * kScalars + k];
     }
+  }
+}
+
+template <class A>
+void RunStep(std::span<const typename A::Hyper> groups, std::span<const Segment> segments,
+             Runtime& runtime) {
+  if constexpr (algos::Factored<A>) {
+    RunFactoredStep<A>(groups, segments, runtime);
+    return;
+  } else {
+    RunStepChunks<A>(groups, segments, runtime);
   }
 }
 
@@ -254,6 +476,10 @@ void AdampStep(std::span<const AdampHyper> groups, std::span<const Segment> segm
 }
 void BertAdamStep(std::span<const BertAdamHyper> groups, std::span<const Segment> segments,
                   Runtime& runtime) {
+  FusedStep(groups, segments, runtime);
+}
+void AdafactorStep(std::span<const AdafactorHyper> groups, std::span<const Segment> segments,
+                   Runtime& runtime) {
   FusedStep(groups, segments, runtime);
 }
 

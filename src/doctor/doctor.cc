@@ -35,12 +35,21 @@ namespace {
 }
 
 Algorithm CheckedAlgorithm(const DoctorOptions& o) {
+  Algorithm a{};
   try {
-    return ParseAlgorithm(o.optimizer);
+    a = ParseAlgorithm(o.optimizer);
   } catch (const std::invalid_argument&) {
     Bad("optimizer", "--optimizer",
         "unknown optimizer '" + o.optimizer + "'; known: " + AlgorithmNames());
   }
+  // The doctor counts the reference's ops from StandardStep: an algorithm without one (adafactor)
+  // has nothing to count.
+  if (!WithDescriptor(a,
+                      [](auto d) { return algos::HasStandardStep<typename decltype(d)::type>; })) {
+    Bad("optimizer", "--optimizer",
+        "'" + o.optimizer + "' is not supported by the doctor yet (no StandardStep to count)");
+  }
+  return a;
 }
 
 DType CheckedDType(const DoctorOptions& o) {
@@ -222,7 +231,12 @@ std::vector<TensorOp> StandardOpsPerTensor(const Model& m, const DoctorOptions& 
   OpCounter counter;
   WithDescriptor(m.algorithm, [&](auto d) {
     using A = typename decltype(d)::type;
-    A::StandardStep(hyper.Of<typename A::Hyper>(), hyper.standard, counter);
+    if constexpr (algos::HasStandardStep<A>) {
+      A::StandardStep(hyper.Of<typename A::Hyper>(), hyper.standard, counter);
+    } else {
+      throw std::invalid_argument(std::string(A::kName) +
+                                  ": no standard step (the reference's for-loop) to count yet");
+    }
   });
   return counter.ops();
 }

@@ -240,4 +240,20 @@ struct AdampScalars {
   bool decay;  // weight_decay > 0
 };
 
+// Adafactor's coefficients of one tensor. The factors and neg_alpha are set between the passes (by
+// Adafactor::FinishStats and FinishNorm), from the sums of the passes before.
+struct AdafactorScalars {
+  float grad_mul;          // −grad_scale with maximize, else grad_scale
+  LerpCoef variance_lerp;  // variance.lerp_(grad * grad, t^beta2_decay) (vectors)
+  float eps1_sq;           // clamp_(min=eps1 * eps1): the double product, rounded once
+  float decay_mul;         // param.mul_(1 − lr·wd): rounded once; 1 when wd = 0
+  float neg_alpha;         // −alpha / denom, set after the ‖U‖ pass
+  std::size_t rows;        // Segment::rows (size(-2)); 0: a vector (variance)
+  std::size_t cols;        // Segment::cols (size(-1))
+  const float* row_var;    // batch·rows: the row factors after this step's lerp
+  const float* col_var;    // batch·cols: the column factors after this step's lerp
+  const float* row_mean;   // batch: row_var.mean(dim=-2).clamp_(min=eps1)
+  bool decay;              // weight_decay != 0
+};
+
 }  // namespace fusedopt

@@ -175,6 +175,9 @@ void BindAlgorithm(py::module_& m, py::dict& algorithms) {
   }
   entry["scalar_names"] = py::tuple(scalar_names);
   entry["row_reductions"] = algos::RowReductions<A>;
+  // Its states are shaped by the param's last two dimensions (Adafactor: row_var, col_var), and its
+  // step reads them as rows (size(-2)) and cols (size(-1)).
+  entry["factored"] = algos::Factored<A>;
   algorithms[A::kName] = entry;
 }
 

@@ -47,6 +47,7 @@ Segment ToSegment(const SegmentRow& row) {
   s.rounding_seed = row.rounding_seed;
   s.global_offset = row.global_offset;
   s.rows = row.rows;
+  s.cols = row.cols;
   return s;
 }
 
@@ -101,7 +102,8 @@ void BindSegmentTable(py::module_& m) {
                        std::uint32_t group, std::uintptr_t step_counter, std::int64_t step,
                        bool stochastic_rounding, std::uint64_t rounding_seed,
                        std::uint64_t global_offset,
-                       const std::array<std::uintptr_t, kMaxScalars>& scalars, std::size_t rows) {
+                       const std::array<std::uintptr_t, kMaxScalars>& scalars, std::size_t rows,
+                       std::size_t cols) {
              return SegmentRow{param,
                                states,
                                master,
@@ -115,13 +117,15 @@ void BindSegmentTable(py::module_& m) {
                                stochastic_rounding,
                                rounding_seed,
                                global_offset,
-                               rows};
+                               rows,
+                               cols};
            }),
            py::kw_only(), py::arg("param"), py::arg("states"), py::arg("master"), py::arg("numel"),
            py::arg("param_dtype"), py::arg("state_dtype"), py::arg("group"),
            py::arg("step_counter"), py::arg("step"), py::arg("stochastic_rounding"),
            py::arg("rounding_seed"), py::arg("global_offset"),
-           py::arg("scalars") = std::array<std::uintptr_t, kMaxScalars>{}, py::arg("rows") = 0)
+           py::arg("scalars") = std::array<std::uintptr_t, kMaxScalars>{}, py::arg("rows") = 0,
+           py::arg("cols") = 0)
       .def_readonly("param", &SegmentRow::param)
       .def_readonly("numel", &SegmentRow::numel)
       .def_readonly("param_dtype", &SegmentRow::param_dtype);

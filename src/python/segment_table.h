@@ -44,6 +44,9 @@ struct SegmentRow {
   std::uint64_t rounding_seed = 0;
   std::uint64_t global_offset = 0;
   std::size_t rows = 0;  // Segment::rows: the param's size(0) for AdamP's per-row sums, else 0
+  // Segment::cols: Adafactor's size(-1) of a param of more than one dimension (rows then its
+  // size(-2)), else 0
+  std::size_t cols = 0;
 };
 
 class SegmentTable {

@@ -149,6 +149,10 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   at::NoGradGuard no_grad;
   result = StepResult{};
   pre_pass.reset();
+  // Adafactor's row_var and col_var are not shaped like the param: this adapter creates and checks
+  // param-shaped states only, so it refuses the factored algorithms (the Python class takes them).
+  TORCH_CHECK(!algos::Factored<Descriptor>, Traits::kName,
+              ": not supported by the libtorch adapter yet (factored states)");
   TORCH_CHECK(training.max_grad_norm >= 0.0, Traits::kName, ": invalid max_grad_norm ",
               training.max_grad_norm, " (must be >= 0; inf: no clipping)");
   LossScaler* const scaler = training.scaler;

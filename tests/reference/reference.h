@@ -1,7 +1,7 @@
 // Test-only oracle: torch.optim's single-tensor update rules (shared/docs/torch-semantics.md §3,
 // torch 2.x; Adamax and Adadelta: shared/docs/algorithms-more.md §2), lion-pytorch's Lion and apex
-// FusedLAMB's LAMB, apex LARC's LARS around SGD and clovaai's AdamP (shared/docs/algorithms-more.md
-// §4, §3.1, §3.2, §1.1) as plain per-element loops in double.
+// FusedLAMB's LAMB, apex LARC's LARS around SGD, clovaai's AdamP and torch.optim.Adafactor
+// (shared/docs/algorithms-more.md §4, §3.1, §3.2, §1.1, §2.5) as plain per-element loops in double.
 // It shares no code with src/math: it is written from the torch docs and code, so a kernel and the
 // oracle agreeing means something. Hyper-parameters are used exactly as given (no rounding of
 // scalars to f32), so the same functions reproduce torch's float64 path.
@@ -500,6 +500,70 @@ inline void BertAdamStep(const BertAdamHyper& h, std::int64_t step, double clip,
     double u = m / (std::sqrt(v) + h.e);                   // u = m / (√v + e)
     if (h.weight_decay > 0.0) u += h.weight_decay * p[i];  // u = u + λθ
     p[i] -= lr * u;                                        // θ = θ − lr_s u
+  }
+}
+
+// torch.optim.Adafactor (torch 2.13, shared/docs/algorithms-more.md §2.5). `rows`, `cols`: the
+// param's last two dimensions when it has more than one (a batch of p.size() / (rows·cols)
+// row-major matrices; row_var holds batch·rows values, col_var batch·cols), both 0 for a vector
+// (variance holds p.size() values). eps1 is used as given (the caller resolves torch's None).
+inline void AdafactorStep(const AdafactorHyper& h, std::int64_t step, std::size_t rows,
+                          std::size_t cols, std::span<double> p, std::span<const double> grad,
+                          std::span<double> row_var, std::span<double> col_var,
+                          std::span<double> variance) {
+  const auto t = static_cast<double>(step);
+  const std::size_t n = p.size();
+  const double w = std::pow(t, h.beta2_decay);            // 1 − β2_t = t^beta2_decay
+  const double rho = std::min(h.lr, 1.0 / std::sqrt(t));  // ρ = min(lr, 1/√t)
+  double param_sq = 0.0;
+  for (const double x : p) param_sq += x * x;
+  const double rms = std::sqrt(param_sq) / std::sqrt(static_cast<double>(n));  // RMS(p)
+  const double alpha = std::max(h.eps2, rms) * rho;  // α = max(ε2, RMS(p))·ρ
+  std::vector<double> g(n), u(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = h.maximize ? -grad[i] : grad[i];
+  if (rows > 0) {
+    const std::size_t batch = n / (rows * cols);
+    for (std::size_t b = 0; b < batch; ++b) {
+      const std::size_t base = b * rows * cols;
+      for (std::size_t r = 0; r < rows; ++r) {  // R = lerp(R, mean_c g², w)
+        double sum = 0.0;
+        for (std::size_t c = 0; c < cols; ++c)
+          sum += g[base + r * cols + c] * g[base + r * cols + c];
+        double& x = row_var[b * rows + r];
+        x += w * (sum / static_cast<double>(cols) - x);
+      }
+      for (std::size_t c = 0; c < cols; ++c) {  // C = lerp(C, mean_r g², w)
+        double sum = 0.0;
+        for (std::size_t r = 0; r < rows; ++r)
+          sum += g[base + r * cols + c] * g[base + r * cols + c];
+        double& x = col_var[b * cols + c];
+        x += w * (sum / static_cast<double>(rows) - x);
+      }
+      double mean = 0.0;  // max(mean_r R, ε1)
+      for (std::size_t r = 0; r < rows; ++r) mean += row_var[b * rows + r];
+      mean = std::max(mean / static_cast<double>(rows), h.eps1);
+      for (std::size_t r = 0; r < rows; ++r) {
+        for (std::size_t c = 0; c < cols; ++c) {
+          const std::size_t i = base + r * cols + c;
+          const double v = row_var[b * rows + r] * col_var[b * cols + c] / mean;  // V = R C / mean
+          u[i] = g[i] / std::sqrt(std::max(v, h.eps1 * h.eps1));  // U = g / √max(V, ε1²)
+        }
+      }
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      variance[i] += w * (g[i] * g[i] - variance[i]);  // V = lerp(V, g², w)
+      u[i] = g[i] / std::sqrt(std::max(variance[i], h.eps1 * h.eps1));
+    }
+  }
+  double update_sq = 0.0;
+  for (const double x : u) update_sq += x * x;
+  // den = max(1, RMS(U) / d)
+  const double denom =
+      std::max(1.0, std::sqrt(update_sq) / (std::sqrt(static_cast<double>(n)) * h.d));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (h.weight_decay != 0.0) p[i] *= 1.0 - h.lr * h.weight_decay;  // θ = θ(1 − γλ)
+    p[i] -= alpha / denom * u[i];                                    // θ = θ − α/den·U
   }
 }
 

@@ -170,7 +170,11 @@ class StandardOptimizer : public torch::optim::Optimizer {
         stepped.emplace_back(p, &s);
       }
       Params visitor{stepped};
-      Descriptor::StandardStep(hyper, algos::StandardOptions{}, visitor);
+      if constexpr (algos::HasStandardStep<Descriptor>) {
+        Descriptor::StandardStep(hyper, algos::StandardOptions{}, visitor);
+      } else {
+        TORCH_CHECK(false, Descriptor::kName, ": no for-loop step (StandardStep) yet");
+      }
     }
     return loss;
   }

@@ -1,0 +1,140 @@
+// Adafactor as torch 2.13's torch.optim.Adafactor computes it (_single_tensor_adafactor,
+// shared/docs/algorithms-more.md §2.5): the descriptor the engine, the bindings and the tools read.
+// A factored algorithm: its state buffers are not shaped like the param. A param with more than one
+// dimension (Segment::rows = size(-2), Segment::cols = size(-1), a batch of numel / (rows·cols)
+// matrices) keeps row_var (batch·rows) and col_var (batch·cols); a vector keeps variance (numel).
+// The step (src/core/step.cc, RunFactoredStep) runs over tiles (src/core/tiles.h): the stats pass
+// gives Σp² and each matrix's row and column sums of g² (a vector: Σp² and ΣU²), FinishStats
+// lerps the small factors on the host and computes alpha, the norm pass gives ΣU² of a matrix from
+// the new factors, FinishNorm the clipping, and the update pass writes the param (and a vector's
+// variance); the new factors are stored last. The math is src/math/adafactor_math.h.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "fusedopt/hyper.h"
+#include "fusedopt/step.h"
+#include "src/algos/descriptor.h"
+#include "src/core/kernels.h"
+#include "src/math/scalars.h"
+
+namespace fusedopt::algos {
+
+struct Adafactor {
+  using Hyper = AdafactorHyper;
+  using Scalars = AdafactorScalars;
+  static constexpr const char* kName = "adafactor";
+  static constexpr const char* kStepName = "AdafactorStep";
+  static constexpr StateNames kStates = {"row_var", "col_var", "variance"};
+  static constexpr auto kFields =
+      Fields(Field{"lr", &Hyper::lr}, Field{"beta2_decay", &Hyper::beta2_decay},
+             Field{"eps1", &Hyper::eps1}, Field{"eps2", &Hyper::eps2}, Field{"d", &Hyper::d},
+             Field{"weight_decay", &Hyper::weight_decay}, Field{"maximize", &Hyper::maximize});
+
+  // Every slot may be needed: row_var and col_var by a param with more than one dimension,
+  // variance by the others (SegmentStates says which one a segment needs).
+  static unsigned RequiredStates(const Hyper& /*h*/) { return 0b111u; }
+  static unsigned SegmentStates(const Segment& s) { return s.rows > 0 ? 0b011u : 0b100u; }
+  static float InitialState(const Hyper& /*h*/, int /*slot*/) { return 0.0f; }
+
+  // torch's checks (its messages: "Learning rate should be >= 0 but is: ...", ...).
+  static void Validate(const HyperCheck& c, const Hyper& h) {
+    c.AtLeast("lr", h.lr, 0.0);
+    if (!(h.beta2_decay <= 0.0)) {
+      c.Reject("invalid beta2_decay: ", h.beta2_decay, " (must be <= 0)");
+    }
+    c.AtLeast("eps1", h.eps1, 0.0);
+    c.AtLeast("eps2", h.eps2, 0.0);
+    c.AtLeast("d", h.d, 1.0);
+    c.AtLeast("weight_decay", h.weight_decay, 0.0);
+  }
+
+  // A factored algorithm (RunFactoredStep in src/core/step.cc instead of the chunk passes).
+  static constexpr bool kFactored = true;
+  static constexpr auto kRunTiles = RunAdafactorTiles;
+
+  static Scalars MakeScalars(const Hyper& h, const Segment& s) {
+    const auto t = static_cast<double>(s.step);  // step_float = step_t.item()
+    return {
+        .grad_mul = GradMul(h.maximize, s.grad_scale),
+        .variance_lerp = MakeLerp(std::pow(t, h.beta2_decay)),  // one_minus_beta2_t
+        .eps1_sq = static_cast<float>(h.eps1 * h.eps1),
+        .decay_mul = h.weight_decay != 0.0 ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f,
+        .neg_alpha = 0.0f,
+        .rows = s.rows,
+        .cols = s.cols,
+        .row_var = nullptr,
+        .col_var = nullptr,
+        .row_mean = nullptr,
+        .decay = h.weight_decay != 0.0,
+    };
+  }
+
+  // f32 lerp_(end, w) of one element, as the kernels' Lerp (src/math/lerp_math.h).
+  static float Lerp(float self, float end, const LerpCoef& c) {
+    const float diff = end - self;
+    return c.from_end ? std::fma(c.weight_minus_one, diff, end) : std::fma(c.weight, diff, self);
+  }
+
+  // alpha = max(eps2, param.norm(2).item() / (param.numel() ** 0.5)) * rho_t, from Σp² (the
+  // norm is an f32 tensor, read as a double).
+  static double Alpha(const Hyper& h, const Segment& s, double param_sq) {
+    const auto t = static_cast<double>(s.step);
+    const double inv_sqrt_t = 1.0 / std::pow(t, 0.5);
+    const double rho = inv_sqrt_t < h.lr ? inv_sqrt_t : h.lr;  // min(lr, 1 / (step_float**0.5))
+    const double rms =
+        static_cast<float>(std::sqrt(param_sq)) / std::pow(static_cast<double>(s.numel), 0.5);
+    return (rms > h.eps2 ? rms : h.eps2) * rho;  // Python's max(eps2, rms): eps2 unless rms > eps2
+  }
+
+  // A factored param's new factors, from its row sums (batch·rows) and column sums (batch·cols) of
+  // g²; row_var and col_var hold the old factors and receive the new ones, row_mean (batch) the
+  // clamped row means:
+  //   row_mean = torch.norm(grad, dim=-1, keepdim=True).square_().div_(grad.size(-1))
+  //   row_var.lerp_(row_mean, one_minus_beta2_t)
+  //   col_mean = torch.norm(grad, dim=-2, keepdim=True).square_().div_(grad.size(-2))
+  //   col_var.lerp_(col_mean, one_minus_beta2_t)
+  //   row_var.mean(dim=-2, keepdim=True).clamp_(min=eps1)
+  static void Factors(const Hyper& h, const Scalars& sc, std::span<const double> row_sums,
+                      std::span<const double> col_sums, std::span<float> row_var,
+                      std::span<float> col_var, std::span<float> row_mean) {
+    const auto mean_square = [](double sum, std::size_t n) {
+      const auto norm = static_cast<float>(std::sqrt(sum));  // the f32 norm
+      return norm * norm / static_cast<float>(n);            // .square_().div_(n)
+    };
+    for (std::size_t i = 0; i < row_var.size(); ++i) {
+      row_var[i] = Lerp(row_var[i], mean_square(row_sums[i], sc.cols), sc.variance_lerp);
+    }
+    for (std::size_t i = 0; i < col_var.size(); ++i) {
+      col_var[i] = Lerp(col_var[i], mean_square(col_sums[i], sc.rows), sc.variance_lerp);
+    }
+    const auto eps1 = static_cast<float>(h.eps1);
+    for (std::size_t b = 0; b < row_mean.size(); ++b) {
+      double sum = 0.0;
+      for (std::size_t r = 0; r < sc.rows; ++r) sum += row_var[b * sc.rows + r];
+      const auto mean = static_cast<float>(sum / static_cast<double>(sc.rows));
+      row_mean[b] = std::isnan(mean) || mean > eps1 ? mean : eps1;  // clamp_ keeps a NaN
+    }
+  }
+
+  //   denom = max(1.0, update.norm(2).item() / ((update.numel() ** 0.5) * d))
+  //   param.add_(update, alpha=-alpha / denom)
+  static float NegAlpha(const Hyper& h, const Segment& s, double alpha, double update_sq) {
+    const double ratio = static_cast<float>(std::sqrt(update_sq)) /
+                         (std::pow(static_cast<double>(s.numel), 0.5) * h.d);
+    const double denom = ratio > 1.0 ? ratio : 1.0;  // Python's max(1.0, ratio)
+    return static_cast<float>(-alpha / denom);
+  }
+
+  // No StandardStep yet: the reference's for-loop keeps row_var and col_var, tensors of another
+  // shape than the param, which the op vocabulary of descriptor.h does not describe (its handles
+  // are param-shaped). The `standard` baseline, the doctor's op counts and `fusedopt train`'s ATen
+  // for-loop refuse adafactor by name.
+  static constexpr bool kNoStandardStep = true;
+};
+
+}  // namespace fusedopt::algos
