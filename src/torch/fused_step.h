@@ -1,4 +1,4 @@
-// The step shared by the seven fusedopt::pt optimizers: gather every param with a defined grad,
+// The step shared by the fusedopt::pt optimizers: gather every param with a defined grad,
 // over all param groups, into fusedopt::Segments and run the core's TrainingStep once.
 //
 // An optimizer plugs in through a Traits struct (optim.cc):
@@ -19,7 +19,9 @@
 //                                the engine cannot (RouteReason), unless training.strict, and
 //                                whether that step takes sparse grads
 // The state keys of the slots and the values new state tensors start from are the descriptor's
-// (src/algos/<algo>.h), as is the step that TrainingStep runs.
+// (src/algos/<algo>.h), as is the step that TrainingStep runs. A factored algorithm (Adafactor)
+// takes Segment::rows and cols from a param's last two dimensions and creates and checks only the
+// slots its SegmentStates names for that shape, its factors shaped as torch's (FactorShape).
 //
 // Nothing is changed unless the whole step succeeds: new states, new state tensors and state
 // tensors converted to the param's dtype are kept aside and committed, with the step counts, only
@@ -57,6 +59,7 @@
 
 #include "fusedopt/error.h"
 #include "fusedopt/grad.h"
+#include "fusedopt/hyper.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/pt/optim.h"
 #include "fusedopt/step.h"
@@ -130,6 +133,22 @@ inline bool MixedPrePass(std::span<const at::Tensor> fused_grads,
   return true;
 }
 
+// The shape of state slot `slot` of p where it is not p's own: a factored algorithm's factors, as
+// torch.optim.Adafactor's _init_group makes them, row_var p.shape[:-1] + (1,) and col_var
+// p.shape[:-2] + (1, p.shape[-1]) (kept in the param's dtype, as every state here). nullopt for
+// p's shape.
+template <class Descriptor>
+std::optional<std::vector<std::int64_t>> FactorShape(const at::Tensor& p, int slot) {
+  if constexpr (algos::Factored<Descriptor>) {
+    if (p.dim() > 1 && (slot == kAdafactorRowVar || slot == kAdafactorColVar)) {
+      std::vector<std::int64_t> shape(p.sizes().begin(), p.sizes().end());
+      shape[shape.size() - (slot == kAdafactorRowVar ? 1 : 2)] = 1;
+      return shape;
+    }
+  }
+  return std::nullopt;
+}
+
 template <class Traits>
 at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
                      const torch::optim::Optimizer::LossClosure& closure,
@@ -149,10 +168,6 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   at::NoGradGuard no_grad;
   result = StepResult{};
   pre_pass.reset();
-  // Adafactor's row_var and col_var are not shaped like the param: this adapter creates and checks
-  // param-shaped states only, so it refuses the factored algorithms (the Python class takes them).
-  TORCH_CHECK(!algos::Factored<Descriptor>, Traits::kName,
-              ": not supported by the libtorch adapter yet (factored states)");
   TORCH_CHECK(training.max_grad_norm >= 0.0, Traits::kName, ": invalid max_grad_norm ",
               training.max_grad_norm, " (must be >= 0; inf: no clipping)");
   LossScaler* const scaler = training.scaler;
@@ -201,15 +216,27 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
         }
       }
       CheckParam(Traits::kName, name, p);
+      if constexpr (algos::Factored<Descriptor>) {
+        // torch.optim.Adafactor's alpha divides by numel ** 0.5 (a ZeroDivisionError in torch).
+        TORCH_CHECK(p.numel() > 0, Traits::kName, ": ", ToString(name), " has no elements (shape ",
+                    p.sizes(), "); torch.optim.Adafactor's step divides by a param's numel");
+      }
       grads.push_back(CheckedGrad(Traits::kName, name, p));
 
       Segment seg;
       seg.param = p.data_ptr();
       seg.grad = grads.back().const_data_ptr();
       seg.numel = static_cast<std::size_t>(p.numel());
-      // AdamP's channel rows: size(0) of a param of more than one dimension (contiguous, as
-      // checked); the algorithms without per-row sums ignore it.
-      seg.rows = p.dim() > 1 ? static_cast<std::size_t>(p.size(0)) : 0;
+      if constexpr (algos::Factored<Descriptor>) {
+        // Adafactor's matrices: the last two dimensions of a param of more than one (the leading
+        // ones a batch, row-major as the contiguity check ensures); a vector has neither.
+        seg.rows = p.dim() > 1 ? static_cast<std::size_t>(p.size(-2)) : 0;
+        seg.cols = p.dim() > 1 ? static_cast<std::size_t>(p.size(-1)) : 0;
+      } else {
+        // AdamP's channel rows: size(0) of a param of more than one dimension (contiguous, as
+        // checked); the algorithms without per-row sums ignore it.
+        seg.rows = p.dim() > 1 ? static_cast<std::size_t>(p.size(0)) : 0;
+      }
       seg.param_dtype = ToDType(p);
       seg.grad_dtype = ToDType(grads.back());
       seg.state_dtype = seg.param_dtype;  // torch keeps state in the param's dtype
@@ -228,15 +255,26 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
           state = new_states.back().second.get();
         }
         seg.step = Traits::NextStep(*state);
+        // A factored algorithm needs, of the slots its hyper-parameters may use, those of this
+        // param's shape (Adafactor: row_var and col_var, or variance); the others stay as they are.
+        unsigned needed = required;
+        if constexpr (algos::Factored<Descriptor>) needed &= Descriptor::SegmentStates(seg);
         const auto slots = Traits::Slots(*state);
         for (int slot = 0; slot < kMaxStates; ++slot) {
-          if ((required >> slot & 1u) == 0) continue;
+          if ((needed >> slot & 1u) == 0) continue;
           at::Tensor& held = *slots[slot];
+          const std::optional<std::vector<std::int64_t>> shape = FactorShape<Descriptor>(p, slot);
           if (held.defined()) {
             at::Tensor ready =
-                CheckedState(Traits::kName, name, Descriptor::kStates[slot], p, held);
+                shape ? CheckedShapedState(Traits::kName, name, Descriptor::kStates[slot], p, held,
+                                           *shape)
+                      : CheckedState(Traits::kName, name, Descriptor::kStates[slot], p, held);
             seg.state[slot] = ready.data_ptr();
             if (!ready.is_same(held)) new_tensors.emplace_back(&held, std::move(ready));
+          } else if (shape) {
+            at::Tensor fresh = at::full(*shape, Descriptor::InitialState(hyper, slot), p.options());
+            seg.state[slot] = fresh.data_ptr();
+            new_tensors.emplace_back(&held, std::move(fresh));
           } else {
             at::Tensor fresh = at::full_like(p, Descriptor::InitialState(hyper, slot),
                                              at::TensorOptions{}, at::MemoryFormat::Contiguous);

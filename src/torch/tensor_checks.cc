@@ -98,6 +98,22 @@ at::Tensor CheckedState(std::string_view optimizer, const ParamName& name, std::
   return state.to(p.scalar_type()).contiguous();
 }
 
+at::Tensor CheckedShapedState(std::string_view optimizer, const ParamName& name,
+                              std::string_view key, const at::Tensor& p, const at::Tensor& state,
+                              at::IntArrayRef shape) {
+  TORCH_CHECK(state.device().is_cpu(), optimizer, ": state '", key, "' of ", ToString(name),
+              " is on ", state.device(), "; fusedopt::pt steps CPU tensors only");
+  TORCH_CHECK(state.layout() == at::kStrided && state.is_floating_point(), optimizer, ": state '",
+              key, "' of ", ToString(name), " must be a dense floating-point tensor (got ",
+              state.scalar_type(), ", layout ", state.layout(), ")");
+  // The exact shape, not just the element count: a factor of a transposed or reshaped matrix can
+  // have as many elements and would broadcast differently in torch's step.
+  TORCH_CHECK(state.sizes() == shape, optimizer, ": state '", key, "' of ", ToString(name),
+              " has shape ", state.sizes(), " but the param's shape ", p.sizes(), " needs ", shape,
+              " (was the optimizer state loaded from another model?)");
+  return state.to(p.scalar_type()).contiguous();
+}
+
 at::Tensor CheckedScalar(std::string_view optimizer, const ParamName& name, std::string_view key,
                          const at::Tensor& scalar) {
   TORCH_CHECK(scalar.device().is_cpu() && scalar.layout() == at::kStrided &&

@@ -45,6 +45,12 @@ at::Tensor CheckedGrad(std::string_view optimizer, const ParamName& name, const 
 at::Tensor CheckedState(std::string_view optimizer, const ParamName& name, std::string_view key,
                         const at::Tensor& p, const at::Tensor& state);
 
+// A state tensor of another shape than p's (Adafactor's row_var and col_var): `shape` exactly, on
+// the CPU, dense and floating-point; returned contiguous and in p's dtype (converted as above).
+at::Tensor CheckedShapedState(std::string_view optimizer, const ParamName& name,
+                              std::string_view key, const at::Tensor& p, const at::Tensor& state,
+                              at::IntArrayRef shape);
+
 // A scalar state (torch state key `key`, e.g. NAdam's mu_product) of p as the step needs it: one
 // element on the CPU, as a 0-d float32 tensor (converted from another float dtype or shape, as
 // torch's load_state_dict casts it).

@@ -1,9 +1,11 @@
-// fusedopt::pt's generic classes (FusedOptimizer<Hyper>: Adamax, Adadelta, RAdam, NAdam, ASGD,
-// Rprop, LARS, RMSpropTF, AdamP, BertAdam), which libtorch has no twin of (the suite names are the
-// ones ctest runs):
+// fusedopt::pt's generic classes (FusedOptimizer<Hyper>: Adamax, Adadelta, Adafactor, RAdam, NAdam,
+// ASGD, Rprop, LARS, RMSpropTF, AdamP, BertAdam), which libtorch has no twin of (the suite names
+// are the ones ctest runs; Adafactor's factored states also in adafactor_test.cc):
 //   TorchGenericGolden  tests/golden/<algo>.json (torch.optim 2.13's single-tensor step; for LARS
 //                       tools/lars_reference.py, for RMSpropTF tools/rmsproptf_reference.py, for
-//                       AdamP clovaai's adamp.AdamP, its matrices projected per row or layer; for
+//                       AdamP clovaai's adamp.AdamP, its matrices projected per row or layer;
+//                       for Adafactor torch.optim.Adafactor, matrices, a batch of matrices and
+//                       vectors; for
 //                       BertAdam tools/bert_adam_reference.py, clipped per (group, dtype);
 //                       written by tools/make_golden.py) replayed through each class
 //                       (golden_replay.h)
@@ -60,6 +62,11 @@ TEST(TorchGenericGolden, Rprop) {
 TEST(TorchGenericGolden, LARS) { ReplayGoldens<LARS, LARSOptions, LARS::ParamState>("lars.json"); }
 TEST(TorchGenericGolden, AdamP) {
   ReplayGoldens<AdamP, AdamPOptions, AdamP::ParamState>("adamp.json");
+}
+// torch.optim.Adafactor's goldens: matrices ([6, 11]), a batch of matrices ([3, 4, 5]) and vectors,
+// row_var, col_var and variance.
+TEST(TorchGenericGolden, Adafactor) {
+  ReplayGoldens<Adafactor, AdafactorOptions, Adafactor::ParamState>("adafactor.json");
 }
 // tools/bert_adam_reference.py's goldens (torch_npu NpuFusedBertAdam's formulas): the schedules and
 // the clipping per (group, dtype), which the class's one step over all groups does.
@@ -127,6 +134,17 @@ BertAdamHyper TestHyper(BertAdamHyper h) {
   h.max_grad_norm = 0.5;
   return h;
 }
+// Every option away from its default; eps1 that of bfloat16 (torch's None for the bf16 params of
+// StateKeys).
+AdafactorHyper TestHyper(AdafactorHyper h) {
+  h.lr = 5e-2;
+  h.beta2_decay = -0.6;
+  h.eps1 = 7.8125e-3;
+  h.eps2 = 2e-3;
+  h.d = 1.5;
+  h.weight_decay = 0.1;
+  return h;
+}
 AsgdHyper TestHyper(AsgdHyper h) {
   h.lr = 5e-2;
   h.weight_decay = 0.1;
@@ -147,7 +165,9 @@ std::vector<std::string> TensorKeys(BertAdamHyper /*tag*/) { return {"exp_avg", 
 std::vector<std::string> TensorKeys(RmsproptfHyper /*tag*/) {
   return {"square_avg", "momentum_buffer", "grad_avg"};
 }
+std::vector<std::string> TensorKeys(AdafactorHyper /*tag*/) { return {"row_var", "col_var"}; }
 std::vector<std::string> ScalarKeys(AdamaxHyper /*tag*/) { return {}; }
+std::vector<std::string> ScalarKeys(AdafactorHyper /*tag*/) { return {}; }
 std::vector<std::string> ScalarKeys(AdadeltaHyper /*tag*/) { return {}; }
 std::vector<std::string> ScalarKeys(RadamHyper /*tag*/) { return {}; }
 std::vector<std::string> ScalarKeys(NadamHyper /*tag*/) { return {"mu_product"}; }
@@ -160,12 +180,37 @@ std::vector<std::string> ScalarKeys(BertAdamHyper /*tag*/) { return {}; }
 
 template <class Optimizer>
 class TorchGeneric : public ::testing::Test {};
-using Optimizers =
-    ::testing::Types<Adamax, Adadelta, RAdam, NAdam, ASGD, Rprop, LARS, RMSpropTF, AdamP, BertAdam>;
+using Optimizers = ::testing::Types<Adamax, Adadelta, Adafactor, RAdam, NAdam, ASGD, Rprop, LARS,
+                                    RMSpropTF, AdamP, BertAdam>;
 TYPED_TEST_SUITE(TorchGeneric, Optimizers);
 
 template <class Optimizer>
 using HyperOf = std::remove_cvref_t<decltype(std::declval<typename Optimizer::Options>().hyper())>;
+
+// The test model (test_util.h). Adafactor refuses a param of no elements, as torch's step does (it
+// divides by numel), so for it a batch of matrices [2, 3, 4] takes the empty param's place
+// (params[1][1]): the typed tests then also cover a factored batch.
+template <class Optimizer>
+Params ParamsFor(std::uint64_t seed, torch::Dtype dtype = torch::kFloat) {
+  Params params = MakeParams(seed, dtype);
+  if constexpr (std::is_same_v<Optimizer, Adafactor>) {
+    torch::manual_seed(seed + 1000);
+    params[1][1] = torch::randn({2, 3, 4}).to(dtype).requires_grad_(true);
+  }
+  return params;
+}
+
+// The shape of state `key` of p: p's own, but Adafactor's factors (torch's row_var [..., R, 1] and
+// col_var [..., 1, C]).
+template <class Optimizer>
+std::vector<std::int64_t> StateShape(const torch::Tensor& p, const std::string& key) {
+  std::vector<std::int64_t> shape(p.sizes().begin(), p.sizes().end());
+  if constexpr (std::is_same_v<Optimizer, Adafactor>) {
+    if (key == "row_var") shape.back() = 1;
+    if (key == "col_var") shape[shape.size() - 2] = 1;
+  }
+  return shape;
+}
 
 template <class Optimizer>
 Optimizer MakeOptimizer(const Params& params, const HyperOf<Optimizer>& hyper) {
@@ -210,7 +255,7 @@ TYPED_TEST(TorchGeneric, SaveLoadContinuesBitForBit) {
   using Optimizer = TypeParam;
   using Options = typename Optimizer::Options;
   const auto hyper = TestHyper(HyperOf<Optimizer>{});
-  Params params = MakeParams(41);
+  Params params = ParamsFor<Optimizer>(41);
   Optimizer original = MakeOptimizer<Optimizer>(params, hyper);
   for (int t = 0; t < 5; ++t) {
     SetGrads(params, t);
@@ -241,13 +286,14 @@ TYPED_TEST(TorchGeneric, SaveLoadContinuesBitForBit) {
   EXPECT_TRUE(SameStates(Snapshot(loaded, loaded_params), Snapshot(original, params)));
 }
 
-// The state under torch's keys: tensors in the param's dtype and shape, scalar states 0-d f32
+// The state under torch's keys: tensors in the param's dtype and shape (Adafactor's factors of a
+// [33, 5] param: [33, 1] and [1, 5]), scalar states 0-d f32
 // (NAdam's mu_product: 1 times a μ_1 in (0, β1); ASGD's eta and mu after one step: lr / (1 +
 // λ·lr)^α and 1, as torch).
 TYPED_TEST(TorchGeneric, StateKeys) {
   using Optimizer = TypeParam;
   using Hyper = HyperOf<Optimizer>;
-  Params params = MakeParams(42, torch::kBFloat16);
+  Params params = ParamsFor<Optimizer>(42, torch::kBFloat16);
   const Hyper hyper = TestHyper(Hyper{});
   Optimizer opt = MakeOptimizer<Optimizer>(params, hyper);
   SetGrads(params, 0);
@@ -259,7 +305,7 @@ TYPED_TEST(TorchGeneric, StateKeys) {
   EXPECT_EQ(state.step(), 1);
   for (const std::string& key : TensorKeys(Hyper{})) {
     EXPECT_EQ(state.state(key).scalar_type(), torch::kBFloat16) << key;
-    EXPECT_EQ(state.state(key).sizes(), p.sizes()) << key;
+    EXPECT_EQ(state.state(key).sizes(), torch::IntArrayRef(StateShape<Optimizer>(p, key))) << key;
   }
   for (const std::string& key : ScalarKeys(Hyper{})) {
     EXPECT_EQ(state.state(key).dim(), 0) << key;
@@ -284,7 +330,7 @@ TYPED_TEST(TorchGeneric, StateKeys) {
 TYPED_TEST(TorchGeneric, OptionChecks) {
   using Optimizer = TypeParam;
   using Options = typename Optimizer::Options;
-  Params params = MakeParams(43);
+  Params params = ParamsFor<Optimizer>(43);
   HyperOf<Optimizer> bad;
   bad.lr = -1.0;
   ExpectTorchError([&] { Optimizer opt(params[0], Options(bad)); }, {"invalid lr: -1"});
@@ -337,7 +383,7 @@ TYPED_TEST(TorchGeneric, OptionChecks) {
 // changes (the other params keep their values and get no state).
 TYPED_TEST(TorchGeneric, RefusedParamChangesNothing) {
   using Optimizer = TypeParam;
-  Params params = MakeParams(44);
+  Params params = ParamsFor<Optimizer>(44);
   params[1][2] = params[1][2].detach().to(torch::kDouble).requires_grad_(true);
   Optimizer opt = MakeOptimizer<Optimizer>(params, TestHyper(HyperOf<Optimizer>{}));
   SetGrads(params, 0);
@@ -353,7 +399,7 @@ TYPED_TEST(TorchGeneric, RefusedParamChangesNothing) {
 TYPED_TEST(TorchGeneric, ScalerSkipChangesNothing) {
   using Optimizer = TypeParam;
   const auto hyper = TestHyper(HyperOf<Optimizer>{});
-  Params a = MakeParams(45);
+  Params a = ParamsFor<Optimizer>(45);
   Params b = CloneParams(a);
   Optimizer fa = MakeOptimizer<Optimizer>(a, hyper);
   Optimizer fb = MakeOptimizer<Optimizer>(b, hyper);
@@ -390,7 +436,7 @@ TYPED_TEST(TorchGeneric, ScalerSkipChangesNothing) {
 // get_lr / set_lr, which libtorch's schedulers use, read and write the group's lr.
 TYPED_TEST(TorchGeneric, SetLr) {
   using Optimizer = TypeParam;
-  Params params = MakeParams(46);
+  Params params = ParamsFor<Optimizer>(46);
   Optimizer opt = MakeOptimizer<Optimizer>(params, TestHyper(HyperOf<Optimizer>{}));
   auto& options = opt.param_groups()[1].options();
   options.set_lr(0.0);

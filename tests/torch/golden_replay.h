@@ -109,8 +109,8 @@ inline std::optional<std::int64_t> StateStep(const LionParamState& /*s*/) { retu
 inline std::optional<std::int64_t> StateStep(const LambParamState& s) { return s.step(); }
 
 // A generic class's options (optim.h, HyperOptions) from torch's group dict: each field of the
-// descriptor under its torch name, the pairs (beta1, beta2), (etaminus, etaplus) and
-// (step_size_min, step_size_max) from betas, etas and step_sizes.
+// descriptor under its torch name, the pairs (beta1, beta2), (etaminus, etaplus),
+// (step_size_min, step_size_max) and (eps1, eps2) from betas, etas, step_sizes and eps.
 template <class Hyper>
 HyperOptions<Hyper> ParseOptions(const json& g, const json& /*c*/, HyperOptions<Hyper> /*tag*/) {
   Hyper h;
@@ -126,10 +126,14 @@ HyperOptions<Hyper> ParseOptions(const json& g, const json& /*c*/, HyperOptions<
           };
           static constexpr Pair kPairs[] = {{"beta1", "beta2", "betas"},
                                             {"etaminus", "etaplus", "etas"},
-                                            {"step_size_min", "step_size_max", "step_sizes"}};
+                                            {"step_size_min", "step_size_max", "step_sizes"},
+                                            {"eps1", "eps2", "eps"}};
           for (const Pair& pair : kPairs) {
             if (name == pair.first || name == pair.second) {
-              h.*f.member = g.at(pair.key).at(name == pair.first ? 0 : 1).template get<T>();
+              const json& value = g.at(pair.key).at(name == pair.first ? 0 : 1);
+              // Adafactor's eps1 None: finfo(float32).eps for the goldens' f32 params, the
+              // default.
+              if (!value.is_null()) h.*f.member = value.template get<T>();
               return;
             }
           }
@@ -202,7 +206,8 @@ void ReplayGoldens(const std::string& file) {
     const auto sizes = c.at("sizes").get<std::vector<std::size_t>>();
     const auto group_of = c.at("group_of").get<std::vector<std::size_t>>();
     const auto has_grad = c.at("has_grad").get<std::vector<std::vector<bool>>>();
-    // A case's shapes (AdamP's params of more than one dimension), or 1-D tensors of its sizes.
+    // A case's shapes (AdamP's and Adafactor's params of more than one dimension), or 1-D tensors
+    // of its sizes.
     std::vector<std::vector<std::int64_t>> shapes;
     for (const std::size_t n : sizes) shapes.push_back({static_cast<std::int64_t>(n)});
     if (c.contains("shapes")) shapes = c.at("shapes").get<std::vector<std::vector<std::int64_t>>>();

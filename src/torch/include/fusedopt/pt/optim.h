@@ -284,17 +284,18 @@ class LAMB : public torch::optim::Optimizer, public FusedStepOptions {
 
 // ---- The other algorithms of the engine: one generic class each ---------------------------------
 //
-// Adamax, Adadelta, RAdam, NAdam, ASGD and Rprop (torch.optim's, which libtorch lacks) and LARS
-// (apex LARC around SGD, as fusedopt.FusedLARS) are one template, FusedOptimizer<Hyper>, over the
-// core's hyper struct: the options are that struct (its fields are torch.optim's argument names,
-// with betas as beta1/beta2, and its defaults), the param state is torch's state keys of the
-// algorithm (state(key): "exp_avg", "exp_inf", ... and the 0-d f32 scalar states such as NAdam's
-// "mu_product") with the step count. Built as libtorch builds its optimizers: constructors taking
-// param groups or tensors plus the defaults (checked by the engine's rules for the algorithm, as
-// fusedopt.Fused<Algo> checks them: c10::Error naming the option), get_lr/set_lr for schedulers,
-// torch::save / torch::load of options and state. Numerics are torch.optim's single-tensor step's
-// (the engine's, see docs/numerics.md). There is no torch::optim twin to take the params the engine
-// cannot (float64, non-CPU, non-contiguous): those are errors, as for Lion and LAMB.
+// Adamax, Adadelta, Adafactor, RAdam, NAdam, ASGD and Rprop (torch.optim's, which libtorch lacks)
+// and LARS (apex LARC around SGD, as fusedopt.FusedLARS) are one template, FusedOptimizer<Hyper>,
+// over the core's hyper struct: the options are that struct (its fields are torch.optim's argument
+// names, with betas as beta1/beta2 and Adafactor's eps as eps1/eps2, and its defaults), the param
+// state is torch's state keys of the algorithm (state(key): "exp_avg", "exp_inf", ... and the 0-d
+// f32 scalar states such as NAdam's "mu_product") with the step count. Built as libtorch builds its
+// optimizers: constructors taking param groups or tensors plus the defaults (checked by the
+// engine's rules for the algorithm, as fusedopt.Fused<Algo> checks them: c10::Error naming the
+// option), get_lr/set_lr for schedulers, torch::save / torch::load of options and state. Numerics
+// are torch.optim's single-tensor step's (the engine's, see docs/numerics.md). There is no
+// torch::optim twin to take the params the engine cannot (float64, non-CPU, non-contiguous): those
+// are errors, as for Lion and LAMB.
 //
 //   fusedopt::pt::NAdam opt(model->parameters(), fusedopt::NadamHyper{.lr = 2e-3});
 //   opt.step();
@@ -381,5 +382,16 @@ using AdamPOptions = HyperOptions<AdampHyper>;
 // schedules, and max_grad_norm clipping per (group, param dtype) inside the step.
 using BertAdam = FusedOptimizer<BertAdamHyper>;
 using BertAdamOptions = HyperOptions<BertAdamHyper>;
+// torch.optim.Adafactor (fusedopt.FusedAdafactor): lr 1e-2, beta2_decay -0.8, eps1 and eps2
+// (torch's eps tuple, 1e-3 for eps2), d 1.0, weight_decay 0.0, maximize false. A param of more than
+// one dimension keeps state "row_var" [..., R, 1] and "col_var" [..., 1, C] (its last two
+// dimensions factored, the leading ones a batch), any other "variance" of its own shape, each in
+// the param's dtype, with the step count; a loaded factor of another shape is an error naming param
+// and key. torch's eps1 None is finfo(dtype).eps of the group's first param with a grad: the
+// default eps1 is finfo(float32).eps, torch's None for float32 params; for a float16 or bfloat16
+// model pass finfo of that dtype (9.765625e-4, 7.8125e-3) to match torch's default. A param of no
+// elements is an error (torch's step divides by its numel).
+using Adafactor = FusedOptimizer<AdafactorHyper>;
+using AdafactorOptions = HyperOptions<AdafactorHyper>;
 
 }  // namespace fusedopt::pt
