@@ -141,6 +141,12 @@ std::string TrafficImplName(TrafficStores stores) {
   return std::string(kTrafficPrefix) + TrafficStoresName(stores);
 }
 
+// An integer when x is one (the bytes per param of a single tensor), else x.
+nlohmann::json JsonNumber(double x) {
+  if (x == std::floor(x) && x >= 0.0 && x < 0x1p53) return static_cast<std::uint64_t>(x);
+  return x;
+}
+
 }  // namespace
 
 double ParseClip(std::string_view text) {
@@ -155,14 +161,7 @@ double ParseClip(std::string_view text) {
 
 nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::ostream& progress) {
   const Algorithm algorithm = ParseAlgorithm(options.optimizer);
-  // Every run times `standard` beside `fused`; an algorithm without a StandardStep (adafactor) is
-  // refused before anything is allocated.
-  if (!WithDescriptor(algorithm,
-                      [](auto d) { return algos::HasStandardStep<typename decltype(d)::type>; })) {
-    throw std::invalid_argument("--optimizer " + options.optimizer +
-                                ": not supported by fusedopt bench yet (no `standard` baseline, "
-                                "the reference's for-loop step, to time it against)");
-  }
+  const bool factored = IsFactored(algorithm);
   DType dtype = DType::kF32;
   if (!ParseDType(options.dtype, &dtype)) {
     throw std::invalid_argument("unknown dtype '" + options.dtype + "'; known: f32, bf16, f16");
@@ -197,9 +196,17 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
       throw std::invalid_argument("give either --shapes or --numel, not both");
     const ModelShapes& model = GetModelShapes(options.shapes);
     // rows: the size(0) of a tensor of more than one dimension (AdamP's channel rows; the other
-    // algorithms ignore it)
+    // algorithms ignore it); a factored algorithm's (Adafactor's) rows and cols: its size(-2) and
+    // size(-1)
     for (const TensorShape& t : model.tensors) {
-      tensors.push_back({.numel = t.numel, .rows = t.dims.size() > 1 ? t.dims[0] : 0});
+      const bool matrix = t.dims.size() > 1;
+      if (factored) {
+        tensors.push_back({.numel = t.numel,
+                           .rows = matrix ? t.dims[t.dims.size() - 2] : 0,
+                           .cols = matrix ? t.dims.back() : 0});
+      } else {
+        tensors.push_back({.numel = t.numel, .rows = matrix ? t.dims[0] : 0});
+      }
     }
     shapes_name = options.shapes;
   } else {
@@ -270,17 +277,31 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
       : reduces_grad_only
           ? DTypeSize(grad_dtype)
           : DTypeSize(dtype) * (1 + static_cast<std::size_t>(num_states)) + DTypeSize(grad_dtype);
-  const std::size_t bytes_per_param =
-      2 * DTypeSize(dtype) + DTypeSize(grad_dtype) * (training_loop ? 2 : 1) +
-      2 * DTypeSize(dtype) * static_cast<std::size_t>(num_states) + reduction_bytes;
-  // The reduction pass's floor: what it reads, nothing written.
-  const auto reduce_traffic = [&] {
-    if (!reduction_pass) return;
-    if (reduces_grad_only) {
-      SameTrafficGradRead(segments, runtime);
-    } else {
-      SameTrafficReduce(segments, runtime);
+  // A factored step (Adafactor) counts its passes instead (FactoredTraffic): 32 B/param for an f32
+  // vector (stats: param, grad, variance read; update: param and variance read and written, grad
+  // read), 24 for a matrix (stats: param, grad; norm: grad; update: param r+w, grad), per element
+  // of each tensor; the training loop's pre-pass reads the grad once more.
+  std::optional<FactoredTraffic> factored_traffic;
+  if (factored) factored_traffic.emplace(algorithm, segments);
+  const double bytes_per_param =
+      factored ? static_cast<double>(factored_traffic->bytes()) /
+                         static_cast<double>(std::max<std::size_t>(numel, 1)) +
+                     static_cast<double>(training_loop ? DTypeSize(grad_dtype) : 0)
+               : static_cast<double>(
+                     2 * DTypeSize(dtype) + DTypeSize(grad_dtype) * (training_loop ? 2 : 1) +
+                     2 * DTypeSize(dtype) * static_cast<std::size_t>(num_states) + reduction_bytes);
+  // The floor of every pass but the update's (reduction, norm: none for most algorithms), then the
+  // update's.
+  const auto step_traffic = [&](TrafficStores stores) {
+    if (factored_traffic) return factored_traffic->Run(runtime, stores);
+    if (reduction_pass) {
+      if (reduces_grad_only) {
+        SameTrafficGradRead(segments, runtime);
+      } else {
+        SameTrafficReduce(segments, runtime);
+      }
     }
+    SameTrafficStep(segments, runtime, stores);
   };
 
   // `standard` steps on grads of the param dtype: a copy made here, untimed, if the dtypes differ.
@@ -319,8 +340,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
             clock->Start();
             SameTrafficGradRead(segments, runtime);
             clock->Lap("pre_pass");
-            reduce_traffic();
-            SameTrafficStep(segments, runtime, stores);
+            step_traffic(stores);
             clock->Lap("step");
           },
           [clock]() -> const PassTimes& { return clock->times(); });
@@ -330,10 +350,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     impls.emplace_back("standard",
                        [&] { StandardStep(algorithm, hyper, standard_segments, runtime); });
     for (const TrafficStores stores : kAllTrafficStores) {
-      impls.emplace_back(TrafficImplName(stores), [&, stores] {
-        reduce_traffic();
-        SameTrafficStep(segments, runtime, stores);
-      });
+      impls.emplace_back(TrafficImplName(stores), [&, stores] { step_traffic(stores); });
     }
   }
   const auto find = [&](std::string_view name) -> Impl* {
@@ -406,8 +423,8 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
                            {"threads", runtime.num_threads()},
                            {"target", ActiveTargetName()},
                            {"rounds", options.rounds},
-                           {"bytes_per_param", bytes_per_param},
-                           {"reduction_pass", reduction_pass}};
+                           {"bytes_per_param", JsonNumber(bytes_per_param)},
+                           {"reduction_pass", reduction_pass || factored}};
   if (grad_dtype != dtype || training_loop) report["grad_dtype"] = grad_dtype_name;
   if (training_loop) {
     report["loss_scale"] = options.loss_scale;
@@ -458,7 +475,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     const double median = Median(impl.ms);
     const double min = *std::min_element(impl.ms.begin(), impl.ms.end());
     const double gparams = static_cast<double>(numel) / (median * 1e6);
-    const double gbps = gparams * static_cast<double>(bytes_per_param);
+    const double gbps = gparams * bytes_per_param;
     nlohmann::json& entry = report["impls"][impl.name];
     entry = {{"median_ms", median},
              {"min_ms", min},

@@ -27,15 +27,16 @@
 #include "src/cpu/io-inl.h"
 #include "src/cpu/loop-inl.h"
 
-// The ATen-like elementary ops the Lion, LAMB and Rprop baselines need beyond elementwise.h, built
-// the same way (one pass, f32 math, rounded to the dtype on store, ATen's grain split over
-// threads): out = sgn(a) (Tensor.sgn_: 0 for ±0 and NaN, as torch on the CPU), out = a / b
-// (torch.div), out = clamp(a, lo, hi) (clamp_: NaN stays NaN) and out = (b cmp t) ? v : a (the
-// masked fill x[c.gt(t)] = v).
+// The ATen-like elementary ops the Lion, LAMB, Rprop and Adafactor baselines need beyond
+// elementwise.h, built the same way (one pass, f32 math, rounded to the dtype on store, ATen's
+// grain split over threads): out = sgn(a) (Tensor.sgn_: 0 for ±0 and NaN, as torch on the CPU),
+// out = a / b (torch.div), out = clamp(a, lo, hi) (clamp_: NaN stays NaN), out = (b cmp t) ? v : a
+// (the masked fill x[c.gt(t)] = v) and out = 1 / sqrt(a) (rsqrt_: ATen's vectorized rsqrt divides
+// 1 by the IEEE square root).
 #ifndef FOPT_BENCH_STANDARD_BASELINE_OP_  // (this file is re-included once per target)
 #  define FOPT_BENCH_STANDARD_BASELINE_OP_
 namespace fusedopt::bench {
-enum class BaselineOp : int { kSign, kDivide, kClamp, kMaskedFill };
+enum class BaselineOp : int { kSign, kDivide, kClamp, kMaskedFill, kRsqrt };
 // The scalars of kClamp (lo, hi) and kMaskedFill (compare, threshold, value), as f32.
 struct BaselineArgs {
   float lo = 0.0f;
@@ -66,6 +67,12 @@ void BaselineOpRange(BaselineOp op, const BaselineArgs& args, void* out_data, co
       case BaselineOp::kDivide:
         ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
           Io<T>::Store(d, hn::Div(Io<T>::Load(d, a + i), Io<T>::Load(d, b + i)), out + i);
+        });
+        return;
+      case BaselineOp::kRsqrt:
+        ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {
+          const HwyOps<decltype(d)> o{d};
+          Io<T>::Store(d, o.Div(o.Set(1.0f), o.Sqrt(Io<T>::Load(d, a + i))), out + i);
         });
         return;
       case BaselineOp::kSign:
@@ -131,25 +138,147 @@ void ForEachRow(std::size_t numel, std::size_t rows, const Runtime& runtime, con
 // Σx² (squares) or Σx of each row, accumulated in double in 8 interleaved sums (ATen sums f32 in
 // f32, in vectorized cascades; the traffic is the same, one read). f32 rows are read directly, so
 // the compiler vectorizes the 8 sums; 16-bit ones through LoadAsF32.
+double RangeSum(TensorRef a, std::size_t begin, std::size_t end, bool squares) {
+  constexpr std::size_t kWays = 8;
+  double acc[kWays] = {};
+  const auto add = [&](std::size_t j, double x) { acc[j] += squares ? x * x : x; };
+  std::size_t i = begin;
+  if (a.dtype == DType::kF32) {
+    const float* x = static_cast<const float*>(a.data);
+    for (; i + kWays <= end; i += kWays) {
+      for (std::size_t j = 0; j < kWays; ++j) add(j, x[i + j]);
+    }
+  }
+  for (; i < end; ++i) add(0, LoadAsF32(a.data, a.dtype, i));
+  double sum = 0.0;
+  for (const double x : acc) sum += x;
+  return sum;
+}
 std::vector<double> RowReduce(TensorRef a, std::size_t rows, bool squares, const Runtime& runtime) {
   std::vector<double> out(rows, 0.0);
   ForEachRow(a.numel, rows, runtime, [&](std::size_t r, std::size_t begin, std::size_t end) {
-    constexpr std::size_t kWays = 8;
-    double acc[kWays] = {};
-    const auto add = [&](std::size_t j, double x) { acc[j] += squares ? x * x : x; };
-    std::size_t i = begin;
-    if (a.dtype == DType::kF32) {
-      const float* x = static_cast<const float*>(a.data);
-      for (; i + kWays <= end; i += kWays) {
-        for (std::size_t j = 0; j < kWays; ++j) add(j, x[i + j]);
-      }
-    }
-    for (; i < end; ++i) add(0, LoadAsF32(a.data, a.dtype, i));
-    double sum = 0.0;
-    for (const double x : acc) sum += x;
-    out[r] = sum;
+    out[r] = RangeSum(a, begin, end, squares);
   });
   return out;
+}
+
+// The sizes of a factored handle (descriptor.h's Shape): a batch of rows × cols matrices, a reduced
+// dimension of size 1.
+struct Dims {
+  std::size_t batch, rows, cols;
+  std::size_t numel() const { return batch * rows * cols; }
+};
+Dims DimsOf(const Segment& s, algos::Shape shape) {
+  const auto bits = static_cast<unsigned>(shape);
+  if (s.cols == 0 || s.rows == 0) return {1, 1, s.numel};  // a vector: kParam only
+  return {s.numel / (s.rows * s.cols), (bits & 2u) != 0 ? 1 : s.rows,
+          (bits & 1u) != 0 ? 1 : s.cols};
+}
+
+// Runs f(begin, end) over [0, n) items of `per_item` elements each: one call below ATen's grain,
+// else split over the threads.
+template <class F>
+void ForItems(std::size_t n, std::size_t per_item, const Runtime& runtime, const F& f) {
+  if (n * per_item <= kGrainElements) {
+    f(std::size_t{0}, n);
+  } else {
+    ParallelForChunks(n, runtime.num_threads(), f);
+  }
+}
+
+// A keepdim reduction over dim -1 or -2 of `a` (dims `in`) into `out` (its dims with that one 1):
+// out[j] = finish(Σ of the reduced elements, or of their squares), the sums in double, each in the
+// order of its elements. One read of a, one write of out, as ATen's reduction.
+template <class Finish>
+void ReduceDim(TensorRef out, TensorRef a, Dims in, int dim, bool squares, const Finish& finish,
+               const Runtime& runtime) {
+  if (dim == -1) {
+    ForItems(in.batch * in.rows, in.cols, runtime, [&](std::size_t r0, std::size_t r1) {
+      for (std::size_t r = r0; r < r1; ++r) {
+        StoreFromF32(out.data, out.dtype, r,
+                     finish(RangeSum(a, r * in.cols, (r + 1) * in.cols, squares)));
+      }
+    });
+    return;
+  }
+  // dim -2: column sums of each matrix, a block of columns at a time (one pass down its rows).
+  constexpr std::size_t kBlock = 512;
+  const std::size_t blocks = (in.cols + kBlock - 1) / kBlock;
+  ForItems(in.batch * blocks, std::min(in.cols, kBlock) * in.rows, runtime,
+           [&](std::size_t k0, std::size_t k1) {
+             double acc[kBlock];
+             for (std::size_t k = k0; k < k1; ++k) {
+               const std::size_t b = k / blocks;
+               const std::size_t c0 = k % blocks * kBlock;
+               const std::size_t width = std::min(in.cols, c0 + kBlock) - c0;
+               std::fill_n(acc, width, 0.0);
+               for (std::size_t r = 0; r < in.rows; ++r) {
+                 const std::size_t row = (b * in.rows + r) * in.cols + c0;
+                 if (a.dtype == DType::kF32) {
+                   const float* x = static_cast<const float*>(a.data) + row;
+                   for (std::size_t c = 0; c < width; ++c) {
+                     const double v = x[c];
+                     acc[c] += squares ? v * v : v;
+                   }
+                 } else {
+                   for (std::size_t c = 0; c < width; ++c) {
+                     const double v = LoadAsF32(a.data, a.dtype, row + c);
+                     acc[c] += squares ? v * v : v;
+                   }
+                 }
+               }
+               for (std::size_t c = 0; c < width; ++c) {
+                 StoreFromF32(out.data, out.dtype, b * in.cols + c0 + c, finish(acc[c]));
+               }
+             }
+           });
+}
+
+// out = a · b or a / b (f32, rounded to out's dtype), a and b broadcast to out's dims (a reduced
+// dimension repeats its one value): one pass over out, parallel over its rows above the grain.
+void Broadcast(bool divide, TensorRef out, Dims od, TensorRef a, Dims ad, TensorRef b, Dims bd,
+               const Runtime& runtime) {
+  // element (m, r, c) of x with dims xd, as an index and its step along c
+  const auto at = [](const Dims& xd, std::size_t m, std::size_t r) {
+    return m * xd.rows * xd.cols + (xd.rows == 1 ? 0 : r) * xd.cols;
+  };
+  const bool f32 = out.dtype == DType::kF32 && a.dtype == DType::kF32 && b.dtype == DType::kF32;
+  ForItems(od.batch * od.rows, od.cols, runtime, [&](std::size_t r0, std::size_t r1) {
+    for (std::size_t row = r0; row < r1; ++row) {
+      const std::size_t m = row / od.rows;
+      const std::size_t r = row % od.rows;
+      const std::size_t o0 = row * od.cols;
+      const std::size_t a0 = at(ad, m, r);
+      const std::size_t b0 = at(bd, m, r);
+      const std::size_t sa = ad.cols == 1 ? 0 : 1;
+      const std::size_t sb = bd.cols == 1 ? 0 : 1;
+      if (f32) {  // vectorized: the strides are 0 or 1
+        float* y = static_cast<float*>(out.data) + o0;
+        const float* x = static_cast<const float*>(a.data) + a0;
+        const float* z = static_cast<const float*>(b.data) + b0;
+        const auto loop = [&](auto op) {
+          if (sa == 0 && sb == 1) {
+            for (std::size_t c = 0; c < od.cols; ++c) y[c] = op(x[0], z[c]);
+          } else if (sa == 1 && sb == 0) {
+            for (std::size_t c = 0; c < od.cols; ++c) y[c] = op(x[c], z[0]);
+          } else {
+            for (std::size_t c = 0; c < od.cols; ++c) y[c] = op(x[c * sa], z[c * sb]);
+          }
+        };
+        if (divide) {
+          loop([](float u, float v) { return u / v; });
+        } else {
+          loop([](float u, float v) { return u * v; });
+        }
+        continue;
+      }
+      for (std::size_t c = 0; c < od.cols; ++c) {
+        const float u = LoadAsF32(a.data, a.dtype, a0 + c * sa);
+        const float v = LoadAsF32(b.data, b.dtype, b0 + c * sb);
+        StoreFromF32(out.data, out.dtype, o0 + c, divide ? u / v : u * v);
+      }
+    }
+  });
 }
 
 // out = a / values[row] (divide) or a · values[row], each element rounded to out's dtype.
@@ -192,6 +321,7 @@ void RunBaselineOp(BaselineOp op, TensorRef out, TensorRef a, TensorRef b, const
 struct Tensor {
   TensorRef ref;
   std::shared_ptr<std::byte> storage;  // empty for a segment's buffer
+  algos::Shape shape = algos::Shape::kParam;
 };
 
 struct AlignedFree {
@@ -213,12 +343,29 @@ class TensorOps {
   Tensor param() const { return {{s_.param, s_.param_dtype, s_.numel}, nullptr}; }
   Tensor grad() const { return {{const_cast<void*>(s_.grad), s_.grad_dtype, s_.numel}, nullptr}; }
   Tensor state(int slot) const { return {{s_.state[slot], s_.state_dtype, s_.numel}, nullptr}; }
+  Tensor state(int slot, algos::Shape shape) const {
+    return {{s_.state[slot], s_.state_dtype, DimsOf(s_, shape).numel()}, nullptr, shape};
+  }
+  // A factored param (descriptor.h): Segment::rows × cols matrices.
+  bool matrices() const { return s_.cols > 0; }
+  std::size_t size(int dim) const { return dim == -1 ? s_.cols : s_.rows; }
 
   // In place: x.op_(...).
   Tensor mul_(const Tensor& x, double s) const { return Run(Op::kMulScalar, x, x, x, x, s); }
   Tensor mul_(const Tensor& x, const Tensor& b) const { return Run(Op::kMul, x, x, b, b, 0.0); }
   Tensor div_(const Tensor& x, const Tensor& b) const {
+    if (b.shape != x.shape) {
+      Broadcast(/*divide=*/true, x.ref, DimsOf(s_, x.shape), x.ref, DimsOf(s_, x.shape), b.ref,
+                DimsOf(s_, b.shape), runtime_);
+      return x;
+    }
     RunBaselineOp(BaselineOp::kDivide, x.ref, x.ref, b.ref, runtime_);
+    return x;
+  }
+  Tensor div_(const Tensor& x, double s) const { return Run(Op::kDivScalar, x, x, x, x, s); }
+  Tensor square_(const Tensor& x) const { return Run(Op::kMul, x, x, x, x, 0.0); }
+  Tensor rsqrt_(const Tensor& x) const {
+    RunBaselineOp(BaselineOp::kRsqrt, x.ref, x.ref, x.ref, runtime_);
     return x;
   }
   Tensor add_(const Tensor& x, double s) const { return Run(Op::kAddScalar, x, x, x, x, s); }
@@ -258,33 +405,62 @@ class TensorOps {
   }
 
   // Out of place: a new tensor.
-  Tensor neg(const Tensor& a) const { return Run(Op::kNeg, New(), a, a, a, 0.0); }
-  Tensor abs(const Tensor& a) const { return Run(Op::kAbs, New(), a, a, a, 0.0); }
-  Tensor reciprocal(const Tensor& a) const { return Run(Op::kReciprocal, New(), a, a, a, 0.0); }
-  Tensor mul(const Tensor& a, const Tensor& b) const { return Run(Op::kMul, New(), a, b, b, 0.0); }
-  Tensor clone(const Tensor& a) const { return Run(Op::kCopy, New(), a, a, a, 0.0); }
-  Tensor mul(const Tensor& a, double s) const { return Run(Op::kMulScalar, New(), a, a, a, s); }
-  Tensor div(const Tensor& a, double s) const { return Run(Op::kDivScalar, New(), a, a, a, s); }
+  Tensor neg(const Tensor& a) const { return Run(Op::kNeg, New(a.shape), a, a, a, 0.0); }
+  Tensor abs(const Tensor& a) const { return Run(Op::kAbs, New(a.shape), a, a, a, 0.0); }
+  Tensor reciprocal(const Tensor& a) const {
+    return Run(Op::kReciprocal, New(a.shape), a, a, a, 0.0);
+  }
+  Tensor mul(const Tensor& a, const Tensor& b) const {
+    return Run(Op::kMul, New(a.shape), a, b, b, 0.0);
+  }
+  Tensor clone(const Tensor& a) const { return Run(Op::kCopy, New(a.shape), a, a, a, 0.0); }
+  Tensor mul(const Tensor& a, double s) const {
+    return Run(Op::kMulScalar, New(a.shape), a, a, a, s);
+  }
+  Tensor div(const Tensor& a, double s) const {
+    return Run(Op::kDivScalar, New(a.shape), a, a, a, s);
+  }
   Tensor div(const Tensor& a, const Tensor& b) const {
-    Tensor out = New();
+    Tensor out = New(a.shape);
     RunBaselineOp(BaselineOp::kDivide, out.ref, a.ref, b.ref, runtime_);
     return out;
   }
   Tensor sign(const Tensor& a) const {
-    Tensor out = New();
+    Tensor out = New(a.shape);
     RunBaselineOp(BaselineOp::kSign, out.ref, a.ref, a.ref, runtime_);
     return out;
   }
-  Tensor add(const Tensor& a, double s) const { return Run(Op::kAddScalar, New(), a, a, a, s); }
-  Tensor add(const Tensor& a, const Tensor& b, double alpha) const {
-    return Run(Op::kAddScaled, New(), a, b, b, alpha);
+  Tensor add(const Tensor& a, double s) const {
+    return Run(Op::kAddScalar, New(a.shape), a, a, a, s);
   }
-  Tensor sqrt(const Tensor& a) const { return Run(Op::kSqrt, New(), a, a, a, 0.0); }
+  Tensor add(const Tensor& a, const Tensor& b, double alpha) const {
+    return Run(Op::kAddScaled, New(a.shape), a, b, b, alpha);
+  }
+  Tensor sqrt(const Tensor& a) const { return Run(Op::kSqrt, New(a.shape), a, a, a, 0.0); }
   Tensor addcmul(const Tensor& a, const Tensor& b, const Tensor& c, double value) const {
-    return Run(Op::kAddcmul, New(), a, b, c, value);
+    return Run(Op::kAddcmul, New(a.shape), a, b, c, value);
   }
 
   double norm(const Tensor& a) const { return RunNorm2(a.ref, runtime_); }
+
+  // The factored ops (descriptor.h), on handles of a Shape of the segment's matrices.
+  Tensor norm(const Tensor& a, int dim) const {
+    return Reduce(a, dim, /*squares=*/true, [](double sum) {
+      return static_cast<float>(std::sqrt(sum));  // an f32 norm
+    });
+  }
+  Tensor mean(const Tensor& a, int dim) const {
+    const double n =
+        static_cast<double>(dim == -1 ? DimsOf(s_, a.shape).cols : DimsOf(s_, a.shape).rows);
+    return Reduce(a, dim, /*squares=*/false,
+                  [n](double sum) { return static_cast<float>(sum / n); });
+  }
+  Tensor matmul(const Tensor& a, const Tensor& b) const {
+    Tensor out = New(algos::Shape::kParam);
+    Broadcast(/*divide=*/false, out.ref, DimsOf(s_, out.shape), a.ref, DimsOf(s_, a.shape), b.ref,
+              DimsOf(s_, b.shape), runtime_);
+    return out;
+  }
 
   // The row ops (descriptor.h): over the segment's view(rows, -1).
   std::size_t rows() const { return s_.rows; }
@@ -298,23 +474,30 @@ class TensorOps {
     return RowReduce(a.ref, rows, /*squares=*/false, runtime_);
   }
   Tensor div_rows(const Tensor& a, const std::vector<double>& values) const {
-    Tensor out = New();
+    Tensor out = New(a.shape);
     RowBroadcast(out.ref, a.ref, values, /*divide=*/true, runtime_);
     return out;
   }
   Tensor mul_rows(const Tensor& a, const std::vector<double>& values) const {
-    Tensor out = New();
+    Tensor out = New(a.shape);
     RowBroadcast(out.ref, a.ref, values, /*divide=*/false, runtime_);
     return out;
   }
 
  private:
-  Tensor New() const {
+  Tensor New(algos::Shape shape) const {
+    const std::size_t numel = DimsOf(s_, shape).numel();
     std::shared_ptr<std::byte> bytes(
-        new (std::align_val_t{64}) std::byte[s_.numel * DTypeSize(s_.param_dtype)], AlignedFree{},
+        new (std::align_val_t{64}) std::byte[numel * DTypeSize(s_.param_dtype)], AlignedFree{},
         std::pmr::polymorphic_allocator<std::byte>(&counts_));
-    TensorRef ref{bytes.get(), s_.param_dtype, s_.numel};
-    return {ref, std::move(bytes)};
+    TensorRef ref{bytes.get(), s_.param_dtype, numel};
+    return {ref, std::move(bytes), shape};
+  }
+  template <class Finish>
+  Tensor Reduce(const Tensor& a, int dim, bool squares, const Finish& finish) const {
+    Tensor out = New(algos::Reduced(a.shape, dim));
+    ReduceDim(out.ref, a.ref, DimsOf(s_, a.shape), dim, squares, finish, runtime_);
+    return out;
   }
   // out = op(a, b, c, s) in one pass (b and c ignored by ops that do not read them); returns out.
   Tensor Run(Op op, Tensor out, const Tensor& a, const Tensor& b, const Tensor& c, double s) const {
@@ -427,17 +610,52 @@ StepResult FusedTrainingStep(Algorithm a, const BenchHyper& h, std::span<Segment
   });
 }
 
+bool IsFactored(Algorithm a) {
+  return WithDescriptor(a, [](auto d) { return algos::Factored<typename decltype(d)::type>; });
+}
+
+FactoredTraffic::FactoredTraffic(Algorithm a, std::span<const Segment> segments) {
+  WithDescriptor(a, [&](auto d) {
+    using A = typename decltype(d)::type;
+    if constexpr (algos::Factored<A>) {
+      for (Segment s : segments) {
+        const unsigned slots = A::SegmentStates(s);
+        std::size_t elementwise = 0;
+        bool small = false;
+        for (int k = 0; k < kMaxStates; ++k) {
+          const bool used = (slots >> k & 1u) != 0 && s.state[k] != nullptr;
+          if (used && DimsOf(s, A::kStateShapes[k]).numel() == s.numel) {
+            ++elementwise;
+          } else {
+            small = small || used;
+            s.state[k] = nullptr;
+          }
+        }
+        const std::size_t p = DTypeSize(s.param_dtype);
+        const std::size_t g = DTypeSize(s.grad_dtype);
+        const std::size_t st = DTypeSize(s.state_dtype) * elementwise;
+        bytes_ += s.numel * ((p + g + st) + (small ? g : 0) + (2 * p + g + 2 * st));
+        passes_.push_back(s);
+        if (small) matrices_.push_back(s);
+      }
+    } else {
+      throw std::invalid_argument(std::string(A::kName) + " is not a factored algorithm");
+    }
+  });
+}
+
+void FactoredTraffic::Run(const Runtime& runtime, TrafficStores stores) const {
+  SameTrafficReduce(passes_, runtime);
+  if (!matrices_.empty()) SameTrafficGradRead(matrices_, runtime);
+  SameTrafficStep(passes_, runtime, stores);
+}
+
 void StandardStep(Algorithm a, const BenchHyper& h, std::span<const Segment> segments,
                   const Runtime& runtime) {
   WithDescriptor(a, [&](auto d) {
     using A = typename decltype(d)::type;
-    if constexpr (algos::HasStandardStep<A>) {
-      SegmentsStep step(segments, runtime, /*placeholder=*/!algos::TwoPhase<A>);
-      A::StandardStep(h.Of<typename A::Hyper>(), h.standard, step);
-    } else {
-      throw std::invalid_argument(std::string(A::kName) +
-                                  ": no `standard` baseline (the reference's for-loop) yet");
-    }
+    SegmentsStep step(segments, runtime, /*placeholder=*/!algos::TwoPhase<A>);
+    A::StandardStep(h.Of<typename A::Hyper>(), h.standard, step);
   });
 }
 

@@ -15,7 +15,9 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
+#include "bench/same_traffic.h"
 #include "fusedopt/hyper.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
@@ -55,6 +57,29 @@ bool HasReductionPass(Algorithm a);
 // kReducesGradOnly): its floor is then one read of every gradient (SameTrafficGradRead), and its
 // bytes the gradient's.
 bool ReductionReadsGradOnly(Algorithm a);
+
+// Whether the fused step of `a` is factored (descriptor kFactored: Adafactor's RunFactoredStep, a
+// stats pass, a norm pass over the matrices and the update pass, over tiles).
+bool IsFactored(Algorithm a);
+
+// The traffic floor of a factored step (IsFactored), the passes' bytes: the stats pass reads each
+// param, its gradient and the states it keeps element-wise (kStateShapes: a vector's variance,
+// 1×1 matrices' row_var and col_var), the norm pass reads the gradient of each param that keeps
+// small factors (matrices: row_var and col_var, rows + cols values per matrix, left out of the
+// bytes) once more, and the update pass reads and writes the param and those element-wise states
+// and reads the gradient.
+class FactoredTraffic {
+ public:
+  FactoredTraffic(Algorithm a, std::span<const Segment> segments);
+  // SameTrafficReduce (stats), SameTrafficGradRead (norm), SameTrafficStep (update) over them.
+  void Run(const Runtime& runtime, TrafficStores stores) const;
+  std::size_t bytes() const { return bytes_; }  // what Run moves
+
+ private:
+  std::vector<Segment> passes_;    // the segments, only their element-wise states kept
+  std::vector<Segment> matrices_;  // those with small factors (the norm pass)
+  std::size_t bytes_ = 0;
+};
 
 // Hyper-parameters of every algorithm, one group each (Of<SgdHyper>()); only the one being
 // benchmarked is used. The Hyper structs' defaults (torch's, the reference's), except:

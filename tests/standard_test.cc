@@ -314,6 +314,14 @@ std::vector<AdampHyper> Options(std::type_identity<AdampHyper> /*tag*/) {
   return out;
 }
 
+// torch's defaults; a larger lr with weight decay, a larger eps1 and maximize; eps2 above the
+// params' RMS (alpha's other branch) with d 0.5, so that the update's RMS is clipped.
+std::vector<AdafactorHyper> Options(std::type_identity<AdafactorHyper> /*tag*/) {
+  return {AdafactorHyper{},
+          {.lr = 0.05, .eps1 = 1e-3, .weight_decay = 0.1, .maximize = true},
+          {.beta2_decay = -0.5, .eps2 = 1.0, .d = 0.5}};
+}
+
 // The step of the first of the three: 1, except for RAdam, whose steps 1-5 are never rectified
 // (rho_t <= 5 for any beta2): steps 5, 6 and 7 take both of its branches.
 template <class Hyper>
@@ -388,96 +396,111 @@ class StandardVsOracle : public ::testing::Test {};
 TYPED_TEST_SUITE(StandardVsOracle, TypesOf<algos::All>::type, DescriptorName);
 
 TYPED_TEST(StandardVsOracle, ThreeSteps) {
-  if constexpr (!algos::HasStandardStep<TypeParam>) {
-    GTEST_SKIP() << TypeParam::kName << " has no StandardStep (src/algos/" << TypeParam::kName
-                 << ".h says why)";
-  } else {
-    using A = TypeParam;
-    using Hyper = typename A::Hyper;
-    const Runtime runtime(2);
-    std::vector<TensorSpec> tensors = {{.numel = 2 * kGrainElements + 37}, {.numel = 5}};
-    // AdamP: the first tensor has 23 channel rows of 2851 (65573 elements), the second one
-    // dimension.
-    if constexpr (std::is_same_v<Hyper, AdampHyper>) tensors[0].rows = 23;
-    constexpr int kSteps = 3;
-    for (const Hyper& hyper : Options(std::type_identity<Hyper>{})) {
-      // Gradients of global norm 0.15 and 1.5 (LAMB: below and above its clip at max_grad_norm 1).
-      for (const float grad_scale : {1e-3f, 1e-2f}) {
-        SCOPED_TRACE(Describe(hyper) + "grad scale " + std::to_string(grad_scale));
-        BenchHyper h;
-        h.Of<Hyper>() = hyper;
-        const Algorithm a = AlgorithmOf<A>();
-        const unsigned slots = BenchRequiredStates(a, h);
-        FlatStorage storage(tensors, 1, {}, slots);
-        std::vector<Segment> segments(storage.segments().begin(), storage.segments().end());
-        // The oracle's copies of every buffer, in double.
-        std::vector<std::vector<double>> p(tensors.size());
-        std::vector<std::vector<double>> g(tensors.size());
-        std::vector<std::array<std::vector<double>, kMaxStates>> st(tensors.size());
-        Rng rng(7);
-        for (std::size_t i = 0; i < tensors.size(); ++i) {
-          for (float& x : storage.params<float>(i)) {
-            x = rng.Uniform(-1.0f, 1.0f);
-            p[i].push_back(x);
-          }
-          for (float& x : storage.grads<float>(i)) {
-            x = rng.Uniform(-grad_scale, grad_scale);
-            g[i].push_back(x);
-          }
-          for (int k = 0; k < kMaxStates; ++k) {
-            if ((slots >> k & 1u) == 0) continue;
-            // Sums of squares positive, above the square of any running mean (RMSprop's grad_avg).
-            const bool squares = IsSumOfSquares(A::kStates[k]);
-            for (float& x : storage.state<float>(i, k)) {
-              x = squares ? rng.Uniform(0.5f, 1.0f) : rng.Uniform(-0.3f, 0.3f);
-              st[i][k].push_back(x);
-            }
+  using A = TypeParam;
+  using Hyper = typename A::Hyper;
+  const Runtime runtime(2);
+  std::vector<TensorSpec> tensors = {{.numel = 2 * kGrainElements + 37}, {.numel = 5}};
+  // AdamP: the first tensor has 23 channel rows of 2851 (65573 elements), the second one
+  // dimension.
+  if constexpr (std::is_same_v<Hyper, AdampHyper>) tensors[0].rows = 23;
+  // Adafactor: vectors, and matrices (rows = size(-2), cols = size(-1)) of shapes [3, 70, 400]
+  // (crosses the grain), [7, 5000] (column blocks with a remainder), [6, 5, 3, 3] and
+  // [8, 4, 1, 1] (1×1 matrices).
+  if constexpr (std::is_same_v<Hyper, AdafactorHyper>) {
+    tensors.push_back({.numel = 3 * 70 * 400, .rows = 70, .cols = 400});
+    tensors.push_back({.numel = 7 * 5000, .rows = 7, .cols = 5000});
+    tensors.push_back({.numel = 6 * 5 * 3 * 3, .rows = 3, .cols = 3});
+    tensors.push_back({.numel = 8 * 4, .rows = 1, .cols = 1});
+  }
+  constexpr int kSteps = 3;
+  for (const Hyper& hyper : Options(std::type_identity<Hyper>{})) {
+    // Gradients of global norm 0.15 and 1.5 (LAMB: below and above its clip at max_grad_norm 1).
+    for (const float grad_scale : {1e-3f, 1e-2f}) {
+      SCOPED_TRACE(Describe(hyper) + "grad scale " + std::to_string(grad_scale));
+      BenchHyper h;
+      h.Of<Hyper>() = hyper;
+      const Algorithm a = AlgorithmOf<A>();
+      const unsigned slots = BenchRequiredStates(a, h);
+      FlatStorage storage(tensors, 1, {}, slots);
+      std::vector<Segment> segments(storage.segments().begin(), storage.segments().end());
+      // The oracle's copies of every buffer, in double.
+      std::vector<std::vector<double>> p(tensors.size());
+      std::vector<std::vector<double>> g(tensors.size());
+      std::vector<std::array<std::vector<double>, kMaxStates>> st(tensors.size());
+      Rng rng(7);
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        for (float& x : storage.params<float>(i)) {
+          x = rng.Uniform(-1.0f, 1.0f);
+          p[i].push_back(x);
+        }
+        for (float& x : storage.grads<float>(i)) {
+          x = rng.Uniform(-grad_scale, grad_scale);
+          g[i].push_back(x);
+        }
+        for (int k = 0; k < kMaxStates; ++k) {
+          if ((slots >> k & 1u) == 0) continue;
+          // Sums of squares positive, above the square of any running mean (RMSprop's grad_avg).
+          const bool squares = IsSumOfSquares(A::kStates[k]);
+          for (float& x : storage.state<float>(i, k)) {
+            x = squares ? rng.Uniform(0.5f, 1.0f) : rng.Uniform(-0.3f, 0.3f);
+            // Adafactor's start as torch's, zeros: its first lerp weight is 1 (1^beta2_decay), so
+            // a start value of another scale than g² would only cancel, in the oracle's
+            // a + w·(b − a) with a rounding error of a's size.
+            if constexpr (std::is_same_v<Hyper, AdafactorHyper>) x = 0.0f;
+            st[i][k].push_back(x);
           }
         }
-        for (std::int64_t t = FirstStep(hyper); t < FirstStep(hyper) + kSteps; ++t) {
-          for (Segment& s : segments) s.step = t;
-          StandardStep(a, h, segments, runtime);
-          // LAMB clips the gradients by their global norm first (tools/lamb_reference.py).
-          std::vector<std::vector<double>> grads = g;
-          if constexpr (std::is_same_v<Hyper, LambHyper>) {
-            double total = 0.0;
-            for (const auto& gi : g)
-              for (const double x : gi) total += x * x;
-            const double norm = std::sqrt(total);
-            if (norm > h.standard.max_grad_norm) {
-              for (auto& gi : grads)
-                for (double& x : gi) x *= h.standard.max_grad_norm / norm;
-            }
-          }
-          // BertAdam clips the gradients of each (group, dtype) buffer (here: all, one f32 group).
-          if constexpr (std::is_same_v<Hyper, BertAdamHyper>) {
-            double total = 0.0;
-            for (const auto& gi : g)
-              for (const double x : gi) total += x * x;
-            const double clip = ref::BertAdamClip(hyper.max_grad_norm, total);
+      }
+      for (std::int64_t t = FirstStep(hyper); t < FirstStep(hyper) + kSteps; ++t) {
+        for (Segment& s : segments) s.step = t;
+        StandardStep(a, h, segments, runtime);
+        // LAMB clips the gradients by their global norm first (tools/lamb_reference.py).
+        std::vector<std::vector<double>> grads = g;
+        if constexpr (std::is_same_v<Hyper, LambHyper>) {
+          double total = 0.0;
+          for (const auto& gi : g)
+            for (const double x : gi) total += x * x;
+          const double norm = std::sqrt(total);
+          if (norm > h.standard.max_grad_norm) {
             for (auto& gi : grads)
-              for (double& x : gi) x *= clip;
-          }
-          for (std::size_t i = 0; i < tensors.size(); ++i) {
-            StateSpans spans;
-            for (int k = 0; k < kMaxStates; ++k) spans[k] = st[i][k];
-            if constexpr (std::is_same_v<Hyper, AdampHyper>) {
-              ref::AdampStep(hyper, t, tensors[i].rows, p[i], grads[i], spans[kAdampExpAvg],
-                             spans[kAdampExpAvgSq]);
-            } else {
-              RefStep(hyper, t, p[i], grads[i], spans);
-            }
+              for (double& x : gi) x *= h.standard.max_grad_norm / norm;
           }
         }
-        // Relative error grows with the steps and with cancellation in the states.
-        const double rtol = 2e-5;
+        // BertAdam clips the gradients of each (group, dtype) buffer (here: all, one f32 group).
+        if constexpr (std::is_same_v<Hyper, BertAdamHyper>) {
+          double total = 0.0;
+          for (const auto& gi : g)
+            for (const double x : gi) total += x * x;
+          const double clip = ref::BertAdamClip(hyper.max_grad_norm, total);
+          for (auto& gi : grads)
+            for (double& x : gi) x *= clip;
+        }
         for (std::size_t i = 0; i < tensors.size(); ++i) {
-          EXPECT_EQ(Compare(storage.params<float>(i), p[i], rtol), "") << "param of tensor " << i;
-          for (int k = 0; k < kMaxStates; ++k) {
-            if ((slots >> k & 1u) == 0) continue;
-            EXPECT_EQ(Compare(storage.state<float>(i, k), st[i][k], rtol), "")
-                << A::kStates[k] << " of tensor " << i;
+          StateSpans spans;
+          for (int k = 0; k < kMaxStates; ++k) spans[k] = st[i][k];
+          if constexpr (std::is_same_v<Hyper, AdampHyper>) {
+            ref::AdampStep(hyper, t, tensors[i].rows, p[i], grads[i], spans[kAdampExpAvg],
+                           spans[kAdampExpAvgSq]);
+          } else if constexpr (std::is_same_v<Hyper, AdafactorHyper>) {
+            const std::size_t rows = tensors[i].rows;
+            const std::size_t cols = tensors[i].cols;
+            const std::size_t batch = rows > 0 ? tensors[i].numel / (rows * cols) : 0;
+            ref::AdafactorStep(
+                hyper, t, rows, cols, p[i], grads[i], spans[kAdafactorRowVar].first(batch * rows),
+                spans[kAdafactorColVar].first(batch * cols), spans[kAdafactorVariance]);
+          } else {
+            RefStep(hyper, t, p[i], grads[i], spans);
           }
+        }
+      }
+      // Relative error grows with the steps and with cancellation in the states.
+      const double rtol = 2e-5;
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        EXPECT_EQ(Compare(storage.params<float>(i), p[i], rtol), "") << "param of tensor " << i;
+        for (int k = 0; k < kMaxStates; ++k) {
+          if ((slots >> k & 1u) == 0) continue;
+          EXPECT_EQ(Compare(storage.state<float>(i, k), st[i][k], rtol), "")
+              << A::kStates[k] << " of tensor " << i;
         }
       }
     }

@@ -10,6 +10,7 @@
 // variance); the new factors are stored last. The math is src/math/adafactor_math.h.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -130,11 +131,62 @@ struct Adafactor {
     return static_cast<float>(-alpha / denom);
   }
 
-  // No StandardStep yet: the reference's for-loop keeps row_var and col_var, tensors of another
-  // shape than the param, which the op vocabulary of descriptor.h does not describe (its handles
-  // are param-shaped). The `standard` baseline, the doctor's op counts and `fusedopt train`'s ATen
-  // for-loop refuse adafactor by name.
-  static constexpr bool kNoStandardStep = true;
+  // The shape of each state slot's tensor in StandardStep (torch's _init_group: row_var
+  // grad.shape with size(-1) 1, col_var with size(-2) 1, variance the param's).
+  static constexpr std::array<Shape, kMaxStates> kStateShapes = {Shape::kRows, Shape::kCols,
+                                                                 Shape::kParam};
+
+  // torch 2.13's _single_tensor_adafactor, one tensor op per line (descriptor.h), a new tensor
+  // where the reference makes one. The norms' .item() are f32 values read as doubles; Python's
+  // min(a, b) is a unless b < a, max(a, b) a unless b > a.
+  template <class Step>
+  static void StandardStep(const Hyper& h, const StandardOptions& /*o*/, Step& step) {
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    step.ForEachTensor([&](auto& t) {
+      const auto param = t.param();
+      // grad = grads[i] if not maximize else -grads[i]
+      const auto grad = h.maximize ? t.neg(t.grad()) : t.grad();
+      const auto step_float = static_cast<double>(t.step());  // step_t += 1; step_t.item()
+      const double one_minus_beta2_t = std::pow(step_float, h.beta2_decay);
+      const double inv_sqrt = 1.0 / std::pow(step_float, 0.5);
+      const double rho_t = inv_sqrt < h.lr ? inv_sqrt : h.lr;  // min(lr, 1 / (step_float**0.5))
+      const double sqrt_numel = std::pow(static_cast<double>(t.numel()), 0.5);
+      const double rms = static_cast<float>(t.norm(param)) / sqrt_numel;
+      const double alpha = (rms > h.eps2 ? rms : h.eps2) * rho_t;  // max(eps2, ...) * rho_t
+      if (h.weight_decay != 0.0) t.mul_(param, 1.0 - h.lr * h.weight_decay);
+      const auto var_estimate = [&] {
+        if (t.matrices()) {  // if grad.dim() > 1
+          const auto row_var = t.state(kAdafactorRowVar, kStateShapes[kAdafactorRowVar]);
+          const auto col_var = t.state(kAdafactorColVar, kStateShapes[kAdafactorColVar]);
+          const auto row_mean = t.norm(grad, -1);  // torch.norm(grad, dim=-1, keepdim=True)
+          t.square_(row_mean);                     //   .square_()
+          t.div_(row_mean, static_cast<double>(t.size(-1)));  //   .div_(grad.size(-1))
+          t.lerp_(row_var, row_mean, one_minus_beta2_t);      // row_var.lerp_(row_mean, ...)
+          const auto col_mean = t.norm(grad, -2);  // torch.norm(grad, dim=-2, keepdim=True)
+          t.square_(col_mean);                     //   .square_()
+          t.div_(col_mean, static_cast<double>(t.size(-2)));  //   .div_(grad.size(-2))
+          t.lerp_(col_var, col_mean, one_minus_beta2_t);      // col_var.lerp_(col_mean, ...)
+          const auto estimate = t.matmul(row_var, col_var);   // var_estimate = row_var @ col_var
+          const auto mean = t.mean(row_var, -2);              // row_var.mean(dim=-2, keepdim=True)
+          t.clamp_(mean, h.eps1, kInf);                       //   .clamp_(min=eps1)
+          t.div_(estimate, mean);                             // var_estimate.div_(...)
+          return estimate;
+        }
+        const auto variance = t.state(kAdafactorVariance, kStateShapes[kAdafactorVariance]);
+        const auto grad_squared = t.mul(grad, grad);         // grad_squared = grad * grad
+        t.lerp_(variance, grad_squared, one_minus_beta2_t);  // variance.lerp_(grad_squared, ...)
+        return t.clone(variance);                            // var_estimate = variance.clone()
+      }();
+      // update = var_estimate.clamp_(min=eps1 * eps1).rsqrt_()
+      t.clamp_(var_estimate, h.eps1 * h.eps1, kInf);
+      const auto update = t.rsqrt_(var_estimate);
+      t.mul_(update, grad);  // update.mul_(grad)
+      // denom = max(1.0, update.norm(2).item() / ((update.numel() ** 0.5) * d))
+      const double ratio = static_cast<float>(t.norm(update)) / (sqrt_numel * h.d);
+      const double denom = ratio > 1.0 ? ratio : 1.0;
+      t.add_(param, update, -alpha / denom);  // param.add_(update, alpha=-alpha / denom)
+    });
+  }
 };
 
 }  // namespace fusedopt::algos

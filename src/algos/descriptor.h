@@ -52,8 +52,8 @@
 //   SegmentStates(s)    which state slots a segment needs (by its shape; RequiredStates(h) says
 //                       which ones any segment may need)
 //   Alpha, Factors, NegAlpha  the host work between the passes (see src/algos/adafactor.h)
-// An algorithm may leave out StandardStep (kNoStandardStep): the `standard` baseline, the doctor's
-// op counts and `fusedopt train`'s ATen for-loop then refuse it by name.
+//   kStateShapes        the Shape (below) of each state slot's tensor in StandardStep: row_var
+//                       kRows, col_var kCols, variance kParam
 //
 // src/algos/registry.h lists the descriptors; the step functions, Optimizer<>, the Python module
 // and the tools loop over that list.
@@ -83,6 +83,24 @@
 //   per row, on the host:      row_norms(a, rows)  row_sums(a, rows) (std::vector<double>; read a)
 //   a new temporary:           div_rows(a, values)  mul_rows(a, values) (a / or · values[row])
 // where the doctor's row norms and sums are zeros.
+// For a factored reference (Adafactor: states and temporaries of a param's last two dimensions
+// reduced to 1, as keepdim=True leaves them), a handle has a Shape: kParam, kRows (dim -1 reduced:
+// one value per row, [..., rows, 1]), kCols (dim -2 reduced: [..., 1, cols]) or kMatrices (both:
+// one per matrix, [..., 1, 1]); every op above takes handles of one shape, except where said:
+//   t.matrices()               whether the param has more than one dimension (grad.dim() > 1): a
+//                              batch of size(-2) × size(-1) matrices (Segment::rows, cols; the
+//                              doctor's flat tensors: false)
+//   t.size(dim)                size(-1) or size(-2) of such a param
+//   t.state(slot, shape)       a state slot's tensor of that shape (kStateShapes[slot])
+//   in place, return x:        square_(x)  rsqrt_(x) (1 / sqrt, as ATen's)  div_(x, s)
+//                              div_(x, b): b of x's shape or one that broadcasts to it (fewer
+//                              dims kept: kMatrices over kParam)
+//   a new temporary:           norm(a, dim) (torch.norm(a, dim=dim, keepdim=True), dim -1 or -2:
+//                              the shape with that dim reduced)  mean(a, dim) (a.mean(dim,
+//                              keepdim=True))  matmul(a, b) (a kRows @ b kCols: the outer product
+//                              of each matrix's K = 1 factors, of the param's shape)
+// A reduction reads its input once and writes the small result; matmul writes a param-sized
+// tensor from two small ones.
 #pragma once
 
 #include <array>
@@ -132,6 +150,15 @@ class HyperCheck {
 // The comparison of a masked fill in StandardStep (x[c.gt(t)] = v, c.lt, c.eq).
 enum class Compare { kGt, kLt, kEq };
 
+// The shape of a handle of a factored StandardStep (see the vocabulary above): which of the
+// param's last two dimensions are reduced to size 1 (bit 0: dim -1, bit 1: dim -2).
+enum class Shape : unsigned { kParam = 0, kRows = 1, kCols = 2, kMatrices = 3 };
+
+// The shape `a` leaves after a keepdim reduction over dim (-1 or -2).
+constexpr Shape Reduced(Shape a, int dim) {
+  return static_cast<Shape>(static_cast<unsigned>(a) | (dim == -1 ? 1u : 2u));
+}
+
 // What a reference's for-loop step takes beyond the hyper-parameters of the fused step.
 struct StandardOptions {
   // LAMB: the global gradient clipping inside tools/lamb_reference.py's step() (apex FusedLAMB's
@@ -162,12 +189,6 @@ concept RowReductions = TwoPhase<A> && requires {
 template <class A>
 concept Factored = requires {
   A::kFactored;
-};
-
-// An algorithm with a StandardStep (all but those that declare kNoStandardStep).
-template <class A>
-concept HasStandardStep = !requires {
-  A::kNoStandardStep;
 };
 
 // An algorithm with per-tensor scalar states (kScalarStates, InitialScalar, NextScalars).

@@ -42,13 +42,6 @@ Algorithm CheckedAlgorithm(const DoctorOptions& o) {
     Bad("optimizer", "--optimizer",
         "unknown optimizer '" + o.optimizer + "'; known: " + AlgorithmNames());
   }
-  // The doctor counts the reference's ops from StandardStep: an algorithm without one (adafactor)
-  // has nothing to count.
-  if (!WithDescriptor(a,
-                      [](auto d) { return algos::HasStandardStep<typename decltype(d)::type>; })) {
-    Bad("optimizer", "--optimizer",
-        "'" + o.optimizer + "' is not supported by the doctor yet (no StandardStep to count)");
-  }
   return a;
 }
 
@@ -126,7 +119,8 @@ BenchHyper MakeHyper(const Model& m, const DoctorOptions& o) {
 }
 
 // One elementary op of the for-loop step on one tensor: how many tensors of that tensor's size it
-// reads (distinct tensors: addcmul_(grad, grad) reads grad once) and writes.
+// reads (distinct tensors: addcmul_(grad, grad) reads grad once) and writes. A factored step's
+// small tensors (a row or column factor: rows + cols values per matrix) count as none.
 struct TensorOp {
   int reads;
   int writes;
@@ -135,12 +129,14 @@ struct TensorOp {
 // The doctor's visitor of a descriptor's StandardStep (src/algos/descriptor.h): ForEachTensor runs
 // the body once, on one symbolic tensor, and each op records its TensorOp. The tensor is in steady
 // state (step 2: SGD's first step only copies the grad into its buffer); norm() returns 0 (the
-// sequence does not depend on values). Methods carry torch's op names.
+// sequence does not depend on values). The doctor knows each tensor's numel only: its tensors are
+// vectors (matrices() false), as in the fused step it times. Methods carry torch's op names.
 // NOLINTBEGIN(readability-identifier-naming)
 class OpCounter {
  public:
   struct Tensor {
     int id;
+    algos::Shape shape = algos::Shape::kParam;
   };
 
   template <class F>
@@ -151,10 +147,16 @@ class OpCounter {
   Tensor param() const { return {0}; }
   Tensor grad() const { return {1}; }
   Tensor state(int slot) const { return {2 + slot}; }
+  Tensor state(int slot, algos::Shape shape) const { return {2 + slot, shape}; }
+  bool matrices() const { return false; }
+  std::size_t size(int /*dim*/) const { return 1; }
 
   Tensor mul_(Tensor x, double /*s*/) { return Write(x, {x}); }
   Tensor mul_(Tensor x, Tensor b) { return Write(x, {x, b}); }
   Tensor div_(Tensor x, Tensor b) { return Write(x, {x, b}); }
+  Tensor div_(Tensor x, double /*s*/) { return Write(x, {x}); }
+  Tensor square_(Tensor x) { return Write(x, {x}); }
+  Tensor rsqrt_(Tensor x) { return Write(x, {x}); }
   Tensor add_(Tensor x, double /*s*/) { return Write(x, {x}); }
   Tensor add_(Tensor x, Tensor b, double /*alpha*/) { return Write(x, {x, b}); }
   Tensor lerp_(Tensor x, Tensor b, double /*w*/) { return Write(x, {x, b}); }
@@ -182,6 +184,9 @@ class OpCounter {
   Tensor sqrt(Tensor a) { return New({a}); }
   Tensor addcmul(Tensor a, Tensor b, Tensor c, double /*v*/) { return New({a, b, c}); }
   Tensor sign(Tensor a) { return New({a}); }
+  Tensor norm(Tensor a, int dim) { return New({a}, algos::Reduced(a.shape, dim)); }
+  Tensor mean(Tensor a, int dim) { return New({a}, algos::Reduced(a.shape, dim)); }
+  Tensor matmul(Tensor a, Tensor b) { return New({a, b}, algos::Shape::kParam); }
 
   double norm(Tensor a) {
     Record({a}, 0);
@@ -204,18 +209,24 @@ class OpCounter {
   const std::vector<TensorOp>& ops() const { return ops_; }
 
  private:
+  static bool Full(const Tensor& t) { return t.shape == algos::Shape::kParam; }
   void Record(std::initializer_list<Tensor> reads, int writes) {
     std::set<int> distinct;
-    for (const Tensor& t : reads) distinct.insert(t.id);
+    for (const Tensor& t : reads) {
+      if (Full(t)) distinct.insert(t.id);
+    }
     ops_.push_back({static_cast<int>(distinct.size()), writes});
   }
   Tensor Write(Tensor out, std::initializer_list<Tensor> reads) {
-    Record(reads, 1);
+    Record(reads, Full(out) ? 1 : 0);
     return out;
   }
-  Tensor New(std::initializer_list<Tensor> reads) {
-    Record(reads, 1);
-    return {next_id_++};
+  // A new temporary, of the shape of the first tensor read unless given.
+  Tensor New(std::initializer_list<Tensor> reads) { return New(reads, reads.begin()->shape); }
+  Tensor New(std::initializer_list<Tensor> reads, algos::Shape shape) {
+    const Tensor out{next_id_++, shape};
+    Record(reads, Full(out) ? 1 : 0);
+    return out;
   }
 
   int next_id_ = 2 + kMaxStates;  // after param, grad and the state slots
@@ -231,12 +242,7 @@ std::vector<TensorOp> StandardOpsPerTensor(const Model& m, const DoctorOptions& 
   OpCounter counter;
   WithDescriptor(m.algorithm, [&](auto d) {
     using A = typename decltype(d)::type;
-    if constexpr (algos::HasStandardStep<A>) {
-      A::StandardStep(hyper.Of<typename A::Hyper>(), hyper.standard, counter);
-    } else {
-      throw std::invalid_argument(std::string(A::kName) +
-                                  ": no standard step (the reference's for-loop) to count yet");
-    }
+    A::StandardStep(hyper.Of<typename A::Hyper>(), hyper.standard, counter);
   });
   return counter.ops();
 }
@@ -303,9 +309,12 @@ Timings Measure(const Model& m, const DoctorOptions& o, bool time_standard,
                    },
                    {}});
   const bool reduction_pass = HasReductionPass(m.algorithm);
+  std::optional<FactoredTraffic> factored;
+  if (IsFactored(m.algorithm)) factored.emplace(m.algorithm, segments);
   impls.push_back({"same_traffic",
                    [&] {
                      if (o.clip) SameTrafficGradRead(segments, runtime);
+                     if (factored) return factored->Run(runtime, TrafficStores::kRegular);
                      if (reduction_pass && ReductionReadsGradOnly(m.algorithm)) {
                        SameTrafficGradRead(segments, runtime);
                      } else if (reduction_pass) {
@@ -601,6 +610,13 @@ OpCount CountFusedOps(const DoctorOptions& options) {
   // pre-pass reads the grads again.
   std::size_t passes = 2 + 1 + 2 * static_cast<std::size_t>(states);
   std::size_t ops = 1;
+  if (IsFactored(m.algorithm)) {
+    // Adafactor's doctor tensors are vectors (numels only): the stats pass reads the param, the
+    // grad and the variance, the update pass reads and writes the param and the variance and
+    // reads the grad (FactoredTraffic's bytes).
+    passes = 3 + 5;
+    ops = 2;
+  }
   if (HasReductionPass(m.algorithm)) {
     passes += ReductionReadsGradOnly(m.algorithm) ? 1 : 1 + 1 + static_cast<std::size_t>(states);
     ops += 1;

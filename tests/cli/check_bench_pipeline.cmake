@@ -24,6 +24,23 @@ function(expect_impl json impl)
   endforeach()
 endfunction()
 
+# Adafactor, factored: a vector moves 32 B/param in f32 (stats: param, grad, variance read;
+# update: param and variance r+w, grad read); with --shapes, the model's matrices 24 (stats,
+# norm and update passes: param r, grad r; grad r; param r+w, grad r), 1×1 matrices 44 (their
+# factors element-wise, read in the stats pass, read and written in the update): bytes_per_param
+# is the mean over the params.
+run_bench(adafactor --optimizer adafactor ${tiny})
+expect_key("${json}" 32 bytes_per_param)
+expect_key("${json}" ON reduction_pass)
+foreach(impl fused standard same_traffic)
+  expect_impl("${json}" ${impl})
+endforeach()
+run_bench(adafactor_shapes --optimizer adafactor --shapes mobilenet_v1 --rounds 2 --warmup 1)
+string(JSON bytes GET "${json}" bytes_per_param)
+if(NOT bytes GREATER 24 OR NOT bytes LESS 44)
+  message(FATAL_ERROR "adafactor on mobilenet_v1: bytes_per_param ${bytes}, expected in (24, 44)")
+endif()
+
 # Without --loss-scale/--clip: the impls and keys as before.
 run_bench(default --optimizer adamw ${tiny})
 foreach(impl fused standard same_traffic)

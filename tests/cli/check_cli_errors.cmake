@@ -23,11 +23,11 @@ expect_exit(2 "--numels.*needs [0-9]+ GiB" ${FUSEDOPT} doctor --numels 300,10000
 expect_exit(2 "--threads.*1000000000" ${FUSEDOPT} doctor --numels 300 --step-ms 10 --threads
             1000000000)
 expect_exit(2 "--weight-decay.*nan" ${FUSEDOPT} doctor --numels 300 --step-ms 10 --weight-decay nan)
-# An algorithm without a StandardStep (adafactor): bench and doctor refuse it by name, up front.
-expect_exit(2 "--optimizer adafactor: not supported by fusedopt bench" ${FUSEDOPT} bench --optimizer
-            adafactor --numel 1000 --rounds 1)
-expect_exit(2 "--optimizer.*'adafactor' is not supported by the doctor" ${FUSEDOPT} doctor --optimizer
-            adafactor --numels 300 --step-ms 10 --rounds 1)
+# An unknown optimizer: bench and doctor name it and list the known ones, up front.
+expect_exit(2 "--optimizer: adafactors not in .*adafactor" ${FUSEDOPT} bench --optimizer adafactors
+            --numel 1000 --rounds 1)
+expect_exit(2 "--optimizer.*unknown optimizer 'adafactors'" ${FUSEDOPT} doctor --optimizer
+            adafactors --numels 300 --step-ms 10 --rounds 1)
 
 # Traces: impossible sizes (the sum of two 2^63-1 wraps around), nonsense threads, an unknown
 # format version. Each is the valid tiny trace with one field changed.

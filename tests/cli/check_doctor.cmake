@@ -43,8 +43,17 @@ run_doctor(lamb --numels 300,500 --optimizer lamb --step-ms 10 --optimizer-ms 1)
 expect_key("${json}" 30 standard ops)
 expect_key("${json}" 35200 fused bytes)    # 11 passes x 800 x 4 bytes
 
+# Adafactor (the doctor's tensors are vectors): 9 ops per tensor (the param's norm, grad * grad,
+# lerp_, clone, clamp_, rsqrt_, mul_, the update's norm, add_), 19 passes; fused the stats pass
+# (param, grad, variance read) and the update (param, variance r+w, grad read), 8 passes.
+run_doctor(adafactor --numels 300,500 --optimizer adafactor --step-ms 10 --optimizer-ms 1)
+expect_key("${json}" 18 standard ops)
+expect_key("${json}" 60800 standard bytes)  # 19 passes x 800 x 4 bytes
+expect_key("${json}" 2 fused ops)
+expect_key("${json}" 25600 fused bytes)     # 8 passes x 800 x 4 bytes
+
 # Each entry: the bad option and value first, then what else it needs.
-foreach(bad "--optimizer;adafactor;--step-ms;10" "--step-ms;-1" "--optimizer-ms;20;--step-ms;10"
+foreach(bad "--optimizer;adafactors;--step-ms;10" "--step-ms;-1" "--optimizer-ms;20;--step-ms;10"
             "--clip;abc;--step-ms;10" "--dtype;f64;--step-ms;10")
   execute_process(COMMAND ${FUSEDOPT} doctor --numels 300,500 --rounds 1 ${bad}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

@@ -113,7 +113,8 @@ INSTANTIATE_TEST_SUITE_P(Others, EndToEnd,
                          testing::Combine(testing::Values("transformer_small"),
                                           testing::Values("lion", "lamb", "adamax", "adadelta",
                                                           "radam", "nadam", "asgd", "rprop", "lars",
-                                                          "rmsproptf", "adamp", "bert_adam")),
+                                                          "rmsproptf", "adamp", "bert_adam",
+                                                          "adafactor")),
                          CaseName);
 
 TEST(Models, ShapesMatchThePythonModels) {

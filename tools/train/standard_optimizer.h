@@ -35,10 +35,17 @@ class AtenOps {
   at::Tensor param() const { return param_; }
   at::Tensor grad() const { return param_.grad(); }
   at::Tensor state(int slot) const { return state_.tensors[slot]; }
+  // A factored step's (descriptor.h): the state was made in its shape (StandardOptimizer::step).
+  at::Tensor state(int slot, algos::Shape /*shape*/) const { return state_.tensors[slot]; }
+  bool matrices() const { return param_.dim() > 1; }
+  std::size_t size(int dim) const { return static_cast<std::size_t>(param_.size(dim)); }
 
   at::Tensor mul_(const at::Tensor& x, double s) const { return x.mul_(s); }
   at::Tensor mul_(const at::Tensor& x, const at::Tensor& b) const { return x.mul_(b); }
   at::Tensor div_(const at::Tensor& x, const at::Tensor& b) const { return x.div_(b); }
+  at::Tensor div_(const at::Tensor& x, double s) const { return x.div_(s); }
+  at::Tensor square_(const at::Tensor& x) const { return x.square_(); }
+  at::Tensor rsqrt_(const at::Tensor& x) const { return x.rsqrt_(); }
   at::Tensor add_(const at::Tensor& x, double s) const { return x.add_(s); }
   at::Tensor add_(const at::Tensor& x, const at::Tensor& b, double alpha) const {
     return x.add_(b, alpha);
@@ -91,6 +98,10 @@ class AtenOps {
   }
 
   double norm(const at::Tensor& a) const { return at::linalg_vector_norm(a).item<double>(); }
+  // torch.norm(a, dim=dim, keepdim=True), a.mean(dim=dim, keepdim=True), a @ b
+  at::Tensor norm(const at::Tensor& a, int dim) const { return at::norm(a, 2, {dim}, true); }
+  at::Tensor mean(const at::Tensor& a, int dim) const { return a.mean({dim}, true); }
+  at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) const { return at::matmul(a, b); }
 
   // The row ops (descriptor.h) over a tensor's view(rows, -1), as clovaai's AdamP runs them: rows
   // is the param's size(0) when it has more than one dimension, else 0 (never projected).
@@ -158,9 +169,9 @@ class StandardOptimizer : public torch::optim::Optimizer {
         if (slot == nullptr) {
           auto fresh = std::make_unique<State>();
           for (int k = 0; k < kMaxStates; ++k) {
-            if ((Descriptor::RequiredStates(hyper) >> k & 1u) != 0) {
-              fresh->tensors[k] = at::full_like(p, Descriptor::InitialState(hyper, k),
-                                                at::MemoryFormat::Contiguous);
+            if ((SlotsOf(p, hyper) >> k & 1u) != 0) {
+              fresh->tensors[k] = at::full(StateSizes(p, k), Descriptor::InitialState(hyper, k),
+                                           p.options().memory_format(at::MemoryFormat::Contiguous));
             }
           }
           slot = std::move(fresh);
@@ -170,16 +181,35 @@ class StandardOptimizer : public torch::optim::Optimizer {
         stepped.emplace_back(p, &s);
       }
       Params visitor{stepped};
-      if constexpr (algos::HasStandardStep<Descriptor>) {
-        Descriptor::StandardStep(hyper, algos::StandardOptions{}, visitor);
-      } else {
-        TORCH_CHECK(false, Descriptor::kName, ": no for-loop step (StandardStep) yet");
-      }
+      Descriptor::StandardStep(hyper, algos::StandardOptions{}, visitor);
     }
     return loss;
   }
 
  private:
+  // The state slots of param p: a factored algorithm's depend on its shape (SegmentStates: row_var
+  // and col_var for more than one dimension, else variance), as torch's _init_group makes them.
+  static unsigned SlotsOf(const at::Tensor& p, const Hyper& hyper) {
+    if constexpr (algos::Factored<Descriptor>) {
+      Segment s{};
+      s.rows = p.dim() > 1 ? static_cast<std::size_t>(p.size(-2)) : 0;
+      s.cols = p.dim() > 1 ? static_cast<std::size_t>(p.size(-1)) : 0;
+      return Descriptor::SegmentStates(s) & Descriptor::RequiredStates(hyper);
+    } else {
+      return Descriptor::RequiredStates(hyper);
+    }
+  }
+  // Slot k's sizes: the param's, with the dims its kStateShapes reduces set to 1.
+  static std::vector<std::int64_t> StateSizes(const at::Tensor& p, int k) {
+    std::vector<std::int64_t> sizes(p.sizes().begin(), p.sizes().end());
+    if constexpr (algos::Factored<Descriptor>) {
+      const auto bits = static_cast<unsigned>(Descriptor::kStateShapes[k]);
+      if (p.dim() > 1 && (bits & 1u) != 0) sizes[sizes.size() - 1] = 1;
+      if (p.dim() > 1 && (bits & 2u) != 0) sizes[sizes.size() - 2] = 1;
+    }
+    return sizes;
+  }
+
   // StandardStep's `step`: the group's params in order.
   struct Params {
     std::vector<std::pair<at::Tensor, State*>>& stepped;
