@@ -14,7 +14,10 @@
 //                          with the flag but no 16-bit store nothing changes;
 //   Rounding.Same*         1 vs 2 threads, one segment vs two with matching global_offset (any
 //                          order, other segments in between, separate calls): the same bits;
-//   Rounding.*Reference    Adam with bf16 states and pure-bf16/f16 SGD against the double oracle.
+//   Rounding.*Reference    Adam with bf16 states and pure-bf16/f16 SGD against the double oracle;
+//   Rounding.Adafactor*    the kernel's and the host's (row_var, col_var) stores against the scalar
+//                          functions on every target, 1 vs 2 threads and segment order, and pure
+//                          bf16 following the f32 run where round to nearest stagnates.
 // FOPT_TEST_SMALL (ASan builds) shrinks the sweeps.
 
 #include "fusedopt/rounding.h"
@@ -916,6 +919,270 @@ TEST(Rounding, KernelStochasticRoundingIsUnbiased) {
         EXPECT_DOUBLE_EQ(mean, (1.0 - static_cast<double>(x)) / ulp) << DTypeName(t);
       }
     }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Adafactor: the param and a vector's variance (a 1×1 matrix's factors) are stored by the update
+// kernel, a matrix's row_var and col_var by the host after it (src/core/step.cc StoreFactor).
+
+// One Adafactor tensor: param (16-bit without master, or with an f32 master), grad, and its states
+// (row_var batch·rows and col_var batch·cols for matrices, variance numel for a vector; a 1×1
+// matrix keeps numel of each factor).
+struct AdafactorTensor {
+  std::size_t rows, cols, numel;
+  Buffer param, grad, row_var, col_var, variance;
+  std::vector<float> master;
+
+  AdafactorTensor(DType p, DType st, std::size_t r, std::size_t c, std::size_t n, bool with_master,
+                  std::uint64_t seed)
+      : rows(r),
+        cols(c),
+        numel(n),
+        param(p, n),
+        grad(p, n),
+        row_var(st, r == 0 ? 0 : (r == 1 && c == 1 ? n : n / c)),
+        col_var(st, r == 0 ? 0 : (r == 1 && c == 1 ? n : n / r)),
+        variance(st, r == 0 ? n : 0),
+        master(with_master ? n : 0) {
+    Rng rng(seed);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto x = static_cast<float>(rng.Uniform(-1.0, 1.0));
+      param.Set(i, x);
+      if (with_master) master[i] = x;
+    }
+    for (Buffer* b : {&row_var, &col_var, &variance}) {
+      for (std::size_t i = 0; i < b->size(); ++i)
+        b->Set(i, static_cast<float>(rng.Uniform(1e-4, 0.02)));
+    }
+  }
+
+  void NewGrad(std::uint64_t seed) {
+    Rng rng(seed);
+    for (std::size_t i = 0; i < numel; ++i) grad.Set(i, static_cast<float>(rng.Uniform(-0.1, 0.1)));
+  }
+
+  // The same tensor with f32 param and states (exact copies of the 16-bit values): its step gives
+  // the f32 values the 16-bit run rounds.
+  AdafactorTensor F32Copy() const {
+    AdafactorTensor t(kF32, kF32, rows, cols, numel, false, 0);
+    for (std::size_t i = 0; i < numel; ++i)
+      t.param.Set(i, master.empty() ? param.Get(i) : master[i]);
+    for (std::size_t i = 0; i < numel; ++i) t.grad.Set(i, grad.Get(i));
+    for (auto [from, to] : {std::pair{&row_var, &t.row_var}, std::pair{&col_var, &t.col_var},
+                            std::pair{&variance, &t.variance}}) {
+      for (std::size_t i = 0; i < from->size(); ++i) to->Set(i, from->Get(i));
+    }
+    return t;
+  }
+
+  Segment MakeSegment(std::int64_t step, std::uint64_t seed, std::uint64_t global_offset,
+                      bool stochastic) {
+    Segment s;
+    s.param = param.data();
+    s.grad = grad.data();
+    s.master = master.empty() ? nullptr : master.data();
+    if (rows > 0) {
+      s.state[kAdafactorRowVar] = row_var.data();
+      s.state[kAdafactorColVar] = col_var.data();
+    } else {
+      s.state[kAdafactorVariance] = variance.data();
+    }
+    s.numel = numel;
+    s.rows = rows;
+    s.cols = cols;
+    s.param_dtype = param.dtype();
+    s.grad_dtype = grad.dtype();
+    s.state_dtype = row_var.dtype();
+    s.step = step;
+    s.stochastic_rounding = stochastic;
+    s.rounding_seed = seed;
+    s.global_offset = global_offset;
+    return s;
+  }
+
+  bool operator==(const AdafactorTensor& o) const {
+    return param == o.param && row_var == o.row_var && col_var == o.col_var &&
+           variance == o.variance && master == o.master;
+  }
+};
+
+// Matrices over several tiles, a batch of small matrices grouped into tiles, 1×1 matrices
+// (element-wise factors, stored by the kernel), a vector over two tiles, with global offsets that
+// leave each tensor its own index range.
+struct AdafactorSrCase {
+  std::size_t rows, cols, numel;
+  bool master;
+  std::uint64_t global_offset;
+};
+std::vector<AdafactorSrCase> AdafactorSrCases() {
+  return {{1100, 40, 44000, false, 0},
+          {3, 3, 9 * 5000, false, 50000},
+          {2, 4100, 3 * 2 * 4100, false, 100000},
+          {1, 1, 4099, false, 130000},
+          {0, 0, 40000 + 7, false, 140000},
+          {5, 300, 3 * 5 * 300, true, 190000}};
+}
+
+const AdafactorHyper kAdafactor{.lr = 0.01, .weight_decay = 0.1};
+
+void AdafactorSteps(std::span<const Segment> segments, Runtime& runtime) {
+  AdafactorStep({&kAdafactor, 1}, segments, runtime);
+}
+
+// Every stochastic store of an Adafactor step is the scalar rounding (rounding.h) of the f32 value
+// the same step computes with f32 storage, with the noise of (seed, step, global_offset + index,
+// stream): the param's index in the tensor on stream 0, a factor's index in its row_var / col_var
+// buffer (an element's for variance) on 1 + slot. On every target, over three steps, bf16 and f16
+// states, 16-bit params without master (and one with an f32 master, whose param copy rounds to
+// nearest even). The mean signed error of each buffer is zero within 5σ (round to nearest even of
+// these values is off by far more after the sub-ulp state updates; see the next test).
+TEST(Rounding, AdafactorStoresAreTheScalarRoundingOnEveryTarget) {
+  TargetGuard guard;
+  Runtime runtime(2);
+  const std::uint64_t seed = 1234;
+  const std::vector<std::string> targets =
+      SmallOnly() ? std::vector<std::string>{AvailableTargets().front()} : AvailableTargets();
+  for (const std::string& target : targets) {
+    ForceTarget(target);
+    for (DType t : {kBF16, kF16}) {
+      for (const AdafactorSrCase& c : AdafactorSrCases()) {
+        SCOPED_TRACE(target + " " + std::string(DTypeName(t)) + " rows " + std::to_string(c.rows) +
+                     " cols " + std::to_string(c.cols) + " numel " + std::to_string(c.numel));
+        AdafactorTensor sr(t, t, c.rows, c.cols, c.numel, c.master, 7 + c.numel);
+        for (std::int64_t step = 1; step <= 3; ++step) {
+          sr.NewGrad(100 * step + c.numel);
+          AdafactorTensor exact = sr.F32Copy();
+          const Segment se = exact.MakeSegment(step, seed, c.global_offset, false);
+          AdafactorSteps({&se, 1}, runtime);
+          const Segment ss = sr.MakeSegment(step, seed, c.global_offset, true);
+          AdafactorSteps({&ss, 1}, runtime);
+          const auto check = [&](const Buffer& got, const Buffer& f32, std::uint32_t stream,
+                                 bool stochastic, const char* name) {
+            double sum = 0.0;
+            int failures = 0;
+            for (std::size_t i = 0; i < got.size(); ++i) {
+              const float v = f32.Get(i);
+              const std::uint16_t want =
+                  stochastic ? RoundStochastic(
+                                   t, v, RoundingNoise(seed, step, c.global_offset + i, stream))
+                             : (t == kBF16 ? F32ToBF16(v) : F32ToF16(v));
+              if (got.Bits16(i) != want && failures++ < 5) {
+                ADD_FAILURE() << name << " step " << step << " i=" << i << ": "
+                              << Hex(got.Bits16(i)) << " for " << v << ", want " << Hex(want);
+              }
+              sum += (got.Get(i) - static_cast<double>(v)) / Ulp16(t, v);
+            }
+            if (stochastic && got.size() >= 4000) {
+              const double mean = sum / static_cast<double>(got.size());
+              EXPECT_LT(std::abs(mean), 5.0 * 0.5 / std::sqrt(static_cast<double>(got.size())))
+                  << name << " step " << step << ": mean signed error " << mean << " ulp";
+            }
+          };
+          check(sr.param, exact.param, kRoundingStreamParam, !c.master, "param");
+          if (c.master) {
+            for (std::size_t i = 0; i < c.numel; ++i) {
+              ASSERT_EQ(Bits(sr.master[i]), exact.param.Bits32(i)) << "master i=" << i;
+            }
+          }
+          check(sr.row_var, exact.row_var, RoundingStreamState(kAdafactorRowVar), true, "row_var");
+          check(sr.col_var, exact.col_var, RoundingStreamState(kAdafactorColVar), true, "col_var");
+          check(sr.variance, exact.variance, RoundingStreamState(kAdafactorVariance), true,
+                "variance");
+        }
+      }
+    }
+  }
+}
+
+// 1 vs 2 threads, the segments in another order in one call, or one call each: the same bits. A
+// different seed changes them.
+TEST(Rounding, AdafactorSameBitsForAnyThreadCountAndSegmentOrder) {
+  const std::vector<AdafactorSrCase> cases = AdafactorSrCases();
+  const std::uint64_t seed = 5;
+  const auto fresh = [&] {
+    std::vector<AdafactorTensor> ts;
+    for (const AdafactorSrCase& c : cases)
+      ts.emplace_back(kBF16, kBF16, c.rows, c.cols, c.numel, c.master, c.numel);
+    return ts;
+  };
+  // mode 0: one call, in order; 1: one call, reversed; 2: one call per tensor.
+  const auto run = [&](std::vector<AdafactorTensor>& ts, int threads, int mode, std::uint64_t sd) {
+    Runtime runtime(threads);
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      std::vector<Segment> segs;
+      for (std::size_t k = 0; k < ts.size(); ++k) {
+        ts[k].NewGrad(step * 31 + k);
+        segs.push_back(ts[k].MakeSegment(step, sd, cases[k].global_offset, true));
+      }
+      if (mode == 1) std::reverse(segs.begin(), segs.end());
+      if (mode == 2) {
+        for (const Segment& s : segs) AdafactorSteps({&s, 1}, runtime);
+      } else {
+        AdafactorSteps(segs, runtime);
+      }
+    }
+  };
+  std::vector<AdafactorTensor> ref = fresh();
+  run(ref, 1, 0, seed);
+  for (auto [threads, mode] : {std::pair{2, 0}, std::pair{2, 1}, std::pair{1, 2}}) {
+    std::vector<AdafactorTensor> ts = fresh();
+    run(ts, threads, mode, seed);
+    for (std::size_t k = 0; k < ts.size(); ++k) {
+      EXPECT_TRUE(ts[k] == ref[k]) << "threads " << threads << " mode " << mode << " tensor " << k;
+    }
+  }
+  std::vector<AdafactorTensor> other = fresh();
+  run(other, 2, 0, seed + 1);
+  for (std::size_t k = 0; k < other.size(); ++k) {
+    EXPECT_FALSE(other[k] == ref[k]) << "seed " << seed + 1 << " tensor " << k;
+  }
+  EXPECT_FALSE(other[0].row_var == ref[0].row_var);
+  EXPECT_FALSE(other[0].col_var == ref[0].col_var);
+  EXPECT_FALSE(other[4].variance == ref[4].variance);
+}
+
+// Pure bf16 Adafactor (bf16 param without master, bf16 states) over many steps with positive
+// gradients and updates of a fraction of an ulp of the param (about 0.05 ulp a step): round to
+// nearest even never moves the param, stochastic rounding follows the f32 run (same grads, f32
+// storage) on average, within 5σ of the sum of `steps` zero-mean rounding errors per element.
+TEST(Rounding, AdafactorPureBf16FollowsTheF32Run) {
+  const int steps = SmallOnly() ? 30 : 60;
+  for (const AdafactorSrCase& c :
+       {AdafactorSrCase{64, 128, 2 * 64 * 128, false, 0}, AdafactorSrCase{0, 0, 16384, false, 0}}) {
+    SCOPED_TRACE("rows " + std::to_string(c.rows));
+    AdafactorTensor sr(kBF16, kBF16, c.rows, c.cols, c.numel, false, 3);
+    for (std::size_t i = 0; i < c.numel; ++i)
+      sr.param.Set(i, 1.0f + 0.5f * std::abs(sr.param.Get(i)));
+    AdafactorTensor rne = sr;
+    AdafactorTensor f32 = sr.F32Copy();
+    const AdafactorTensor start = f32;
+    const AdafactorHyper h{.lr = 3e-4};
+    Runtime runtime(2);
+    for (std::int64_t step = 1; step <= steps; ++step) {
+      Rng rng(step);
+      for (std::size_t i = 0; i < c.numel; ++i) {
+        sr.grad.Set(i, static_cast<float>(rng.Uniform(0.02, 0.1)));
+        rne.grad.Set(i, sr.grad.Get(i));
+        f32.grad.Set(i, sr.grad.Get(i));
+      }
+      for (AdafactorTensor* t : {&sr, &rne, &f32}) {
+        const Segment s = t->MakeSegment(step, 9, 0, t == &sr);
+        AdafactorStep({&h, 1}, {&s, 1}, runtime);
+      }
+    }
+    double err_sr = 0.0, drift = 0.0;
+    for (std::size_t i = 0; i < c.numel; ++i) {
+      const double want = f32.param.Get(i);
+      const double ulp = Ulp16(kBF16, 1.5);  // params stay in [1, 2)
+      err_sr += (sr.param.Get(i) - want) / ulp;
+      drift += (start.param.Get(i) - want) / ulp;
+      ASSERT_EQ(rne.param.Get(i), start.param.Get(i)) << "round to nearest moved i=" << i;
+    }
+    const double n = static_cast<double>(c.numel);
+    EXPECT_LT(std::abs(err_sr / n), 5.0 * 0.5 * std::sqrt(steps / n))
+        << "mean error " << err_sr / n << " ulp";
+    EXPECT_GT(drift / n, 1.0) << "the f32 run should move the params by more than an ulp";
   }
 }
 

@@ -451,9 +451,9 @@ TEST(Validation, AdafactorAcceptsTheEdges) {
   EXPECT_NO_THROW(AdafactorStep(groups, m.segments()));
 }
 
-// A factored segment: rows and cols both set (and dividing numel) or both 0; numel > 0; no
-// stochastic rounding; row_var and col_var for matrices, variance for vectors (the other slots may
-// be null). Each rejection leaves every buffer as it was.
+// A factored segment: rows and cols both set (and dividing numel) or both 0; numel > 0; with
+// stochastic rounding, a valid global_offset; row_var and col_var for matrices, variance for
+// vectors (the other slots may be null). Each rejection leaves every buffer as it was.
 TEST(Validation, AdafactorSegments) {
   const std::vector<AdafactorHyper> groups = {AdafactorHyper{}, AdafactorHyper{.lr = 0.1}};
   const auto step = [&](const Model& m) { AdafactorStep(groups, m.segments()); };
@@ -499,8 +499,13 @@ TEST(Validation, AdafactorSegments) {
   }
   {
     Model m = MakeModel(groups[0], groups[1]);
+    // Stochastic rounding is checked as for every algorithm: room for the segment's indices after
+    // global_offset (its factors' indices are fewer).
     m.segment(2).stochastic_rounding = true;
-    ExpectRejected(m, [&] { step(m); }, {"segment 2", "stochastic_rounding"});
+    m.segment(2).global_offset = std::numeric_limits<std::uint64_t>::max() - 10;
+    ExpectRejected(m, [&] { step(m); }, {"AdafactorStep", "segment 2", "global_offset"});
+    m.segment(2).global_offset = 0;
+    EXPECT_NO_THROW(step(m));
   }
 }
 

@@ -752,18 +752,14 @@ class FusedAdafactor(FusedOptimizerMixin, torch.optim.Adafactor):
     update), two over a vector, every sum in double in a fixed order: results match torch to about 1e-7
     relative, not bit for bit (torch.norm sums in an order of its own). Params of no elements, complex params
     and params whose last two dimensions are not row-major contiguous take torch's step (which raises for the
-    first two, as torch.optim.Adafactor does). flatten=True and stochastic_rounding=True are refused."""
+    first two, as torch.optim.Adafactor does). stochastic_rounding=True rounds 16-bit stores stochastically: the
+    param without master copy and variance in the update kernel, row_var and col_var where the step stores them
+    (noise keyed on seed, step, the element's or factor's index and the state, docs/numerics.md). flatten=True
+    puts params, grads and variance into flat buffers; row_var and col_var stay tensors of their own, so the
+    state_dict keeps torch's keys, shapes and dtypes."""
 
     _algorithm = "adafactor"
     _sparse_message = "Adafactor does not support sparse gradients"
-
-    def __init__(self, params, *args, flatten: bool = False, stochastic_rounding: bool = False, **kwargs):
-        if flatten:
-            raise ValueError("fusedopt: FusedAdafactor does not support flatten=True (its row_var and col_var "
-                             "are not shaped like the params)")
-        if stochastic_rounding:
-            raise ValueError("fusedopt: FusedAdafactor does not support stochastic_rounding=True")
-        super().__init__(params, *args, **kwargs)
 
     def _hyper(self, g):
         eps1 = g["eps"][0]

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fusedopt/convert.h"
+#include "fusedopt/rounding.h"
 #include "src/algos/registry.h"
 #include "src/core/parallel.h"
 #include "src/core/tiles.h"
@@ -22,10 +23,9 @@ namespace fusedopt {
 namespace {
 
 // A segment of a factored algorithm: its shape (rows and cols both 0, or both set and dividing
-// numel), the state slots of that shape (numel > 0), no stochastic rounding (not implemented for
-// the tiles). A segment of numel 0 is left as it is (torch's Adafactor divides by numel: an empty
-// param raises ZeroDivisionError there; TrainingStep's up-front check runs every segment with numel
-// 0).
+// numel), the state slots of that shape (numel > 0). A segment of numel 0 is left as it is (torch's
+// Adafactor divides by numel: an empty param raises ZeroDivisionError there; TrainingStep's
+// up-front check runs every segment with numel 0).
 template <class A>
 void ValidateFactored(std::size_t i, const Segment& s) {
   if ((s.rows == 0) != (s.cols == 0)) {
@@ -35,9 +35,6 @@ void ValidateFactored(std::size_t i, const Segment& s) {
   if (s.rows > 0 && s.numel % (s.rows * s.cols) != 0) {
     Fail(A::kStepName, "segment ", i, ": rows ", s.rows, " × cols ", s.cols,
          " does not divide numel ", s.numel);
-  }
-  if (s.stochastic_rounding) {
-    Fail(A::kStepName, "segment ", i, ": stochastic_rounding is not supported");
   }
   if (s.numel > 0) ValidateStates(A::kStepName, i, s, A::SegmentStates(s), A::kStates);
 }
@@ -155,8 +152,7 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
   }
 }
 
-// Reads n elements of a state buffer of dtype t as f32 (into out), or writes them back (rounded to
-// nearest even).
+// Reads n elements of a state buffer of dtype t as f32 (into out).
 void LoadFactor(const void* state, DType t, std::span<float> out) {
   if (t == DType::kF32) {
     std::copy_n(static_cast<const float*>(state), out.size(), out.data());
@@ -164,11 +160,29 @@ void LoadFactor(const void* state, DType t, std::span<float> out) {
     ConvertBuffer(state, t, out.data(), DType::kF32, out.size());
   }
 }
-void StoreFactor(std::span<const float> in, void* state, DType t) {
+
+// Writes a factor buffer (state[slot] of segment s) back: round to nearest even, or, for a 16-bit
+// state of a segment with stochastic_rounding, stochastically with the kernels' noise
+// (rounding.h), element k of the factor keyed as global index global_offset + k on the slot's
+// stream. A factor has fewer elements than the param, so those indices stay in the segment's own
+// range (distinct from other segments', valid by ValidateSegment), and depend on nothing but the
+// shapes: the contract of docs/numerics.md.
+void StoreFactor(std::span<const float> in, const Segment& s, int slot) {
+  void* state = s.state[slot];
+  const DType t = s.state_dtype;
   if (t == DType::kF32) {
     std::copy_n(in.data(), in.size(), static_cast<float*>(state));
-  } else {
+  } else if (!s.stochastic_rounding) {
     ConvertBuffer(in.data(), DType::kF32, state, t, in.size());
+  } else {
+    auto* out = static_cast<std::uint16_t*>(state);
+    const std::uint32_t stream = RoundingStreamState(slot);
+    for (std::size_t k = 0; k < in.size(); ++k) {
+      const std::uint32_t noise =
+          RoundingNoise(s.rounding_seed, s.step, s.global_offset + k, stream);
+      out[k] =
+          t == DType::kBF16 ? F32ToBF16Stochastic(in[k], noise) : F32ToF16Stochastic(in[k], noise);
+    }
   }
 }
 
@@ -222,7 +236,8 @@ std::size_t TileMatrices(const Tile& t, std::size_t rows) {
 // per-row and per-column Σg²; a vector's ΣU²), each segment's sums added tile by tile in order;
 // (2) on the host, per segment, alpha and a matrix's new factors (from the old ones in its state
 // buffers, into scratch); (3) the norm pass, ΣU² of each matrix from the new factors; (4) the
-// clipping coefficient; (5) the update pass; (6) the new factors into the state buffers. Every sum
+// clipping coefficient; (5) the update pass; (6) the new factors into the state buffers (rounded
+// stochastically where the segment asks, as the kernels' stores in (5)). Every sum
 // is in double in an order fixed by the shapes, so the step is bit-identical on any thread count
 // and SIMD target; nothing is written before (5), so a rejected call changes nothing.
 template <algos::Factored A>
@@ -333,10 +348,10 @@ void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const 
     const Segment& s = segments[i];
     if (s.rows == 0 || s.numel == 0 || Pointwise(s)) continue;
     const std::size_t batch = s.numel / (s.rows * s.cols);
-    StoreFactor(std::span<const float>(&factors[first_factor[i]], batch * s.rows),
-                s.state[kAdafactorRowVar], s.state_dtype);
+    StoreFactor(std::span<const float>(&factors[first_factor[i]], batch * s.rows), s,
+                kAdafactorRowVar);
     StoreFactor(std::span<const float>(&factors[first_factor[i] + batch * s.rows], batch * s.cols),
-                s.state[kAdafactorColVar], s.state_dtype);
+                s, kAdafactorColVar);
   }
 }
 

@@ -4,10 +4,11 @@
 // param before the decay and, for a factored param, Σg² of each tile row and each tile column (in
 // double, each column's rows added in order) or, for a vector, ΣU² with the variance's new value;
 // the norm pass ΣU² of a factored param from the new factors; the update pass writes the param and
-// a vector's variance.
+// a vector's variance, rounded stochastically where the segment asks (docs/numerics.md).
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 
 #include "src/core/kernels.h"
 
@@ -39,6 +40,8 @@ HWY_INLINE void AddSquares(DF df, hn::Vec<DF> x, double* acc) {
   }
 }
 
+// The reduction passes of one tile (kStats, kNorm): they store nothing, so they always run with
+// the round-to-nearest Buffers.
 template <class Buffers>
 HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorScalars& s,
                                              const Tile& t, TilePass pass, double* stats,
@@ -120,8 +123,27 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorSc
       update_sq.Add(d, u, c - t.col_begin);
     });
     *norm = update_sq.Total();
-    return;
   }
+}
+
+// The update pass of one tile: writes the param and a vector's variance (a 1×1 matrix's
+// element-wise factors). Apart from the reductions so that the stochastic-rounding Buffers
+// (SegmentBuffers<P, AnyGrad, S, true>) instantiate only the pass that stores.
+template <class Buffers>
+HWY_NOINLINE FOPT_FLATTEN void AdafactorUpdateTile(const Buffers& b, const AdafactorScalars& s,
+                                                   const Tile& t) {
+  const auto for_each = [&](const auto& f) HWY_ATTR {
+    for (std::size_t r = t.row_begin; r < t.row_end; ++r) {
+      const std::size_t row_start = t.base + r * t.stride;
+      ForEachVector(t.col_begin, t.col_end,
+                    [&](auto d, std::size_t c) HWY_ATTR { f(d, row_start + c, c, r); });
+    }
+  };
+  // As in AdafactorTile.
+  const bool pointwise = s.rows == 1 && s.cols == 1;
+  const bool factored = s.rows != 0 && !pointwise;
+  const std::size_t mat_row = t.batch * s.rows;
+  const auto matrix = [&](std::size_t r) { return factored ? t.batch + r / s.rows : 0; };
   WithFlags(
       [&](auto decay) HWY_ATTR {
         constexpr bool kDecay = decltype(decay)::value;
@@ -174,7 +196,31 @@ void AdafactorTiles(const TilePlan<AdafactorScalars>& plan, TilePass pass, std::
     const AdafactorScalars& s = plan.scalars[t.segment];
     double* stats = pass == TilePass::kStats ? sums + t.out : nullptr;
     double* norm = pass == TilePass::kNorm ? sums + k : nullptr;
-    // The step rejects stochastic rounding for this algorithm: only round-to-nearest loops.
+    if (pass == TilePass::kUpdate) {
+      // A 16-bit param without master or 16-bit states round stochastically when asked: those loops
+      // read the grad through AnyGrad, as RunPlanChunks's, and key the noise from the tile's first
+      // element (its lanes then reach global_offset + i for any i of the tile).
+      if (RoundsStochastically(seg)) {
+        const std::size_t first = t.base + t.row_begin * t.stride + t.col_begin;
+        WithStorageType(seg.param_dtype, [&](auto p) HWY_ATTR {
+          using P = typename std::decay_t<decltype(p)>::type;
+          WithStorageType(seg.state_dtype, [&](auto st) HWY_ATTR {
+            using S = typename std::decay_t<decltype(st)>::type;
+            if constexpr (!std::is_same_v<P, float> || !std::is_same_v<S, float>) {
+              AdafactorUpdateTile(SegmentBuffers<P, AnyGrad, S, true>(seg, first), s, t);
+            }
+          });
+        });
+        continue;
+      }
+      WithKernelStorageTypes(
+          seg.param_dtype, seg.grad_dtype, seg.state_dtype, [&](auto p, auto g, auto st) HWY_ATTR {
+            using Buffers = SegmentBuffers<typename decltype(p)::type, typename decltype(g)::type,
+                                           typename decltype(st)::type>;
+            AdafactorUpdateTile(Buffers(seg), s, t);
+          });
+      continue;
+    }
     WithKernelStorageTypes(
         seg.param_dtype, seg.grad_dtype, seg.state_dtype, [&](auto p, auto g, auto st) HWY_ATTR {
           using Buffers = SegmentBuffers<typename decltype(p)::type, typename decltype(g)::type,
