@@ -174,7 +174,7 @@ MODELS = {name: constructor for name, constructor, _, _ in gen_model_shapes.MODE
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 TORCH_IMPLS = ("torch_forloop", "torch_foreach", "torch_fused")
 FUSEDOPT_IMPLS = ("fused", "fused_flat")
-NO_FLATTEN = ("adafactor",)  # FusedAdafactor refuses flatten=True (its row_var/col_var are not param-shaped)
+NO_FLATTEN = ("adafactor",)  # timed without flatten=True (measured before FusedAdafactor took it; docs/benchmarks.md)
 
 
 def fused_impls(optimizer: str) -> tuple[str, ...]:
