@@ -1,8 +1,8 @@
 """The committed generated files are what their generators make from torch 2.13 today.
 
-Golden vectors (tests/golden) are regenerated with torch.optim and compared value by value (to 1e-6 relative:
-torch's own CPU kernels may round differently on another CPU); the model shape table is compared byte for
-byte. Both prove the C++ tests' references really come from torch.
+Golden vectors (tests/golden) are regenerated with torch.optim and compared value by value (to 1e-6 relative, or
+REL_TOL's bound: torch's own CPU kernels may round differently on another CPU); the model shape table is compared
+byte for byte. Both prove the C++ tests' references really come from torch.
 """
 
 import json
@@ -18,21 +18,28 @@ def run(*args):
     subprocess.run([sys.executable, *args], cwd=ROOT, check=True, capture_output=True, text=True)
 
 
-def assert_close(got, want, where):
+# torch's f32 sqrt (MKL, not correctly rounded: shared/docs/algorithms-more.md §0) can round an input differently
+# on another CPU even where the probe in "torch_sqrt" counts the same; in a 100-step run without bias correction
+# (BertAdam: m / (sqrt(v) + e)) that element then drifts: seen 1.87e-6 relative on one element of bertadam.json
+# regenerated on an AMD EPYC (AVX2) from the Intel Xeon's file, every other value of every file identical.
+REL_TOL = {"bertadam.json": 1e-5}
+
+
+def assert_close(got, want, where, tol=1e-6):
     if isinstance(want, dict):
         assert isinstance(got, dict) and got.keys() == want.keys(), where
         for k in want:
-            assert_close(got[k], want[k], f"{where}.{k}")
+            assert_close(got[k], want[k], f"{where}.{k}", tol)
     elif isinstance(want, list):
         assert isinstance(got, list) and len(got) == len(want), where
         scale = max((abs(x) for x in want if isinstance(x, (int, float))), default=0.0)
         for i, (g, w) in enumerate(zip(got, want)):
             if isinstance(w, float):
-                assert math.isclose(g, w, rel_tol=1e-6, abs_tol=1e-6 * scale), f"{where}[{i}]: {g} != {w}"
+                assert math.isclose(g, w, rel_tol=tol, abs_tol=tol * scale), f"{where}[{i}]: {g} != {w}"
             else:
-                assert_close(g, w, f"{where}[{i}]")
+                assert_close(g, w, f"{where}[{i}]", tol)
     elif isinstance(want, float):
-        assert math.isclose(got, want, rel_tol=1e-6), f"{where}: {got} != {want}"
+        assert math.isclose(got, want, rel_tol=tol), f"{where}: {got} != {want}"
     else:
         assert got == want, f"{where}: {got!r} != {want!r}"
 
@@ -46,7 +53,7 @@ def test_golden_vectors_regenerate_from_torch(tmp_path):
     for path in committed:
         want = {k: v for k, v in json.loads(path.read_text()).items() if k not in skip}
         got = {k: v for k, v in json.loads((tmp_path / path.name).read_text()).items() if k not in skip}
-        assert_close(got, want, path.name)
+        assert_close(got, want, path.name, REL_TOL.get(path.name, 1e-6))
 
 
 def test_model_shapes_regenerate_identically(tmp_path):
