@@ -40,6 +40,41 @@ HWY_INLINE void AddSquares(DF df, hn::Vec<DF> x, double* acc) {
   }
 }
 
+// Where a tile's rows lie. A tile's row r is row r % rows of matrix t.batch + r / rows
+// (src/core/step.cc groups small matrices into one tile): its row factor is
+// row_var[t.batch·rows + r], its column factors start at col_var[(t.batch + r / rows)·cols], its
+// row mean is row_mean[t.batch + r / rows]. 1×1 matrices (AdafactorPointwiseUpdate) run as a
+// vector: one row of numel columns, the factors element-wise in state[kAdafactorRowVar] and
+// [kAdafactorColVar], row_mean[0] the clamp f32(eps1).
+struct TileRows {
+  TileRows(const Tile& tile, const AdafactorScalars& s)
+      : t(tile),
+        rows(s.rows),
+        pointwise(s.rows == 1 && s.cols == 1),
+        factored(s.rows != 0 && !pointwise),
+        mat_row(tile.batch * s.rows) {}
+
+  // The matrix of tile row r (0 for a vector).
+  std::size_t Matrix(std::size_t r) const { return factored ? t.batch + r / rows : 0; }
+
+  // Calls f(d, i, c, row) for the vectors of each row of the tile, rows in order: i the element's
+  // index in the segment, c its column.
+  template <class F>
+  HWY_INLINE void ForEach(const F& f) const {
+    for (std::size_t r = t.row_begin; r < t.row_end; ++r) {
+      const std::size_t row_start = t.base + r * t.stride;
+      ForEachVector(t.col_begin, t.col_end,
+                    [&](auto d, std::size_t c) HWY_ATTR { f(d, row_start + c, c, r); });
+    }
+  }
+
+  const Tile& t;
+  std::size_t rows;
+  bool pointwise;
+  bool factored;
+  std::size_t mat_row;  // the tile's first row in row_var
+};
+
 // The reduction passes of one tile (kStats, kNorm): they store nothing, so they always run with
 // the round-to-nearest Buffers.
 template <class Buffers>
@@ -47,37 +82,19 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorSc
                                              const Tile& t, TilePass pass, double* stats,
                                              double* norm) {
   const std::size_t width = t.col_end - t.col_begin;
-  // Calls f(d, i, c, row) for the vectors of each row of the tile, rows in order: i the element's
-  // index in the segment, c its column.
-  const auto for_each = [&](const auto& f) HWY_ATTR {
-    for (std::size_t r = t.row_begin; r < t.row_end; ++r) {
-      const std::size_t row_start = t.base + r * t.stride;
-      ForEachVector(t.col_begin, t.col_end,
-                    [&](auto d, std::size_t c) HWY_ATTR { f(d, row_start + c, c, r); });
-    }
-  };
-  // A tile's row r is row r % rows of matrix t.batch + r / rows (src/core/step.cc groups small
-  // matrices into one tile): its row factor is row_var[t.batch·rows + r], its column factors start
-  // at col_var[(t.batch + r / rows)·cols], its row mean is row_mean[t.batch + r / rows].
-  // 1×1 matrices (AdafactorPointwiseUpdate) run as a vector: one row of numel columns, the factors
-  // element-wise in state[kAdafactorRowVar] and [kAdafactorColVar], row_mean[0] the clamp
-  // f32(eps1).
-  const bool pointwise = s.rows == 1 && s.cols == 1;
-  const bool factored = s.rows != 0 && !pointwise;
-  const std::size_t mat_row = t.batch * s.rows;
-  const auto matrix = [&](std::size_t r) { return factored ? t.batch + r / s.rows : 0; };
+  const TileRows rows(t, s);
   if (pass == TilePass::kStats) {
     SquareSum param_sq;
-    if (factored) {
+    if (rows.factored) {
       double* row_sums = stats + 1;
       // the column sums of each matrix the tile touches, one after the other
       double* col_sums = stats + 1 + (t.row_end - t.row_begin);
-      const std::size_t first = matrix(t.row_begin);
-      std::fill_n(col_sums, (matrix(t.row_end - 1) - first + 1) * width, 0.0);
+      const std::size_t first = rows.Matrix(t.row_begin);
+      std::fill_n(col_sums, (rows.Matrix(t.row_end - 1) - first + 1) * width, 0.0);
       for (std::size_t r = t.row_begin; r < t.row_end; ++r) {
         SquareSum grad_sq;
         const std::size_t row_start = t.base + r * t.stride;
-        double* cols = col_sums + (matrix(r) - first) * width;
+        double* cols = col_sums + (rows.Matrix(r) - first) * width;
         ForEachVector(t.col_begin, t.col_end, [&](auto d, std::size_t c) HWY_ATTR {
           const HwyOps<decltype(d)> o{d};
           const std::size_t k = c - t.col_begin;
@@ -91,12 +108,12 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorSc
       stats[0] = param_sq.Total();
     } else {
       SquareSum update_sq;
-      for_each([&](auto d, std::size_t i, std::size_t c, std::size_t) HWY_ATTR {
+      rows.ForEach([&](auto d, std::size_t i, std::size_t c, std::size_t) HWY_ATTR {
         const HwyOps<decltype(d)> o{d};
         const std::size_t k = c - t.col_begin;
         const auto g = o.Mul(b.Grad(d, i), o.Set(s.grad_mul));
         param_sq.Add(d, b.param.Load(d, i), k);
-        if (pointwise) {
+        if (rows.pointwise) {
           auto r = b.LoadState(d, kAdafactorRowVar, i);
           auto c1 = b.LoadState(d, kAdafactorColVar, i);
           update_sq.Add(d, AdafactorPointwiseUpdate(o, s, g, r, c1, s.row_mean[0]), k);
@@ -111,14 +128,14 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorSc
     return;
   }
   if (pass == TilePass::kNorm) {
-    if (!factored) return;
+    if (!rows.factored) return;
     SquareSum update_sq;
-    for_each([&](auto d, std::size_t i, std::size_t c, std::size_t r) HWY_ATTR {
+    rows.ForEach([&](auto d, std::size_t i, std::size_t c, std::size_t r) HWY_ATTR {
       const HwyOps<decltype(d)> o{d};
-      const std::size_t m = matrix(r);
+      const std::size_t m = rows.Matrix(r);
       const auto g = o.Mul(b.Grad(d, i), o.Set(s.grad_mul));
       const auto u =
-          AdafactorFactoredUpdate(o, s, g, o.Set(s.row_var[mat_row + r]),
+          AdafactorFactoredUpdate(o, s, g, o.Set(s.row_var[rows.mat_row + r]),
                                   hn::LoadU(d, s.col_var + m * s.cols + c), o.Set(s.row_mean[m]));
       update_sq.Add(d, u, c - t.col_begin);
     });
@@ -132,35 +149,24 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorSc
 template <class Buffers>
 HWY_NOINLINE FOPT_FLATTEN void AdafactorUpdateTile(const Buffers& b, const AdafactorScalars& s,
                                                    const Tile& t) {
-  const auto for_each = [&](const auto& f) HWY_ATTR {
-    for (std::size_t r = t.row_begin; r < t.row_end; ++r) {
-      const std::size_t row_start = t.base + r * t.stride;
-      ForEachVector(t.col_begin, t.col_end,
-                    [&](auto d, std::size_t c) HWY_ATTR { f(d, row_start + c, c, r); });
-    }
-  };
-  // As in AdafactorTile.
-  const bool pointwise = s.rows == 1 && s.cols == 1;
-  const bool factored = s.rows != 0 && !pointwise;
-  const std::size_t mat_row = t.batch * s.rows;
-  const auto matrix = [&](std::size_t r) { return factored ? t.batch + r / s.rows : 0; };
+  const TileRows rows(t, s);
   WithFlags(
       [&](auto decay) HWY_ATTR {
         constexpr bool kDecay = decltype(decay)::value;
-        if (factored) {
-          for_each([&](auto d, std::size_t i, std::size_t c, std::size_t r) HWY_ATTR {
+        if (rows.factored) {
+          rows.ForEach([&](auto d, std::size_t i, std::size_t c, std::size_t r) HWY_ATTR {
             const HwyOps<decltype(d)> o{d};
-            const std::size_t m = matrix(r);
+            const std::size_t m = rows.Matrix(r);
             const auto g = o.Mul(b.Grad(d, i), o.Set(s.grad_mul));
-            const auto u = AdafactorFactoredUpdate(o, s, g, o.Set(s.row_var[mat_row + r]),
+            const auto u = AdafactorFactoredUpdate(o, s, g, o.Set(s.row_var[rows.mat_row + r]),
                                                    hn::LoadU(d, s.col_var + m * s.cols + c),
                                                    o.Set(s.row_mean[m]));
             auto p = b.param.Load(d, i);
             AdafactorApply<kDecay>(o, s, p, u);
             b.param.Store(d, p, i);
           });
-        } else if (pointwise) {
-          for_each([&](auto d, std::size_t i, std::size_t, std::size_t) HWY_ATTR {
+        } else if (rows.pointwise) {
+          rows.ForEach([&](auto d, std::size_t i, std::size_t, std::size_t) HWY_ATTR {
             const HwyOps<decltype(d)> o{d};
             const auto g = o.Mul(b.Grad(d, i), o.Set(s.grad_mul));
             auto r = b.LoadState(d, kAdafactorRowVar, i);
@@ -173,7 +179,7 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorUpdateTile(const Buffers& b, const Adafa
             b.StoreState(d, kAdafactorColVar, c, i);
           });
         } else {
-          for_each([&](auto d, std::size_t i, std::size_t, std::size_t) HWY_ATTR {
+          rows.ForEach([&](auto d, std::size_t i, std::size_t, std::size_t) HWY_ATTR {
             const HwyOps<decltype(d)> o{d};
             const auto g = o.Mul(b.Grad(d, i), o.Set(s.grad_mul));
             auto v = b.LoadState(d, kAdafactorVariance, i);

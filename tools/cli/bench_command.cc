@@ -42,8 +42,9 @@ Command AddBenchCommand(CLI::App& app) {
                    "decay 0.1), lamb (two-phase; standard includes its global grad norm), "
                    "adamax, adadelta, radam, nadam, asgd (t0 -1: ax averages from step 2), rprop, "
                    "lars (two-phase, momentum 0.9), rmsproptf (torch_npu NpuFusedRMSpropTF), "
-                   "adamp (two-phase, per channel row) or bert_adam (two-phase: the gradient "
-                   "norm per (group, dtype), torch_npu NpuFusedBertAdam)")
+                   "adamp (two-phase, per channel row), bert_adam (two-phase: the gradient "
+                   "norm per (group, dtype), torch_npu NpuFusedBertAdam) or adafactor "
+                   "(factored second moments, three passes)")
       ->check(CLI::IsMember(AlgorithmNames()))
       ->capture_default_str();
   auto* shapes =

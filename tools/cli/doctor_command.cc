@@ -107,7 +107,7 @@ Command AddDoctorCommand(CLI::App& app) {
       parser
           ->add_option("--optimizer", options.optimizer,
                        "sgd, adam, adamw, rmsprop, adagrad, lion, lamb, adamax, adadelta, "
-                       "radam, nadam, asgd, rprop, lars, rmsproptf, adamp or bert_adam")
+                       "radam, nadam, asgd, rprop, lars, rmsproptf, adamp, bert_adam or adafactor")
           ->capture_default_str();
   given.shapes =
       parser->add_option("--shapes", values->shapes, "Real per-tensor shapes of a model")
