@@ -1,7 +1,7 @@
 // same_traffic: the memory-bandwidth ceiling of the fused step (same_traffic.h). Built like the
 // real kernels (src/cpu/loop-inl.h): one parallel region per step over the kGrainElements chunks,
 // each piece of a segment run by a flattened loop instantiated for its storage types, its number
-// of states, its master and its store kind, so the loop body tests nothing per vector. Its math is
+// of states and its store kind, so the loop body tests nothing per vector. Its math is
 // one multiply-add per written array (x + c·g), which keeps the loads live and, with c = 0, the
 // values. SameTrafficReduce is the floor of a two-phase step's reduction pass (LAMB's Σp², Σu²):
 // the same loop reading the same arrays, storing nothing, one add per vector into a sum.
@@ -14,9 +14,11 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -40,11 +42,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 using fusedopt::HWY_NAMESPACE::Io;
 using fusedopt::HWY_NAMESPACE::WithFlags;
 using fusedopt::HWY_NAMESPACE::WithStorageType;
-using fusedopt::HWY_NAMESPACE::WithStorageTypes;
 
-// What a traffic loop moves per element: the step (grad read; param or master read and written,
-// the param of a master written; states read and written), a reduction (the step's reads, nothing
-// written), a copy (a read, p written) or a fill.
+// What a traffic loop moves per element: the step (grad read; param and states read and written),
+// a reduction (the step's reads, nothing written), a copy (a read, p written) or a fill.
 enum Kind : int { kStep, kCopy, kFill, kReduce };
 
 // Stores an f32 vector as T. 16-bit values are converted by Highway's demotion, which truncates
@@ -78,16 +78,16 @@ HWY_INLINE bool IsAligned(const T* p, std::size_t bytes) {
 // 1-lane vectors for the tail. With kStream the full vectors use non-temporal stores once 1-lane
 // steps (at most one vector's worth) have aligned every written array; arrays that never align at
 // the same index keep regular stores. Returns the sum of the loaded values for kReduce, else 0.
-template <int kKind, class G, class P, class S, int kStates, bool kMaster, bool kStream>
+template <int kKind, class G, class P, int kStates, bool kStream>
 HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, std::size_t begin,
                                              std::size_t end) {
   static_assert(kKind != kReduce || !kStream, "a reduction stores nothing");
   const G* g = static_cast<const G*>(seg.grad);
   P* p = static_cast<P*>(seg.param);
-  float* m = seg.master;
-  std::array<S*, kStates> s{};  // the allocated slots, in slot order
+  std::array<P*, kStates>
+      s{};  // states have the param's dtype  // the allocated slots, in slot order
   for (int slot = 0, k = 0; slot < kMaxStates && k < kStates; ++slot) {
-    if (seg.state[slot] != nullptr) s[k++] = static_cast<S*>(seg.state[slot]);
+    if (seg.state[slot] != nullptr) s[k++] = static_cast<P*>(seg.state[slot]);
   }
   const hn::ScalableTag<float> d;
   const hn::CappedTag<float, 1> d1;
@@ -98,10 +98,9 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, std::s
   const auto body = [&](auto dv, std::size_t i, auto stream) HWY_ATTR {
     constexpr bool kNt = decltype(stream)::value;
     if constexpr (kKind == kReduce) {
-      // The step's loads (grad, param or master, each state), added up, then one add into the sum.
-      auto sum = hn::Add(Io<G>::Load(dv, g + i),
-                         kMaster ? Io<float>::Load(dv, m + i) : Io<P>::Load(dv, p + i));
-      for (int k = 0; k < kStates; ++k) sum = hn::Add(sum, Io<S>::Load(dv, s[k] + i));
+      // The step's loads (grad, param, each state), added up, then one add into the sum.
+      auto sum = hn::Add(Io<G>::Load(dv, g + i), Io<P>::Load(dv, p + i));
+      for (int k = 0; k < kStates; ++k) sum = hn::Add(sum, Io<P>::Load(dv, s[k] + i));
       if constexpr (hn::MaxLanes(dv) == 1) {
         acc1 = hn::Add(acc1, sum);
       } else {
@@ -116,10 +115,10 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, std::s
       } else {
         // Every load before the first store, as in the real kernels: no store sits between loads
         // that the CPU must then check for aliasing.
-        const auto x = hn::Add(kMaster ? Io<float>::Load(dv, m + i) : Io<P>::Load(dv, p + i), v);
+        const auto x = hn::Add(Io<P>::Load(dv, p + i), v);
         const auto state = [&](auto k) HWY_ATTR {
           if constexpr (decltype(k)::value < kStates) {
-            return hn::Add(Io<S>::Load(dv, s[decltype(k)::value] + i), v);
+            return hn::Add(Io<P>::Load(dv, s[decltype(k)::value] + i), v);
           } else {
             return v;  // no such state: never stored
           }
@@ -128,11 +127,10 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, std::s
         const auto x1 = state(std::integral_constant<int, 1>{});
         const auto x2 = state(std::integral_constant<int, 2>{});
         static_assert(kMaxStates == 3);
-        if constexpr (kMaster) TrafficStore<float, kNt>(dv, x, m + i);
         TrafficStore<P, kNt>(dv, x, p + i);
-        if constexpr (kStates > 0) TrafficStore<S, kNt>(dv, x0, s[0] + i);
-        if constexpr (kStates > 1) TrafficStore<S, kNt>(dv, x1, s[1] + i);
-        if constexpr (kStates > 2) TrafficStore<S, kNt>(dv, x2, s[2] + i);
+        if constexpr (kStates > 0) TrafficStore<P, kNt>(dv, x0, s[0] + i);
+        if constexpr (kStates > 1) TrafficStore<P, kNt>(dv, x1, s[1] + i);
+        if constexpr (kStates > 2) TrafficStore<P, kNt>(dv, x2, s[2] + i);
       }
     }
   };
@@ -141,8 +139,7 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, std::s
   if constexpr (kStream) {
     const auto aligned = [&](std::size_t at) HWY_ATTR {
       bool ok = IsAligned(p + at, lanes * sizeof(P));
-      if constexpr (kMaster) ok = ok && IsAligned(m + at, lanes * sizeof(float));
-      for (int k = 0; k < kStates; ++k) ok = ok && IsAligned(s[k] + at, lanes * sizeof(S));
+      for (int k = 0; k < kStates; ++k) ok = ok && IsAligned(s[k] + at, lanes * sizeof(P));
       return ok;
     };
     const std::size_t peel_end = std::min(end, begin + lanes);
@@ -176,32 +173,25 @@ HWY_INLINE void WithStateCount(int count, const F& f) {
   }
 }
 
-// Runs TrafficPiece<kKind, G, P, S, kStates, kMaster, kNt> on one piece of a step's segment, the
-// template arguments from the segment (its storage types, allocated states and master); returns
-// its sum.
+// Runs TrafficPiece<kKind, G, P, kStates, kNt> on one piece of a step's segment, the
+// template arguments from the segment (its storage types and allocated states); returns its sum.
+// The loops exist for the segments `fusedopt bench` and the doctor time, states in the param's
+// dtype and no master (CheckTrafficSegments), not for all 45 dtype and master combinations.
 template <int kKind, bool kNt>
 HWY_INLINE float SegmentTrafficPiece(const Segment& seg, float c, std::size_t begin,
                                      std::size_t end) {
   int states = 0;
   for (const void* state : seg.state) states += state != nullptr ? 1 : 0;
   float sum = 0.0f;
-  WithStorageTypes(
-      seg.param_dtype, seg.grad_dtype, seg.state_dtype, [&](auto pt, auto gt, auto st) HWY_ATTR {
+  WithStorageType(seg.param_dtype, [&](auto pt) HWY_ATTR {
+    WithStorageType(seg.grad_dtype, [&](auto gt) HWY_ATTR {
+      WithStateCount(states, [&](auto n) HWY_ATTR {
         using P = typename decltype(pt)::type;
-        WithStateCount(states, [&](auto n) HWY_ATTR {
-          using G = typename decltype(gt)::type;
-          using S = typename decltype(st)::type;
-          constexpr int kStates = decltype(n)::value;
-          // Only a 16-bit param has a master (validated by the library).
-          if (!std::is_same_v<P, float> && seg.master != nullptr) {
-            if constexpr (!std::is_same_v<P, float>) {
-              sum = TrafficPiece<kKind, G, P, S, kStates, true, kNt>(seg, c, begin, end);
-            }
-          } else {
-            sum = TrafficPiece<kKind, G, P, S, kStates, false, kNt>(seg, c, begin, end);
-          }
-        });
+        using G = typename decltype(gt)::type;
+        sum = TrafficPiece<kKind, G, P, decltype(n)::value, kNt>(seg, c, begin, end);
       });
+    });
+  });
   return sum;
 }
 
@@ -209,23 +199,23 @@ HWY_INLINE float SegmentTrafficPiece(const Segment& seg, float c, std::size_t be
 // kFill exist for f32 segments without states only (the STREAM-style kernels).
 void TrafficChunks(const StepPlan<float>& plan, std::size_t chunk_begin, std::size_t chunk_end,
                    int kind, bool stream) {
-  plan.chunks.ForEachPiece(
-      chunk_begin, chunk_end, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
-        const Segment& seg = plan.chunks.segments()[i];
-        const float c = plan.scalars[i];
-        WithFlags(
-            [&](auto nt) HWY_ATTR {
-              constexpr bool kNt = decltype(nt)::value;
-              if (kind == kCopy) {
-                TrafficPiece<kCopy, float, float, float, 0, false, kNt>(seg, c, begin, end);
-              } else if (kind == kFill) {
-                TrafficPiece<kFill, float, float, float, 0, false, kNt>(seg, c, begin, end);
-              } else {
-                SegmentTrafficPiece<kStep, kNt>(seg, c, begin, end);
-              }
-            },
-            stream);
-      });
+  plan.chunks.ForEachPiece(chunk_begin, chunk_end,
+                           [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
+                             const Segment& seg = plan.chunks.segments()[i];
+                             const float c = plan.scalars[i];
+                             WithFlags(
+                                 [&](auto nt) HWY_ATTR {
+                                   constexpr bool kNt = decltype(nt)::value;
+                                   if (kind == kCopy) {
+                                     TrafficPiece<kCopy, float, float, 0, kNt>(seg, c, begin, end);
+                                   } else if (kind == kFill) {
+                                     TrafficPiece<kFill, float, float, 0, kNt>(seg, c, begin, end);
+                                   } else {
+                                     SegmentTrafficPiece<kStep, kNt>(seg, c, begin, end);
+                                   }
+                                 },
+                                 stream);
+                           });
   if (stream) hwy::FlushStream();  // non-temporal stores are weakly ordered: done before we return
 }
 
@@ -296,6 +286,23 @@ void RunTraffic(std::span<const Segment> segments, const Runtime& runtime, int k
                     });
 }
 
+// The segments the step and reduction loops exist for (SegmentTrafficPiece).
+void CheckTrafficSegments(std::span<const Segment> segments) {
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    const bool has_states = std::any_of(std::begin(s.state), std::end(s.state),
+                                        [](const void* state) { return state != nullptr; });
+    if (s.master != nullptr || (has_states && s.state_dtype != s.param_dtype)) {
+      throw std::invalid_argument(
+          "same_traffic: segment " + std::to_string(i) + " has " +
+          (s.master != nullptr ? std::string("an f32 master")
+                               : "states of dtype " + std::string(DTypeName(s.state_dtype)) +
+                                     " beside params of " + std::string(DTypeName(s.param_dtype))) +
+          "; the traffic loops exist for states in the param dtype without master");
+    }
+  }
+}
+
 Segment F32Array(const float* read, float* write, std::size_t n) {
   Segment s;
   s.param = write;
@@ -312,6 +319,7 @@ const char* TrafficStoresName(TrafficStores stores) {
 
 void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime,
                      TrafficStores stores, float c) {
+  CheckTrafficSegments(segments);
   RunTraffic(segments, runtime, kStepKind, stores, c);
 }
 
@@ -333,6 +341,7 @@ float SumOverChunks(std::span<const Segment> segments, const Runtime& runtime, c
 }
 
 float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime) {
+  CheckTrafficSegments(segments);
   return SumOverChunks(segments, runtime, HWY_DYNAMIC_DISPATCH(ReduceTrafficChunks));
 }
 

@@ -22,10 +22,11 @@ inline constexpr TrafficStores kAllTrafficStores[] = {TrafficStores::kRegular,
                                                       TrafficStores::kStream};
 const char* TrafficStoresName(TrafficStores stores);  // "store" or "stream"
 
-// One step's traffic on every segment: x += c · g for the param (its f32 master when there is one:
-// then the 16-bit param receives the new master, truncated) and every allocated state, g the
+// One step's traffic on every segment: x += c · g for the param and every allocated state, g the
 // gradient. c = 0 keeps every value (barring Inf/NaN gradients): what benchmarks run between real
-// steps on the same buffers. Ignores stochastic rounding.
+// steps on the same buffers. Ignores stochastic rounding. The segments are those `fusedopt bench`
+// and the doctor time: states in the param's dtype (grads of any), no master; others throw
+// std::invalid_argument.
 void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime,
                      TrafficStores stores, float c = 0.0f);
 

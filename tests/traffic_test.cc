@@ -1,13 +1,14 @@
 // The traffic kernels of the benchmark's ceiling (bench/same_traffic.h) touch exactly the bytes
-// they claim: with c = 1 every written array must hold x + g (the param of a master: master + g)
-// over its whole range and nothing else, for every dtype combination, state count, master and
-// store kind, on every SIMD target; and the STREAM-style fill, copy and read cover every element.
-// Sizes and offsets make pieces that start unaligned, cross chunk edges and end in a tail.
+// they claim: with c = 1 every written array must hold x + g over its whole range and nothing else,
+// for every param (and state) dtype, grad dtype, state count and store kind, on every SIMD target;
+// and the STREAM-style fill, copy and read cover every element. Sizes and offsets make pieces that
+// start unaligned, cross chunk edges and end in a tail.
 
 #include <gtest/gtest.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -78,75 +79,98 @@ TEST_P(Traffic, StepWritesXPlusGradOnEveryWrittenArray) {
   const std::size_t sizes[] = {kGrainElements + 37, 1000};
   for (const DType p : kDTypes) {
     for (const DType g : kDTypes) {
-      for (const DType s : kDTypes) {
-        for (int states = 0; states <= kMaxStates; ++states) {
-          for (const bool master : {false, true}) {
-            if (master && p == DType::kF32) continue;
-            for (const TrafficStores stores : kAllTrafficStores) {
-              SCOPED_TRACE(std::string(DTypeName(p)) + " param, " + std::string(DTypeName(g)) +
-                           " grad, " + std::string(DTypeName(s)) + " states x" +
-                           std::to_string(states) + (master ? ", master, " : ", ") +
-                           TrafficStoresName(stores));
-              std::vector<Array> arrays;
-              arrays.reserve(2 * (3 + kMaxStates));
-              std::vector<Segment> segments;
-              for (std::size_t k = 0; k < 2; ++k) {
-                const std::size_t n = sizes[k];
-                // Different offsets per array: some pieces can stream, some cannot align at all.
-                Array& pa = arrays.emplace_back(p, n, k + 1);
-                Array& ga = arrays.emplace_back(g, n, 3);
-                Array& ma = arrays.emplace_back(DType::kF32, n, k == 0 ? 1 : 0);
-                Segment seg;
-                seg.param = pa.data();
-                seg.grad = ga.data();
-                seg.master = master ? static_cast<float*>(ma.data()) : nullptr;
-                seg.numel = n;
-                seg.param_dtype = p;
-                seg.grad_dtype = g;
-                seg.state_dtype = s;
-                pa.FillPattern(1);
-                ga.FillPattern(2);
-                ma.FillPattern(3);
-                // States in the last slots, so the kernel must find them, not assume slot 0.
-                for (int j = 0; j < states; ++j) {
-                  Array& sa = arrays.emplace_back(s, n, static_cast<std::size_t>(j) + 1);
-                  sa.FillPattern(4 + static_cast<std::uint32_t>(j));
-                  seg.state[kMaxStates - states + j] = sa.data();
-                }
-                segments.push_back(seg);
-              }
-              SameTrafficStep(segments, runtime, stores, 1.0f);
-              std::size_t a = 0;
-              for (std::size_t k = 0; k < 2; ++k) {
-                Array& pa = arrays[a];
-                Array& ga = arrays[a + 1];
-                Array& ma = arrays[a + 2];
-                bool ok = true;
-                for (std::size_t i = 0; i < sizes[k] && ok; ++i) {
-                  const float gi = Array::Pattern(i, 2);
-                  ok = ga.Get(i) == gi;
-                  if (master) {
-                    ok = ok && ma.Get(i) == Array::Pattern(i, 3) + gi && pa.Get(i) == ma.Get(i);
-                  } else {
-                    ok = ok && ma.Get(i) == Array::Pattern(i, 3) &&
-                         pa.Get(i) == Array::Pattern(i, 1) + gi;
-                  }
-                  for (int j = 0; j < states && ok; ++j) {
-                    ok = arrays[a + 3 + static_cast<std::size_t>(j)].Get(i) ==
-                         Array::Pattern(i, 4 + static_cast<std::uint32_t>(j)) + gi;
-                  }
-                  EXPECT_TRUE(ok) << "segment " << k << ", element " << i;
-                }
-                for (std::size_t j = 0; j < 3 + static_cast<std::size_t>(states); ++j)
-                  EXPECT_TRUE(arrays[a + j].GuardsIntact()) << "segment " << k << ", array " << j;
-                a += 3 + static_cast<std::size_t>(states);
-              }
+      for (int states = 0; states <= kMaxStates; ++states) {
+        for (const TrafficStores stores : kAllTrafficStores) {
+          SCOPED_TRACE(std::string(DTypeName(p)) + " param and states x" + std::to_string(states) +
+                       ", " + std::string(DTypeName(g)) + " grad, " + TrafficStoresName(stores));
+          std::vector<Array> arrays;
+          arrays.reserve(2 * (2 + kMaxStates));
+          std::vector<Segment> segments;
+          for (std::size_t k = 0; k < 2; ++k) {
+            const std::size_t n = sizes[k];
+            // Different offsets per array: some pieces can stream, some cannot align at all.
+            Array& pa = arrays.emplace_back(p, n, k + 1);
+            Array& ga = arrays.emplace_back(g, n, 3);
+            Segment seg;
+            seg.param = pa.data();
+            seg.grad = ga.data();
+            seg.numel = n;
+            seg.param_dtype = p;
+            seg.grad_dtype = g;
+            seg.state_dtype = p;
+            pa.FillPattern(1);
+            ga.FillPattern(2);
+            // States in the last slots, so the kernel must find them, not assume slot 0.
+            for (int j = 0; j < states; ++j) {
+              Array& sa = arrays.emplace_back(p, n, static_cast<std::size_t>(j) + 1);
+              sa.FillPattern(4 + static_cast<std::uint32_t>(j));
+              seg.state[kMaxStates - states + j] = sa.data();
             }
+            segments.push_back(seg);
+          }
+          SameTrafficStep(segments, runtime, stores, 1.0f);
+          std::size_t a = 0;
+          for (std::size_t k = 0; k < 2; ++k) {
+            Array& pa = arrays[a];
+            Array& ga = arrays[a + 1];
+            bool ok = true;
+            for (std::size_t i = 0; i < sizes[k] && ok; ++i) {
+              const float gi = Array::Pattern(i, 2);
+              ok = ga.Get(i) == gi && pa.Get(i) == Array::Pattern(i, 1) + gi;
+              for (int j = 0; j < states && ok; ++j) {
+                ok = arrays[a + 2 + static_cast<std::size_t>(j)].Get(i) ==
+                     Array::Pattern(i, 4 + static_cast<std::uint32_t>(j)) + gi;
+              }
+              EXPECT_TRUE(ok) << "segment " << k << ", element " << i;
+            }
+            for (std::size_t j = 0; j < 2 + static_cast<std::size_t>(states); ++j)
+              EXPECT_TRUE(arrays[a + j].GuardsIntact()) << "segment " << k << ", array " << j;
+            a += 2 + static_cast<std::size_t>(states);
           }
         }
       }
     }
   }
+}
+
+// The loops exist for states in the param's dtype without master: anything else is refused before
+// a byte is touched.
+TEST(TrafficSegments, OtherStateDTypesAndMastersAreRefusedUntouched) {
+  const Runtime runtime(1);
+  const std::size_t n = 100;
+  Array param(DType::kBF16, n, 0);
+  Array grad(DType::kBF16, n, 0);
+  Array state(DType::kF32, n, 0);
+  Array master(DType::kF32, n, 0);
+  param.FillPattern(1);
+  grad.FillPattern(2);
+  state.FillPattern(3);
+  master.FillPattern(4);
+  Segment ok;
+  ok.param = param.data();
+  ok.grad = grad.data();
+  ok.numel = n;
+  ok.param_dtype = ok.grad_dtype = DType::kBF16;
+  ok.state_dtype = DType::kF32;  // no states allocated: the dtype does not matter
+  Segment f32_states = ok;
+  f32_states.state[0] = state.data();
+  Segment with_master = ok;
+  with_master.state_dtype = DType::kBF16;
+  with_master.master = static_cast<float*>(master.data());
+  for (const Segment& bad : {f32_states, with_master}) {
+    const Segment segments[] = {ok, bad};
+    EXPECT_THROW(SameTrafficStep(segments, runtime, TrafficStores::kRegular, 1.0f),
+                 std::invalid_argument);
+    EXPECT_THROW(SameTrafficReduce(segments, runtime), std::invalid_argument);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(param.Get(i), Array::Pattern(i, 1)) << i;
+    ASSERT_EQ(state.Get(i), Array::Pattern(i, 3)) << i;
+    ASSERT_EQ(master.Get(i), Array::Pattern(i, 4)) << i;
+  }
+  // The one without states runs.
+  SameTrafficStep({&ok, 1}, runtime, TrafficStores::kRegular, 1.0f);
+  EXPECT_EQ(param.Get(5), Array::Pattern(5, 1) + Array::Pattern(5, 2));
 }
 
 TEST_P(Traffic, FillCopyAndReadCoverEveryElement) {

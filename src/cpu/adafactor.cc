@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <type_traits>
 
 #include "src/core/kernels.h"
 
@@ -144,8 +143,8 @@ HWY_NOINLINE FOPT_FLATTEN void AdafactorTile(const Buffers& b, const AdafactorSc
 }
 
 // The update pass of one tile: writes the param and a vector's variance (a 1×1 matrix's
-// element-wise factors). Apart from the reductions so that the stochastic-rounding Buffers
-// (SegmentBuffers<P, AnyGrad, S, true>) instantiate only the pass that stores.
+// element-wise factors). Apart from the reductions so that the stochastic-rounding buffers
+// (SegmentBuffers<..., true>) instantiate only the pass that stores.
 template <class Buffers>
 HWY_NOINLINE FOPT_FLATTEN void AdafactorUpdateTile(const Buffers& b, const AdafactorScalars& s,
                                                    const Tile& t) {
@@ -202,37 +201,17 @@ void AdafactorTiles(const TilePlan<AdafactorScalars>& plan, TilePass pass, std::
     const AdafactorScalars& s = plan.scalars[t.segment];
     double* stats = pass == TilePass::kStats ? sums + t.out : nullptr;
     double* norm = pass == TilePass::kNorm ? sums + k : nullptr;
-    if (pass == TilePass::kUpdate) {
-      // A 16-bit param without master or 16-bit states round stochastically when asked: those loops
-      // read the grad through AnyGrad, as RunPlanChunks's, and key the noise from the tile's first
-      // element (its lanes then reach global_offset + i for any i of the tile).
-      if (RoundsStochastically(seg)) {
-        const std::size_t first = t.base + t.row_begin * t.stride + t.col_begin;
-        WithStorageType(seg.param_dtype, [&](auto p) HWY_ATTR {
-          using P = typename std::decay_t<decltype(p)>::type;
-          WithStorageType(seg.state_dtype, [&](auto st) HWY_ATTR {
-            using S = typename std::decay_t<decltype(st)>::type;
-            if constexpr (!std::is_same_v<P, float> || !std::is_same_v<S, float>) {
-              AdafactorUpdateTile(SegmentBuffers<P, AnyGrad, S, true>(seg, first), s, t);
-            }
-          });
-        });
-        continue;
+    WithSegmentBuffers(seg, [&](auto buffers) HWY_ATTR {
+      using Buffers = typename decltype(buffers)::type;
+      if (pass == TilePass::kUpdate) {
+        // The noise is keyed from the tile's first element: its lanes then reach
+        // global_offset + i for any i of the tile.
+        AdafactorUpdateTile(Buffers(seg, t.base + t.row_begin * t.stride + t.col_begin), s, t);
+      } else {
+        // The reductions store nothing: no loops of their own for stochastic rounding.
+        AdafactorTile(typename Buffers::RoundingToNearest(seg), s, t, pass, stats, norm);
       }
-      WithKernelStorageTypes(
-          seg.param_dtype, seg.grad_dtype, seg.state_dtype, [&](auto p, auto g, auto st) HWY_ATTR {
-            using Buffers = SegmentBuffers<typename decltype(p)::type, typename decltype(g)::type,
-                                           typename decltype(st)::type>;
-            AdafactorUpdateTile(Buffers(seg), s, t);
-          });
-      continue;
-    }
-    WithKernelStorageTypes(
-        seg.param_dtype, seg.grad_dtype, seg.state_dtype, [&](auto p, auto g, auto st) HWY_ATTR {
-          using Buffers = SegmentBuffers<typename decltype(p)::type, typename decltype(g)::type,
-                                         typename decltype(st)::type>;
-          AdafactorTile(Buffers(seg), s, t, pass, stats, norm);
-        });
+    });
   }
 }
 

@@ -234,6 +234,79 @@ struct NoRoundingNoise {
 template <bool kStochastic>
 using NoiseGenFor = std::conditional_t<kStochastic, RoundingNoiseGen, NoRoundingNoise>;
 
+// The storage type of a buffer known only at run time: its loads and stores switch on the dtype, a
+// well-predicted branch per vector. The loops of rare dtype combinations read and write through it,
+// so that they are one loop per kernel and mode rather than one per combination
+// (loop-inl.h: WithSegmentBuffers).
+struct AnyStorage {};
+
+// A buffer of storage type T, or AnyStorage. Gradients are buffers too: they are only ever loaded.
+template <class T>
+struct Buffer {
+  T* data;
+  Buffer(const void* p, DType /*dtype*/) : data(static_cast<T*>(const_cast<void*>(p))) {}
+  template <class DF>
+  HWY_INLINE hn::Vec<DF> Load(DF df, std::size_t i) const {
+    return Io<T>::Load(df, data + i);
+  }
+  template <class DF>
+  HWY_INLINE void Store(DF df, hn::Vec<DF> v, std::size_t i) const {
+    Io<T>::Store(df, v, data + i);
+  }
+  template <class DF>
+  HWY_INLINE void StoreStochastic(DF df, hn::Vec<DF> v, std::size_t i,
+                                  hn::Vec<hn::RebindToUnsigned<DF>> noise) const {
+    Io<T>::StoreStochastic(df, v, data + i, noise);
+  }
+};
+
+template <>
+struct Buffer<AnyStorage> {
+  void* data;
+  DType dtype;
+  Buffer(const void* p, DType t) : data(const_cast<void*>(p)), dtype(t) {}
+  template <class DF>
+  HWY_INLINE hn::Vec<DF> Load(DF df, std::size_t i) const {
+    switch (dtype) {
+      case DType::kF16:
+        return Io<hwy::float16_t>::Load(df, static_cast<const hwy::float16_t*>(data) + i);
+      case DType::kBF16:
+        return Io<hwy::bfloat16_t>::Load(df, static_cast<const hwy::bfloat16_t*>(data) + i);
+      case DType::kF32:
+        break;
+    }
+    return Io<float>::Load(df, static_cast<const float*>(data) + i);
+  }
+  template <class DF>
+  HWY_INLINE void Store(DF df, hn::Vec<DF> v, std::size_t i) const {
+    switch (dtype) {
+      case DType::kF16:
+        return Io<hwy::float16_t>::Store(df, v, static_cast<hwy::float16_t*>(data) + i);
+      case DType::kBF16:
+        return Io<hwy::bfloat16_t>::Store(df, v, static_cast<hwy::bfloat16_t*>(data) + i);
+      case DType::kF32:
+        break;
+    }
+    Io<float>::Store(df, v, static_cast<float*>(data) + i);
+  }
+  // An f32 store is exact: it has nothing to round.
+  template <class DF>
+  HWY_INLINE void StoreStochastic(DF df, hn::Vec<DF> v, std::size_t i,
+                                  hn::Vec<hn::RebindToUnsigned<DF>> noise) const {
+    switch (dtype) {
+      case DType::kF16:
+        return Io<hwy::float16_t>::StoreStochastic(df, v, static_cast<hwy::float16_t*>(data) + i,
+                                                   noise);
+      case DType::kBF16:
+        return Io<hwy::bfloat16_t>::StoreStochastic(df, v, static_cast<hwy::bfloat16_t*>(data) + i,
+                                                    noise);
+      case DType::kF32:
+        break;
+    }
+    Io<float>::Store(df, v, static_cast<float*>(data) + i);
+  }
+};
+
 // A parameter as the update sees it: the f32 master copy when there is one (the 16-bit param then
 // receives its rounding to nearest even), else the param itself. kStochastic: a 16-bit param
 // without master is rounded stochastically.
@@ -241,79 +314,47 @@ template <class P, bool kStochastic = false>
 struct ParamIo {
   static constexpr bool kRoundStochastically = kStochastic && !std::is_same_v<P, float>;
 
-  P* param;
+  Buffer<P> param;
   float* master;
   [[no_unique_address]] NoiseGenFor<kRoundStochastically> noise;
 
   template <class DF>
   HWY_INLINE hn::Vec<DF> Load(DF df, std::size_t i) const {
-    return master != nullptr ? Io<float>::Load(df, master + i) : Io<P>::Load(df, param + i);
+    return master != nullptr ? Io<float>::Load(df, master + i) : param.Load(df, i);
   }
   template <class DF>
   HWY_INLINE void Store(DF df, hn::Vec<DF> v, std::size_t i) const {
     if constexpr (kRoundStochastically) {
       if (master == nullptr) {
-        Io<P>::StoreStochastic(df, v, param + i, noise.Noise(hn::RebindToUnsigned<DF>(), i));
+        param.StoreStochastic(df, v, i, noise.Noise(hn::RebindToUnsigned<DF>(), i));
         return;
       }
     }
     if (master != nullptr) Io<float>::Store(df, v, master + i);
-    Io<P>::Store(df, v, param + i);
-  }
-};
-
-// A gradient whose storage type is known only at run time. The stochastic-rounding kernels read
-// gradients through it, so they are instantiated once per (param, state) storage type rather than
-// once per (param, grad, state): the grad type costs one well-predicted branch per vector there.
-struct AnyGrad {};
-
-template <class G>
-struct GradIo {
-  const G* grad;
-  explicit GradIo(const Segment& s) : grad(static_cast<const G*>(s.grad)) {}
-  template <class DF>
-  HWY_INLINE hn::Vec<DF> Load(DF df, std::size_t i) const {
-    return Io<G>::Load(df, grad + i);
-  }
-};
-
-template <>
-struct GradIo<AnyGrad> {
-  const void* grad;
-  DType dtype;
-  explicit GradIo(const Segment& s) : grad(s.grad), dtype(s.grad_dtype) {}
-  template <class DF>
-  HWY_INLINE hn::Vec<DF> Load(DF df, std::size_t i) const {
-    switch (dtype) {
-      case DType::kF16:
-        return Io<hwy::float16_t>::Load(df, static_cast<const hwy::float16_t*>(grad) + i);
-      case DType::kBF16:
-        return Io<hwy::bfloat16_t>::Load(df, static_cast<const hwy::bfloat16_t*>(grad) + i);
-      case DType::kF32:
-        break;
-    }
-    return Io<float>::Load(df, static_cast<const float*>(grad) + i);
+    param.Store(df, v, i);
   }
 };
 
 // A segment's buffers with their storage types: everything a kernel loads and stores, as f32
-// vectors. G may be AnyGrad. kStochastic: 16-bit stores of the param (without master) and of the
-// states round stochastically, with noise keyed on the segment's seed, step and global indices
-// from `first_local` (the segment-local index of the piece's first element) on.
+// vectors. P, G and S may be AnyStorage. kStochastic: 16-bit stores of the param (without master)
+// and of the states round stochastically, with noise keyed on the segment's seed, step and global
+// indices from `first_local` (the segment-local index of the piece's first element) on.
 template <class P, class G, class S, bool kStochastic = false>
 struct SegmentBuffers {
   static constexpr bool kStatesStochastic = kStochastic && !std::is_same_v<S, float>;
+  // The same buffers with every store rounded to nearest even.
+  using RoundingToNearest = SegmentBuffers<P, G, S>;
 
   ParamIo<P, kStochastic> param;
-  GradIo<G> grad;
-  S* state[kMaxStates];
+  Buffer<G> grad;
+  Buffer<S> state[kMaxStates];
   [[no_unique_address]] NoiseGenFor<kStatesStochastic> state_noise[kMaxStates];
 
   explicit SegmentBuffers(const Segment& s, std::size_t first_local = 0)
-      : param{static_cast<P*>(s.param), s.master, {s, kRoundingStreamParam, first_local}},
-        grad(s),
-        state{static_cast<S*>(s.state[0]), static_cast<S*>(s.state[1]),
-              static_cast<S*>(s.state[2])},
+      : param{{s.param, s.param_dtype}, s.master, {s, kRoundingStreamParam, first_local}},
+        grad(s.grad, s.grad_dtype),
+        state{
+            {s.state[0], s.state_dtype}, {s.state[1], s.state_dtype}, {s.state[2], s.state_dtype}},
         state_noise{{s, RoundingStreamState(0), first_local},
                     {s, RoundingStreamState(1), first_local},
                     {s, RoundingStreamState(2), first_local}} {}
@@ -324,15 +365,14 @@ struct SegmentBuffers {
   }
   template <class DF>
   HWY_INLINE hn::Vec<DF> LoadState(DF df, int slot, std::size_t i) const {
-    return Io<S>::Load(df, state[slot] + i);
+    return state[slot].Load(df, i);
   }
   template <class DF>
   HWY_INLINE void StoreState(DF df, int slot, hn::Vec<DF> v, std::size_t i) const {
     if constexpr (kStatesStochastic) {
-      Io<S>::StoreStochastic(df, v, state[slot] + i,
-                             state_noise[slot].Noise(hn::RebindToUnsigned<DF>(), i));
+      state[slot].StoreStochastic(df, v, i, state_noise[slot].Noise(hn::RebindToUnsigned<DF>(), i));
     } else {
-      Io<S>::Store(df, v, state[slot] + i);
+      state[slot].Store(df, v, i);
     }
   }
 };

@@ -61,24 +61,6 @@ HWY_INLINE void WithStorageTypes(DType param, DType grad, DType state, const F& 
   });
 }
 
-// Calls f(param_tag, grad_tag, state_tag) for the kernels: the grad typed when it has the param's
-// dtype (as torch's grads do), else read through its run-time dtype (StorageTag<AnyGrad>). 18 loops
-// per kernel, mode and target instead of the 27 of WithStorageTypes: a rare combination (an f32
-// grad of a bf16 param) costs a predictable switch per load rather than a loop of its own, and the
-// build a third less of its time. The scalar target (x86 CPUs without AVX2) reads every grad
-// through AnyGrad: 9 loops, its speed is not what it is there for.
-template <class F>
-HWY_INLINE void WithKernelStorageTypes(DType param, DType grad, DType state, const F& f) {
-  WithStorageType(param, [&](auto p) HWY_ATTR {
-    WithStorageType(state, [&](auto s) HWY_ATTR {
-      if constexpr (HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128) {
-        if (grad == param) return f(p, p, s);
-      }
-      f(p, StorageTag<AnyGrad>{}, s);
-    });
-  });
-}
-
 // Calls f(flag...) with each runtime bool turned into std::true_type / std::false_type, so a
 // kernel's mode flags become template arguments: one branch-free loop per combination instead of
 // tests in the loop body.
@@ -105,6 +87,41 @@ inline bool RoundsStochastically(const Segment& seg) {
                                      seg.state_dtype != DType::kF32);
 }
 
+// Calls f(StorageTag<Buffers>{}) with Buffers the SegmentBuffers type that runs segment `seg`. The
+// dtype combinations training uses get loops with their storage types compiled in: the grad of the
+// param's dtype (as torch's grads are) with f32 or bf16 states, to nearest even (6 loops), and
+// stochastically rounded for bf16 params, bf16 states or both (3). Every other combination (a grad
+// of another dtype, f16 states, f16 params rounded stochastically) runs one of two loops whose
+// buffers have run-time dtypes (AnyStorage), to nearest even or stochastically: 11 loops per
+// kernel, mode and target instead of 27 + 8. The scalar target (x86 CPUs without AVX2), there for
+// correctness rather than speed, has only the two run-time loops.
+template <class F>
+HWY_INLINE void WithSegmentBuffers(const Segment& seg, const F& f) {
+  const bool stochastic = RoundsStochastically(seg);
+  if constexpr (HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128) {
+    const DType p = seg.param_dtype;
+    const DType s = seg.state_dtype;
+    if (seg.grad_dtype == p && s != DType::kF16) {
+      const bool bf16_state = s == DType::kBF16;
+      if (!stochastic) {
+        return WithStorageType(p, [&](auto param) HWY_ATTR {
+          using P = typename decltype(param)::type;
+          if (bf16_state) return f(StorageTag<SegmentBuffers<P, P, hwy::bfloat16_t>>{});
+          f(StorageTag<SegmentBuffers<P, P, float>>{});
+        });
+      }
+      using BF16 = hwy::bfloat16_t;
+      if (p == DType::kBF16) {
+        if (bf16_state) return f(StorageTag<SegmentBuffers<BF16, BF16, BF16, true>>{});
+        return f(StorageTag<SegmentBuffers<BF16, BF16, float, true>>{});
+      }
+      if (p == DType::kF32) return f(StorageTag<SegmentBuffers<float, float, BF16, true>>{});
+    }
+  }
+  if (stochastic) return f(StorageTag<SegmentBuffers<AnyStorage, AnyStorage, AnyStorage, true>>{});
+  f(StorageTag<SegmentBuffers<AnyStorage, AnyStorage, AnyStorage>>{});
+}
+
 // Runs one piece of a segment with one storage-type combination, as a function of its own into
 // which the whole loop nest (kernel, mode flags, ForEachVector, loop body) is flattened. Left to
 // its heuristics, GCC stops inlining once a function grows past its limits: with all combinations
@@ -124,36 +141,18 @@ HWY_NOINLINE FOPT_FLATTEN void RunPiece(const Kernel& kernel, const Segment& seg
   kernel(Buffers(seg, begin), scalars, begin, end);
 }
 
-// Runs kernel(SegmentBuffers<P, G, S, kStochastic>, scalars, begin, end) on every piece of
-// chunks [chunk_begin, chunk_end) of a plan, instantiated for each segment's dtype combination.
-// Stochastic rounding is a compile-time flag too, so the round-to-nearest loops stay as they are;
-// its loops exist only for the 8 (param, state) storage types with a 16-bit store, and read the
-// gradient through AnyGrad (one loop for all three grad types).
+// Runs kernel(SegmentBuffers<...>, scalars, begin, end) on every piece of chunks
+// [chunk_begin, chunk_end) of a plan, with the buffer types WithSegmentBuffers picks for its
+// segment.
 template <class Scalars, class Kernel>
 HWY_INLINE void RunPlanChunks(const StepPlan<Scalars>& plan, std::size_t chunk_begin,
                               std::size_t chunk_end, const Kernel& kernel) {
   plan.chunks.ForEachPiece(
       chunk_begin, chunk_end, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
         const Segment& seg = plan.chunks.segments()[i];
-        if (RoundsStochastically(seg)) {
-          WithStorageType(seg.param_dtype, [&](auto p) HWY_ATTR {
-            using P = typename std::decay_t<decltype(p)>::type;
-            WithStorageType(seg.state_dtype, [&](auto s) HWY_ATTR {
-              using S = typename std::decay_t<decltype(s)>::type;
-              if constexpr (!std::is_same_v<P, float> || !std::is_same_v<S, float>) {
-                RunPiece<SegmentBuffers<P, AnyGrad, S, true>>(kernel, seg, plan.scalars[i], begin,
-                                                              end);
-              }
-            });
-          });
-          return;
-        }
-        WithKernelStorageTypes(
-            seg.param_dtype, seg.grad_dtype, seg.state_dtype, [&](auto p, auto g, auto s) HWY_ATTR {
-              using Buffers = SegmentBuffers<typename decltype(p)::type, typename decltype(g)::type,
-                                             typename decltype(s)::type>;
-              RunPiece<Buffers>(kernel, seg, plan.scalars[i], begin, end);
-            });
+        WithSegmentBuffers(seg, [&](auto buffers) HWY_ATTR {
+          RunPiece<typename decltype(buffers)::type>(kernel, seg, plan.scalars[i], begin, end);
+        });
       });
 }
 
