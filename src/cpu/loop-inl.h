@@ -51,16 +51,6 @@ HWY_INLINE void WithStorageType(DType t, const F& f) {
   }
 }
 
-// Calls f(param_tag, grad_tag, state_tag) for the 27 dtype combinations of a segment.
-template <class F>
-HWY_INLINE void WithStorageTypes(DType param, DType grad, DType state, const F& f) {
-  WithStorageType(param, [&](auto p) HWY_ATTR {
-    WithStorageType(grad, [&](auto g) HWY_ATTR {
-      WithStorageType(state, [&](auto s) HWY_ATTR { f(p, g, s); });
-    });
-  });
-}
-
 // Calls f(flag...) with each runtime bool turned into std::true_type / std::false_type, so a
 // kernel's mode flags become template arguments: one branch-free loop per combination instead of
 // tests in the loop body.
@@ -93,8 +83,8 @@ inline bool RoundsStochastically(const Segment& seg) {
 // stochastically rounded for bf16 params, bf16 states or both (3). Every other combination (a grad
 // of another dtype, f16 states, f16 params rounded stochastically) runs one of two loops whose
 // buffers have run-time dtypes (AnyStorage), to nearest even or stochastically: 11 loops per
-// kernel, mode and target instead of 27 + 8. The scalar target (x86 CPUs without AVX2), there for
-// correctness rather than speed, has only the two run-time loops.
+// kernel, mode and target where one per combination would be 35 (27 + 8). The scalar target (x86
+// CPUs without AVX2), there for correctness rather than speed, has only the two run-time loops.
 template <class F>
 HWY_INLINE void WithSegmentBuffers(const Segment& seg, const F& f) {
   const bool stochastic = RoundsStochastically(seg);
