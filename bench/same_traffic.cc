@@ -84,8 +84,7 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, std::s
   static_assert(kKind != kReduce || !kStream, "a reduction stores nothing");
   const G* g = static_cast<const G*>(seg.grad);
   P* p = static_cast<P*>(seg.param);
-  std::array<P*, kStates>
-      s{};  // states have the param's dtype  // the allocated slots, in slot order
+  std::array<P*, kStates> s{};  // the allocated slots, in slot order (of the param's dtype)
   for (int slot = 0, k = 0; slot < kMaxStates && k < kStates; ++slot) {
     if (seg.state[slot] != nullptr) s[k++] = static_cast<P*>(seg.state[slot]);
   }

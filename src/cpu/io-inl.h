@@ -256,7 +256,11 @@ struct Buffer {
   template <class DF>
   HWY_INLINE void StoreStochastic(DF df, hn::Vec<DF> v, std::size_t i,
                                   hn::Vec<hn::RebindToUnsigned<DF>> noise) const {
-    Io<T>::StoreStochastic(df, v, data + i, noise);
+    if constexpr (std::is_same_v<T, float>) {
+      Io<float>::Store(df, v, data + i);  // an f32 store is exact: it has nothing to round
+    } else {
+      Io<T>::StoreStochastic(df, v, data + i, noise);
+    }
   }
 };
 
@@ -267,43 +271,31 @@ struct Buffer<AnyStorage> {
   Buffer(const void* p, DType t) : data(const_cast<void*>(p)), dtype(t) {}
   template <class DF>
   HWY_INLINE hn::Vec<DF> Load(DF df, std::size_t i) const {
-    switch (dtype) {
-      case DType::kF16:
-        return Io<hwy::float16_t>::Load(df, static_cast<const hwy::float16_t*>(data) + i);
-      case DType::kBF16:
-        return Io<hwy::bfloat16_t>::Load(df, static_cast<const hwy::bfloat16_t*>(data) + i);
-      case DType::kF32:
-        break;
-    }
-    return Io<float>::Load(df, static_cast<const float*>(data) + i);
+    return Typed([&](auto b) HWY_ATTR { return b.Load(df, i); });
   }
   template <class DF>
   HWY_INLINE void Store(DF df, hn::Vec<DF> v, std::size_t i) const {
-    switch (dtype) {
-      case DType::kF16:
-        return Io<hwy::float16_t>::Store(df, v, static_cast<hwy::float16_t*>(data) + i);
-      case DType::kBF16:
-        return Io<hwy::bfloat16_t>::Store(df, v, static_cast<hwy::bfloat16_t*>(data) + i);
-      case DType::kF32:
-        break;
-    }
-    Io<float>::Store(df, v, static_cast<float*>(data) + i);
+    Typed([&](auto b) HWY_ATTR { b.Store(df, v, i); });
   }
-  // An f32 store is exact: it has nothing to round.
   template <class DF>
   HWY_INLINE void StoreStochastic(DF df, hn::Vec<DF> v, std::size_t i,
                                   hn::Vec<hn::RebindToUnsigned<DF>> noise) const {
+    Typed([&](auto b) HWY_ATTR { b.StoreStochastic(df, v, i, noise); });
+  }
+
+ private:
+  // Returns f(Buffer<T>) with T the storage type of dtype.
+  template <class F>
+  HWY_INLINE auto Typed(const F& f) const {
     switch (dtype) {
       case DType::kF16:
-        return Io<hwy::float16_t>::StoreStochastic(df, v, static_cast<hwy::float16_t*>(data) + i,
-                                                   noise);
+        return f(Buffer<hwy::float16_t>(data, dtype));
       case DType::kBF16:
-        return Io<hwy::bfloat16_t>::StoreStochastic(df, v, static_cast<hwy::bfloat16_t*>(data) + i,
-                                                    noise);
+        return f(Buffer<hwy::bfloat16_t>(data, dtype));
       case DType::kF32:
         break;
     }
-    Io<float>::Store(df, v, static_cast<float*>(data) + i);
+    return f(Buffer<float>(data, dtype));
   }
 };
 
