@@ -7,8 +7,32 @@
 #include <utility>
 
 #include "src/algos/registry.h"
+#include "src/core/tensor_specs.h"
 
 namespace fusedopt {
+
+void CheckTensorSpecs(const char* who, std::span<const TensorSpec> tensors,
+                      std::size_t num_groups) {
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].group >= num_groups) {
+      throw Error(std::string(who) + ": tensor " + std::to_string(i) + ": group " +
+                  std::to_string(tensors[i].group) + " out of range (" +
+                  std::to_string(num_groups) + " groups)");
+    }
+    if (tensors[i].rows > 0 && tensors[i].numel % tensors[i].rows != 0) {
+      throw Error(std::string(who) + ": tensor " + std::to_string(i) + ": rows " +
+                  std::to_string(tensors[i].rows) + " does not divide numel " +
+                  std::to_string(tensors[i].numel));
+    }
+    if (tensors[i].cols > 0 &&
+        (tensors[i].rows == 0 || tensors[i].numel % (tensors[i].rows * tensors[i].cols) != 0)) {
+      throw Error(std::string(who) + ": tensor " + std::to_string(i) + ": rows " +
+                  std::to_string(tensors[i].rows) + " × cols " + std::to_string(tensors[i].cols) +
+                  " does not divide numel " + std::to_string(tensors[i].numel));
+    }
+  }
+}
+
 FlatStorage::Arena FlatStorage::Allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   // Round up to whole cache lines; zero-filled so fresh states and grads start at 0.
@@ -37,24 +61,7 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
       total_numel_ += tensors[i].numel;
     }
   }
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].group >= num_groups) {
-      throw Error("FlatStorage: tensor " + std::to_string(i) + ": group " +
-                  std::to_string(tensors[i].group) + " out of range (" +
-                  std::to_string(num_groups) + " groups)");
-    }
-    if (tensors[i].rows > 0 && tensors[i].numel % tensors[i].rows != 0) {
-      throw Error("FlatStorage: tensor " + std::to_string(i) + ": rows " +
-                  std::to_string(tensors[i].rows) + " does not divide numel " +
-                  std::to_string(tensors[i].numel));
-    }
-    if (tensors[i].cols > 0 &&
-        (tensors[i].rows == 0 || tensors[i].numel % (tensors[i].rows * tensors[i].cols) != 0)) {
-      throw Error("FlatStorage: tensor " + std::to_string(i) + ": rows " +
-                  std::to_string(tensors[i].rows) + " × cols " + std::to_string(tensors[i].cols) +
-                  " does not divide numel " + std::to_string(tensors[i].numel));
-    }
-  }
+  CheckTensorSpecs("FlatStorage", tensors, num_groups);
   const std::size_t param_size = DTypeSize(options.param_dtype);
   const std::size_t grad_size = DTypeSize(options.grad_dtype);
   params_ = Allocate(total_numel_ * param_size);

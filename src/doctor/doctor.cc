@@ -23,6 +23,7 @@
 #include "fusedopt/dtype.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/runtime.h"
+#include "src/doctor/distributed_plan.h"
 #include "src/doctor/model_shapes.h"
 #include "src/doctor/report_util.h"
 
@@ -116,6 +117,11 @@ BenchHyper MakeHyper(const Model& m, const DoctorOptions& o) {
     if constexpr (requires { hyper.nesterov; }) hyper.nesterov = o.nesterov;
   });
   return h;
+}
+
+// The states the fused step keeps under these hyper-parameters, as FlatStorage allocates them.
+std::size_t FusedStates(const Model& m, const DoctorOptions& o) {
+  return static_cast<std::size_t>(std::popcount(BenchRequiredStates(m.algorithm, MakeHyper(m, o))));
 }
 
 // One elementary op of the for-loop step on one tensor: how many tensors of that tensor's size it
@@ -369,11 +375,10 @@ Timings Measure(const Model& m, const DoctorOptions& o, bool time_standard,
 // The buffers Measure allocates (param, grad and each state per element) fit in memory: checked
 // before allocating, since the sizes come from the command line or a trace.
 void CheckBuffersFit(const Model& m, const DoctorOptions& o) {
-  const int states = std::popcount(BenchRequiredStates(m.algorithm, MakeHyper(m, o)));
+  const FusedFootprint b = FusedFootprintOf(o);
   const std::string what = "numels (" + std::string(kNumelsSource) +
                            "): " + std::to_string(m.numel) + " elements of " + o.dtype;
-  const std::size_t per_element = (2 + static_cast<std::size_t>(states)) * DTypeSize(m.dtype);
-  CheckFitsInMemory(CheckedMul(m.numel, per_element, what), what);
+  CheckFitsInMemory(CheckedMul(m.numel, b.param + b.grad + b.state, what), what);
 }
 
 void CheckStepOptions(const DoctorOptions& o) {
@@ -602,13 +607,12 @@ OpCount CountStandardOps(const DoctorOptions& options) {
 
 OpCount CountFusedOps(const DoctorOptions& options) {
   const Model m = CheckedModel(options);
-  // The states the fused step keeps under these hyper-parameters, as FlatStorage allocates them.
-  const int states = std::popcount(BenchRequiredStates(m.algorithm, MakeHyper(m, options)));
+  const std::size_t states = FusedStates(m, options);
   // param read + write, grad read, each state read + write; a two-phase step's reduction pass
   // reads the param, the grad and each state once more (BertAdam's the grad only; as `fusedopt
   // bench` counts it); the
   // pre-pass reads the grads again.
-  std::size_t passes = 2 + 1 + 2 * static_cast<std::size_t>(states);
+  std::size_t passes = 2 + 1 + 2 * states;
   std::size_t ops = 1;
   if (IsFactored(m.algorithm)) {
     // Adafactor's doctor tensors are vectors (numels only): the stats pass reads the param, the
@@ -618,7 +622,7 @@ OpCount CountFusedOps(const DoctorOptions& options) {
     ops = 2;
   }
   if (HasReductionPass(m.algorithm)) {
-    passes += ReductionReadsGradOnly(m.algorithm) ? 1 : 1 + 1 + static_cast<std::size_t>(states);
+    passes += ReductionReadsGradOnly(m.algorithm) ? 1 : 1 + 1 + states;
     ops += 1;
   }
   if (options.clip) {
@@ -628,10 +632,22 @@ OpCount CountFusedOps(const DoctorOptions& options) {
   return MakeCount(ops, passes, m);
 }
 
+FusedFootprint FusedFootprintOf(const DoctorOptions& options) {
+  const Model m = CheckedModel(options);
+  const std::size_t size = DTypeSize(m.dtype);
+  return {.numel = m.numel,
+          .param = size,
+          .grad = size,
+          .state = CheckedMul(FusedStates(m, options), size, "state bytes per element"),
+          .shardable = !HasReductionPass(m.algorithm) && !IsFactored(m.algorithm)};
+}
+
 nlohmann::json Diagnose(const DoctorOptions& options, std::ostream& report,
                         std::ostream& progress) {
   const Model m = CheckedModel(options);
   CheckStepOptions(options);
+  // Before timing, so that a bad flag fails at once.
+  if (!options.ranks.empty()) CheckDistributedOptions(options);
   CheckBuffersFit(m, options);
   const bool already_fused = options.impl == "fused";
   const OpCount standard = CountStandardOps(options);
@@ -733,6 +749,14 @@ nlohmann::json Diagnose(const DoctorOptions& options, std::ostream& report,
            << Fixed(j["trace_fused"]["measured_speedup"].get<double>(), 3) << "x\n";
   }
   report << "verdict: " << verdict << "\n";
+  if (!options.ranks.empty()) {
+    // The rest of the step (forward, backward, data) is the measured step without its optimizer.
+    const std::vector<DistributedRow> plan =
+        PlanDistributed(options, t.fused_ms, options.step_ms - optimizer_ms);
+    PrintDistributedPlan(report, options, plan);
+    j["distributed"] = DistributedJson(plan);
+    j["distributed_model"] = DistributedModelJson(options);
+  }
   return j;
 }
 

@@ -38,6 +38,14 @@ struct DoctorOptions {
   std::string optimizer_ms_source = "given";  // "given" or "trace" ("measured" when unset)
   // The same trace's fused run (impl `fused`), when it has one: its median step, for comparison.
   std::optional<double> trace_fused_step_ms;
+
+  // The distributed plan (src/doctor/distributed_plan.h): per-rank bytes, memory and step time
+  // predicted at each of these world sizes (1..1024) from the single-rank numbers; empty: no plan.
+  std::vector<int> ranks;
+  std::optional<int> zero;       // 0: data parallel, 1: ZeRO-1; unset: both
+  double link_gbps = 100.0;      // β: each rank's link, Gbit/s
+  double link_latency_us = 5.0;  // α: per ring hop
+  double bucket_mb = 25.0;       // MiB of f32 gradients per collective (DDP's default)
 };
 
 // Work of one optimizer step over all tensors.
@@ -63,9 +71,25 @@ OpCount CountStandardOps(const DoctorOptions& options);
 // read-only pre-pass over the grads (one more op and one more grad read).
 OpCount CountFusedOps(const DoctorOptions& options);
 
+// What the fused step holds per parameter element: the param, its grad and each optimizer state
+// the step keeps under these hyper-parameters, all in the param dtype (as FlatStorage allocates
+// them and CountFusedOps counts them; factored states count as full vectors, as the doctor's
+// tensors are). Validates the options as CountFusedOps does.
+struct FusedFootprint {
+  std::size_t numel = 0;  // all tensors together
+  std::size_t param = 0;  // bytes per element
+  std::size_t grad = 0;
+  std::size_t state = 0;  // all states together
+  // The update reads only its own element (no sums over whole tensors, which shards would cut):
+  // ZeRO-1 can shard it (not LAMB, LARS, AdamP, BertAdam, Adafactor).
+  bool shardable = true;
+};
+FusedFootprint FusedFootprintOf(const DoctorOptions& options);
+
 // Validates the options, times fused, same_traffic (and standard, if optimizer_ms is unset) on
 // buffers of those shapes, interleaved, medians of `rounds`; prints the report (a table and the
 // verdict in plain language) to `report` and progress to `progress`; returns the JSON report.
+// With `ranks`, the distributed plan follows (a table, and the JSON's "distributed" array).
 // Throws std::invalid_argument naming the field and the value for bad options.
 nlohmann::json Diagnose(const DoctorOptions& options, std::ostream& report, std::ostream& progress);
 

@@ -1,7 +1,7 @@
 # cli.doctor: `fusedopt doctor --trace` on a tiny hand-written timeline (torch and fused,
 # tests/cli/data/doctor_tiny_trace.json), then --numels with given times (lamb too), its JSON keys
-# checked; bad values exit non-zero naming the option. Run with -DFUSEDOPT=<the CLI>
-# -DWORK_DIR=<a scratch dir> -DFOPT_CMAKE_DIR=<cmake/> -DTRACE=<the tiny trace>.
+# checked; the distributed plan (--ranks); bad values exit non-zero naming the option. Run with
+# -DFUSEDOPT=<the CLI> -DWORK_DIR=<a scratch dir> -DFOPT_CMAKE_DIR=<cmake/> -DTRACE=<the trace>.
 include(${FOPT_CMAKE_DIR}/FoptCheckJson.cmake)
 function(run_doctor name)
   set(out_json ${WORK_DIR}/cli_doctor_${name}.json)
@@ -13,6 +13,7 @@ function(run_doctor name)
   endif()
   file(READ ${out_json} json)
   set(json "${json}" PARENT_SCOPE)
+  set(out "${out}" PARENT_SCOPE)
 endfunction()
 
 
@@ -52,9 +53,33 @@ expect_key("${json}" 60800 standard bytes)  # 19 passes x 800 x 4 bytes
 expect_key("${json}" 2 fused ops)
 expect_key("${json}" 25600 fused bytes)     # 8 passes x 800 x 4 bytes
 
+# The distributed plan, ZeRO-1 only: 800 f32 elements on 8 ranks make one bucket of 8 shards of
+# 256 elements (the smallest alignment), all of which travel: RS + AG 7 x 256 x (4 + 4) B per rank;
+# one rank sends nothing.
+run_doctor(plan --numels 300,500 --step-ms 10 --optimizer-ms 1 --ranks 1,8 --zero 1 --link-gbps 10)
+if(NOT out MATCHES "distributed plan")
+  message(FATAL_ERROR "fusedopt doctor --ranks printed no plan:\n${out}")
+endif()
+expect_key("${json}" 1 distributed 0 ranks)
+expect_key("${json}" 0 distributed 0 bytes_sent_per_rank)
+expect_key("${json}" 8 distributed 1 ranks)
+expect_key("${json}" 1 distributed 1 zero)
+expect_key("${json}" 14336 distributed 1 bytes_sent_per_rank)
+expect_key("${json}" 2048 distributed 1 state_bytes_per_rank)  # 256 x 2 states x 4 B
+foreach(key memory_bytes_per_rank optimizer_ms comm_ms sequential_ms pipelined_ms predicted_step_ms
+            speedup scaling_efficiency)
+  expect_key("${json}" "*" distributed 1 ${key})
+endforeach()
+expect_no_key("${json}" distributed 2)
+expect_key("${json}" 10 distributed_model link_gbps)
+# The plan's flags need --ranks.
+expect_exit(2 "--zero.*--ranks" ${FUSEDOPT} doctor --numels 300 --step-ms 10 --zero 1 --rounds 1)
+
 # Each entry: the bad option and value first, then what else it needs.
 foreach(bad "--optimizer;adafactors;--step-ms;10" "--step-ms;-1" "--optimizer-ms;20;--step-ms;10"
-            "--clip;abc;--step-ms;10" "--dtype;f64;--step-ms;10")
+            "--clip;abc;--step-ms;10" "--dtype;f64;--step-ms;10" "--ranks;0;--step-ms;10"
+            "--ranks;1025;--step-ms;10" "--zero;2;--ranks;2;--step-ms;10"
+            "--link-gbps;-5;--ranks;2;--step-ms;10" "--bucket-mb;0;--ranks;2;--step-ms;10")
   execute_process(COMMAND ${FUSEDOPT} doctor --numels 300,500 --rounds 1 ${bad}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   list(GET bad 0 option)

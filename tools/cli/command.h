@@ -71,5 +71,7 @@ Command AddDoctorCommand(CLI::App& app);
 Command AddInfoCommand(CLI::App& app);
 // Only in a build with the libtorch adapter (FOPT_CLI_WITH_TRAIN).
 Command AddTrainCommand(CLI::App& app);
+// Only in a build with the MPI communicator (FOPT_CLI_WITH_MPI).
+Command AddBenchDistCommand(CLI::App& app);
 
 }  // namespace fusedopt::cli

@@ -2,7 +2,8 @@
 // for-loop optimizer issues for those shapes vs fused, the achieved vs ceiling bandwidth, and the
 // predicted end-to-end speedup, in plain language (src/doctor/doctor.h). Input: --shapes/--numels
 // plus --step-ms (and optionally --optimizer-ms), or a --trace of `fusedopt train`; flags given
-// with --trace override its values.
+// with --trace override its values. --ranks adds the distributed plan
+// (src/doctor/distributed_plan.h).
 
 #include <cmath>
 #include <fstream>
@@ -26,6 +27,7 @@ struct Values {
   std::string trace_path;
   std::string clip_text;
   double optimizer_ms = 0.0;
+  int zero = 0;
   std::string json_path;
 };
 
@@ -42,6 +44,7 @@ struct Given {
   CLI::Option* step_ms;
   CLI::Option* optimizer_ms;
   CLI::Option* threads;
+  CLI::Option* zero;
 };
 
 nlohmann::json ReadTrace(const std::string& path) {
@@ -89,6 +92,12 @@ bench::DoctorOptions Resolve(Values& v, const Given& given) {
     o.optimizer_ms = v.optimizer_ms;
     o.optimizer_ms_source = "given";
   }
+  // The distributed plan's flags: never in a trace.
+  o.ranks = v.options.ranks;
+  if (given.zero->count() > 0) o.zero = v.zero;
+  o.link_gbps = v.options.link_gbps;
+  o.link_latency_us = v.options.link_latency_us;
+  o.bucket_mb = v.options.bucket_mb;
   return o;
 }
 
@@ -141,6 +150,32 @@ Command AddDoctorCommand(CLI::App& app) {
   parser->add_option("--rounds", options.rounds, "Timed rounds (median reported)")
       ->capture_default_str();
   parser->add_option("--json", values->json_path, "Also write the report as JSON to this file");
+  // The distributed plan (docs/doctor.md); the doctor checks the values, naming flag and value.
+  CLI::Option* ranks = parser
+                           ->add_option("--ranks", options.ranks,
+                                        "Predict data-parallel runs on P ranks (1..1024): P,P,...")
+                           ->delimiter(',')
+                           ->type_name("P");
+  given.zero = parser
+                   ->add_option("--zero", values->zero,
+                                "0: data parallel (all-reduce), 1: ZeRO-1 (sharded state); "
+                                "default both")
+                   ->needs(ranks);
+  parser
+      ->add_option("--link-gbps", options.link_gbps,
+                   "Each rank's link bandwidth in Gbit/s (the plan's beta)")
+      ->capture_default_str()
+      ->needs(ranks);
+  parser
+      ->add_option("--link-latency-us", options.link_latency_us,
+                   "Latency per ring hop in microseconds (the plan's alpha)")
+      ->capture_default_str()
+      ->needs(ranks);
+  parser
+      ->add_option("--bucket-mb", options.bucket_mb,
+                   "MiB of f32 gradients per collective (DDP's 25)")
+      ->capture_default_str()
+      ->needs(ranks);
 
   return {parser, [values, given] {
             return RunCommand("doctor", [&] {

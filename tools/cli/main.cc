@@ -16,6 +16,9 @@ int main(int argc, char** argv) {
 #endif
   commands.push_back(fusedopt::cli::AddDoctorCommand(app));
   commands.push_back(fusedopt::cli::AddBenchCommand(app));
+#ifdef FOPT_CLI_WITH_MPI
+  commands.push_back(fusedopt::cli::AddBenchDistCommand(app));
+#endif
   commands.push_back(fusedopt::cli::AddInfoCommand(app));
   try {
     app.parse(argc, argv);

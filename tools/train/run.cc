@@ -37,11 +37,6 @@ namespace {
 using bench::Fixed;
 using bench::TrimmedMean;
 
-struct Hyper {
-  double lr, weight_decay, momentum;
-  bool nesterov;
-};
-
 // The algorithms without a torch::optim class: `f(std::type_identity<Descriptor>{})` for the one
 // named `name`; false when it is none of them.
 template <class F>
@@ -60,7 +55,9 @@ bool WithOtherAlgorithm(const std::string& name, F&& f) {
   return found;
 }
 
-Hyper ResolveHyper(const TrainOptions& o) {
+}  // namespace
+
+ResolvedHyper ResolveHyper(const TrainOptions& o) {
   struct Default {
     const char* name;
     double lr, weight_decay;
@@ -77,7 +74,7 @@ Hyper ResolveHyper(const TrainOptions& o) {
     }
   }
   // The others: the reference's defaults (the Hyper struct's).
-  Hyper resolved{};
+  ResolvedHyper resolved{};
   const bool found = WithOtherAlgorithm(o.optimizer, [&](auto d) {
     const typename decltype(d)::type::Hyper defaults;
     double weight_decay = 0.0;
@@ -96,6 +93,8 @@ Hyper ResolveHyper(const TrainOptions& o) {
   return resolved;
 }
 
+namespace {
+
 // torch::optim's class (impl "torch") or its fusedopt::pt subclass (impl "fused"), same options.
 template <class Torch, class Fused, class Options>
 std::unique_ptr<torch::optim::Optimizer> Make(bool fused, const std::vector<torch::Tensor>& params,
@@ -104,9 +103,11 @@ std::unique_ptr<torch::optim::Optimizer> Make(bool fused, const std::vector<torc
   return std::make_unique<Torch>(params, options);
 }
 
+}  // namespace
+
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& name, bool fused,
                                                        const std::vector<torch::Tensor>& params,
-                                                       const Hyper& h) {
+                                                       const ResolvedHyper& h) {
   namespace o = torch::optim;
   if (name == "adamw") {
     return Make<o::AdamW, pt::AdamW>(fused, params,
@@ -149,6 +150,8 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& name, 
   });
   return made;
 }
+
+namespace {
 
 // What the run is called in the table: torch::optim's class or its fusedopt::pt subclass; for the
 // others, fusedopt::pt's class or the reference's for-loop in ATen ops (standard_optimizer.h).
@@ -386,7 +389,7 @@ std::string MarkdownTable(const nlohmann::json& report) {
 
 nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::ostream& progress) {
   Validate(options);
-  const Hyper hyper = ResolveHyper(options);
+  const ResolvedHyper hyper = ResolveHyper(options);
   if (options.threads > 0) {
     torch::set_num_threads(options.threads);
     DefaultRuntime().set_num_threads(options.threads);

@@ -5,8 +5,11 @@
 // training time, speedup, the Amdahl bound), as text, Markdown and JSON, plus a timeline.
 #pragma once
 
+#include <torch/optim/optimizer.h>
+
 #include <iosfwd>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -55,5 +58,34 @@ std::string OtherOptimizers();
 
 // The table as Markdown (for --markdown / the --compare report file).
 std::string MarkdownTable(const nlohmann::json& report);
+
+// The optimizer's hyper-parameters: the options' values, else the optimizer's defaults here.
+// Throws std::invalid_argument for an unknown optimizer or a weight decay it does not have.
+struct ResolvedHyper {
+  double lr, weight_decay, momentum;
+  bool nesterov;
+};
+ResolvedHyper ResolveHyper(const TrainOptions& options);
+
+// torch::optim's class or the reference's for-loop (fused false: impl "torch"), or fusedopt::pt's
+// class (impl "fused"), over `params`.
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& name, bool fused,
+                                                       const std::vector<torch::Tensor>& params,
+                                                       const ResolvedHyper& h);
+
+// `fusedopt train --dist`, under mpirun: data-parallel training with the fused optimizer folded
+// into the gradient reduction (fusedopt::DistributedOptimizer). Every rank builds the model and
+// takes its 1/P slice of each global batch (the same batches, in the same order, as a one-process
+// run); rank 0 prints the table and returns the report, the other ranks null. Throws
+// std::invalid_argument naming an option it cannot take with --dist.
+struct DistTrainOptions {
+  int zero = 0;             // 0: data parallel; 1: ZeRO-1
+  double bucket_mb = 25.0;  // gradient MiB per bucket
+  // Rank 0 also trains a one-process copy (fusedopt::pt, the whole batch) and reports how far the
+  // losses are from it.
+  bool reference = false;
+};
+nlohmann::json RunDistributedTraining(const TrainOptions& options, const DistTrainOptions& dist,
+                                      std::ostream& out, std::ostream& progress);
 
 }  // namespace fusedopt::train

@@ -49,6 +49,8 @@ Command AddTrainCommand(CLI::App& app) {
     std::string json_path, markdown_path, chart_path;
     double lr = 0.0, weight_decay = 0.0;  // given: TrainOptions' optional values
     bool quiet = false;
+    bool dist = false;
+    train::DistTrainOptions dist_options;
   };
   auto values = std::make_shared<Values>();
   train::TrainOptions& o = values->options;
@@ -115,50 +117,75 @@ Command AddTrainCommand(CLI::App& app) {
   parser->add_option("--chart", values->chart_path, "Draw the per-phase step breakdown (PNG)");
   parser->add_option("--trace", o.trace_path, "Write a Chrome trace-event timeline (JSON) here");
   parser->add_flag("--quiet", values->quiet, "No progress bar");
+#ifdef FOPT_CLI_WITH_MPI
+  parser->add_flag("--dist", values->dist,
+                   "Under mpirun: data-parallel training, each rank on 1/P of every batch, the "
+                   "fused optimizer folded into the gradient reduction (rank 0 reports)");
+  parser
+      ->add_option("--zero", values->dist_options.zero,
+                   "With --dist: 0 (data parallel) or 1 "
+                   "(ZeRO-1: optimizer state sharded)")
+      ->capture_default_str();
+  parser
+      ->add_option("--bucket-mb", values->dist_options.bucket_mb,
+                   "With --dist: gradient MiB per bucket (DDP: 25)")
+      ->capture_default_str();
+  parser->add_flag("--reference", values->dist_options.reference,
+                   "With --dist: rank 0 also trains one process on the whole batches "
+                   "(fusedopt::pt) and reports how far the losses are from it");
+#endif
 
-  return {parser, [values, lr, weight_decay] {
-            return RunCommand("train", [&] {
-              Values& v = *values;
-              train::TrainOptions& options = v.options;
-              if (lr->count() > 0) options.lr = v.lr;
-              if (weight_decay->count() > 0) options.weight_decay = v.weight_decay;
-              options.impls = v.compare ? std::vector<std::string>{"torch", "fused"}
-                                        : std::vector<std::string>{v.impl};
-              options.schedule = options.lr_warmup > 0;
-              options.progress = !v.quiet;
-              const std::string stem =
-                  v.out_dir + "/" + options.model.name + "_" + options.optimizer;
-              if (v.compare) {
-                if (v.json_path.empty()) v.json_path = stem + ".json";
-                if (v.markdown_path.empty()) v.markdown_path = stem + ".md";
-                if (v.chart_path.empty()) v.chart_path = stem + ".png";
-              }
-              std::string json_path = v.json_path;
-              if (json_path.empty() && !v.chart_path.empty()) json_path = v.chart_path + ".json";
-              // Fail before training, not after it; creates nothing, so a failed run leaves no
-              // file.
-              for (const std::string* path :
-                   {&json_path, &v.markdown_path, &v.chart_path, &options.trace_path}) {
-                if (!path->empty()) CheckWritable(*path);
-              }
-              const nlohmann::json report = train::RunTraining(options, std::cout, std::cerr);
-              if (!json_path.empty()) {
-                WriteTextFile(json_path, report.dump(2) + "\n");
-                std::cout << "report: " << json_path << "\n";
-              }
-              if (!v.markdown_path.empty()) {
-                WriteTextFile(v.markdown_path, train::MarkdownTable(report));
-                std::cout << "table:  " << v.markdown_path << "\n";
-              }
-              if (!v.chart_path.empty() && DrawChart(json_path, v.chart_path)) {
-                std::cout << "chart:  " << v.chart_path << "\n";
-              }
-              if (!options.trace_path.empty()) {
-                std::cout << "trace:  " << options.trace_path
-                          << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
-              }
-            });
-          }};
+  return {
+      parser, [values, lr, weight_decay] {
+        return RunCommand("train", [&] {
+          Values& v = *values;
+          train::TrainOptions& options = v.options;
+          if (lr->count() > 0) options.lr = v.lr;
+          if (weight_decay->count() > 0) options.weight_decay = v.weight_decay;
+          options.impls = v.compare ? std::vector<std::string>{"torch", "fused"}
+                                    : std::vector<std::string>{v.impl};
+          options.schedule = options.lr_warmup > 0;
+          options.progress = !v.quiet;
+          const std::string stem = v.out_dir + "/" + options.model.name + "_" + options.optimizer;
+          if (v.compare) {
+            if (v.json_path.empty()) v.json_path = stem + ".json";
+            if (v.markdown_path.empty()) v.markdown_path = stem + ".md";
+            if (v.chart_path.empty()) v.chart_path = stem + ".png";
+          }
+          if (v.dist && (v.compare || !v.markdown_path.empty() || !v.chart_path.empty())) {
+            throw std::invalid_argument(
+                "--dist reports as text, --json and --trace (not --compare, --markdown or "
+                "--chart)");
+          }
+          std::string json_path = v.json_path;
+          if (json_path.empty() && !v.chart_path.empty()) json_path = v.chart_path + ".json";
+          // Fail before training, not after it; creates nothing, so a failed run leaves no
+          // file.
+          for (const std::string* path :
+               {&json_path, &v.markdown_path, &v.chart_path, &options.trace_path}) {
+            if (!path->empty()) CheckWritable(*path);
+          }
+          const nlohmann::json report =
+              v.dist ? train::RunDistributedTraining(options, v.dist_options, std::cout, std::cerr)
+                     : train::RunTraining(options, std::cout, std::cerr);
+          if (report.is_null()) return;  // --dist: ranks other than 0 report nothing
+          if (!json_path.empty()) {
+            WriteTextFile(json_path, report.dump(2) + "\n");
+            std::cout << "report: " << json_path << "\n";
+          }
+          if (!v.markdown_path.empty()) {
+            WriteTextFile(v.markdown_path, train::MarkdownTable(report));
+            std::cout << "table:  " << v.markdown_path << "\n";
+          }
+          if (!v.chart_path.empty() && DrawChart(json_path, v.chart_path)) {
+            std::cout << "chart:  " << v.chart_path << "\n";
+          }
+          if (!options.trace_path.empty()) {
+            std::cout << "trace:  " << options.trace_path
+                      << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
+          }
+        });
+      }};
 }
 
 }  // namespace fusedopt::cli

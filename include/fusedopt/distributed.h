@@ -1,0 +1,207 @@
+// Data-parallel training with the fused step: every rank holds the whole model, computes the
+// gradients of its slice of the batch, and DistributedOptimizer::Step() reduces them across ranks
+// (a Communicator: MPI, or one process) and updates, the optimizer folded into the reduction.
+//
+//   fusedopt::mpi::MpiCommunicator comm;                       // src/mpi (or LocalCommunicator)
+//   fusedopt::DistributedOptimizer<fusedopt::AdamWHyper> opt(
+//       {{.lr = 1e-3}}, tensors, {}, comm, {.zero = 1});
+//   ... fill opt.params<float>(i) (rank 0's values win: the first Step() broadcasts them) ...
+//   ... per iteration: write this rank's gradients into opt.grads(i), then
+//   opt.Step({.max_grad_norm = 1.0});
+//
+// Layout. Tensors lie group by group in one flat range, as FlatStorage lays them out (the same
+// element indices, so stochastic-rounding noise matches a one-process Optimizer at any world
+// size), padded at the end and cut into buckets of about bucket_bytes of gradient. Each bucket is
+// P shards of equal size: rank r owns shard r of every bucket. With shards of whole chunks
+// (kGrainElements, the default unless the model is small for its world size) shard edges fall on
+// the step's chunk grid, and the gradient norm, whose per-chunk partials are gathered and added in
+// chunk order, is the same bits as a one-process Optimizer's at any world size.
+//
+// zero = 0 (data parallel): each bucket's gradients are all-reduced in place (started together,
+// in bucket order); with `pipeline`, bucket k is updated as soon as its sums land, while later
+// buckets are still in flight (between pieces of the update the next request is polled: OpenMPI
+// progresses a non-blocking collective only inside MPI calls). Every rank updates every param.
+//
+// zero = 1 (ZeRO-1): each bucket's gradients are reduce-scattered, each rank updates its shard
+// only, with optimizer states and f32 masters allocated at shard size, and the updated params are
+// all-gathered (in the param dtype) bucket by bucket. A shard's update is bit-identical to the same
+// slice of the unsharded update: element-wise algorithms only (SGD, Adam, AdamW, RMSprop, Adagrad,
+// Lion, Adamax, Adadelta, RAdam, NAdam, ASGD, Rprop, RMSpropTF). LAMB, LARS, AdamP, BertAdam and
+// Adafactor reduce over whole tensors, which shards cut: they run with zero = 0.
+//
+// Global agreement. Gradients are averaged (summed, then scaled by 1/P inside the step, as DDP's
+// mean; exact for P a power of two). With a LossScaler or clipping, the pre-pass's per-chunk
+// partials of every shard are gathered, so every rank sees the same overflow flag and the same
+// norm: one rank's Inf makes every rank skip (params, states, step counts bit-identical), and the
+// norm is the one a single process computes over the averaged gradients, whatever P is.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/communicator.h"
+#include "fusedopt/optimizer.h"
+
+namespace fusedopt {
+
+struct DistributedOptions {
+  int zero = 0;  // 0: data parallel; 1: ZeRO-1 (state sharded)
+  // Gradient bytes per bucket (DDP's bucket_cap_mb = 25), rounded up to whole shards; > 0.
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  // zero = 0: update bucket k while bucket k+1 is in flight. false: all-reduce every bucket, then
+  // one update (the baseline `fusedopt bench-dist` compares against).
+  bool pipeline = true;
+  // Divide the summed gradients by the world size (DDP); false: keep the sums.
+  bool average = true;
+  // Elements each rank's shard of a bucket is rounded up to (a multiple of 64). kGrainElements
+  // puts shard edges on the step's chunk grid, which keeps the gradient norm the same bits at any
+  // world size; 0 (auto) takes it unless that padding could exceed 1/8 of the model (P·32768
+  // elements per bucket against a small model on many ranks), and 256 then.
+  std::size_t shard_align = 0;
+};
+
+// Where the tensors and buckets lie, for P ranks (a pure function of the specs, the world size and
+// the bucket size: every rank computes the same).
+struct ShardLayout {
+  struct Bucket {
+    std::size_t begin = 0;  // first element
+    std::size_t shard = 0;  // elements per rank (a multiple of align); the bucket is P shards
+    std::size_t local = 0;  // where this bucket's shard starts in a rank's shard arrays
+  };
+  // One tensor's elements [first, first + numel) inside [begin, end) of the flat range.
+  struct Slice {
+    std::size_t tensor = 0;
+    std::size_t first = 0;  // element of the tensor
+    std::size_t numel = 0;
+  };
+
+  // align: DistributedOptions::shard_align (0: auto).
+  ShardLayout(std::span<const TensorSpec> tensors, std::size_t num_groups, int ranks,
+              std::size_t bucket_elements, std::size_t align = 0);
+
+  int ranks = 1;
+  std::size_t align = kGrainElements;  // what shards are rounded up to
+  std::vector<std::size_t> offsets;    // each tensor's first element in the flat range
+  std::size_t numel = 0;               // elements of all tensors
+  std::size_t padded = 0;              // the flat range with its padding: Σ P·shard
+  std::size_t shard_total = 0;         // Σ shard: a rank's share of every bucket
+  std::vector<Bucket> buckets;
+
+  // The tensor pieces in [begin, end) of the flat range, in order (padding has none).
+  std::vector<Slice> SlicesIn(std::size_t begin, std::size_t end) const;
+  // A 64-bit FNV-1a hash of what every rank must agree on (specs, groups, ranks, buckets).
+  std::uint64_t Hash() const;
+
+ private:
+  std::vector<TensorSpec> specs_;
+};
+
+template <class Hyper>
+class DistributedOptimizer {
+ public:
+  // Collective: every rank constructs it with the same specs and options. Throws fusedopt::Error
+  // (on every rank) for invalid hyper-parameters, specs or options, and when the ranks' layouts
+  // differ (a hash of each rank's layout is all-gathered), naming the ranks. grad_dtype must be
+  // f32 (gradients are reduced in f32); accumulation_steps must be 1.
+  DistributedOptimizer(std::vector<Hyper> groups, std::vector<TensorSpec> tensors,
+                       StorageOptions storage, Communicator& comm, DistributedOptions options = {},
+                       Runtime& runtime = DefaultRuntime());
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  Hyper& group(std::size_t g) { return groups_.at(g); }
+  std::size_t num_groups() const { return groups_.size(); }
+  std::size_t num_tensors() const { return specs_.size(); }
+  const ShardLayout& layout() const { return layout_; }
+  const DistributedOptions& options() const { return options_; }
+  std::int64_t step_count(std::size_t tensor) const { return steps_.at(tensor); }
+
+  // The whole model's params and this rank's gradients (T: float for f32, std::uint16_t for
+  // f16/bf16 params). After Step() every rank holds the same params.
+  template <class T>
+  std::span<T> params(std::size_t tensor) {
+    CheckSize(sizeof(T), storage_.param_dtype);
+    return {reinterpret_cast<T*>(params_.data()) + layout_.offsets.at(tensor),
+            specs_.at(tensor).numel};
+  }
+  std::span<float> grads(std::size_t tensor) {
+    return {grads_.data() + layout_.offsets.at(tensor), specs_.at(tensor).numel};
+  }
+  // This rank's parts of a tensor's state slot, as f32, in order (zero = 0: the whole tensor;
+  // zero = 1: what its shards hold of it, possibly nothing). Throws fusedopt::Error for a slot that
+  // is not allocated.
+  struct StateSlice {
+    std::size_t first = 0;  // the tensor's element where `values` start
+    std::vector<float> values;
+  };
+  std::vector<StateSlice> state(std::size_t tensor, int slot) const;
+
+  void ZeroGrad();
+  // Reduces the gradients and updates (see the top of this file). Collective. Throws
+  // fusedopt::Error, having changed nothing, on invalid options or hyper-parameters. The first
+  // call starts by broadcasting rank 0's params.
+  StepResult Step(const StepOptions& options = {});
+
+  // Bytes of optimizer state this rank holds: state slots and f32 masters.
+  std::size_t state_bytes() const;
+
+  // The collectives of the last Step(), for traces: one span per bucket and kind, from its start
+  // to the return of the wait that saw it complete.
+  struct CommSpan {
+    const char* kind = "";  // "all_reduce", "reduce_scatter" or "all_gather"
+    std::size_t bucket = 0;
+    std::chrono::steady_clock::time_point begin, end;
+  };
+  const std::vector<CommSpan>& last_comm_spans() const { return spans_; }
+  // The time the last Step() spent blocked starting and waiting for collectives: the communication
+  // not hidden behind updates.
+  double last_exposed_comm_ms() const { return exposed_ms_; }
+  Communicator& communicator() { return *comm_; }
+
+ private:
+  static void CheckSize(std::size_t size, DType dtype);
+  // Where a flat element's state, master and (zero = 1) reduced gradient lie in this rank's arrays.
+  std::size_t LocalIndex(std::size_t flat) const;
+  // The segments of the tensor pieces in [begin, end) of the flat range; each gets its own copy
+  // of its tensor's scalar states (in scalar_scratch_), as a tensor may be cut into several.
+  std::vector<Segment> SegmentsIn(std::size_t begin, std::size_t end, float grad_scale,
+                                  bool whole_tensors);
+  void AllocateStates();
+  // Starts a bucket's collective (start() returns its request; recorded in spans_), and waits for
+  // one; both timed into exposed_ms_.
+  using Request = std::pair<std::unique_ptr<CommRequest>, std::size_t>;  // and its span
+  template <class Start>
+  Request Started(const Start& start, const char* kind, std::size_t bucket);
+  void Wait(Request& request);
+  StepResult StepDataParallel(float grad_scale, const StepOptions& options);
+  StepResult StepSharded(float grad_scale, const StepOptions& options);
+
+  std::vector<Hyper> groups_;
+  std::vector<TensorSpec> specs_;
+  StorageOptions storage_;
+  Communicator* comm_;
+  DistributedOptions options_;
+  Runtime* runtime_;
+  ShardLayout layout_;
+  std::size_t local_numel_ = 0;     // elements of state this rank keeps: numel or shard_total
+  std::vector<std::byte> params_;   // padded, in the param dtype
+  std::vector<float> grads_;        // padded
+  std::vector<float> shard_grads_;  // zero = 1: the reduced gradients of this rank's shards
+  std::vector<float> masters_;      // local_numel_ when master_weights
+  std::vector<std::byte> states_[kMaxStates];  // local_numel_ each, once required
+  std::vector<float> scalars_;                 // kMaxScalars per tensor
+  std::deque<std::array<float, kMaxScalars>> scalar_scratch_;
+  std::vector<std::int64_t> steps_, buffer_steps_;
+  bool broadcast_done_ = false;
+  std::vector<CommSpan> spans_;
+  double exposed_ms_ = 0.0;
+};
+
+}  // namespace fusedopt

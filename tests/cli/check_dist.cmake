@@ -1,0 +1,87 @@
+# cli.dist (label mpi): `fusedopt bench-dist` and `fusedopt train --dist` under mpirun on 2 ranks,
+# small sizes: the JSON the issue names, ZeRO-1's bytes and state against data parallel, the
+# distributed run's losses against one process on the whole batches (--reference), the per-rank
+# trace with the collectives' spans, and bad input. Every mpirun is bounded by execute_process's
+# TIMEOUT. Run with -DFUSEDOPT=<the CLI> -DWORK_DIR=<a scratch dir> -DFOPT_CMAKE_DIR=<cmake/>
+# -DMPIEXEC=<mpiexec> -DMPIEXEC_FLAGS=<its flags, ;-separated>.
+include(${FOPT_CMAKE_DIR}/FoptCheckJson.cmake)
+set(dir ${WORK_DIR}/cli_dist)
+file(REMOVE_RECURSE ${dir})
+file(MAKE_DIRECTORY ${dir})
+set(mpirun ${MPIEXEC} -n 2 ${MPIEXEC_FLAGS})
+
+function(run_ok)
+  execute_process(COMMAND ${mpirun} ${FUSEDOPT} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err TIMEOUT 120)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "mpirun fusedopt ${ARGN}: exit '${rc}'\n${out}\n${err}")
+  endif()
+  set(out "${out}" PARENT_SCOPE)
+endfunction()
+
+# bench-dist: the three impls; ZeRO-1 sends no more than all-reduce-then-step and holds about half
+# the state (a 1/2 share of 40 chunks, padded to whole chunks).
+run_ok(bench-dist --optimizer adamw --numel 1300000 --bucket-mb 1 --rounds 2 --warmup 1
+       --json ${dir}/bench.json)
+if(NOT out MATCHES "\\| zero1 \\|")
+  message(FATAL_ERROR "bench-dist printed no table:\n${out}")
+endif()
+file(READ ${dir}/bench.json json)
+expect_key("${json}" 2 ranks)
+expect_key("${json}" adamw optimizer)
+expect_key("${json}" 1300000 numel)
+foreach(impl allreduce_then_step pipelined zero1)
+  foreach(key median_ms bytes_sent_per_rank state_bytes_per_rank exposed_comm_ms)
+    expect_key("${json}" * impls ${impl} ${key})
+  endforeach()
+endforeach()
+string(JSON sent_ar GET "${json}" impls allreduce_then_step bytes_sent_per_rank)
+string(JSON sent_z1 GET "${json}" impls zero1 bytes_sent_per_rank)
+string(JSON state_ar GET "${json}" impls allreduce_then_step state_bytes_per_rank)
+string(JSON state_z1 GET "${json}" impls zero1 state_bytes_per_rank)
+math(EXPR state_bound "${state_ar} * 55 / 100")
+if(sent_z1 GREATER sent_ar OR state_z1 GREATER state_bound)
+  message(FATAL_ERROR "zero1 sends ${sent_z1} (all-reduce: ${sent_ar}) and holds ${state_z1} "
+                      "(all-reduce: ${state_ar})")
+endif()
+
+# LAMB reduces over whole tensors: no zero1 row.
+run_ok(bench-dist --optimizer lamb --numel 100000 --rounds 1 --warmup 0 --json ${dir}/lamb.json)
+file(READ ${dir}/lamb.json json)
+expect_key("${json}" * impls pipelined median_ms)
+expect_no_key("${json}" impls zero1)
+
+# train --dist with ZeRO-1: rank 0's table and report, the losses within 1e-4 of one process on the
+# whole batches, the trace with every rank and the reduce-scatter / all-gather spans.
+run_ok(train --dist --zero 1 --model transformer_small --batch-size 4 --steps 3 --warmup 0
+       --reference --quiet --json ${dir}/train.json --trace ${dir}/trace.json)
+if(NOT out MATCHES "fusedopt train --dist")
+  message(FATAL_ERROR "train --dist printed no table:\n${out}")
+endif()
+file(READ ${dir}/train.json json)
+expect_key("${json}" 2 ranks)
+expect_key("${json}" 1 zero)
+expect_key("${json}" 2 batch_per_rank)
+string(JSON diff GET "${json}" max_loss_rel_diff_vs_one_process)
+if(NOT diff LESS 1e-4)
+  message(FATAL_ERROR "train --dist losses differ from one process by ${diff}")
+endif()
+file(READ ${dir}/trace.json trace)
+foreach(name "rank 1" reduce_scatter all_gather backward)
+  if(NOT trace MATCHES "\"${name}\"")
+    message(FATAL_ERROR "the trace has no '${name}'")
+  endif()
+endforeach()
+
+# Bad input: named, exit 2, on every rank before any training.
+execute_process(COMMAND ${mpirun} ${FUSEDOPT} train --dist --model transformer_small --batch-size 3
+                        --steps 1 --quiet
+                RESULT_VARIABLE rc ERROR_VARIABLE err TIMEOUT 60)
+if(rc EQUAL 0 OR NOT err MATCHES "--batch-size 3 with --dist: must divide by the 2 ranks")
+  message(FATAL_ERROR "train --dist --batch-size 3: exit '${rc}'\n${err}")
+endif()
+execute_process(COMMAND ${FUSEDOPT} train --dist --compare --quiet RESULT_VARIABLE rc
+                ERROR_VARIABLE err TIMEOUT 60)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--dist reports as text")
+  message(FATAL_ERROR "train --dist --compare: exit '${rc}'\n${err}")
+endif()

@@ -1,0 +1,315 @@
+// DistributedOptimizer on real ranks (run under mpirun by ctest, label mpi): P ranks with 1/P of a
+// batch each against one process on the whole batch (every rank runs that reference itself, with
+// the one-process Optimizer), ZeRO-1 against data parallel, global agreement (an Inf on one rank,
+// the clipping norm, params identical on every rank), the state each rank keeps, and layouts that
+// differ failing fast on every rank.
+
+#include "fusedopt/distributed.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fusedopt/error.h"
+#include "fusedopt/optimizer.h"
+#include "fusedopt/scaler.h"
+#include "src/mpi/mpi_communicator.h"
+
+namespace fusedopt {
+namespace {
+
+// Least squares on a linear model w (all tensors' elements in flat order): sample s has features
+// x_s[i] and target y_s, and its gradient is (w·x_s − y_s)·x_s. The batch has kBatch samples;
+// rank r of P takes samples [r·kBatch/P, (r+1)·kBatch/P).
+constexpr int kBatch = 12;
+constexpr int kSteps = 20;
+
+// Uneven tensors, a group of 3 elements (which lies in rank 0's first shard only), cut by 1 MiB
+// buckets.
+const std::vector<TensorSpec> kTensors = {
+    {.numel = 600000}, {.numel = 3, .group = 1}, {.numel = 400000}};
+constexpr std::size_t kBucketBytes = std::size_t{1} << 20;
+
+float Feature(int sample, std::size_t i) {
+  std::uint64_t z = (std::uint64_t(sample) << 32) + i + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<double>(z >> 40) / double(1 << 23) - 1.0) * 1e-3f;
+}
+
+constexpr std::size_t kNumel = 1000003;
+
+// The batch's features, computed once.
+const std::vector<float>& Features(int sample) {
+  static const std::vector<std::vector<float>> features = [] {
+    std::vector<std::vector<float>> f(kBatch, std::vector<float>(kNumel));
+    for (int s = 0; s < kBatch; ++s) {
+      for (std::size_t i = 0; i < kNumel; ++i) f[s][i] = Feature(s, i);
+    }
+    return f;
+  }();
+  return features[static_cast<std::size_t>(sample)];
+}
+
+// The mean gradient of samples [first, last) at params w, into g (f32, as a framework's backward
+// would give it), times `scale`.
+void MeanGradient(const std::vector<float>& w, int first, int last, float scale,
+                  std::vector<float>& g) {
+  std::fill(g.begin(), g.end(), 0.0f);
+  for (int s = first; s < last; ++s) {
+    const std::vector<float>& x = Features(s);
+    double dot = 0.0;
+    for (std::size_t i = 0; i < w.size(); ++i) dot += double{w[i]} * x[i];
+    const auto residual = static_cast<float>(dot - 0.01 * s);
+    for (std::size_t i = 0; i < w.size(); ++i) g[i] += residual * x[i];
+  }
+  const float mean = scale / static_cast<float>(last - first);
+  for (float& x : g) x *= mean;
+}
+
+// The model's params in flat (group by group) order, and back.
+template <class Opt, class Params>
+std::vector<float> Flat(Opt& opt, Params params) {
+  std::vector<float> w;
+  for (const std::size_t t : {0, 2, 1}) {
+    const auto p = params(opt, t);
+    w.insert(w.end(), p.begin(), p.end());
+  }
+  return w;
+}
+template <class Opt, class Grads>
+void Scatter(const std::vector<float>& g, Opt& opt, Grads grads) {
+  std::size_t at = 0;
+  for (const std::size_t t : {0, 2, 1}) {
+    const auto dst = grads(opt, t);
+    std::copy(g.begin() + static_cast<std::ptrdiff_t>(at),
+              g.begin() + static_cast<std::ptrdiff_t>(at + dst.size()), dst.begin());
+    at += dst.size();
+  }
+}
+
+const auto kOptParams = [](auto& o, std::size_t t) {
+  return o.storage().template params<float>(t);
+};
+const auto kOptGrads = [](auto& o, std::size_t t) { return o.storage().template grads<float>(t); };
+const auto kDistParams = [](auto& o, std::size_t t) { return o.template params<float>(t); };
+const auto kDistGrads = [](auto& o, std::size_t t) { return o.grads(t); };
+
+double MaxRelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(double{a[i]} - double{b[i]}));
+    scale = std::max(scale, std::abs(double{b[i]}));
+  }
+  return diff / scale;
+}
+
+struct Trajectory {
+  std::vector<float> params;
+  std::vector<double> norms;  // the clipping norm of each step
+  std::size_t state_bytes = 0;
+  float scale = 0.0f;
+};
+
+// Two groups; the second holds the 3-element tensor. Adam's lr keeps the fit from overshooting
+// (at 1e-2 every coordinate's ±lr step flips the residuals' signs each step: moments near 0 then
+// turn last-bit differences of the gradient into 1e-5 differences of the params).
+template <class Hyper>
+std::vector<Hyper> Groups() {
+  if constexpr (std::is_same_v<Hyper, SgdHyper>) {
+    return {{.lr = 0.5, .momentum = 0.9, .weight_decay = 0.01}, {.lr = 0.2, .momentum = 0.9}};
+  } else {
+    return {{.lr = 1e-5, .weight_decay = 0.01}, {.lr = 5e-6, .weight_decay = 0.0}};
+  }
+}
+// Norms of the scaled gradients are about 1e-3: clip at half of that, so clipping is active.
+constexpr double kMaxNorm = 5e-4;
+
+// One process on the whole batch.
+template <class Hyper>
+Trajectory Reference() {
+  Optimizer<Hyper> opt(Groups<Hyper>(), kTensors);
+  LossScaler scaler;
+  std::vector<float> w(kNumel), g(w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = Feature(999, i) * 100.0f;
+  Scatter(w, opt, kOptParams);
+  Trajectory run;
+  for (int step = 0; step < kSteps; ++step) {
+    MeanGradient(Flat(opt, kOptParams), 0, kBatch, scaler.scale(), g);
+    Scatter(g, opt, kOptGrads);
+    run.norms.push_back(*opt.Step({.scaler = &scaler, .max_grad_norm = kMaxNorm}).grad_norm);
+  }
+  run.params = Flat(opt, kOptParams);
+  run.scale = scaler.scale();
+  return run;
+}
+
+// P ranks with 1/P of the batch each. Ranks other than 0 start from other params: the first step
+// broadcasts rank 0's.
+template <class Hyper>
+Trajectory Distributed(Communicator& comm, int zero) {
+  DistributedOptimizer<Hyper> opt(Groups<Hyper>(), kTensors, {}, comm,
+                                  {.zero = zero, .bucket_bytes = kBucketBytes});
+  LossScaler scaler;
+  std::vector<float> w(kNumel), g(w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = Feature(999 + comm.rank(), i) * 100.0f;
+  Scatter(w, opt, kDistParams);
+  const int first = comm.rank() * kBatch / comm.size();
+  const int last = (comm.rank() + 1) * kBatch / comm.size();
+  Trajectory run;
+  for (int step = 0; step < kSteps; ++step) {
+    // Before the first step, rank 0's params are not yet everyone's: the gradient must be taken
+    // at them, as the reference does.
+    if (step == 0) comm.Broadcast(w.data(), w.size(), CommType::kF32, 0);
+    MeanGradient(step == 0 ? w : Flat(opt, kDistParams), first, last, scaler.scale(), g);
+    Scatter(g, opt, kDistGrads);
+    run.norms.push_back(*opt.Step({.scaler = &scaler, .max_grad_norm = kMaxNorm}).grad_norm);
+  }
+  run.params = Flat(opt, kDistParams);
+  run.state_bytes = opt.state_bytes();
+  run.scale = scaler.scale();
+  return run;
+}
+
+// Whether every rank holds these bytes.
+bool SameOnEveryRank(Communicator& comm, const void* data, std::size_t bytes) {
+  std::vector<std::byte> all(bytes * static_cast<std::size_t>(comm.size()));
+  std::memcpy(all.data() + bytes * static_cast<std::size_t>(comm.rank()), data, bytes);
+  comm.AllGather(all.data(), bytes, CommType::kByte);
+  for (int r = 1; r < comm.size(); ++r) {
+    if (std::memcmp(all.data(), all.data() + bytes * static_cast<std::size_t>(r), bytes) != 0)
+      return false;
+  }
+  return true;
+}
+
+template <class Hyper>
+void ExpectSameAsOneProcess(Communicator& comm) {
+  const Trajectory reference = Reference<Hyper>();
+  const Trajectory data_parallel = Distributed<Hyper>(comm, 0);
+  const Trajectory zero1 = Distributed<Hyper>(comm, 1);
+  for (const Trajectory* run : {&data_parallel, &zero1}) {
+    SCOPED_TRACE(run == &zero1 ? "zero 1" : "zero 0");
+    EXPECT_LE(MaxRelativeDifference(run->params, reference.params), 1e-6);
+    // Clipping was active, on the global norm: the one-process norm, the same bits on every rank.
+    ASSERT_EQ(run->norms.size(), reference.norms.size());
+    for (std::size_t s = 0; s < run->norms.size(); ++s) {
+      EXPECT_GT(reference.norms[s], kMaxNorm);
+      EXPECT_NEAR(run->norms[s], reference.norms[s], 1e-6 * reference.norms[s]);
+    }
+    EXPECT_TRUE(SameOnEveryRank(comm, run->norms.data(), run->norms.size() * sizeof(double)));
+    EXPECT_TRUE(SameOnEveryRank(comm, run->params.data(), run->params.size() * sizeof(float)));
+    EXPECT_EQ(run->scale, reference.scale);
+  }
+  EXPECT_LE(MaxRelativeDifference(zero1.params, data_parallel.params), 1e-6);
+  // ZeRO-1 keeps a 1/P share of the moments (plus padding to whole chunks).
+  const double share =
+      static_cast<double>(zero1.state_bytes) / static_cast<double>(data_parallel.state_bytes);
+  const double bound = comm.size() == 2 ? 0.55 : comm.size() == 3 ? 0.37 : 1.0;
+  EXPECT_LE(share, bound);
+  if (comm.rank() == 0) {
+    std::printf("[ %d ranks ] zero 1 keeps %.3f of the state bytes of zero 0 per rank\n",
+                comm.size(), share);
+  }
+}
+
+TEST(DistributedMpi, RanksOnSlicesOfTheBatchEqualOneProcessOnTheWholeBatch) {
+  mpi::MpiCommunicator comm;
+  {
+    SCOPED_TRACE("sgd");
+    ExpectSameAsOneProcess<SgdHyper>(comm);
+  }
+  {
+    SCOPED_TRACE("adamw");
+    ExpectSameAsOneProcess<AdamWHyper>(comm);
+  }
+}
+
+TEST(DistributedMpi, GroupOnOneShardOnly) {
+  mpi::MpiCommunicator comm;
+  DistributedOptimizer<AdamWHyper> opt(Groups<AdamWHyper>(), kTensors, {}, comm,
+                                       {.zero = 1, .bucket_bytes = kBucketBytes});
+  // Group 1 (tensor 1, 3 elements) lies at flat 1000000..1000002, inside one rank's shard: only
+  // that rank keeps its state (the others' shards hold no element of the group, and the
+  // end-to-end test above steps them all).
+  const ShardLayout& layout = opt.layout();
+  ASSERT_EQ(layout.offsets[1], 1000000u);
+  int owner = -1;
+  for (const ShardLayout::Bucket& b : layout.buckets) {
+    if (b.begin <= 1000000 && 1000003 <= b.begin + b.shard * layout.ranks) {
+      owner = static_cast<int>((1000000 - b.begin) / b.shard);
+    }
+  }
+  const std::vector<DistributedOptimizer<AdamWHyper>::StateSlice> held = opt.state(1, kExpAvg);
+  EXPECT_EQ(held.size(), comm.rank() == owner ? 1u : 0u);
+  double holders = static_cast<double>(held.size());
+  comm.AllReduce(&holders, 1, CommType::kF64, ReduceOp::kSum);
+  EXPECT_EQ(holders, 1.0);
+}
+
+TEST(DistributedMpi, AnInfOnOneRankMakesEveryRankSkip) {
+  mpi::MpiCommunicator comm;
+  for (const int zero : {0, 1}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    DistributedOptimizer<AdamWHyper> opt(Groups<AdamWHyper>(), kTensors, {}, comm,
+                                         {.zero = zero, .bucket_bytes = kBucketBytes});
+    LossScaler scaler;
+    std::vector<float> g(kNumel);
+    MeanGradient(std::vector<float>(g.size(), 0.5f), comm.rank(), comm.rank() + 1, 1.0f, g);
+    Scatter(g, opt, kDistGrads);
+    ASSERT_TRUE(opt.Step({.scaler = &scaler}).stepped);
+    const std::vector<float> before = Flat(opt, kDistParams);
+    const auto moments = [&] {
+      std::vector<float> m;
+      for (std::size_t t = 0; t < kTensors.size(); ++t) {
+        for (const auto& slice : opt.state(t, kExpAvgSq)) {
+          m.insert(m.end(), slice.values.begin(), slice.values.end());
+        }
+      }
+      return m;
+    };
+    const std::vector<float> moments_before = moments();
+    Scatter(g, opt, kDistGrads);
+    // The last rank only: with zero 1 its Inf lies in a shard another rank owns.
+    if (comm.rank() == comm.size() - 1) opt.grads(0)[17] = std::numeric_limits<float>::infinity();
+    const float scale = scaler.scale();
+    const StepResult r = opt.Step({.scaler = &scaler});
+    EXPECT_FALSE(r.stepped);
+    EXPECT_TRUE(r.found_inf);
+    EXPECT_EQ(scaler.scale(), scale * 0.5f);
+    EXPECT_EQ(opt.step_count(0), 1);
+    const std::vector<float> after = Flat(opt, kDistParams);
+    EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0);
+    const std::vector<float> moments_after = moments();
+    ASSERT_EQ(moments_before.size(), moments_after.size());
+    EXPECT_EQ(std::memcmp(moments_before.data(), moments_after.data(),
+                          moments_before.size() * sizeof(float)),
+              0);
+  }
+}
+
+TEST(DistributedMpi, LayoutsThatDifferFailOnEveryRank) {
+  mpi::MpiCommunicator comm;
+  std::vector<TensorSpec> tensors = kTensors;
+  if (comm.rank() == comm.size() - 1) tensors[2].numel += 1;
+  try {
+    DistributedOptimizer<AdamWHyper> opt(Groups<AdamWHyper>(), tensors, {}, comm);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(comm.size() - 1) +
+                                         "'s layout differs from rank 0's"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fusedopt
