@@ -16,6 +16,7 @@
 
 #include "bench/elementwise.h"
 #include "src/core/parallel.h"
+#include "src/core/step_hooks.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -608,6 +609,10 @@ StepResult FusedTrainingStep(Algorithm a, const BenchHyper& h, std::span<Segment
     using Hyper = typename decltype(d)::type::Hyper;
     return TrainingStep(std::span<const Hyper>(&h.Of<Hyper>(), 1), segments, options, runtime);
   });
+}
+
+bool ShardsWithZeroOne(Algorithm a) {
+  return WithDescriptor(a, [](auto d) { return kZeroOneShards<typename decltype(d)::type>; });
 }
 
 bool IsFactored(Algorithm a) {

@@ -62,6 +62,9 @@ bool ReductionReadsGradOnly(Algorithm a);
 // stats pass, a norm pass over the matrices and the update pass, over tiles).
 bool IsFactored(Algorithm a);
 
+// Whether DistributedOptimizer's ZeRO-1 takes `a` (src/core/step_hooks.h, kZeroOneShards).
+bool ShardsWithZeroOne(Algorithm a);
+
 // The traffic floor of a factored step (IsFactored), the passes' bytes: the stats pass reads each
 // param, its gradient and the states it keeps element-wise (kStateShapes: a vector's variance,
 // 1×1 matrices' row_var and col_var), the norm pass reads the gradient of each param that keeps

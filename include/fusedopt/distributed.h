@@ -25,9 +25,10 @@
 // zero = 1 (ZeRO-1): each bucket's gradients are reduce-scattered, each rank updates its shard
 // only, with optimizer states and f32 masters allocated at shard size, and the updated params are
 // all-gathered (in the param dtype) bucket by bucket. A shard's update is bit-identical to the same
-// slice of the unsharded update: element-wise algorithms only (SGD, Adam, AdamW, RMSprop, Adagrad,
-// Lion, Adamax, Adadelta, RAdam, NAdam, ASGD, Rprop, RMSpropTF). LAMB, LARS, AdamP, BertAdam and
-// Adafactor reduce over whole tensors, which shards cut: they run with zero = 0.
+// slice of the unsharded update for the element-wise algorithms; LAMB's and LARS's per-tensor
+// norms are summed over every rank's slices of the tensor (in the order of the flat range: the
+// one-process sums). AdamP (sums per row), BertAdam (across tensors) and Adafactor (factored) run
+// with zero = 0.
 //
 // Global agreement. Gradients are averaged (summed, then scaled by 1/P inside the step, as DDP's
 // mean; exact for P a power of two). With a LossScaler or clipping, the pre-pass's per-chunk
@@ -143,6 +144,24 @@ class DistributedOptimizer {
   };
   std::vector<StateSlice> state(std::size_t tensor, int slot) const;
 
+  // What a checkpoint of a sharded run needs (the file format is the checkpoint's concern): a state
+  // slot (kMasterSlot: the f32 masters) of the whole model in the flat layout (layout().offsets
+  // says where each tensor starts; the same layout as a one-process Optimizer's FlatStorage),
+  // gathered from every rank's shards (collective; zero = 0: this rank's copy); and the part of
+  // such a whole state that this rank keeps, set from it: a checkpoint of any world size, sharded
+  // or not, loads into any other. LoadState allocates the slot if needed; both throw
+  // fusedopt::Error for a slot out of range, one not allocated (GatherState) or a size that is not
+  // layout().numel (LoadState).
+  static constexpr int kMasterSlot = -1;
+  std::vector<float> GatherState(int slot);
+  void LoadState(int slot, std::span<const float> flat);
+  // The per-tensor step counts and scalar states (NAdam's mu_product, ASGD's eta and mu), the
+  // same on every rank; set them when loading a checkpoint.
+  void set_step_count(std::size_t tensor, std::int64_t step);
+  std::span<float, kMaxScalars> scalars(std::size_t tensor) {
+    return std::span<float, kMaxScalars>(&scalars_.at(tensor * kMaxScalars), kMaxScalars);
+  }
+
   void ZeroGrad();
   // Reduces the gradients and updates (see the top of this file). Collective. Throws
   // fusedopt::Error, having changed nothing, on invalid options or hyper-parameters. The first
@@ -169,6 +188,11 @@ class DistributedOptimizer {
   static void CheckSize(std::size_t size, DType dtype);
   // Where a flat element's state, master and (zero = 1) reduced gradient lie in this rank's arrays.
   std::size_t LocalIndex(std::size_t flat) const;
+  // The flat ranges [begin, end) whose states this rank keeps: its shard of every bucket (zero =
+  // 1), or everything (zero = 0; one range).
+  std::vector<std::pair<std::size_t, std::size_t>> LocalRanges() const;
+  // A state slot (or kMasterSlot) of this rank, or throws.
+  std::span<std::byte> LocalBuffer(int slot, const char* fn);
   // The segments of the tensor pieces in [begin, end) of the flat range; each gets its own copy
   // of its tensor's scalar states (in scalar_scratch_), as a tensor may be cut into several.
   std::vector<Segment> SegmentsIn(std::size_t begin, std::size_t end, float grad_scale,
@@ -182,6 +206,9 @@ class DistributedOptimizer {
   void Wait(Request& request);
   StepResult StepDataParallel(float grad_scale, const StepOptions& options);
   StepResult StepSharded(float grad_scale, const StepOptions& options);
+  // ZeRO-1 with LAMB or LARS: each of this rank's slice sums (segment order, k each) replaced by
+  // its tensor's total over every rank (collective).
+  void WholeTensorSums(std::span<double> sums, std::size_t k);
 
   std::vector<Hyper> groups_;
   std::vector<TensorSpec> specs_;

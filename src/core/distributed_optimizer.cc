@@ -1,6 +1,7 @@
+// DistributedOptimizer and its ShardLayout (include/fusedopt/distributed.h): the layout, the
+// data-parallel and ZeRO-1 steps over a Communicator, and what checkpoints of sharded runs need.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -8,6 +9,7 @@
 #include "fusedopt/convert.h"
 #include "fusedopt/distributed.h"
 #include "src/algos/registry.h"
+#include "src/core/step_hooks.h"
 #include "src/core/tensor_specs.h"
 #include "src/core/validate.h"
 
@@ -30,7 +32,7 @@ void Mix(std::uint64_t& hash, std::uint64_t value) {
   }
 }
 
-// An algorithm whose update reads sums over whole tensors (which shards would cut).
+// An algorithm whose update reads sums over whole tensors (which bucket edges cut).
 template <class A>
 constexpr bool kReducesTensors = algos::TwoPhase<A> || algos::Factored<A>;
 
@@ -109,9 +111,10 @@ DistributedOptimizer<Hyper>::DistributedOptimizer(std::vector<Hyper> groups,
   if (options_.zero != 0 && options_.zero != 1) {
     Fail(kFn, "invalid zero: ", options_.zero, " (0: data parallel, 1: ZeRO-1)");
   }
-  if (options_.zero == 1 && kReducesTensors<A>) {
+  if (options_.zero == 1 && !kZeroOneShards<A>) {
     Fail(kFn, A::kName,
-         " reduces over whole tensors, which ZeRO-1 shards would cut: use zero = 0 with it");
+         " reduces over whole tensors per row, across tensors or factored, which ZeRO-1 shards "
+         "would cut: use zero = 0 with it");
   }
   if (storage_.grad_dtype != DType::kF32) {
     Fail(kFn, "invalid grad_dtype: ", DTypeName(storage_.grad_dtype),
@@ -132,6 +135,7 @@ DistributedOptimizer<Hyper>::DistributedOptimizer(std::vector<Hyper> groups,
   Mix(mine, static_cast<std::uint64_t>(storage_.param_dtype));
   Mix(mine, static_cast<std::uint64_t>(storage_.state_dtype));
   Mix(mine, storage_.master_weights ? 1 : 0);
+  Mix(mine, groups_.size());
   for (const char* c = A::kName; *c != 0; ++c) Mix(mine, static_cast<unsigned char>(*c));
   std::vector<std::uint64_t> hashes(static_cast<std::size_t>(comm.size()));
   hashes[static_cast<std::size_t>(comm.rank())] = mine;
@@ -183,6 +187,82 @@ std::size_t DistributedOptimizer<Hyper>::LocalIndex(std::size_t flat) const {
 }
 
 template <class Hyper>
+std::vector<std::pair<std::size_t, std::size_t>> DistributedOptimizer<Hyper>::LocalRanges() const {
+  if (options_.zero == 0) return {{0, layout_.numel}};
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  for (const ShardLayout::Bucket& b : layout_.buckets) {
+    const std::size_t begin = b.begin + static_cast<std::size_t>(comm_->rank()) * b.shard;
+    const std::size_t end = std::min(begin + b.shard, layout_.numel);
+    if (begin < end) ranges.emplace_back(begin, end);  // not a shard of padding only
+  }
+  return ranges;
+}
+
+template <class Hyper>
+std::span<std::byte> DistributedOptimizer<Hyper>::LocalBuffer(int slot, const char* fn) {
+  if (slot == kMasterSlot) {
+    if (masters_.empty()) Fail(kFn, fn, ": no f32 masters (master_weights is off)");
+    return std::as_writable_bytes(std::span<float>(masters_));
+  }
+  if (slot < 0 || slot >= kMaxStates) Fail(kFn, fn, ": invalid state slot ", slot);
+  if (states_[slot].empty()) Fail(kFn, fn, ": state slot ", slot, " is not allocated");
+  return states_[slot];
+}
+
+template <class Hyper>
+std::vector<float> DistributedOptimizer<Hyper>::GatherState(int slot) {
+  const std::span<const std::byte> local = LocalBuffer(slot, "GatherState");
+  const DType dtype = slot == kMasterSlot ? DType::kF32 : storage_.state_dtype;
+  const std::size_t count = local_numel_;
+  std::vector<float> mine(count);
+  for (std::size_t i = 0; i < count; ++i) mine[i] = LoadAsF32(local.data(), dtype, i);
+  if (options_.zero == 0) return mine;  // the whole model, in the flat layout
+  // Every rank's arrays side by side, then each rank's shards put in their flat places.
+  const auto p = static_cast<std::size_t>(comm_->size());
+  std::vector<float> all(count * p);
+  std::copy(
+      mine.begin(), mine.end(),
+      all.begin() + static_cast<std::ptrdiff_t>(count * static_cast<std::size_t>(comm_->rank())));
+  comm_->AllGather(all.data(), count, CommType::kF32);
+  std::vector<float> flat(layout_.numel);
+  for (const ShardLayout::Bucket& b : layout_.buckets) {
+    for (std::size_t r = 0; r < p; ++r) {
+      const std::size_t begin = b.begin + r * b.shard;
+      const std::size_t end = std::min(begin + b.shard, layout_.numel);
+      if (begin < end) {
+        std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(r * count + b.local), end - begin,
+                    flat.begin() + static_cast<std::ptrdiff_t>(begin));
+      }
+    }
+  }
+  return flat;
+}
+
+template <class Hyper>
+void DistributedOptimizer<Hyper>::LoadState(int slot, std::span<const float> flat) {
+  if (flat.size() != layout_.numel) {
+    Fail(kFn, "LoadState: ", flat.size(), " values for a model of ", layout_.numel, " elements");
+  }
+  if (slot >= 0 && slot < kMaxStates && states_[slot].empty() && local_numel_ > 0) {
+    states_[slot].assign(local_numel_ * DTypeSize(storage_.state_dtype), std::byte{0});
+  }
+  const std::span<std::byte> local = LocalBuffer(slot, "LoadState");
+  const DType dtype = slot == kMasterSlot ? DType::kF32 : storage_.state_dtype;
+  for (const auto& [begin, end] : LocalRanges()) {
+    const std::size_t at = LocalIndex(begin);
+    for (std::size_t i = begin; i < end; ++i)
+      StoreFromF32(local.data(), dtype, at + i - begin, flat[i]);
+  }
+}
+
+template <class Hyper>
+void DistributedOptimizer<Hyper>::set_step_count(std::size_t tensor, std::int64_t step) {
+  if (step < 0) Fail(kFn, "set_step_count: invalid step ", step, " (must be >= 0)");
+  steps_.at(tensor) = step;
+  buffer_steps_.at(tensor) = step;
+}
+
+template <class Hyper>
 void DistributedOptimizer<Hyper>::AllocateStates() {
   using A = algos::DescriptorOf<Hyper>;
   unsigned slots = 0;
@@ -194,11 +274,7 @@ void DistributedOptimizer<Hyper>::AllocateStates() {
     state.assign(local_numel_ * size, std::byte{0});
     // States start at 0 but where the algorithm says otherwise (Adagrad's initial accumulator);
     // a rank initializes the elements it keeps.
-    const std::size_t rank_begin = static_cast<std::size_t>(comm_->rank());
-    for (const ShardLayout::Bucket& b : layout_.buckets) {
-      const std::size_t begin = options_.zero == 1 ? b.begin + rank_begin * b.shard : b.begin;
-      const std::size_t end =
-          options_.zero == 1 ? begin + b.shard : b.begin + layout_.ranks * b.shard;
+    for (const auto& [begin, end] : LocalRanges()) {
       for (const ShardLayout::Slice& s : layout_.SlicesIn(begin, end)) {
         const float init = A::InitialState(groups_[specs_[s.tensor].group], slot);
         if (init == 0.0f) continue;
@@ -271,13 +347,7 @@ std::vector<typename DistributedOptimizer<Hyper>::StateSlice> DistributedOptimiz
   const std::size_t offset = layout_.offsets.at(tensor);
   const std::size_t numel = specs_.at(tensor).numel;
   std::vector<StateSlice> slices;
-  for (const ShardLayout::Bucket& b : layout_.buckets) {
-    std::size_t begin = b.begin;
-    std::size_t end = b.begin + layout_.ranks * b.shard;
-    if (options_.zero == 1) {
-      begin += static_cast<std::size_t>(comm_->rank()) * b.shard;
-      end = begin + b.shard;
-    }
+  for (const auto& [begin, end] : LocalRanges()) {
     const std::size_t lo = std::max(begin, offset);
     const std::size_t hi = std::min(end, offset + numel);
     if (lo >= hi) continue;
@@ -316,13 +386,7 @@ StepResult DistributedOptimizer<Hyper>::Step(const StepOptions& options) {
   }
   // Masters start from the params (now rank 0's) before their tensor's first update.
   if (!masters_.empty()) {
-    for (const ShardLayout::Bucket& b : layout_.buckets) {
-      std::size_t begin = b.begin;
-      std::size_t end = b.begin + layout_.ranks * b.shard;
-      if (options_.zero == 1) {
-        begin += static_cast<std::size_t>(comm_->rank()) * b.shard;
-        end = begin + b.shard;
-      }
+    for (const auto& [begin, end] : LocalRanges()) {
       for (const ShardLayout::Slice& s : layout_.SlicesIn(begin, end)) {
         if (steps_[s.tensor] != 0) continue;
         const std::size_t flat = layout_.offsets[s.tensor] + s.first;
@@ -518,16 +582,32 @@ StepResult DistributedOptimizer<Hyper>::StepSharded(float grad_scale, const Step
       for (Segment& s : shards[k]) s.grad_scale = all[i++].grad_scale;
     }
   }
+  if (!pre_pass) shards.resize(layout_.buckets.size());
+  const auto land = [&](std::size_t k) {  // bucket k's reduced gradients, and its segments
+    if (pre_pass) return;
+    Wait(reductions[k]);
+    shards[k] = shard_segments(layout_.buckets[k]);
+  };
+  if constexpr (kSegmentSums<algos::DescriptorOf<Hyper>>) {
+    // LAMB's and LARS's norms are over whole tensors: every shard of this rank in one call, in
+    // which each slice's sums become its tensor's (WholeTensorSums).
+    std::vector<Segment> mine;
+    for (std::size_t k = 0; k < layout_.buckets.size(); ++k) {
+      land(k);
+      mine.insert(mine.end(), shards[k].begin(), shards[k].end());
+    }
+    FusedStepWithSums(groups, std::span<const Segment>(mine), *runtime_,
+                      [&](std::span<double> sums, std::size_t k) { WholeTensorSums(sums, k); });
+  }
   // Update each shard as its gradients land, then gather it into every rank's params.
   const std::size_t param_size = DTypeSize(storage_.param_dtype);
   std::vector<Request> gathers;
   for (std::size_t k = 0; k < layout_.buckets.size(); ++k) {
     const ShardLayout::Bucket& b = layout_.buckets[k];
-    if (!pre_pass) {
-      Wait(reductions[k]);
-      shards.push_back(shard_segments(b));
+    if constexpr (!kSegmentSums<algos::DescriptorOf<Hyper>>) {
+      land(k);
+      FusedStep(groups, std::span<const Segment>(shards[k]), *runtime_);
     }
-    FusedStep(groups, std::span<const Segment>(shards[k]), *runtime_);
     gathers.push_back(Started(
         [&] {
           return comm_->StartAllGather(params_.data() + b.begin * param_size, b.shard * param_size,
@@ -540,6 +620,42 @@ StepResult DistributedOptimizer<Hyper>::StepSharded(float grad_scale, const Step
   for (Request& g : gathers) Wait(g);
   result.stepped = true;
   return result;
+}
+
+template <class Hyper>
+void DistributedOptimizer<Hyper>::WholeTensorSums(std::span<double> sums, std::size_t k) {
+  // This rank's slice sums by (bucket, tensor), every rank's gathered, and each tensor's added in
+  // the order of the flat range (bucket, then rank): the one-process sums, bit for bit with
+  // shards of whole chunks (0 + x is x, and a slice's sum is the fold of its chunks).
+  const std::size_t p = static_cast<std::size_t>(comm_->size());
+  const std::size_t rank = static_cast<std::size_t>(comm_->rank());
+  const std::size_t tensors = specs_.size();
+  const std::size_t per_rank = layout_.buckets.size() * tensors * k;
+  std::vector<double> partial(p * per_rank, 0.0);
+  std::vector<std::size_t> tensor_of;  // of each segment: the shards' slices, bucket by bucket
+  for (std::size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const std::size_t begin = layout_.buckets[b].begin + rank * layout_.buckets[b].shard;
+    for (const ShardLayout::Slice& slice :
+         layout_.SlicesIn(begin, begin + layout_.buckets[b].shard)) {
+      const std::size_t at = rank * per_rank + (b * tensors + slice.tensor) * k;
+      std::copy_n(sums.begin() + static_cast<std::ptrdiff_t>(tensor_of.size() * k), k,
+                  partial.begin() + static_cast<std::ptrdiff_t>(at));
+      tensor_of.push_back(slice.tensor);
+    }
+  }
+  comm_->AllGather(partial.data(), per_rank, CommType::kF64);
+  std::vector<double> totals(tensors * k, 0.0);
+  for (std::size_t b = 0; b < layout_.buckets.size(); ++b) {
+    for (std::size_t r = 0; r < p; ++r) {
+      for (std::size_t i = 0; i < tensors * k; ++i) {
+        totals[i] += partial[r * per_rank + b * tensors * k + i];
+      }
+    }
+  }
+  for (std::size_t i = 0; i < tensor_of.size(); ++i) {
+    std::copy_n(totals.begin() + static_cast<std::ptrdiff_t>(tensor_of[i] * k), k,
+                sums.begin() + static_cast<std::ptrdiff_t>(i * k));
+  }
 }
 
 #define FOPT_INSTANTIATE(A) template class DistributedOptimizer<algos::A::Hyper>;

@@ -16,6 +16,7 @@
 #include "fusedopt/rounding.h"
 #include "src/algos/registry.h"
 #include "src/core/parallel.h"
+#include "src/core/step_hooks.h"
 #include "src/core/tiles.h"
 #include "src/core/validate.h"
 
@@ -94,7 +95,7 @@ std::pair<std::size_t, std::size_t> PieceRows(const Segment& s, std::size_t begi
 // algorithm's Finish also writes its rows' values into `row_values`.
 template <algos::TwoPhase A>
 void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scalars>& plan,
-            Runtime& runtime, std::vector<float>& row_values) {
+            Runtime& runtime, std::vector<float>& row_values, const SegmentSumsHook* hook) {
   constexpr std::size_t k = A::kReductions;
   const std::size_t num_chunks = plan.chunks.num_chunks();
   const std::span<const Segment> segments = plan.chunks.segments();
@@ -128,6 +129,9 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
         }
       }
     });
+  }
+  if constexpr (kSegmentSums<A>) {
+    if (hook != nullptr) (*hook)(std::span<double>(sums), k);
   }
   if constexpr (algos::FinishesAll<A>) {
     A::FinishAll(groups, segments, std::span<const double>(sums), std::span(plan.scalars));
@@ -357,7 +361,7 @@ void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const 
 
 template <class A>
 void RunStepChunks(std::span<const typename A::Hyper> groups, std::span<const Segment> segments,
-                   Runtime& runtime) {
+                   Runtime& runtime, const SegmentSumsHook* hook) {
   ValidateStep<A>(groups, segments);
   StepPlan<typename A::Scalars> plan{ChunkPlan(segments), {}};
   plan.scalars.reserve(segments.size());
@@ -384,7 +388,7 @@ void RunStepChunks(std::span<const typename A::Hyper> groups, std::span<const Se
       reduce = std::any_of(groups.begin(), groups.end(),
                            [](const typename A::Hyper& h) { return A::NeedsReduction(h); });
     }
-    if (reduce) Reduce<A>(groups, plan, runtime, row_values);
+    if (reduce) Reduce<A>(groups, plan, runtime, row_values, hook);
   }
   ParallelForChunks(plan.chunks.num_chunks(), runtime.num_threads(),
                     [&](std::size_t begin, std::size_t end) { A::kRun(plan, begin, end); });
@@ -397,12 +401,12 @@ void RunStepChunks(std::span<const typename A::Hyper> groups, std::span<const Se
 
 template <class A>
 void RunStep(std::span<const typename A::Hyper> groups, std::span<const Segment> segments,
-             Runtime& runtime) {
+             Runtime& runtime, const SegmentSumsHook* hook = nullptr) {
   if constexpr (algos::Factored<A>) {
     RunFactoredStep<A>(groups, segments, runtime);
     return;
   } else {
-    RunStepChunks<A>(groups, segments, runtime);
+    RunStepChunks<A>(groups, segments, runtime, hook);
   }
 }
 
@@ -414,6 +418,12 @@ void FusedStep(std::span<const Hyper> groups, std::span<const Segment> segments,
 }
 
 template <class Hyper>
+void FusedStepWithSums(std::span<const Hyper> groups, std::span<const Segment> segments,
+                       Runtime& runtime, const SegmentSumsHook& hook) {
+  RunStep<algos::DescriptorOf<Hyper>>(groups, segments, runtime, &hook);
+}
+
+template <class Hyper>
 unsigned RequiredStates(const Hyper& h) {
   return algos::DescriptorOf<Hyper>::RequiredStates(h);
 }
@@ -421,6 +431,8 @@ unsigned RequiredStates(const Hyper& h) {
 // The algorithms of src/algos/registry.h.
 #define FOPT_INSTANTIATE(A)                                                                      \
   template void FusedStep(std::span<const algos::A::Hyper>, std::span<const Segment>, Runtime&); \
+  template void FusedStepWithSums(std::span<const algos::A::Hyper>, std::span<const Segment>,    \
+                                  Runtime&, const SegmentSumsHook&);                             \
   template unsigned RequiredStates(const algos::A::Hyper&);
 FOPT_FOR_EACH_ALGORITHM(FOPT_INSTANTIATE)
 #undef FOPT_INSTANTIATE

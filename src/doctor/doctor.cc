@@ -639,7 +639,7 @@ FusedFootprint FusedFootprintOf(const DoctorOptions& options) {
           .param = size,
           .grad = size,
           .state = CheckedMul(FusedStates(m, options), size, "state bytes per element"),
-          .shardable = !HasReductionPass(m.algorithm) && !IsFactored(m.algorithm)};
+          .shardable = ShardsWithZeroOne(m.algorithm)};
 }
 
 nlohmann::json Diagnose(const DoctorOptions& options, std::ostream& report,

@@ -81,7 +81,7 @@ struct FusedFootprint {
   std::size_t grad = 0;
   std::size_t state = 0;  // all states together
   // The update reads only its own element (no sums over whole tensors, which shards would cut):
-  // ZeRO-1 can shard it (not LAMB, LARS, AdamP, BertAdam, Adafactor).
+  // ZeRO-1 can shard it (not AdamP, BertAdam, Adafactor).
   bool shardable = true;
 };
 FusedFootprint FusedFootprintOf(const DoctorOptions& options);

@@ -207,15 +207,18 @@ TEST(DistributedPlan, MoreRanksMeanLessStateUnderZeroOne) {
 }
 
 TEST(DistributedPlan, WholeTensorSumsAreNotSharded) {
-  // LAMB's trust ratio sums over whole tensors: DistributedOptimizer refuses zero = 1 for it.
+  // AdamP's projection sums per channel row, which shards cut: DistributedOptimizer refuses
+  // zero = 1 for it (LAMB's and LARS's per-tensor sums are completed across ranks).
   DoctorOptions o = Model(1000);
-  o.optimizer = "lamb";
+  o.optimizer = "adamp";
   o.ranks = {2, 4};
   const std::vector<DistributedRow> plan = PlanDistributed(o, 1.0, 1.0);
   ASSERT_EQ(plan.size(), 2u);
   for (const DistributedRow& r : plan) EXPECT_EQ(r.zero, 0);
   o.zero = 1;
-  ExpectInvalid([&] { PlanDistributed(o, 1.0, 1.0); }, {"--zero", "lamb", "1"});
+  ExpectInvalid([&] { PlanDistributed(o, 1.0, 1.0); }, {"--zero", "adamp", "1"});
+  o.optimizer = "lamb";
+  for (const DistributedRow& r : PlanDistributed(o, 1.0, 1.0)) EXPECT_EQ(r.zero, 1);
 }
 
 TEST(DistributedPlan, BadOptionsNameTheFlagAndValue) {

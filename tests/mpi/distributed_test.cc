@@ -13,10 +13,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "fusedopt/convert.h"
 #include "fusedopt/error.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/scaler.h"
@@ -28,7 +30,7 @@ namespace {
 // Least squares on a linear model w (all tensors' elements in flat order): sample s has features
 // x_s[i] and target y_s, and its gradient is (w·x_s − y_s)·x_s. The batch has kBatch samples;
 // rank r of P takes samples [r·kBatch/P, (r+1)·kBatch/P).
-constexpr int kBatch = 12;
+constexpr int kBatch = 6;
 constexpr int kSteps = 20;
 
 // Uneven tensors, a group of 3 elements (which lies in rank 0's first shard only), cut by 1 MiB
@@ -124,7 +126,7 @@ struct Trajectory {
 // turn last-bit differences of the gradient into 1e-5 differences of the params).
 template <class Hyper>
 std::vector<Hyper> Groups() {
-  if constexpr (std::is_same_v<Hyper, SgdHyper>) {
+  if constexpr (requires { Hyper{}.momentum; }) {  // SGD, LARS
     return {{.lr = 0.5, .momentum = 0.9, .weight_decay = 0.01}, {.lr = 0.2, .momentum = 0.9}};
   } else {
     return {{.lr = 1e-5, .weight_decay = 0.01}, {.lr = 5e-6, .weight_decay = 0.0}};
@@ -230,6 +232,92 @@ TEST(DistributedMpi, RanksOnSlicesOfTheBatchEqualOneProcessOnTheWholeBatch) {
   {
     SCOPED_TRACE("adamw");
     ExpectSameAsOneProcess<AdamWHyper>(comm);
+  }
+  // Their trust ratios read each tensor's norms, summed over the shards of every rank.
+  {
+    SCOPED_TRACE("lamb");
+    ExpectSameAsOneProcess<LambHyper>(comm);
+  }
+  {
+    SCOPED_TRACE("lars");
+    ExpectSameAsOneProcess<LarsHyper>(comm);
+  }
+}
+
+// A sharded run's state gathered into one whole state and loaded at another world size (P → 1
+// and 1 → P), bf16 params with f32 masters: the resumed run continues as the run it came from.
+TEST(DistributedMpi, ShardedStateMovesBetweenWorldSizes) {
+  mpi::MpiCommunicator comm;
+  LocalCommunicator one;
+  const StorageOptions storage{.param_dtype = DType::kBF16, .master_weights = true};
+  using Opt = DistributedOptimizer<AdamWHyper>;
+  const auto make = [&](Communicator& c) {
+    return std::make_unique<Opt>(Groups<AdamWHyper>(), kTensors, storage, c,
+                                 DistributedOptions{.zero = 1, .bucket_bytes = kBucketBytes});
+  };
+  // Steps `opt` on the batch's slice of its rank (the whole batch on one rank).
+  std::vector<float> w(kNumel), g(kNumel);
+  const auto step = [&](Opt& opt, Communicator& c) {
+    for (const std::size_t t : {0, 2, 1}) {
+      const auto p = opt.params<std::uint16_t>(t);
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        w[opt.layout().offsets[t] + i] = LoadAsF32(p.data(), DType::kBF16, i);
+      }
+    }
+    MeanGradient(w, c.rank() * kBatch / c.size(), (c.rank() + 1) * kBatch / c.size(), 1.0f, g);
+    Scatter(g, opt, kDistGrads);
+    opt.Step();
+  };
+  const auto flat_params = [](Opt& opt) {
+    std::vector<float> out;
+    for (const std::size_t t : {0, 2, 1}) {
+      const auto p = opt.params<std::uint16_t>(t);
+      for (std::size_t i = 0; i < p.size(); ++i)
+        out.push_back(LoadAsF32(p.data(), DType::kBF16, i));
+    }
+    return out;
+  };
+  // Everything a checkpoint holds, from `from` into `to` (params: every rank has them all).
+  const auto move = [&](Opt& from, Opt& to) {
+    for (const int slot : {int{kExpAvg}, int{kExpAvgSq}, Opt::kMasterSlot}) {
+      const std::vector<float> whole = from.GatherState(slot);
+      to.LoadState(slot, whole);
+      EXPECT_EQ(to.GatherState(slot), whole);  // a round trip through `to`'s shards is exact
+    }
+    for (std::size_t t = 0; t < kTensors.size(); ++t) {
+      to.set_step_count(t, from.step_count(t));
+      const auto src = from.params<std::uint16_t>(t);
+      std::copy(src.begin(), src.end(), to.params<std::uint16_t>(t).begin());
+    }
+  };
+  for (const bool to_one : {true, false}) {
+    SCOPED_TRACE(to_one ? "P ranks -> 1" : "1 -> P ranks");
+    auto sharded = make(comm);
+    auto single = make(one);
+    for (std::size_t t = 0; t < kTensors.size(); ++t) {
+      const auto p = sharded->params<std::uint16_t>(t);
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        StoreFromF32(p.data(), DType::kBF16, i, Feature(999, i) * 100.0f);
+      }
+      std::copy(p.begin(), p.end(), single->params<std::uint16_t>(t).begin());
+    }
+    Opt& first = to_one ? *sharded : *single;
+    Opt& second = to_one ? *single : *sharded;
+    for (int k = 0; k < 3; ++k) step(first, to_one ? static_cast<Communicator&>(comm) : one);
+    move(first, second);
+    // Both continue, on the same batch: the resumed one must follow the one it came from.
+    for (int k = 0; k < 2; ++k) {
+      step(*sharded, comm);
+      step(*single, one);
+    }
+    EXPECT_EQ(sharded->step_count(0), 5);
+    EXPECT_EQ(single->step_count(0), 5);
+    // The f32 masters and moments (the bf16 params move by less than their ulp at this lr).
+    for (const int slot : {Opt::kMasterSlot, int{kExpAvg}, int{kExpAvgSq}}) {
+      EXPECT_LE(MaxRelativeDifference(sharded->GatherState(slot), single->GatherState(slot)), 1e-6)
+          << "slot " << slot;
+    }
+    EXPECT_EQ(flat_params(*sharded), flat_params(*single));
   }
 }
 

@@ -11,16 +11,12 @@
 #include "tools/cli/command.h"
 
 namespace fusedopt::cli {
-namespace {
 
-// Every algorithm of the registry (src/algos/registry.h), by its name.
 std::vector<std::string> AlgorithmNames() {
   std::vector<std::string> names;
   algos::All::ForEach([&](auto d) { names.emplace_back(decltype(d)::type::kName); });
   return names;
 }
-
-}  // namespace
 
 Command AddBenchCommand(CLI::App& app) {
   // The parsed values outlive this function: the parser writes into them, run() reads them.

@@ -17,6 +17,7 @@
 
 #include "fusedopt/distributed.h"
 #include "src/algos/registry.h"
+#include "src/core/step_hooks.h"
 #include "src/doctor/model_shapes.h"
 #include "src/mpi/mpi_communicator.h"
 #include "tools/cli/command.h"
@@ -78,7 +79,7 @@ nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, std::ostream& 
   std::vector<Impl> impls = {
       {"allreduce_then_step", {.zero = 0, .bucket_bytes = bucket_bytes, .pipeline = false}},
       {"pipelined", {.zero = 0, .bucket_bytes = bucket_bytes}}};
-  if constexpr (!(algos::TwoPhase<A> || algos::Factored<A>)) {
+  if constexpr (kZeroOneShards<A>) {
     impls.emplace_back("zero1", DistributedOptions{.zero = 1, .bucket_bytes = bucket_bytes});
   }
   std::vector<std::unique_ptr<DistributedOptimizer<Hyper>>> opts;
@@ -155,12 +156,6 @@ nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, std::ostream& 
   }
   if (leader) out << table.str();
   return report;
-}
-
-std::vector<std::string> AlgorithmNames() {
-  std::vector<std::string> names;
-  algos::All::ForEach([&](auto d) { names.emplace_back(decltype(d)::type::kName); });
-  return names;
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "src/doctor/report_util.h"
 
@@ -65,6 +66,9 @@ inline CLI::Validator ElementCount() {
       },
       "N>0");
 }
+
+// Every algorithm of the registry (src/algos/registry.h), by its name (bench_command.cc).
+std::vector<std::string> AlgorithmNames();
 
 Command AddBenchCommand(CLI::App& app);
 Command AddDoctorCommand(CLI::App& app);
