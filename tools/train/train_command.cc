@@ -165,9 +165,13 @@ Command AddTrainCommand(CLI::App& app) {
                {&json_path, &v.markdown_path, &v.chart_path, &options.trace_path}) {
             if (!path->empty()) CheckWritable(*path);
           }
+#ifdef FOPT_CLI_WITH_MPI
           const nlohmann::json report =
               v.dist ? train::RunDistributedTraining(options, v.dist_options, std::cout, std::cerr)
                      : train::RunTraining(options, std::cout, std::cerr);
+#else
+          const nlohmann::json report = train::RunTraining(options, std::cout, std::cerr);
+#endif
           if (report.is_null()) return;  // --dist: ranks other than 0 report nothing
           if (!json_path.empty()) {
             WriteTextFile(json_path, report.dump(2) + "\n");
