@@ -20,7 +20,9 @@
 // zero = 0 (data parallel): each bucket's gradients are all-reduced in place (started together,
 // in bucket order); with `pipeline`, bucket k is updated as soon as its sums land, while later
 // buckets are still in flight (between pieces of the update the next request is polled: OpenMPI
-// progresses a non-blocking collective only inside MPI calls). Every rank updates every param.
+// progresses a non-blocking collective only inside MPI calls). A loss scaler or clipping (a global
+// flag and norm) and the algorithms that reduce over whole tensors wait for every bucket first.
+// Every rank updates every param.
 //
 // zero = 1 (ZeRO-1): each bucket's gradients are reduce-scattered, each rank updates its shard
 // only, with optimizer states and f32 masters allocated at shard size, and the updated params are

@@ -476,7 +476,7 @@ StepResult DistributedOptimizer<Hyper>::StepDataParallel(float grad_scale,
   if (pre_pass || !options_.pipeline || kReducesTensors<A>) {
     // Everything lands before anything is updated: the norm and the overflow flag are global, and
     // whole-tensor reductions need whole tensors. Each bucket's norm partials are taken as it
-    // lands; its chunks are the one-process chunks (buckets start on the chunk grid).
+    // lands (with whole-chunk shards, buckets start on the chunk grid: the one-process chunks).
     const PrePassOptions pre{.max_norm = options.max_grad_norm,
                              .norm_type = options.norm_type,
                              .clip_rule = options.clip_rule};
