@@ -1,7 +1,7 @@
 // fusedopt::mpi: the Communicator (include/fusedopt/communicator.h) over MPI's non-blocking
-// collectives, and an RAII MPI_Init/MPI_Finalize. This header does not include <mpi.h> (only
-// mpi_communicator.cc does), so users of the target need no MPI include path; an MPI_Comm crosses
-// it by address.
+// collectives (the reduce-scatter blocking, measured faster), and an RAII MPI_Init/MPI_Finalize.
+// This header does not include <mpi.h> (only mpi_communicator.cc does), so users of the target need
+// no MPI include path; an MPI_Comm crosses it by address.
 //
 // Only the thread that created the session may call into a communicator (MPI_THREAD_FUNNELED). With
 // OpenMPI a started collective advances only inside MPI calls: poll Test() between pieces of work
