@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
-#include <initializer_list>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "src/doctor/doctor.h"
+#include "tests/doctor/expect_invalid.h"
 
 namespace fusedopt::bench {
 namespace {
@@ -39,16 +39,7 @@ const DistributedRow& Row(const std::vector<DistributedRow>& plan, int ranks, in
   throw std::logic_error("no row");
 }
 
-template <class F>
-void ExpectInvalid(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const std::invalid_argument& e) {
-    for (const std::string& part : parts)
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
+using test::ExpectInvalid;
 
 TEST(DistributedPlan, TheDocsExampleOneBillionParamsOnEightRanks) {
   // distributed.md §3: Ψ = 1e9, P = 8, f32 grads and params: DDP sends 2·7/8·4e9 = 7 GB per rank

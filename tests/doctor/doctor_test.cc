@@ -10,10 +10,11 @@
 #include <cstdint>
 #include <limits>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "tests/doctor/expect_invalid.h"
 
 namespace fusedopt::bench {
 namespace {
@@ -32,17 +33,7 @@ void ExpectCount(const OpCount& c, std::size_t ops, double passes, std::size_t b
   EXPECT_EQ(c.bytes, bytes);
 }
 
-// Expects std::invalid_argument whose message contains every one of `parts`.
-template <class F>
-void ExpectInvalid(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const std::invalid_argument& e) {
-    for (const std::string& part : parts)
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
+using test::ExpectInvalid;
 
 TEST(DoctorCounts, SgdPlain) {
   // param.add_(grad, alpha=-lr): 1 op per tensor (2), reads param+grad, writes param: 3 passes;

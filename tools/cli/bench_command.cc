@@ -1,6 +1,7 @@
 // `fusedopt bench`: fused vs standard (for-loop) vs same_traffic steps, interleaved; with
 // --loss-scale/--clip a training-loop step, plus standard_pipeline.
 
+#include <cstddef>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -16,6 +17,15 @@ std::vector<std::string> AlgorithmNames() {
   std::vector<std::string> names;
   algos::All::ForEach([&](auto d) { names.emplace_back(decltype(d)::type::kName); });
   return names;
+}
+
+void AddShapesOrNumelOptions(CLI::App& parser, std::string& shapes, std::size_t& numel) {
+  CLI::Option* shapes_option =
+      parser.add_option("--shapes", shapes, "Real per-tensor shapes of a model")
+          ->check(CLI::IsMember({"mobilenet_v1", "resnet50", "bert_base", "gpt2_small"}));
+  CLI::Option* numel_option =
+      parser.add_option("--numel", numel, "One flat tensor of N elements")->check(ElementCount());
+  shapes_option->excludes(numel_option);
 }
 
 Command AddBenchCommand(CLI::App& app) {
@@ -43,12 +53,7 @@ Command AddBenchCommand(CLI::App& app) {
                    "(factored second moments, three passes)")
       ->check(CLI::IsMember(AlgorithmNames()))
       ->capture_default_str();
-  auto* shapes =
-      parser->add_option("--shapes", options.shapes, "Real per-tensor shapes of a model")
-          ->check(CLI::IsMember({"mobilenet_v1", "resnet50", "bert_base", "gpt2_small"}));
-  auto* numel = parser->add_option("--numel", options.numel, "One flat tensor of N elements")
-                    ->check(ElementCount());
-  shapes->excludes(numel);
+  AddShapesOrNumelOptions(*parser, options.shapes, options.numel);
   parser
       ->add_option("--dtype", options.dtype,
                    "Params and states, and grads unless --grad-dtype: f32, bf16 or f16")

@@ -174,12 +174,7 @@ Command AddBenchDistCommand(CLI::App& app) {
   parser->add_option("--optimizer", options.optimizer, "An algorithm of the registry")
       ->check(CLI::IsMember(AlgorithmNames()))
       ->capture_default_str();
-  auto* shapes =
-      parser->add_option("--shapes", options.shapes, "Real per-tensor shapes of a model")
-          ->check(CLI::IsMember({"mobilenet_v1", "resnet50", "bert_base", "gpt2_small"}));
-  auto* numel = parser->add_option("--numel", options.numel, "One flat tensor of N elements")
-                    ->check(ElementCount());
-  shapes->excludes(numel);
+  AddShapesOrNumelOptions(*parser, options.shapes, options.numel);
   parser->add_option("--bucket-mb", options.bucket_mb, "Gradient MiB per bucket (DDP: 25)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -69,6 +70,11 @@ inline CLI::Validator ElementCount() {
 
 // Every algorithm of the registry (src/algos/registry.h), by its name (bench_command.cc).
 std::vector<std::string> AlgorithmNames();
+
+// Adds bench's and bench-dist's --shapes MODEL (real per-tensor shapes) and --numel N (one flat
+// tensor), which exclude each other; the command picks its default when neither is given
+// (bench_command.cc).
+void AddShapesOrNumelOptions(CLI::App& parser, std::string& shapes, std::size_t& numel);
 
 Command AddBenchCommand(CLI::App& app);
 Command AddDoctorCommand(CLI::App& app);
