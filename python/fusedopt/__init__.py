@@ -15,7 +15,7 @@ import torch  # noqa: F401  (loads torch's OpenMP runtime before the engine's)
 # scripts/build's .pth file puts on the path.
 __path__ = pkgutil.extend_path(__path__, __name__)
 
-from . import _C, schedules, timeline
+from . import _C, distributed, schedules, timeline
 from .amp import GradScaler
 from .clip import clip_grad_norm_, clip_grad_value_
 from .optim import (
@@ -43,7 +43,7 @@ from .trainer import Model, Trainer
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
            "FusedAdamax", "FusedAdadelta", "FusedAdafactor", "FusedRAdam", "FusedNAdam", "FusedASGD", "FusedRprop",
            "FusedLARS", "FusedRMSpropTF", "FusedAdamP", "FusedBertAdam", "GradScaler",
-           "clip_grad_norm_", "clip_grad_value_", "schedules", "timeline", "Trainer", "Model",
+           "clip_grad_norm_", "clip_grad_value_", "distributed", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"
 

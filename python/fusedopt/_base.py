@@ -178,6 +178,13 @@ class FusedOptimizerMixin:
             raise RuntimeError(f"{type(self).__name__}.flat_grads() needs flatten=True")
         return self._flat.grad_buffers()
 
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this optimizer holds: moments and other per-param states, f32
+        master copies, step counters and the f32 gradient sums of accumulation_steps > 1."""
+        tensors = [t for s in self.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        tensors += self._accumulators.values()
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def resync_master_weights(self) -> None:
         """With master_weights=True: restart every f32 master copy from its param at the next step.
         Changes made with tensor ops (`p.copy_()` under no_grad, model.load_state_dict, p.data = t)
@@ -225,17 +232,24 @@ class FusedOptimizerMixin:
         if self._accumulation_steps > 1:
             self._step_micro_batch(inv_scale, overflowed, found_out)
             return loss
-        if overflowed:
-            return loss
+        if not overflowed:
+            self._update(inv_scale, found_out)
+        return loss
+
+    def _update(self, inv_scale: float, found_out, grads: dict | None = None) -> None:
+        """The update without accumulation: every gradient (p.grad, or grads[p] when given: f32 sums
+        of fusedopt.distributed) read as grad * inv_scale and clipped by max_grad_norm. With
+        found_out (a GradScaler's overflow flag) or clipping, a pre-pass checks the gradients first,
+        and Inf/NaN skips the update (found_out set to 1)."""
         undo: list = []
         try:
             hypers = self._group_hypers()
-            packed = self._pack_unchanged(hypers)
+            packed = None if grads is not None else self._pack_unchanged(hypers)
             if packed is None:
                 self._last = None
                 while True:
                     try:
-                        packed = self._pack(hypers, undo)
+                        packed = self._pack(hypers, undo, grads)
                         break
                     except _Relaid:  # flatten=True laid the buffers out anew: pack again from the start
                         pass
@@ -243,13 +257,12 @@ class FusedOptimizerMixin:
                 self._step_with_torch(packed, inv_scale, found_out)
             else:
                 self._run_engine(packed, inv_scale, found_out is not None, found_out)
-                if self._last is None:
+                if self._last is None and grads is None:
                     self._remember(packed)
         except BaseException as e:
             _roll_back(undo)  # a rejected or skipped step leaves no trace, not even new state
             if not isinstance(e, _Skipped):
                 raise
-        return loss
 
     def _step_micro_batch(self, inv_scale: float, overflowed: bool, found_out) -> None:
         """accumulation_steps > 1: one engine call adds this micro-batch's gradients, unscaled and

@@ -17,6 +17,7 @@ import torch
 from . import _C
 from ._base import FusedOptimizerMixin
 from ._tensors import DTYPE_CODES
+from .distributed import DistributedOptimizer
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -28,7 +29,7 @@ class GradScaler(torch.amp.GradScaler):
 
     def step(self, optimizer, *args, **kwargs):
         state = self._per_optimizer_states[id(optimizer)] if self._enabled else None
-        if (state is None or "closure" in kwargs or not isinstance(optimizer, FusedOptimizerMixin)
+        if (state is None or "closure" in kwargs or not isinstance(optimizer, (FusedOptimizerMixin, DistributedOptimizer))
                 or state["stage"] is not OptState.READY):
             # torch's path: other optimizers, or grads already unscaled by an explicit unscale_().
             return super().step(optimizer, *args, **kwargs)

@@ -40,6 +40,7 @@ import torch
 
 from ._base import FusedOptimizerMixin
 from .amp import GradScaler
+from .distributed import DistributedOptimizer
 from .progress import ProgressBar
 from .timeline import Tracer
 
@@ -59,6 +60,7 @@ _OPTIMIZER_NAMES = ((torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (t
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
     """The trace's implementation name: fused (fusedopt), torch_fused (fused=True), foreach, or torch
     (the for-loop; foreach=None also means the for-loop for CPU tensors)."""
+    optimizer = _unwrap(optimizer)
     if isinstance(optimizer, FusedOptimizerMixin):
         return "fused"
     if optimizer.defaults.get("fused"):
@@ -70,6 +72,7 @@ def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
 
 def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
     """sgd, adam, adamw, rmsprop, adagrad, adamax, adadelta, radam, nadam, asgd, rprop (the trace's otherData.optimizer), or the class name."""
+    optimizer = _unwrap(optimizer)
     for cls, name in _OPTIMIZER_NAMES:
         if isinstance(optimizer, cls):
             return name
@@ -79,10 +82,17 @@ def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
 def optimizer_label(optimizer: torch.optim.Optimizer) -> str:
     """A human name for a trace process, e.g. 'torch.optim.AdamW (foreach)'."""
     kind = optimizer_kind(optimizer)
+    if isinstance(optimizer, DistributedOptimizer):
+        return f"fusedopt.distributed ZeRO-{optimizer._zero} {optimizer_label(optimizer._inner)}"
     if kind == "fused":
         return f"fusedopt.{type(optimizer).__name__}"
     variant = {"torch": "for-loop", "foreach": "foreach", "torch_fused": "fused=True"}[kind]
     return f"torch.optim.{type(optimizer).__name__} ({variant})"
+
+
+def _unwrap(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The fused optimizer inside a fusedopt.distributed.DistributedOptimizer, or the optimizer itself."""
+    return optimizer._inner if isinstance(optimizer, DistributedOptimizer) else optimizer
 
 
 def _is_int(value: Any) -> bool:
@@ -112,6 +122,11 @@ class Trainer:
     trace              None, a path (a Chrome trace JSON written at the end of every train() call) or a
                        fusedopt.timeline.Tracer shared with other trainers (its owner writes it).
     name               the model's name in the trace (default: the model's class name).
+    distributed        False; True or a dict of fusedopt.distributed.DistributedOptimizer's keyword
+                       arguments (zero, bucket_mb, process_group): data-parallel training on the
+                       initialized torch.distributed group, the fused optimizer wrapped in a
+                       DistributedOptimizer. Give each rank its own share of the data; rank 0 writes the
+                       checkpoints (the whole optimizer state, consolidated from every rank's shard).
 
     `train()` counts micro-batches in `self.step` and updates in `self.updates`; both survive a
     checkpoint.
@@ -132,7 +147,7 @@ class Trainer:
                  max_grad_norm: float | None = None, schedule: Any = None, progress: bool | str = True,
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0,
                  trace: str | os.PathLike | Tracer | None = None, name: str | None = None,
-                 resume: bool = False):
+                 resume: bool = False, distributed: bool | dict = False):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not callable(loss_fn):
@@ -160,9 +175,10 @@ class Trainer:
             raise ValueError("resume=True needs a checkpoint_dir")
 
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
-        self.fused = isinstance(optimizer, FusedOptimizerMixin)
+        self.fused = isinstance(_unwrap(optimizer), FusedOptimizerMixin)
         self.accumulation_steps, self.max_grad_norm = self._reconcile_fused_options(
             accumulation_steps, None if max_grad_norm is None else float(max_grad_norm))
+        self._distribute(distributed)
         self.amp_dtype = amp_dtype
         self.scaler = self._make_scaler(scaler)
         self.schedule_fn, self.lr_scheduler = self._split_schedule(schedule)
@@ -184,9 +200,10 @@ class Trainer:
     def _reconcile_fused_options(self, accumulation_steps: int, max_grad_norm: float | None):
         if not self.fused:
             return accumulation_steps, max_grad_norm
-        opt = self.optimizer
+        opt = _unwrap(self.optimizer)
         own_norm = None if opt._max_grad_norm == math.inf else opt._max_grad_norm
-        own_steps = opt._accumulation_steps
+        # (a DistributedOptimizer keeps the window itself)
+        own_steps = opt._accumulation_steps if opt is self.optimizer else self.optimizer._accumulation_steps
         cls = type(opt).__name__
         if max_grad_norm is not None and max_grad_norm != own_norm:
             raise ValueError(f"max_grad_norm={max_grad_norm!r} but the {cls} was built with max_grad_norm="
@@ -197,6 +214,18 @@ class Trainer:
                              f"accumulation_steps={own_steps}: a fused optimizer accumulates inside its "
                              f"step, so pass {cls}(..., accumulation_steps={accumulation_steps!r})")
         return own_steps, own_norm
+
+    def _distribute(self, distributed: bool | dict) -> None:
+        if distributed is False or isinstance(self.optimizer, DistributedOptimizer):
+            return
+        if not (distributed is True or isinstance(distributed, dict)):
+            raise TypeError(f"distributed must be True, False or a dict of DistributedOptimizer's arguments, "
+                            f"got {distributed!r}")
+        if not self.fused:
+            raise ValueError(f"distributed=True needs a fused optimizer (fusedopt.Fused*), got "
+                             f"{type(self.optimizer).__name__}; wrap the model in DistributedDataParallel "
+                             "for a torch.optim one")
+        self.optimizer = DistributedOptimizer(self.optimizer, **({} if distributed is True else distributed))
 
     def _make_scaler(self, scaler):
         if scaler is None:
@@ -211,7 +240,7 @@ class Trainer:
         if schedule is None:
             return None, None
         if isinstance(schedule, torch.optim.lr_scheduler.LRScheduler):
-            if schedule.optimizer is not self.optimizer:
+            if schedule.optimizer not in (self.optimizer, _unwrap(self.optimizer)):
                 raise ValueError(f"schedule={schedule!r} drives another optimizer than this Trainer's")
             return None, schedule
         if callable(schedule):
@@ -389,9 +418,14 @@ class Trainer:
         if self.step % self.accumulation_steps:
             raise RuntimeError(f"save_checkpoint: step {self.step} is inside an accumulation window of "
                                f"{self.accumulation_steps}; checkpoint at a window boundary")
+        distributed = isinstance(self.optimizer, DistributedOptimizer)
+        # every rank takes part in the consolidation; rank 0 writes
+        optimizer = self.optimizer.consolidate_state_dict(to=0) if distributed else self.optimizer.state_dict()
+        if distributed and self.optimizer._rank != 0:
+            return
         os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
         state = {"format": CHECKPOINT_FORMAT, "step": self.step, "updates": self.updates,
-                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "model": self.model.state_dict(), "optimizer": optimizer,
                  "scaler": None if self.scaler is None else self.scaler.state_dict(),
                  "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
                  "rng": torch.get_rng_state()}

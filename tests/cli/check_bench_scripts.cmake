@@ -5,7 +5,8 @@
 set(dir ${WORK_DIR}/cli_bench_scripts)
 file(REMOVE_RECURSE ${dir})
 file(MAKE_DIRECTORY ${dir})
-file(REMOVE ${SOURCE_DIR}/fopt_scripts_torch.json ${SOURCE_DIR}/fopt_scripts_train.json)
+file(REMOVE ${SOURCE_DIR}/fopt_scripts_torch.json ${SOURCE_DIR}/fopt_scripts_train.json
+            ${SOURCE_DIR}/fopt_scripts_dist.json)
 
 function(run_script script json)
   execute_process(COMMAND ${SOURCE_DIR}/scripts/${script} ${ARGN} --json ${json}
@@ -25,3 +26,6 @@ endfunction()
 run_script(bench-torch fopt_scripts_torch.json --optimizer sgd --numel 1000 --rounds 1 --warmup 0)
 run_script(bench-train fopt_scripts_train.json --model mobilenet_v1 --image-size 8 --num-classes 10
            --batch-size 2 --steps 1 --warmup 0 --impls fused)
+# The data-parallel comparison: 2 ranks under torchrun, every impl once.
+run_script(bench-train fopt_scripts_dist.json --nproc 2 --model transformer_small --n-layer 1 --d-model 32
+           --seq-len 8 --vocab 64 --batch-size 4 --steps 1 --warmup 0 --timeout 120)

@@ -26,7 +26,7 @@ BLOCKS = [b for b in doc_blocks.blocks() if b.lang in ("python", "bash")]
 
 # What examples read through relative paths. Not the scripts or CMakeLists: a script run from a
 # linked folder would configure and build the checkout under that folder's name.
-_LINKED = (".venv", "build", "tools", "tests", "python", "docs")
+_LINKED = (".venv", "build", "tools", "tests", "python", "docs", "examples")
 
 
 @pytest.fixture

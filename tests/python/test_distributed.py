@@ -1,0 +1,306 @@
+"""fusedopt.distributed.DistributedOptimizer on 2 gloo ranks (tests/python/dist_harness.py starts them).
+
+The reference is torch.optim's twin in one process on the whole batch: each rank trains on its half, so the
+average of the ranks' gradients is the whole batch's mean gradient, and every option (clipping, a loss
+scaler whose injected Inf on one rank makes every rank skip, accumulation over micro-batches of a quarter of
+the batch) must give the one-process run's params. Process starts dominate the cost: one run_ranks call
+trains every case, and the tests read its results."""
+
+from __future__ import annotations
+
+import math
+
+import fusedopt
+import fusedopt.distributed
+import pytest
+import torch.distributed as dist
+from dist_harness import run_ranks
+
+import torch
+
+# Its ranks run once, on one xdist worker (scripts/test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("distributed")
+
+STEPS = 20
+BATCH = 16
+INF_STEP = 5  # the step whose loss is Inf on rank 1 only, in the cases with a scaler
+CASES = {  # name: (algorithm, zero, variant)
+    f"{algo}-zero{zero}-{variant}": (algo, zero, variant)
+    for algo in ("AdamW", "SGD") for zero in (0, 1)
+    for variant in ("clip", "torch_scaler", "fused_scaler", "accumulate", "accumulate_scaler", "schedule")
+}
+# "schedule": a torch LR scheduler on the DistributedOptimizer, and zero_grad(set_to_none=False), so that the
+# gradients accumulate in place in their bucket slots.
+KW = {"AdamW": dict(lr=1e-2, weight_decay=0.1), "SGD": dict(lr=0.05, momentum=0.9, nesterov=True)}
+TRAINER_STEPS = 6
+MAX_NORM = 0.05  # below the gradients' norm: clipping is active at every step
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)  # one weight is over the engine's 32768-element chunk
+    return torch.nn.Sequential(torch.nn.Linear(64, 600), torch.nn.Tanh(), torch.nn.Linear(600, 4))
+
+
+def _data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(BATCH, 64, generator=g), torch.randn(BATCH, 4, generator=g)
+
+
+def _options(variant: str) -> dict:
+    options = {"max_grad_norm": MAX_NORM} if variant in ("clip", "accumulate") else {}
+    if variant.startswith("accumulate"):
+        options["accumulation_steps"] = 2
+    return options
+
+
+def _train(model, opt, variant: str, rank: int, world: int, steps: int, first: int = 0) -> None:
+    """`steps` steps on this rank's share of each batch (micro-batches of half of it with accumulation)."""
+    scaler = None
+    if variant in ("torch_scaler",):
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    elif variant in ("fused_scaler", "accumulate_scaler"):
+        scaler = fusedopt.GradScaler(init_scale=2.0**10)
+    micro = 2 if variant.startswith("accumulate") else 1
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5) if variant == "schedule" else None
+    for step in range(first, first + steps):
+        x, y = _data(step)
+        share = BATCH // world
+        dtype = next(model.parameters()).dtype
+        x, y = (t[rank * share:(rank + 1) * share].to(dtype) for t in (x, y))
+        for m in range(micro):
+            part = slice(m * share // micro, (m + 1) * share // micro)
+            loss = torch.nn.functional.mse_loss(model(x[part]), y[part])
+            if scaler is not None and step == INF_STEP and rank == world - 1 and m == micro - 1:
+                loss = loss * math.inf
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            opt.zero_grad(set_to_none=schedule is None)
+        if schedule is not None:
+            schedule.step()
+
+
+def _reference(algo: str, variant: str, steps: int = STEPS) -> torch.nn.Module:
+    """torch.optim in one process on the whole batch; the scaler cases skip INF_STEP."""
+    model = _model()
+    opt = getattr(torch.optim, algo)(model.parameters(), foreach=False, **KW[algo])
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5) if variant == "schedule" else None
+    for step in range(steps):
+        x, y = _data(step)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        if "clip" in variant or variant == "accumulate":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        if not ("scaler" in variant and step == INF_STEP):
+            opt.step()
+        opt.zero_grad()
+        if schedule is not None:
+            schedule.step()
+    return model
+
+
+def _fused(algo: str, model, **options):
+    return getattr(fusedopt, f"Fused{algo}")(model.parameters(), **KW[algo], **options)
+
+
+def rank_cases(resume_state: dict, checkpoint_dir: str) -> dict:
+    """Every case of CASES, then the state and resume checks; returns what the tests compare."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out: dict = {"params": {}, "state_bytes": {}}
+    for name, (algo, zero, variant) in CASES.items():
+        model = _model()
+        opt = fusedopt.distributed.DistributedOptimizer(_fused(algo, model, **_options(variant)), zero=zero,
+                                                        bucket_mb=0.05)  # several buckets
+        _train(model, opt, variant, rank, world, STEPS)
+        out["params"][name] = [p.detach().clone() for p in model.parameters()]
+        if variant == "clip":
+            out["state_bytes"][name] = opt.state_bytes()
+        if variant == "clip" and algo == "AdamW":
+            out[f"state_dict-zero{zero}"] = opt.consolidate_state_dict(to=0)
+    # bf16 params with f32 masters and stochastic rounding: zero=1's slices step exactly as zero=0's whole tensors.
+    for zero in (0, 1):
+        model = _model().to(torch.bfloat16)
+        opt = fusedopt.distributed.DistributedOptimizer(
+            _fused("AdamW", model, master_weights=True, stochastic_rounding=True, seed=7), zero=zero, bucket_mb=0.05)
+        _train(model, opt, "plain", rank, world, STEPS // 2)
+        out[f"bf16-zero{zero}"] = [p.detach().clone() for p in model.parameters()]
+        out[f"bf16-masters-zero{zero}"] = opt.consolidate_state_dict(to=0)
+    # Resume 1 -> 2: a one-process run's params and state_dict, loaded into 2 ranks with zero=1.
+    model = _model()
+    with torch.no_grad():
+        for p, saved in zip(model.parameters(), resume_state["params"]):
+            p.copy_(saved)
+    opt = fusedopt.distributed.DistributedOptimizer(_fused("AdamW", model), zero=1)
+    opt.load_state_dict(resume_state["state_dict"])
+    _train(model, opt, "plain", rank, world, STEPS // 2, first=STEPS // 2)
+    out["resumed"] = [p.detach().clone() for p in model.parameters()]
+    # Resume 2 -> 1: the state consolidated after half the steps (the test continues in one process).
+    model = _model()
+    opt = fusedopt.distributed.DistributedOptimizer(_fused("AdamW", model), zero=1)
+    _train(model, opt, "plain", rank, world, STEPS // 2)
+    out["half"] = ([p.detach().clone() for p in model.parameters()], opt.consolidate_state_dict(to=0))
+    # fusedopt.Trainer(distributed=...): zero=1 through the Trainer, rank 0 writing the checkpoint.
+    model = _model()
+    share = BATCH // world
+    data = [tuple(t[rank * share:(rank + 1) * share] for t in _data(step)) for step in range(TRAINER_STEPS)]
+    trainer = fusedopt.Trainer(model, torch.nn.functional.mse_loss, _fused("AdamW", model), distributed={"zero": 1},
+                               progress=False, checkpoint_dir=checkpoint_dir, checkpoint_every=TRAINER_STEPS)
+    trainer.train(data)
+    out["trainer"] = [p.detach().clone() for p in model.parameters()]
+    out["errors"] = _rank_errors(rank)
+    return out
+
+
+def _rank_errors(rank: int) -> dict:
+    errors = {}
+    model = _model()
+    if rank == 1:  # another model on rank 1: every rank refuses it
+        model = torch.nn.Sequential(torch.nn.Linear(64, 601))
+    try:
+        fusedopt.distributed.DistributedOptimizer(_fused("AdamW", model))
+    except ValueError as e:
+        errors["layout"] = str(e)
+    for why, make, zero in (("sliceable", lambda m: fusedopt.FusedLAMB(m.parameters()), 1),
+                            ("flatten", lambda m: _fused("AdamW", m, flatten=True), 0),
+                            ("device", lambda m: _fused("AdamW", m.to("meta")), 0)):
+        try:
+            fusedopt.distributed.DistributedOptimizer(make(_model()), zero=zero)
+        except ValueError as e:
+            errors[why] = str(e)
+    model = _model()
+    opt = fusedopt.distributed.DistributedOptimizer(_fused("AdamW", model))
+    opt._inner.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    try:
+        opt.step()
+    except RuntimeError as e:
+        errors["added"] = str(e)
+    return errors
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture(scope="module")
+def ranks(checkpoint_dir) -> list[dict]:
+    model = _model()  # the one-process first half of the 1 -> 2 resume
+    opt = _fused("AdamW", model)
+    _train(model, opt, "plain", 0, 1, STEPS // 2)
+    resume = {"params": [p.detach().clone() for p in model.parameters()], "state_dict": opt.state_dict()}
+    return run_ranks("test_distributed:rank_cases", 2, args=(resume, checkpoint_dir), timeout=300)
+
+
+def _assert_close(actual: list[torch.Tensor], expected: list[torch.Tensor], rtol: float = 1e-6) -> None:
+    """Relative difference of each tensor as a vector, ||a - e|| / ||e||, in double."""
+    for a, e in zip(actual, expected, strict=True):
+        error = torch.linalg.vector_norm(a.double() - e.double()) / torch.linalg.vector_norm(e.double())
+        assert error <= rtol, f"relative difference {error:.3g} (shape {tuple(e.shape)})"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_equal_one_process(ranks, case):
+    algo, zero, variant = CASES[case]
+    for a, b in zip(ranks[0]["params"][case], ranks[1]["params"][case]):
+        assert torch.equal(a, b), "the ranks' params differ"
+    expected = [p.detach() for p in _reference(algo, variant).parameters()]
+    _assert_close(ranks[0]["params"][case], expected)
+
+
+def test_zero1_holds_about_half_the_state(ranks):
+    for rank in ranks:
+        zero0, zero1 = rank["state_bytes"]["AdamW-zero0-clip"], rank["state_bytes"]["AdamW-zero1-clip"]
+        assert zero1 <= 0.55 * zero0, (zero0, zero1)
+
+
+def test_consolidated_state_loads_into_torch_and_steps_like_the_unsharded_run(ranks):
+    sharded, unsharded = ranks[0]["state_dict-zero1"], ranks[0]["state_dict-zero0"]
+    assert ranks[1]["state_dict-zero1"] is None
+    for i, entry in unsharded["state"].items():  # (before torch's step advances the loaded 'step' tensors)
+        for key in ("exp_avg", "exp_avg_sq"):
+            _assert_close([sharded["state"][i][key]], [entry[key]])
+        assert float(sharded["state"][i]["step"]) == float(entry["step"]) == STEPS
+    results = []
+    for state_dict in (sharded, unsharded):
+        model = _model()
+        with torch.no_grad():
+            for p, saved in zip(model.parameters(), ranks[0]["params"]["AdamW-zero0-clip"]):
+                p.copy_(saved)
+        opt = torch.optim.AdamW(model.parameters(), foreach=False, **KW["AdamW"])
+        opt.load_state_dict(state_dict)
+        x, y = _data(STEPS)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        results.append([p.detach().clone() for p in model.parameters()])
+    _assert_close(results[0], results[1])
+
+
+def test_resume_one_rank_to_two_and_two_to_one(ranks):
+    expected = [p.detach() for p in _reference("AdamW", "plain").parameters()]
+    _assert_close(ranks[0]["resumed"], expected)
+    params, state_dict = ranks[0]["half"]
+    model = _model()
+    with torch.no_grad():
+        for p, saved in zip(model.parameters(), params):
+            p.copy_(saved)
+    opt = _fused("AdamW", model)
+    opt.load_state_dict(state_dict)
+    _train(model, opt, "plain", 0, 1, STEPS // 2, first=STEPS // 2)
+    _assert_close([p.detach() for p in model.parameters()], expected)
+
+
+def test_errors_across_ranks(ranks):
+    for rank in ranks:
+        assert "rank 1 holds other params than rank 0" in rank["errors"]["layout"]
+        assert "added to the optimizer after" in rank["errors"]["added"]
+        assert "FusedLAMB reads whole tensors" in rank["errors"]["sliceable"]
+        assert "flatten=True" in rank["errors"]["flatten"]
+        assert "is on meta" in rank["errors"]["device"]
+
+
+def test_zero1_slices_step_as_whole_tensors_with_masters_and_stochastic_rounding(ranks):
+    for rank in ranks:
+        for a, b in zip(rank["bf16-zero0"], rank["bf16-zero1"], strict=True):
+            assert a.dtype == torch.bfloat16 and torch.equal(a, b)
+    zero0, zero1 = ranks[0]["bf16-masters-zero0"], ranks[0]["bf16-masters-zero1"]
+    for i, entry in zero0["state"].items():
+        for key in ("exp_avg", "exp_avg_sq", "master_param"):
+            assert torch.equal(zero1["state"][i][key], entry[key]), key
+
+
+def test_errors_in_one_process():
+    model = _model()
+    with pytest.raises(RuntimeError, match="process group is not initialized"):
+        fusedopt.distributed.DistributedOptimizer(_fused("AdamW", model))
+    with pytest.raises(TypeError, match="wraps a fusedopt.Fused"):
+        fusedopt.distributed.DistributedOptimizer(torch.optim.AdamW(model.parameters()))
+    with pytest.raises(ValueError, match="Invalid zero"):
+        fusedopt.distributed.DistributedOptimizer(_fused("AdamW", model), zero=2)
+
+
+def test_trainer_distributed(ranks, checkpoint_dir):
+    expected = [p.detach() for p in _reference("AdamW", "plain", TRAINER_STEPS).parameters()]
+    for rank in ranks:
+        _assert_close(rank["trainer"], expected)
+    saved = torch.load(f"{checkpoint_dir}/step-{TRAINER_STEPS:08d}.pt", weights_only=True)
+    model = _model()
+    model.load_state_dict(saved["model"])
+    _assert_close([p.detach() for p in model.parameters()], expected)
+    opt = torch.optim.AdamW(model.parameters(), **KW["AdamW"])
+    opt.load_state_dict(saved["optimizer"])  # the whole state, consolidated from both ranks' shards
+    assert [float(s["step"]) for s in opt.state.values()] == [TRAINER_STEPS] * 4
+
+
+def test_state_bytes_of_a_fused_optimizer():
+    model = _model()
+    opt = fusedopt.FusedAdamW(model.parameters(), accumulation_steps=2)
+    assert opt.state_bytes() == 0
+    torch.nn.functional.mse_loss(model(_data(0)[0]), _data(0)[1]).backward()
+    opt.step()  # the first micro-batch: f32 sums only
+    numel = sum(p.numel() for p in model.parameters())
+    assert opt.state_bytes() == 4 * numel
+    opt.step()  # the update: exp_avg, exp_avg_sq and a 4-byte step per param, besides the sums
+    assert opt.state_bytes() == 4 * numel + 2 * 4 * numel + 4 * len(list(model.parameters()))
