@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import gc
 import json
 import os
 import pathlib
@@ -264,6 +265,10 @@ def run(args: argparse.Namespace) -> dict | None:
     }
     gathered = [None] * nproc if rank == 0 else None
     dist.gather_object(local, gathered, dst=0)
+    # The DDP wrappers and optimizers hold the process group: they go first, or a rank can abort at exit
+    # ("terminate called without an active exception").
+    runners.clear()
+    gc.collect()
     dist.destroy_process_group()
     if rank != 0:
         return None

@@ -29,6 +29,7 @@ step() all-reduces the sums and updates from them.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 import zlib
@@ -135,6 +136,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._hooks = [p.register_post_accumulate_grad_hook(hook_of(b, view))
                        for b in self._buckets for p, view in zip(b.params, b.grad_views)]
         self._queued = False  # the end-of-backward callback is queued for the backward now running
+        self._sync = True  # False inside no_sync()
         self._built = True
 
     def _global_rank(self, rank: int) -> int:
@@ -238,8 +240,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # ---- backward ------------------------------------------------------------------------------------------
     def _grad_ready(self, p: torch.Tensor, b: _Bucket, view: torch.Tensor) -> None:
         """Post-accumulate-grad hook: p's gradient is final for this backward; `view` is its slot in bucket b."""
-        if self._accumulation_steps > 1:
-            return  # reduced as f32 sums at the window's last step()
+        if self._accumulation_steps > 1 or not self._sync:
+            return  # reduced as f32 sums at the window's last step(), or by a later backward (no_sync)
         g = p.grad
         if g.is_sparse:
             raise RuntimeError(f"fusedopt.distributed: parameter of shape {tuple(p.shape)} has a sparse gradient; "
@@ -273,6 +275,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             b.work, b.ready = None, 0
         if missing:
             self._missing = missing
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DistributedDataParallel.no_sync(): backward passes inside add into p.grad locally, with no
+        communication; the first backward after it reduces the sum. For accumulation over micro-batches that
+        call backward() several times and step() once (with step() after each, use accumulation_steps)."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
 
     # ---- the step ------------------------------------------------------------------------------------------
     @torch.no_grad()

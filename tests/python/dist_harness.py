@@ -61,6 +61,7 @@ def run_ranks(target: str, world_size: int, *, args: tuple = (), timeout: float 
 
 
 def _rank_main(target: str, rank: int, world_size: int, tmp: str) -> None:
+    import gc
     import importlib
     from datetime import timedelta
 
@@ -74,6 +75,9 @@ def _rank_main(target: str, rank: int, world_size: int, tmp: str) -> None:
         result = fn(*torch.load(os.path.join(tmp, "args.pt"), weights_only=False))
         torch.save(result, os.path.join(tmp, f"rank{rank}.pt"))
     finally:
+        # What holds the process group (a DDP wrapper in a reference cycle) goes first, or the rank can abort
+        # at exit ("terminate called without an active exception").
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -8,6 +8,7 @@ trains every case, and the tests read its results."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import fusedopt
@@ -27,10 +28,11 @@ INF_STEP = 5  # the step whose loss is Inf on rank 1 only, in the cases with a s
 CASES = {  # name: (algorithm, zero, variant)
     f"{algo}-zero{zero}-{variant}": (algo, zero, variant)
     for algo in ("AdamW", "SGD") for zero in (0, 1)
-    for variant in ("clip", "torch_scaler", "fused_scaler", "accumulate", "accumulate_scaler", "schedule")
+    for variant in ("clip", "torch_scaler", "fused_scaler", "accumulate", "accumulate_scaler", "schedule", "no_sync")
 }
 # "schedule": a torch LR scheduler on the DistributedOptimizer, and zero_grad(set_to_none=False), so that the
-# gradients accumulate in place in their bucket slots.
+# gradients accumulate in place in their bucket slots. "no_sync": two backward passes per step, the first
+# under opt.no_sync() (DDP's way to accumulate).
 KW = {"AdamW": dict(lr=1e-2, weight_decay=0.1), "SGD": dict(lr=0.05, momentum=0.9, nesterov=True)}
 TRAINER_STEPS = 6
 MAX_NORM = 0.05  # below the gradients' norm: clipping is active at every step
@@ -60,7 +62,7 @@ def _train(model, opt, variant: str, rank: int, world: int, steps: int, first: i
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     elif variant in ("fused_scaler", "accumulate_scaler"):
         scaler = fusedopt.GradScaler(init_scale=2.0**10)
-    micro = 2 if variant.startswith("accumulate") else 1
+    micro = 2 if variant.startswith("accumulate") or variant == "no_sync" else 1
     schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5) if variant == "schedule" else None
     for step in range(first, first + steps):
         x, y = _data(step)
@@ -72,6 +74,10 @@ def _train(model, opt, variant: str, rank: int, world: int, steps: int, first: i
             loss = torch.nn.functional.mse_loss(model(x[part]), y[part])
             if scaler is not None and step == INF_STEP and rank == world - 1 and m == micro - 1:
                 loss = loss * math.inf
+            if variant == "no_sync":
+                with opt.no_sync() if m == 0 else contextlib.nullcontext():
+                    (loss / micro).backward()
+                continue
             if scaler is None:
                 loss.backward()
                 opt.step()
@@ -80,6 +86,9 @@ def _train(model, opt, variant: str, rank: int, world: int, steps: int, first: i
                 scaler.step(opt)
                 scaler.update()
             opt.zero_grad(set_to_none=schedule is None)
+        if variant == "no_sync":
+            opt.step()
+            opt.zero_grad()
         if schedule is not None:
             schedule.step()
 
@@ -150,6 +159,15 @@ def rank_cases(resume_state: dict, checkpoint_dir: str) -> dict:
                                progress=False, checkpoint_dir=checkpoint_dir, checkpoint_every=TRAINER_STEPS)
     trainer.train(data)
     out["trainer"] = [p.detach().clone() for p in model.parameters()]
+    # no_sync: the backward inside leaves each rank its own gradient; the next one reduces the sum.
+    model = _model()
+    opt = fusedopt.distributed.DistributedOptimizer(_fused("SGD", model))
+    x, y = _data(0)
+    with opt.no_sync():
+        torch.nn.functional.mse_loss(model(x[rank::world]), y[rank::world]).backward()
+    local = model[0].weight.grad.clone()
+    torch.nn.functional.mse_loss(model(x[rank::world]), y[rank::world]).backward()
+    out["no_sync_grads"] = (local, model[0].weight.grad.clone())
     out["errors"] = _rank_errors(rank)
     return out
 
@@ -250,6 +268,13 @@ def test_resume_one_rank_to_two_and_two_to_one(ranks):
     opt.load_state_dict(state_dict)
     _train(model, opt, "plain", 0, 1, STEPS // 2, first=STEPS // 2)
     _assert_close([p.detach() for p in model.parameters()], expected)
+
+
+def test_no_sync_reduces_nothing_until_the_next_backward(ranks):
+    (local0, reduced0), (local1, reduced1) = ranks[0]["no_sync_grads"], ranks[1]["no_sync_grads"]
+    assert not torch.equal(local0, local1)
+    assert torch.equal(reduced0, reduced1)
+    _assert_close([reduced0], [local0 + local1])  # (2 * local + 2 * local) / 2 ranks
 
 
 def test_errors_across_ranks(ranks):
