@@ -17,6 +17,7 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 
 from . import _C, distributed, schedules, timeline
 from .amp import GradScaler
+from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from .clip import clip_grad_norm_, clip_grad_value_
 from .optim import (
     FusedAdadelta,
@@ -43,7 +44,7 @@ from .trainer import Model, Trainer
 __all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
            "FusedAdamax", "FusedAdadelta", "FusedAdafactor", "FusedRAdam", "FusedNAdam", "FusedASGD", "FusedRprop",
            "FusedLARS", "FusedRMSpropTF", "FusedAdamP", "FusedBertAdam", "GradScaler",
-           "clip_grad_norm_", "clip_grad_value_", "distributed", "schedules", "timeline", "Trainer", "Model",
+           "clip_grad_norm_", "clip_grad_value_", "save_checkpoint", "load_checkpoint", "read_checkpoint", "distributed", "schedules", "timeline", "Trainer", "Model",
            "active_target"]
 __version__ = "0.1.0"
 

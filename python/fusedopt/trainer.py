@@ -33,6 +33,7 @@ import math
 import os
 import re
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
@@ -40,13 +41,15 @@ import torch
 
 from ._base import FusedOptimizerMixin
 from .amp import GradScaler
+from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from .distributed import DistributedOptimizer
 from .progress import ProgressBar
 from .timeline import Tracer
 
 PHASES = ("data", "forward", "backward", "optimizer", "zero_grad")
-CHECKPOINT_FORMAT = "fusedopt.Trainer/1"
-_CHECKPOINT_NAME = re.compile(r"step-(\d{8,})\.pt")  # what train_step writes (not the .tmp of a save)
+_CHECKPOINT_NAME = re.compile(r"step-(\d{8,})\.safetensors")  # what train_step writes
+# The temporary files of a save (the engine's writer: .<name>.tmp.<pid>.<n>) that a killed run left behind.
+_STALE_TEMP = re.compile(r"\.step-\d{8,}\.safetensors\.tmp\..*")
 _AMP_DTYPES = {None: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
 # Most derived first: torch 2.13's AdamW is an Adam.
@@ -112,11 +115,15 @@ class Trainer:
                        every group's lr before each update) or a torch LRScheduler over `optimizer`
                        (stepped after each update).
     progress           True: a one-line bar on stderr when stderr is a terminal; "always"; False.
-    checkpoint_dir, checkpoint_every
-                       write checkpoint_dir/step-NNNNNNNN.pt every `checkpoint_every` updates (NNNNNNNN:
-                       micro-batches trained so far); resume with load_checkpoint(path).
-    resume             True: continue from the newest checkpoint in checkpoint_dir (latest_checkpoint();
-                       a folder without one starts from step 0). False (default): start from step 0,
+    checkpoint_dir, checkpoint_every, keep_last
+                       write checkpoint_dir/step-NNNNNNNN.safetensors every `checkpoint_every` updates
+                       (NNNNNNNN: micro-batches trained so far; fusedopt.save_checkpoint: durable and
+                       checksummed, the accumulation window included), keeping the newest `keep_last` (all:
+                       None); resume with load_checkpoint(path). The folder must be writable when the
+                       Trainer is built.
+    resume             True: continue from the newest checkpoint in checkpoint_dir that verifies
+                       (latest_checkpoint(); a file that does not verify is skipped with a warning that says
+                       why; a folder without one starts from step 0). False (default): start from step 0,
                        whatever the folder holds; its checkpoints are overwritten as training reaches
                        their steps.
     trace              None, a path (a Chrome trace JSON written at the end of every train() call) or a
@@ -146,6 +153,7 @@ class Trainer:
                  amp_dtype: torch.dtype | None = None, scaler: Any = None, accumulation_steps: int = 1,
                  max_grad_norm: float | None = None, schedule: Any = None, progress: bool | str = True,
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0,
+                 keep_last: int | None = None,
                  trace: str | os.PathLike | Tracer | None = None, name: str | None = None,
                  resume: bool = False, distributed: bool | dict = False):
         if not isinstance(model, torch.nn.Module):
@@ -173,6 +181,8 @@ class Trainer:
             raise TypeError(f"resume must be True or False, got {resume!r}")
         if resume and checkpoint_dir is None:
             raise ValueError("resume=True needs a checkpoint_dir")
+        if keep_last is not None and (not _is_int(keep_last) or keep_last < 1):
+            raise ValueError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
 
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.fused = isinstance(_unwrap(optimizer), FusedOptimizerMixin)
@@ -185,6 +195,9 @@ class Trainer:
         self.progress = progress
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self.checkpoint_every = checkpoint_every
+        self.keep_last = keep_last
+        if self.checkpoint_dir is not None:
+            self._prepare_checkpoint_dir()
         self.name = name or type(model).__name__
         self.step = 0  # micro-batches trained
         self.updates = 0  # optimizer updates (one per accumulation window)
@@ -353,7 +366,8 @@ class Trainer:
                 add(self.trace_pid, phase, a, b, step=step)
         if updated and self.checkpoint_every and self.updates % self.checkpoint_every == 0:
             t0 = time.perf_counter()
-            self.save_checkpoint(os.path.join(self.checkpoint_dir, f"step-{self.step:08d}.pt"))
+            self.save_checkpoint(os.path.join(self.checkpoint_dir, f"step-{self.step:08d}.safetensors"))
+            self._drop_old_checkpoints()
             if self.tracer is not None:
                 self.tracer.add_span(self.trace_pid, "checkpoint", t0, time.perf_counter(), step=step)
         samples = len(x) if hasattr(x, "__len__") else 1
@@ -413,54 +427,83 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self, path: str | os.PathLike) -> None:
-        """Model, optimizer, scaler, lr scheduler, step counters and torch's RNG state (dropout etc.)
-        in one torch.save file. Only at update boundaries: fused accumulators are not saved."""
-        if self.step % self.accumulation_steps:
+        """Model, optimizer (with a fused optimizer's accumulation window), scaler, lr scheduler, step
+        counters and torch's RNG state (dropout etc.) in one checkpoint file (fusedopt.save_checkpoint),
+        written durably. With distributed=..., every rank calls it and rank 0 writes."""
+        if self.step % self.accumulation_steps and not self._window_saved():
             raise RuntimeError(f"save_checkpoint: step {self.step} is inside an accumulation window of "
-                               f"{self.accumulation_steps}; checkpoint at a window boundary")
-        distributed = isinstance(self.optimizer, DistributedOptimizer)
-        # every rank takes part in the consolidation; rank 0 writes
-        optimizer = self.optimizer.consolidate_state_dict(to=0) if distributed else self.optimizer.state_dict()
-        if distributed and self.optimizer._rank != 0:
+                               f"{self.accumulation_steps} whose gradient sums live outside the optimizer; "
+                               "checkpoint at a window boundary")
+        extra = {"step": self.step, "updates": self.updates, "rng": torch.get_rng_state()}
+        save_checkpoint(self.optimizer, path, model=self.model, scaler=self.scaler, scheduler=self.lr_scheduler,
+                        extra=extra)
+
+    def _window_saved(self) -> bool:
+        """Whether the optimizer keeps an accumulation window's sums itself (a fused one), so that a
+        checkpoint inside the window holds them."""
+        return self.fused and not isinstance(self.optimizer, DistributedOptimizer)
+
+    def _prepare_checkpoint_dir(self) -> None:
+        """Makes the folder, checks that it takes a file now (not after the first update has trained), and
+        removes the temporary files of saves that a killed run left behind."""
+        path = self.checkpoint_dir
+        try:
+            os.makedirs(path, exist_ok=True)
+            probe = os.path.join(path, f".fusedopt-write-test.{os.getpid()}")
+            with open(probe, "wb"):
+                pass
+            os.remove(probe)
+        except OSError as e:
+            raise OSError(e.errno, f"checkpoint_dir={path!r} is not writable: {e.strerror}") from None
+        for name in os.listdir(path):
+            if _STALE_TEMP.fullmatch(name):
+                os.remove(os.path.join(path, name))
+
+    def _drop_old_checkpoints(self) -> None:
+        if self.keep_last is None:
             return
-        os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
-        state = {"format": CHECKPOINT_FORMAT, "step": self.step, "updates": self.updates,
-                 "model": self.model.state_dict(), "optimizer": optimizer,
-                 "scaler": None if self.scaler is None else self.scaler.state_dict(),
-                 "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
-                 "rng": torch.get_rng_state()}
-        tmp = os.fspath(path) + ".tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # a crash while saving never leaves a truncated checkpoint
+        found = self._checkpoints(self.checkpoint_dir)
+        for step in sorted(found)[:-self.keep_last]:
+            os.remove(found[step])
 
     @staticmethod
-    def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
-        """The path of the newest step-NNNNNNNN.pt in checkpoint_dir (the highest step), or None if
-        there is none or the folder does not exist."""
+    def _checkpoints(checkpoint_dir: str | os.PathLike) -> dict[int, str]:
         try:
             names = os.listdir(checkpoint_dir)
         except FileNotFoundError:
-            return None
-        found = {int(m.group(1)): m.group(0) for m in map(_CHECKPOINT_NAME.fullmatch, names) if m is not None}
-        return os.path.join(os.fspath(checkpoint_dir), found[max(found)]) if found else None
+            return {}
+        return {int(m.group(1)): os.path.join(os.fspath(checkpoint_dir), m.group(0))
+                for m in map(_CHECKPOINT_NAME.fullmatch, names) if m is not None}
+
+    @staticmethod
+    def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
+        """The path of the newest step-NNNNNNNN.safetensors in checkpoint_dir (the highest step) that
+        verifies (format and checksum), or None if there is none or the folder does not exist. Each newer
+        file that does not verify is skipped with a warning naming it and why."""
+        found = Trainer._checkpoints(checkpoint_dir)
+        for step in sorted(found, reverse=True):
+            try:
+                read_checkpoint(found[step])
+                return found[step]
+            except (ValueError, OSError) as e:
+                warnings.warn(f"fusedopt.Trainer: skipping checkpoint {found[step]}: {e}", stacklevel=2)
+        return None
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         """Restores a save_checkpoint() file into this Trainer's model, optimizer, scaler and lr
-        scheduler; the next train() continues after the checkpoint's step, bit for bit."""
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"path={os.fspath(path)!r} is not a fusedopt.Trainer checkpoint")
-        if (state["scaler"] is None) != (self.scaler is None):
+        scheduler; the next train() continues after the checkpoint's step, bit for bit. A file that does
+        not fit (another optimizer or model, no scaler state where this Trainer has a scaler, a corrupted
+        file) raises ValueError and changes nothing."""
+        ckpt = read_checkpoint(path)
+        if (ckpt.meta["scaler"] is None) != (self.scaler is None):
             saved, here = ("with", "none") if self.scaler is None else ("without", "one")
             raise ValueError(f"path={os.fspath(path)!r} was saved {saved} a loss scaler, this Trainer has {here}")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler is not None:
-            self.scaler.load_state_dict(state["scaler"])
-        if self.lr_scheduler is not None and state["lr_scheduler"] is not None:
-            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        torch.set_rng_state(state["rng"])
-        self.step, self.updates = int(state["step"]), int(state["updates"])
+        extra = ckpt.get("extra")
+        if not isinstance(extra, dict) or not {"step", "updates", "rng"} <= set(extra):
+            raise ValueError(f"path={os.fspath(path)!r} is a checkpoint, but not a fusedopt.Trainer one")
+        load_checkpoint(self.optimizer, ckpt, model=self.model, scaler=self.scaler, scheduler=self.lr_scheduler)
+        torch.set_rng_state(extra["rng"].clone())
+        self.step, self.updates = int(extra["step"]), int(extra["updates"])
 
     # ---- trace ---------------------------------------------------------------------------------
     def trace_info(self) -> dict:

@@ -32,7 +32,8 @@ namespace py = pybind11;
 
 namespace fusedopt {
 
-void BindSchedules(py::module_& m);  // schedule_bindings.cc
+void BindSchedules(py::module_& m);   // schedule_bindings.cc
+void BindCheckpoint(py::module_& m);  // checkpoint_bindings.cc
 
 namespace {
 
@@ -263,6 +264,7 @@ PYBIND11_MODULE(_C, m) {
 
   BindSegmentTable(m);
   BindSchedules(m);
+  BindCheckpoint(m);
 
   m.def("active_target", &ActiveTargetName);
   m.def("available_targets", &AvailableTargets);

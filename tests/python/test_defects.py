@@ -330,7 +330,7 @@ def test_trainer_resume_continues_from_the_newest_checkpoint(tmp_path):
     full = whole.train(data, epochs=2)
     first = trainer(checkpoint_dir=tmp_path, checkpoint_every=2)
     first.train(data, epochs=2, steps=4)
-    (tmp_path / "step-00000099.pt.tmp").write_bytes(b"")  # an interrupted save is not a checkpoint
+    (tmp_path / "step-00000099.safetensors.tmp").write_bytes(b"")  # an interrupted save is not a checkpoint
     resumed = trainer(checkpoint_dir=tmp_path, checkpoint_every=2, resume=True)
     assert resumed.step == 4
     rest = resumed.train(data, epochs=2)

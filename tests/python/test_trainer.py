@@ -222,10 +222,10 @@ def test_resume_from_checkpoint_is_bit_exact(kind, tmp_path):
     torch.manual_seed(123)
     first = trainer(0, checkpoint_dir=tmp_path, checkpoint_every=2)
     first.train(data, epochs=3, steps=8)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004.pt", "step-00000008.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004.safetensors", "step-00000008.safetensors"]
     torch.manual_seed(999)  # the checkpoint's RNG state must win
     resumed = trainer(7)  # another init: everything must come from the checkpoint
-    resumed.load_checkpoint(tmp_path / "step-00000008.pt")
+    resumed.load_checkpoint(tmp_path / "step-00000008.safetensors")
     assert (resumed.step, resumed.updates) == (8, 4)
     rest = resumed.train(data, epochs=3)
     assert rest["losses"] == full["losses"][8:]
@@ -245,8 +245,8 @@ def test_checkpoint_inside_accumulation_window_is_refused(tmp_path):
                                progress=False)
     trainer.train(mlp_pool(n=3))
     with pytest.raises(RuntimeError, match="accumulation window"):
-        trainer.save_checkpoint(tmp_path / "x.pt")
-    torch.save({"not": "a checkpoint"}, tmp_path / "other.pt")
+        trainer.save_checkpoint(tmp_path / "x.safetensors")
+    torch.save({"not": "a checkpoint"}, tmp_path / "other.pt")  # torch.save's zip file
     with pytest.raises(ValueError, match="other.pt"):
         trainer.load_checkpoint(tmp_path / "other.pt")
 

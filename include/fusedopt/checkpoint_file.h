@@ -1,0 +1,79 @@
+// The checkpoint container: one safetensors file (shared/docs/formats.md) with an XXH3-64 checksum
+// of the whole file, written durably. What goes inside (optimizer state, model, scaler, ...) is the
+// caller's: C++ and Python (python/fusedopt/checkpoint.py, through fusedopt._C) write and read it
+// with these two functions.
+//
+// Layout: an 8-byte little-endian header length N, N bytes of JSON header (compact, padded with
+// spaces to a multiple of 8, so the data section starts 8-aligned), then the data section, every
+// byte of it indexed by exactly one tensor. The header has one entry per tensor,
+// {"data_offsets":[begin,end],"dtype":.., "shape":[..]} with offsets relative to the data section
+// (tensors end to end in the order given; a tensor's own offset need not be aligned), and
+// "__metadata__": {"checksum": "xxh3-64:<16 hex digits>", "format": "fusedopt.checkpoint",
+// "fusedopt": <the caller's metadata>, "version": "1"}. The checksum is XXH3-64 of the whole file
+// with its own 16 digits read as '0': any changed byte, in the lengths, the header or the data, is
+// caught.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fusedopt {
+
+// One tensor to write: C-contiguous little-endian bytes, exactly numel * itemsize of them.
+struct CheckpointTensor {
+  std::string name;   // e.g. "state.3.exp_avg"; not empty, unique, not "__metadata__"
+  std::string dtype;  // safetensors': "F32", "F16", "BF16", "F64", "I64", "I32", "U8", "BOOL"
+  std::vector<std::int64_t> shape;  // {} for a 0-d tensor (1 element); a 0 makes an empty tensor
+  std::span<const std::byte> data;
+};
+
+// A file that is not a valid checkpoint (truncated, corrupted, not a fusedopt checkpoint, another
+// version); what() names the path and what is wrong.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One tensor of a file read.
+struct CheckpointEntry {
+  std::string name, dtype;
+  std::vector<std::int64_t> shape;
+  std::size_t offset = 0;  // into CheckpointFile::data
+  std::size_t nbytes = 0;  // numel * itemsize
+};
+
+struct CheckpointFile {
+  std::string metadata;  // the caller's, as written
+  std::vector<CheckpointEntry>
+      tensors;                  // in the order of their data (empty ones at one offset: by name)
+  std::vector<std::byte> data;  // the data section
+};
+
+// The largest header ReadCheckpointFile accepts by default (safetensors' own limit is 1e8 bytes).
+inline constexpr std::size_t kMaxCheckpointHeaderBytes = std::size_t{100} << 20;
+
+// Writes `tensors` and `metadata` (a JSON text, stored as a string) to `path`, durably: a temporary
+// file
+// `.<name>.tmp.<pid>.<n>` in the same directory, fsync, rename over `path`, fsync of the directory;
+// a crash at any instant leaves either the old file or the new one at `path`, whole. Bad arguments
+// (an unknown dtype, a data size other than numel * itemsize, an empty, reserved or repeated name,
+// text that is not UTF-8) throw fusedopt::Error (a std::invalid_argument) naming the tensor before
+// any file is made. A failed write (ENOSPC, EFBIG, EACCES, EROFS, a missing directory, ...) throws
+// std::system_error with the errno, naming the step and `path`, after removing the temporary file:
+// `path` is as it was.
+void WriteCheckpointFile(const std::string& path, std::string_view metadata,
+                         std::span<const CheckpointTensor> tensors);
+
+// Reads `path` and verifies it all (lengths, header, format and version, dtypes, shapes, offsets
+// covering the data section exactly once, checksum) without reading out of bounds, whatever its
+// bytes: CheckpointError says what is wrong; std::system_error if the file cannot be opened or
+// read.
+CheckpointFile ReadCheckpointFile(const std::string& path,
+                                  std::size_t max_header_bytes = kMaxCheckpointHeaderBytes);
+
+}  // namespace fusedopt

@@ -1,0 +1,110 @@
+// _C.write_checkpoint / _C.read_checkpoint: the checkpoint container
+// (include/fusedopt/checkpoint_file.h) for python/fusedopt/checkpoint.py. Tensors travel as (name,
+// dtype, shape, data pointer, bytes), and the caller keeps them alive for the call; a read file's
+// data section is exposed through the buffer protocol, so torch.frombuffer(memoryview(f),
+// dtype=torch.uint8) views it without a copy. Both release the GIL while they work. A file that is
+// not a valid checkpoint, or a bad argument, raises ValueError; a failed read or write raises
+// OSError with its errno (28 for ENOSPC, 27 for EFBIG, ...).
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/checkpoint_file.h"
+
+namespace py = pybind11;
+
+namespace fusedopt {
+
+namespace {
+
+using TensorTuple =
+    std::tuple<std::string, std::string, std::vector<std::int64_t>, std::uintptr_t, std::size_t>;
+
+}  // namespace
+
+void BindCheckpoint(py::module_& m) {
+  // Local to this module, and tried before pybind11's own (which would make a system_error a
+  // RuntimeError).
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const CheckpointError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const std::system_error& e) {
+      // OSError(errno, message): Python picks the subclass (FileNotFoundError, ...) and sets
+      // .errno.
+      PyErr_SetObject(PyExc_OSError, py::make_tuple(e.code().value(), e.what()).ptr());
+    } catch (const std::invalid_argument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  py::class_<CheckpointFile>(
+      m, "CheckpointFile", py::buffer_protocol(),
+      "A verified checkpoint file: .metadata (str), .tensors (list of (name, dtype, "
+      "shape, offset, nbytes)), and the data section as a 1-D uint8 buffer")
+      .def_readonly("metadata", &CheckpointFile::metadata)
+      .def_property_readonly(
+          "tensors",
+          [](const CheckpointFile& f) {
+            py::list out;
+            for (const CheckpointEntry& e : f.tensors) {
+              out.append(py::make_tuple(e.name, e.dtype, py::cast(e.shape), e.offset, e.nbytes));
+            }
+            return out;
+          },
+          "(name, dtype, shape, offset, nbytes) per tensor, in the order of their data")
+      .def_property_readonly(
+          "nbytes", [](const CheckpointFile& f) { return f.data.size(); },
+          "Bytes in the data section")
+      .def_buffer([](CheckpointFile& f) {
+        return py::buffer_info(f.data.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(f.data.size())}, {py::ssize_t{1}});
+      });
+
+  m.def(
+      "write_checkpoint",
+      [](const std::string& path, const std::string& metadata,
+         const std::vector<TensorTuple>& tensors) {
+        std::vector<CheckpointTensor> list;
+        list.reserve(tensors.size());
+        for (const auto& [name, dtype, shape, data, nbytes] : tensors) {
+          if (data == 0 && nbytes != 0)
+            throw std::invalid_argument("write_checkpoint: tensor '" + name +
+                                        "': a null data pointer");
+          list.push_back({name, dtype, shape, {reinterpret_cast<const std::byte*>(data), nbytes}});
+        }
+        py::gil_scoped_release release;
+        WriteCheckpointFile(path, metadata, list);
+      },
+      py::arg("path"), py::arg("metadata"), py::arg("tensors"),
+      "Writes a checkpoint file durably (temporary file, fsync, rename, fsync of the directory). "
+      "tensors: "
+      "(name, dtype, shape, data pointer, nbytes) of C-contiguous tensors, kept alive by the "
+      "caller.");
+  m.def(
+      "read_checkpoint",
+      [](const std::string& path, std::size_t max_header_bytes) {
+        CheckpointFile file;
+        {
+          py::gil_scoped_release release;
+          file = ReadCheckpointFile(path, max_header_bytes);
+        }
+        return file;
+      },
+      py::arg("path"), py::arg("max_header_bytes") = kMaxCheckpointHeaderBytes,
+      "Reads and verifies a checkpoint file (format, offsets, checksum); ValueError says what is "
+      "wrong.");
+}
+
+}  // namespace fusedopt
