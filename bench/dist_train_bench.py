@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import functools
 import gc
 import json
 import os
@@ -466,19 +467,12 @@ def markdown_table(result: dict) -> str:
 # ----------------------------------------------------------------------------------- main
 
 
-def impl_list(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in IMPLS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"--impls: unknown {bad or text!r}; choose from {','.join(IMPLS)}")
-    return list(dict.fromkeys(names))
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, help="ranks (torchrun --nproc-per-node; under torchrun: WORLD_SIZE)")
     parser.add_argument("--model", choices=train_models.MODELS, default="transformer_small")
-    parser.add_argument("--impls", type=impl_list, default=list(IMPLS), help="comma-separated (default: all)")
+    parser.add_argument("--impls", type=functools.partial(train_bench.impl_list, impls=IMPLS), default=list(IMPLS),
+                        help="comma-separated (default: all)")
     parser.add_argument("--batch-size", type=int, default=32, help="global, split across the ranks (default 32)")
     parser.add_argument("--image-size", type=int, default=32, help="image models (default 32)")
     parser.add_argument("--num-classes", "--classes", type=int, help="image models (default 1000; digits: 10)")

@@ -253,11 +253,12 @@ def markdown_table(result: dict) -> str:
 # ----------------------------------------------------------------------------------- main
 
 
-def impl_list(text: str) -> list[str]:
+def impl_list(text: str, impls=IMPLS) -> list[str]:
+    """--impls: comma-separated names of `impls`, each once, in the order given."""
     names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in IMPLS]
+    bad = [n for n in names if n not in impls]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"--impls: unknown {bad or text!r}; choose from {','.join(IMPLS)}")
+        raise argparse.ArgumentTypeError(f"--impls: unknown {bad or text!r}; choose from {','.join(impls)}")
     return list(dict.fromkeys(names))
 
 

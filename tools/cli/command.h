@@ -78,6 +78,7 @@ void AddShapesOrNumelOptions(CLI::App& parser, std::string& shapes, std::size_t&
 
 Command AddBenchCommand(CLI::App& app);
 Command AddDoctorCommand(CLI::App& app);
+Command AddCkptCommand(CLI::App& app);  // ckpt_command.cc
 Command AddInfoCommand(CLI::App& app);
 // Only in a build with the libtorch adapter (FOPT_CLI_WITH_TRAIN).
 Command AddTrainCommand(CLI::App& app);

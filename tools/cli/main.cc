@@ -1,6 +1,6 @@
 // The fusedopt command line: `train` (a real libtorch training loop, torch::optim vs fused, with a
 // timeline), `doctor` (what fusing can save for a model's shapes and step time), `bench` (the
-// optimizer step alone: fused vs standard vs the bandwidth ceiling) and `info`.
+// optimizer step alone: fused vs standard vs the bandwidth ceiling), `info` and `ckpt`.
 
 #include <iostream>
 #include <vector>
@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   commands.push_back(fusedopt::cli::AddBenchDistCommand(app));
 #endif
   commands.push_back(fusedopt::cli::AddInfoCommand(app));
+  commands.push_back(fusedopt::cli::AddCkptCommand(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
