@@ -27,6 +27,8 @@ from typing import Any
 import torch
 
 from . import _C
+from ._base import FusedOptimizerMixin
+from .distributed import DistributedOptimizer
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_checkpoint", "FORMAT"]
 
@@ -91,7 +93,7 @@ def _decode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
 def _optimizer_name(optimizer: torch.optim.Optimizer) -> str:
     """The algorithm a state_dict belongs to: a fused class and its torch.optim twin share it (their state_dicts
     are interchangeable)."""
-    from .trainer import optimizer_name
+    from .trainer import optimizer_name  # (here: the trainer module imports this one)
     return optimizer_name(optimizer)
 
 
@@ -110,7 +112,6 @@ def _hash(layout: list) -> str:
 
 def _fused_window(optimizer, writer: _Writer) -> dict | None:
     """A fused optimizer's accumulation window (accumulation_steps > 1): its f32 sums and where it stands."""
-    from ._base import FusedOptimizerMixin
     if not isinstance(optimizer, FusedOptimizerMixin):
         return None
     index = {p: i for i, p in enumerate(_params(optimizer))}
@@ -132,7 +133,6 @@ def save_checkpoint(optimizer: torch.optim.Optimizer, path: str | os.PathLike, *
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"fusedopt.save_checkpoint: optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    from .distributed import DistributedOptimizer
     if isinstance(optimizer, DistributedOptimizer):
         if optimizer._micro_batches:
             raise ValueError("fusedopt.save_checkpoint: a DistributedOptimizer inside an accumulation window (its "
@@ -209,7 +209,6 @@ def load_checkpoint(optimizer: torch.optim.Optimizer, path: str | os.PathLike, *
     Everything is checked first: on any error nothing has changed."""
     ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
     where = ckpt.path
-    from .distributed import DistributedOptimizer
     inner = optimizer._inner if isinstance(optimizer, DistributedOptimizer) else optimizer
     meta = ckpt.meta
     if meta["algorithm"] != _optimizer_name(inner):
@@ -230,14 +229,14 @@ def load_checkpoint(optimizer: torch.optim.Optimizer, path: str | os.PathLike, *
         if obj is not None and meta[what] is None:
             raise ValueError(f"{where}: the checkpoint holds no {what} state")
     window = meta.get("accumulation")
-    if window is not None and window["micro_batches"] and not hasattr(inner, "_accumulators"):
+    if window is not None and window["micro_batches"] and not isinstance(inner, FusedOptimizerMixin):
         raise ValueError(f"{where}: the checkpoint is inside an accumulation window of a fused optimizer")
     # Everything checked: now change things. The model first: the optimizer's f32 masters, loaded after it,
     # are then the truth for the params it just wrote (see FusedOptimizerMixin.load_state_dict).
     if model_state is not None:
         model.load_state_dict(model_state)
     optimizer.load_state_dict(state_dict)
-    if window is not None and hasattr(inner, "_accumulators"):
+    if window is not None and isinstance(inner, FusedOptimizerMixin):
         params = _params(inner)
         inner._micro_batches, inner._window_found_inf = window["micro_batches"], window["found_inf"]
         inner._window = dict.fromkeys(params[i] for i in window["window"])
