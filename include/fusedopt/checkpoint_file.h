@@ -76,4 +76,8 @@ void WriteCheckpointFile(const std::string& path, std::string_view metadata,
 CheckpointFile ReadCheckpointFile(const std::string& path,
                                   std::size_t max_header_bytes = kMaxCheckpointHeaderBytes);
 
+// The metadata's "layout_hash" (python/fusedopt/checkpoint.py, src/core/checkpoint.cc): XXH3-64 of
+// the layout record's compact JSON text, as 16 hex digits.
+std::string LayoutHash(std::string_view layout_json);
+
 }  // namespace fusedopt

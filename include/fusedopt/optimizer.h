@@ -159,6 +159,11 @@ struct StepOptions {
   ClipRule clip_rule = ClipRule::kTorch;
 };
 
+// Saves and restores an Optimizer's private state (src/core/checkpoint.cc, for
+// fusedopt/checkpoint.h).
+template <class Hyper>
+struct OptimizerCheckpoint;
+
 // Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
 // AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper,
 // AsgdHyper, LarsHyper, RpropHyper, RmsproptfHyper, AdampHyper, BertAdamHyper, AdafactorHyper.
@@ -194,6 +199,8 @@ class Optimizer {
   std::int64_t pending_micro_batches() const { return window_.pending; }
 
  private:
+  friend struct OptimizerCheckpoint<Hyper>;
+
   std::vector<Hyper> groups_;
   FlatStorage storage_;
   std::vector<std::int64_t> steps_;

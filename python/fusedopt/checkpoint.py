@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import zlib
 from typing import Any
 
 import torch
@@ -92,9 +91,13 @@ def _decode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 def _optimizer_name(optimizer: torch.optim.Optimizer) -> str:
     """The algorithm a state_dict belongs to: a fused class and its torch.optim twin share it (their state_dicts
-    are interchangeable)."""
+    are interchangeable); a fused class without a twin (FusedLion, ...) has the engine's name for it, as the C++
+    checkpoints (src/core/checkpoint.cc, fusedopt::pt) write it."""
     from .trainer import optimizer_name  # (here: the trainer module imports this one)
-    return optimizer_name(optimizer)
+    name = optimizer_name(optimizer)
+    if name == type(optimizer).__name__.lower() and isinstance(optimizer, FusedOptimizerMixin):
+        return optimizer._algorithm
+    return name
 
 
 def _params(optimizer) -> list[torch.Tensor]:
@@ -107,7 +110,7 @@ def _layout(optimizer) -> list:
 
 
 def _hash(layout: list) -> str:
-    return f"{zlib.crc32(json.dumps(layout).encode()):08x}"
+    return _C.checkpoint_layout_hash(json.dumps(layout, separators=(",", ":")))
 
 
 def _fused_window(optimizer, writer: _Writer) -> dict | None:
@@ -162,6 +165,9 @@ def save_checkpoint(optimizer: torch.optim.Optimizer, path: str | os.PathLike, *
         "scheduler": None if scheduler is None else writer.value("scheduler", scheduler.state_dict()),
         "model": None if model is None else [writer.add(f"model.{k}", v)["tensor"]
                                              for k, v in model.state_dict().items()],
+        # Without a model the optimizer's params travel in the file, as the C++ Optimizer's (which owns them) do.
+        "params": None if model is not None else [writer.add(f"param.{i}", p)["tensor"]
+                                                  for i, p in enumerate(_params(optimizer))],
         "extra": writer.value("extra", extra or {}),
     }
     # Widest dtype first (as safetensors' own writer does): each tensor then starts at a multiple of its
@@ -214,11 +220,16 @@ def load_checkpoint(optimizer: torch.optim.Optimizer, path: str | os.PathLike, *
     if meta["algorithm"] != _optimizer_name(inner):
         raise ValueError(f"{where}: a checkpoint of {meta['optimizer_class']} ({meta['algorithm']}); this optimizer "
                          f"is {type(inner).__name__} ({_optimizer_name(inner)})")
-    _check_layout(where, meta["layout"], _layout(optimizer))
+    # The C++ Optimizer (fusedopt::Optimizer<>) knows element counts, not torch's shapes.
+    _check_layout(where, meta["layout"], _layout(optimizer),
+                  by_numel=meta["optimizer_class"].startswith("fusedopt::Optimizer<"))
     state_dict = {"state": {int(i): {k: _decode(v, ckpt.tensors).clone() if isinstance(v, dict) and "tensor" in v
                                      else _decode(v, ckpt.tensors) for k, v in s.items()}
                             for i, s in meta["state"].items()},
                   "param_groups": ckpt.get("param_groups")}
+    saved_params = None
+    if model is None and meta.get("params") is not None:
+        saved_params = [ckpt.tensors[name] for name in meta["params"]]
     model_state = None
     if model is not None:
         if meta["model"] is None:
@@ -235,6 +246,10 @@ def load_checkpoint(optimizer: torch.optim.Optimizer, path: str | os.PathLike, *
     # are then the truth for the params it just wrote (see FusedOptimizerMixin.load_state_dict).
     if model_state is not None:
         model.load_state_dict(model_state)
+    if saved_params is not None:
+        with torch.no_grad():
+            for p, saved in zip(_params(optimizer), saved_params):
+                p.copy_(saved.view(p.shape))
     optimizer.load_state_dict(state_dict)
     if window is not None and isinstance(inner, FusedOptimizerMixin):
         params = _params(inner)
@@ -249,12 +264,14 @@ def load_checkpoint(optimizer: torch.optim.Optimizer, path: str | os.PathLike, *
     return ckpt.get("extra")
 
 
-def _check_layout(where: str, saved: list, here: list) -> None:
+def _check_layout(where: str, saved: list, here: list, by_numel: bool = False) -> None:
     (saved_groups, saved_params), (groups, params) = saved, here
     if saved_groups != groups:
         raise ValueError(f"{where}: the checkpoint's optimizer has param groups of {saved_groups} params; this one "
                          f"has {groups}")
     for i, (a, b) in enumerate(zip(saved_params, params)):
+        if by_numel and a[1] == b[1] and math.prod(a[0]) == math.prod(b[0]):
+            continue
         if a != b:
             raise ValueError(f"{where}: parameter {i} is {a[1]} of shape {tuple(a[0])} in the checkpoint, {b[1]} of "
                              f"shape {tuple(b[0])} here")

@@ -5,6 +5,7 @@
 //                       coefficients its math body reads (src/math/scalars.h)
 //   kName, kStepName    "lion" (CLI, Python) and "LionStep" (error messages)
 //   kStates             torch's state_dict key of each Segment::state slot
+//   kCountsSteps        optional, false where torch's state has no "step" (CountsSteps<A>())
 //   kFields             every Hyper field with its name, for the bindings
 //   RequiredStates(h)   which state slots the hyper-parameters need (bit i: state[i])
 //   InitialState(h, k)  the value a fresh state slot k starts from
@@ -196,6 +197,18 @@ template <class A>
 concept HasScalarStates = requires {
   A::kScalarStates;
 };
+
+// Whether torch's state of A keeps a per-param step count ("step"): all but SGD, Lion and LARS,
+// whose descriptors say kCountsSteps = false (their updates read only whether a momentum buffer is
+// new). Checkpoints save and restore the count where it exists.
+template <class A>
+constexpr bool CountsSteps() {
+  if constexpr (requires { A::kCountsSteps; }) {
+    return A::kCountsSteps;
+  } else {
+    return true;
+  }
+}
 
 // How many Segment::scalars entries A keeps (0 for most).
 template <class A>

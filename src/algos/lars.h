@@ -21,6 +21,8 @@ struct Lars {
   using Scalars = LarsScalars;
   static constexpr const char* kName = "lars";
   static constexpr const char* kStepName = "LarsStep";
+  // torch's state keeps no step count for it, nor do checkpoints (descriptor.h: CountsSteps).
+  static constexpr bool kCountsSteps = false;
   static constexpr StateNames kStates = {"momentum_buffer", "", ""};
   static constexpr auto kFields =
       Fields(Field{"lr", &Hyper::lr}, Field{"momentum", &Hyper::momentum},

@@ -15,6 +15,8 @@ struct Lion {
   using Scalars = LionScalars;
   static constexpr const char* kName = "lion";
   static constexpr const char* kStepName = "LionStep";
+  // torch's state keeps no step count for it, nor do checkpoints (descriptor.h: CountsSteps).
+  static constexpr bool kCountsSteps = false;
   static constexpr StateNames kStates = {"exp_avg", "", ""};
   static constexpr auto kFields =
       Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1}, Field{"beta2", &Hyper::beta2},

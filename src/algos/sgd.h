@@ -15,6 +15,8 @@ struct Sgd {
   using Scalars = SgdScalars;
   static constexpr const char* kName = "sgd";
   static constexpr const char* kStepName = "SgdStep";
+  // torch's state keeps no step count for it, nor do checkpoints (descriptor.h: CountsSteps).
+  static constexpr bool kCountsSteps = false;
   static constexpr StateNames kStates = {"momentum_buffer", "", ""};
   static constexpr auto kFields =
       Fields(Field{"lr", &Hyper::lr}, Field{"momentum", &Hyper::momentum},

@@ -523,4 +523,8 @@ CheckpointFile ReadCheckpointFile(const std::string& path, std::size_t max_heade
   return Reader(path).Read(max_header_bytes);
 }
 
+std::string LayoutHash(std::string_view layout_json) {
+  return Hex(XXH3_64bits(layout_json.data(), layout_json.size()));
+}
+
 }  // namespace fusedopt

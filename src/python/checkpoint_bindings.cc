@@ -105,6 +105,8 @@ void BindCheckpoint(py::module_& m) {
       py::arg("path"), py::arg("max_header_bytes") = kMaxCheckpointHeaderBytes,
       "Reads and verifies a checkpoint file (format, offsets, checksum); ValueError says what is "
       "wrong.");
+  m.def("checkpoint_layout_hash", &LayoutHash, py::arg("layout_json"),
+        "The metadata's layout_hash: XXH3-64 of the layout record's compact JSON, 16 hex digits.");
 }
 
 }  // namespace fusedopt

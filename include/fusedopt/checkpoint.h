@@ -1,0 +1,46 @@
+// Checkpoints of the core Optimizer: everything a run needs to continue bit for bit — params,
+// states, f32 masters, step counts, hyper-parameters, the accumulation window and the loss
+// scaler's state — in one checkpoint file (fusedopt/checkpoint_file.h: checksummed, written
+// durably), with the names and the metadata record that fusedopt.save_checkpoint writes
+// (docs/checkpoints.md): state.<i>.<torch's state key>, state.<i>.step, state.<i>.master_param,
+// accumulator.<i>, and param.<i> for the params this optimizer owns.
+//
+//   fusedopt::SaveCheckpoint(opt, "ckpt/step-100.safetensors", &scaler, {{"updates", 100}});
+//   ...
+//   fusedopt::CheckpointCounters c = fusedopt::LoadCheckpoint(opt, "ckpt/step-100.safetensors",
+//                                                            &scaler);
+//
+// LoadCheckpoint checks everything before it changes anything: a file that does not verify, of
+// another algorithm or layout (group sizes, numel and dtype of each tensor), or without a part
+// asked for throws CheckpointError saying what differs, and the optimizer and scaler are as they
+// were. The hyper-parameters come from the file, as torch's load_state_dict restores its
+// param_groups; the storage options (dtypes, master copies, accumulation_steps, stochastic
+// rounding) are the optimizer's own: saved states of another float dtype are converted.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "fusedopt/checkpoint_file.h"
+#include "fusedopt/optimizer.h"
+#include "fusedopt/scaler.h"
+
+namespace fusedopt {
+
+// A training loop's counters, saved beside the optimizer (Python's `extra`), e.g. {"updates", 100}.
+using CheckpointCounters = std::map<std::string, std::int64_t>;
+
+// Writes the optimizer (and the scaler's scale and growth tracker, when given) to `path`. A
+// failed write throws std::system_error and leaves the previous file at `path` whole.
+template <class Hyper>
+void SaveCheckpoint(const Optimizer<Hyper>& optimizer, const std::string& path,
+                    const LossScaler* scaler = nullptr, const CheckpointCounters& counters = {});
+
+// Restores a SaveCheckpoint file into `optimizer` (and `scaler`, when given: the file must hold
+// one); returns the counters it was saved with.
+template <class Hyper>
+CheckpointCounters LoadCheckpoint(Optimizer<Hyper>& optimizer, const std::string& path,
+                                  LossScaler* scaler = nullptr);
+
+}  // namespace fusedopt

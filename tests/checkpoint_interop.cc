@@ -1,0 +1,98 @@
+// One leg of tests/python/test_checkpoint_interop.py: a core Optimizer run that starts fresh or
+// from a checkpoint (any writer's: this program's or fusedopt.save_checkpoint's), takes
+// micro-batches of known gradients and saves a checkpoint.
+//
+//   checkpoint_interop ALGO f32|bf16 MICRO_BATCHES OUT [IN]
+//
+// Tensors: 300 elements and a 12 × 10 matrix in group 0, 7 elements in group 1 (half the lr);
+// params, with momentum 0.9 and weight_decay 0.01 where the algorithm has them. bf16: bf16 params
+// and grads, f32 master copies and states (the Python classes' policy with master_weights).
+// Micro-batch k's gradient element i of a tensor at flat offset o is Value(1000 + k, o + i) (the
+// test computes the same values); the file's counter "micro_batches" says how many came before.
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fusedopt/checkpoint.h"
+#include "src/algos/registry.h"
+
+namespace fusedopt {
+namespace {
+
+// A value in [-1, 1) from (seed, i): splitmix64's finalizer.
+float Value(unsigned seed, std::size_t i) {
+  std::uint64_t z = (std::uint64_t{seed} << 32) + i + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<double>(z >> 40) / double(1 << 23) - 1.0);
+}
+
+template <class Hyper>
+int Run(bool bf16, int micro_batches, const std::string& out, const char* in) {
+  Hyper h;
+  if constexpr (requires { h.momentum; }) h.momentum = 0.9;
+  if constexpr (requires { h.weight_decay; }) h.weight_decay = 0.01;
+  Hyper h1 = h;
+  h1.lr = h.lr * 0.5;
+  TensorSpec matrix{.numel = 120};
+  if constexpr (std::is_same_v<Hyper, AdampHyper>) matrix.rows = 12;
+  if constexpr (std::is_same_v<Hyper, AdafactorHyper>) matrix.rows = 12, matrix.cols = 10;
+  StorageOptions storage;
+  if (bf16) {
+    storage = {.param_dtype = DType::kBF16, .grad_dtype = DType::kBF16, .master_weights = true};
+  }
+  Optimizer<Hyper> opt({h, h1}, {{.numel = 300}, matrix, {.numel = 7, .group = 1}}, storage);
+  std::int64_t done = 0;
+  if (in != nullptr) {
+    done = LoadCheckpoint(opt, in).at("micro_batches");
+  } else {
+    for (const Segment& s : opt.storage().segments()) {
+      for (std::size_t i = 0; i < s.numel; ++i) {
+        StoreFromF32(s.param, s.param_dtype, i, Value(1, s.global_offset + i));
+      }
+    }
+  }
+  for (int k = 0; k < micro_batches; ++k, ++done) {
+    for (const Segment& s : opt.storage().segments()) {
+      for (std::size_t i = 0; i < s.numel; ++i) {
+        StoreFromF32(const_cast<void*>(s.grad), s.grad_dtype, i,
+                     Value(1000 + static_cast<unsigned>(done), s.global_offset + i));
+      }
+    }
+    opt.Step();
+  }
+  SaveCheckpoint(opt, out, nullptr, {{"micro_batches", done}});
+  return 0;
+}
+
+}  // namespace
+}  // namespace fusedopt
+
+int main(int argc, char** argv) {
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: %s ALGO f32|bf16 MICRO_BATCHES OUT [IN]\n", argv[0]);
+    return 2;
+  }
+  const std::string algo = argv[1];
+  try {
+    int rc = 2;
+    bool found = false;
+    fusedopt::algos::All::ForEach([&](auto d) {
+      using D = typename decltype(d)::type;
+      if (algo != D::kName) return;
+      found = true;
+      rc = fusedopt::Run<typename D::Hyper>(std::string(argv[2]) == "bf16", std::stoi(argv[3]),
+                                            argv[4], argc == 6 ? argv[5] : nullptr);
+    });
+    if (!found) std::fprintf(stderr, "unknown algorithm %s\n", algo.c_str());
+    return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "checkpoint_interop: %s\n", e.what());
+    return 1;
+  }
+}

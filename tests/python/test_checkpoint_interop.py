@@ -1,0 +1,97 @@
+"""A run that moves between C++ and Python through checkpoints continues bit for bit.
+
+The C++ legs are tests/checkpoint_interop.cc (a fusedopt::Optimizer<> that owns its params): C++ trains 2
+micro-batches and saves; Python loads that file into the fused class (params included), trains 2 more and saves;
+C++ loads the Python file, trains 2 more and saves. Every param and state tensor of the last file equals those
+of one C++ run of 6 micro-batches, bit for bit, and Python's state after its leg equals C++'s after 4. The
+gradients are the same values on both sides (the C++ program's hash, computed here with numpy)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import fusedopt
+import numpy as np
+import pytest
+from fusedopt import _C
+
+import torch
+
+INTEROP = Path(_C.__file__).resolve().parents[2] / "bin" / "checkpoint_interop"
+SHAPES = [(300,), (12, 10), (7,)]  # groups: the first two, then the last (the C++ program's tensors)
+
+CLASSES = {"adamw": fusedopt.FusedAdamW, "sgd": fusedopt.FusedSGD, "nadam": fusedopt.FusedNAdam,
+           "lion": fusedopt.FusedLion, "adafactor": fusedopt.FusedAdafactor, "asgd": fusedopt.FusedASGD,
+           "rprop": fusedopt.FusedRprop, "adamp": fusedopt.FusedAdamP, "lamb": fusedopt.FusedLAMB,
+           "bert_adam": fusedopt.FusedBertAdam}
+
+
+def value(seed: int, index: np.ndarray) -> np.ndarray:
+    """checkpoint_interop.cc's Value(seed, i): splitmix64's finalizer, to [-1, 1) in double, then f32."""
+    with np.errstate(over="ignore"):
+        z = (np.uint64(seed) << np.uint64(32)) + index.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return ((z >> np.uint64(40)).astype(np.float64) / float(1 << 23) - 1.0).astype(np.float32)
+
+
+def cpp(*args) -> None:
+    assert INTEROP.exists(), f"{INTEROP} is built with the release build (scripts/build)"
+    done = subprocess.run([str(INTEROP), *map(str, args)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def tensors(path) -> dict[str, torch.Tensor]:
+    return fusedopt.read_checkpoint(path).tensors
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+@pytest.mark.parametrize("algo", sorted(CLASSES))
+def test_cpp_python_cpp_equals_one_cpp_run(tmp_path, algo, precision):
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    cpp(algo, precision, 6, tmp_path / "whole.safetensors")
+    cpp(algo, precision, 2, tmp_path / "a.safetensors")
+    cpp(algo, precision, 4, tmp_path / "four.safetensors")
+
+    # Python: other initial params and hyper-parameters; the file restores both.
+    params = [torch.nn.Parameter(torch.full(s, 0.5, dtype=dtype)) for s in SHAPES]
+    kw = {"master_weights": True} if precision == "bf16" else {}
+    if algo == "lamb":  # apex's global clipping: the C++ Optimizer clips only when Step() is told to
+        kw["max_grad_norm"] = float("inf")
+    opt = CLASSES[algo]([{"params": params[:2]}, {"params": params[2:]}], lr=0.123, **kw)
+    extra = fusedopt.load_checkpoint(opt, tmp_path / "a.safetensors")
+    offsets = np.cumsum([0] + [int(np.prod(s)) for s in SHAPES])
+    for k in range(extra["micro_batches"], extra["micro_batches"] + 2):
+        for p, s, o in zip(params, SHAPES, offsets):
+            p.grad = torch.from_numpy(value(1000 + k, np.arange(o, o + int(np.prod(s))))).view(s).to(dtype)
+        opt.step()
+    fusedopt.save_checkpoint(opt, tmp_path / "b.safetensors", extra={"micro_batches": 4})
+    cpp(algo, precision, 2, tmp_path / "c.safetensors", tmp_path / "b.safetensors")
+
+    four, python = tensors(tmp_path / "four.safetensors"), tensors(tmp_path / "b.safetensors")
+    for name, t in four.items():
+        if name.startswith("param.") or name.endswith(("exp_avg", "exp_avg_sq", "master_param", "momentum_buffer",
+                                                       "row_var", "col_var", "variance", "mu_product", "eta", "mu",
+                                                       "ax", "prev", "step_size")):
+            assert name in python, f"{name} missing from Python's checkpoint"
+            assert torch.equal(bits(python[name]), bits(t)), name
+    whole, resumed = tensors(tmp_path / "whole.safetensors"), tensors(tmp_path / "c.safetensors")
+    assert whole.keys() == resumed.keys()
+    for name, t in whole.items():
+        assert torch.equal(bits(resumed[name]), bits(t)), name
+
+
+def test_a_python_checkpoint_with_a_model_is_refused_by_the_cpp_optimizer(tmp_path):
+    """The C++ Optimizer owns its params; a file whose params are a model's says so."""
+    model = torch.nn.Linear(3, 2)
+    fusedopt.save_checkpoint(fusedopt.FusedAdamW(model.parameters()), tmp_path / "m.safetensors", model=model)
+    done = subprocess.run([str(INTEROP), "adamw", "f32", "1", tmp_path / "x.safetensors", tmp_path / "m.safetensors"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "groups of [2] params; this one has [2,1]" in done.stderr or "holds no params" in done.stderr, done.stderr
