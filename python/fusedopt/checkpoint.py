@@ -226,7 +226,10 @@ def load_checkpoint(optimizer: torch.optim.Optimizer, path: str | os.PathLike, *
     state_dict = {"state": {int(i): {k: _decode(v, ckpt.tensors).clone() if isinstance(v, dict) and "tensor" in v
                                      else _decode(v, ckpt.tensors) for k, v in s.items()}
                             for i, s in meta["state"].items()},
-                  "param_groups": ckpt.get("param_groups")}
+                  # A key the file lacks (a C++ writer knows the algorithm's hyper-parameters, not torch's
+                  # implementation flags such as foreach) keeps this optimizer's value.
+                  "param_groups": [{**{k: v for k, v in here.items() if k != "params"}, **saved}
+                                   for here, saved in zip(optimizer.param_groups, ckpt.get("param_groups"))]}
     saved_params = None
     if model is None and meta.get("params") is not None:
         saved_params = [ckpt.tensors[name] for name in meta["params"]]

@@ -5,14 +5,15 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <torch/nn/utils/clip_grad.h>
-#include <torch/serialize.h>
 
 #include <cmath>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "fusedopt/pt/checkpoint.h"
 #include "fusedopt/pt/training.h"
+#include "src/torch/checkpoint_dir.h"
 
 namespace fusedopt::pt {
 namespace {
@@ -80,15 +81,26 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, Forward forward, Loss
     Reject("max_grad_norm", options_.max_grad_norm, "must be >= 0; inf: no clipping");
   }
   if (options_.checkpoint_every < 0 ||
-      (options_.checkpoint_every > 0 && options_.checkpoint_path.empty())) {
+      (options_.checkpoint_every > 0 && options_.checkpoint_dir.empty())) {
     Reject("checkpoint_every", options_.checkpoint_every,
-           "must be >= 0, and > 0 only with a checkpoint_path");
+           "must be >= 0, and > 0 only with a checkpoint_dir");
+  }
+  if (options_.keep_last < 0) Reject("keep_last", options_.keep_last, "must be >= 0; 0: keep all");
+  if (options_.resume && options_.checkpoint_dir.empty()) {
+    throw std::invalid_argument("fusedopt::pt::Trainer: resume needs a checkpoint_dir");
   }
   if (options_.autocast_dtype.has_value() && *options_.autocast_dtype != c10::kBFloat16 &&
       *options_.autocast_dtype != c10::kHalf) {
     throw std::invalid_argument(std::string("fusedopt::pt::Trainer: invalid autocast_dtype ") +
                                 c10::toString(*options_.autocast_dtype) +
                                 " (CPU autocast takes bfloat16 or float16)");
+  }
+  if (!options_.checkpoint_dir.empty()) detail::PrepareCheckpointDir(options_.checkpoint_dir);
+  if (options_.resume) {
+    if (auto latest = detail::LatestCheckpoint(options_.checkpoint_dir, &skipped_)) {
+      LoadCheckpoint(*latest);
+      resumed_from_ = *latest;
+    }
   }
 }
 
@@ -132,7 +144,8 @@ UpdateStats Trainer::Step(const DataSource& next, bool warmup) {
 
   if (options_.checkpoint_every > 0 && updates_ % options_.checkpoint_every == 0) {
     auto span = Timeline::Span(timeline, pid, "checkpoint", t);
-    SaveCheckpoint(options_.checkpoint_path);
+    SaveCheckpoint(detail::CheckpointName(options_.checkpoint_dir, micro_batches()));
+    detail::DropOldCheckpoints(options_.checkpoint_dir, options_.keep_last);
   }
   return stats;
 }
@@ -193,39 +206,17 @@ std::vector<UpdateStats> Trainer::Train(const DataSource& next, std::int64_t upd
 }
 
 void Trainer::SaveCheckpoint(const std::string& path) const {
-  torch::serialize::OutputArchive archive;
-  torch::serialize::OutputArchive model_archive;
-  model_->save(model_archive);
-  archive.write("model", model_archive);
-  torch::serialize::OutputArchive optimizer_archive;
-  optimizer_.save(optimizer_archive);
-  archive.write("optimizer", optimizer_archive);
-  archive.write("updates", torch::tensor(updates_));
-  if (options_.scaler != nullptr) {
-    archive.write("scaler_scale", torch::tensor(options_.scaler->scale()));
-    archive.write("scaler_growth_tracker", torch::tensor(options_.scaler->growth_tracker()));
-  }
-  archive.save_to(path);
+  pt::SaveCheckpoint(optimizer_, path,
+                     {.model = model_.get(),
+                      .scaler = options_.scaler,
+                      .counters = {{"updates", updates_}, {"step", micro_batches()}}});
 }
 
 void Trainer::LoadCheckpoint(const std::string& path) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(path);
-  torch::serialize::InputArchive model_archive;
-  archive.read("model", model_archive);
-  model_->load(model_archive);
-  torch::serialize::InputArchive optimizer_archive;
-  archive.read("optimizer", optimizer_archive);
-  optimizer_.load(optimizer_archive);
-  torch::Tensor updates;
-  archive.read("updates", updates);
-  updates_ = updates.item<std::int64_t>();
-  if (options_.scaler != nullptr) {
-    torch::Tensor scale, tracker;
-    archive.read("scaler_scale", scale);
-    archive.read("scaler_growth_tracker", tracker);
-    options_.scaler->Restore(scale.item<float>(), tracker.item<std::int64_t>());
-  }
+  const CheckpointCounters counters =
+      pt::LoadCheckpoint(optimizer_, path, {.model = model_.get(), .scaler = options_.scaler});
+  const auto updates = counters.find("updates");
+  updates_ = updates != counters.end() ? updates->second : 0;
 }
 
 }  // namespace fusedopt::pt

@@ -9,6 +9,7 @@
 #include <functional>
 #include <vector>
 
+#include "fusedopt/checkpoint.h"
 #include "fusedopt/distributed.h"
 #include "fusedopt/hyper.h"
 #include "fusedopt/optimizer.h"

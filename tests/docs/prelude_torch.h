@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "fusedopt/pt/checkpoint.h"
 #include "fusedopt/pt/optim.h"
 #include "fusedopt/pt/trainer.h"
 #include "fusedopt/pt/training.h"

@@ -95,3 +95,45 @@ def test_a_python_checkpoint_with_a_model_is_refused_by_the_cpp_optimizer(tmp_pa
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "groups of [2] params; this one has [2,1]" in done.stderr or "holds no params" in done.stderr, done.stderr
+
+
+FUSEDOPT = INTEROP.parent / "fusedopt"
+TINY = ["train", "--model", "mobilenet_v1", "--image-size", "8", "--num-classes", "10", "--batch-size", "2",
+        "--warmup", "0", "--steps", "4", "--optimizer", "adamw", "--accumulation-steps", "2", "--threads", "1"]
+
+
+def fusedopt_cli(*args) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(FUSEDOPT), *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_fusedopt_train_resumes_bit_for_bit_and_python_reads_its_checkpoints(tmp_path):
+    """`fusedopt train --checkpoint-dir --checkpoint-every --resume`: a run resumed from its checkpoint at update 2
+    (a damaged newer one skipped) ends where the uninterrupted run ends, bit for bit; fusedopt.read_checkpoint reads
+    the files and load_checkpoint takes their optimizer state into the Python twin."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    fusedopt_cli(*TINY, "--checkpoint-dir", whole, "--checkpoint-every", 2, "--quiet")
+    assert sorted(p.name for p in whole.iterdir()) == ["step-00000004.safetensors", "step-00000008.safetensors"]
+    resumed.mkdir()
+    (resumed / "step-00000004.safetensors").write_bytes((whole / "step-00000004.safetensors").read_bytes())
+    (resumed / "step-00000006.safetensors").write_bytes(b"not a checkpoint")
+    done = fusedopt_cli(*TINY, "--checkpoint-dir", resumed, "--checkpoint-every", 2, "--resume")
+    assert "skipping checkpoint" in done.stderr and "step-00000006.safetensors" in done.stderr
+    assert f"resuming from {resumed / 'step-00000004.safetensors'} (update 2)" in done.stderr
+    a, b = tensors(whole / "step-00000008.safetensors"), tensors(resumed / "step-00000008.safetensors")
+    assert a.keys() == b.keys() and any(k.startswith("model.") for k in a)
+    for name, t in a.items():
+        assert torch.equal(bits(b[name]), bits(t)), name
+    ckpt = fusedopt.read_checkpoint(whole / "step-00000008.safetensors")
+    assert (ckpt.meta["algorithm"], ckpt.meta["optimizer_class"]) == ("adamw", "fusedopt::pt::AdamW")
+    assert ckpt.get("extra") == {"updates": 4, "step": 8}
+    # The optimizer part in Python: params of the model's shapes, in its order.
+    shapes = [tuple(s) for s, _ in ckpt.meta["layout"][1]]
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    opt = fusedopt.FusedAdamW(params)
+    fusedopt.load_checkpoint(opt, whole / "step-00000008.safetensors")
+    state = opt.state_dict()["state"]
+    for i in range(len(params)):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(state[i][key], ckpt.tensors[f"state.{i}.{key}"]), (i, key)

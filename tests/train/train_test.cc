@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 #include <torch/nn/utils/convert_parameters.h>
 #include <torch/optim/sgd.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -17,6 +19,8 @@
 #include <sstream>
 #include <string>
 
+#include "fusedopt/checkpoint_file.h"
+#include "fusedopt/pt/checkpoint.h"
 #include "fusedopt/pt/optim.h"
 #include "fusedopt/pt/trainer.h"
 #include "tools/train/models.h"
@@ -211,35 +215,108 @@ TEST(Trainer, LossScalingSkipsOverflowingSteps) {
   }
 }
 
+// Checkpoints every 2 updates into a folder (keep_last 2), a killed run's temporary file, a newest
+// checkpoint that is damaged: resume skips it, says so, continues from the one before, and ends
+// bit for bit where the uninterrupted run ends.
 TEST(Trainer, CheckpointResumesBitExactly) {
   const TrainOptions tiny = Tiny("transformer_small", "sgd");
   const Batches batches(tiny.model, tiny.data);
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "fusedopt_trainer_test.pt").string();
-  // Uninterrupted: 5 updates.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("fusedopt_trainer_test_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  // Uninterrupted: 6 updates.
   Subject a = MakeSgd(true);
   pt::Trainer ta(a.model.module, a.model.forward, a.model.loss, *a.optimizer);
   std::int64_t next_a = 0;
-  ta.Train([&] { return batches.Get(next_a++); }, 5);
-  // Interrupted: 3 updates, checkpoint, a fresh model and optimizer, load, 2 more.
+  ta.Train([&] { return batches.Get(next_a++); }, 6);
+  // Checkpoints at 2, 4 and 6 (the one at 2 pruned), the newest damaged.
   Subject b = MakeSgd(true);
-  pt::Trainer tb(b.model.module, b.model.forward, b.model.loss, *b.optimizer,
-                 {.checkpoint_path = path, .checkpoint_every = 3});
+  const pt::TrainerOptions options{
+      .checkpoint_dir = dir.string(), .checkpoint_every = 2, .keep_last = 2};
+  pt::Trainer tb(b.model.module, b.model.forward, b.model.loss, *b.optimizer, options);
   std::int64_t next_b = 0;
-  tb.Train([&] { return batches.Get(next_b++); }, 3);
-  ASSERT_TRUE(std::filesystem::exists(path));
+  tb.Train([&] { return batches.Get(next_b++); }, 5);
+  ASSERT_TRUE(std::filesystem::exists(dir / "step-00000004.safetensors"));
+  ASSERT_TRUE(std::filesystem::exists(dir / "step-00000002.safetensors"));
+  tb.Train([&] { return batches.Get(next_b++); }, 1);  // a third checkpoint prunes the first
+  EXPECT_FALSE(std::filesystem::exists(dir / "step-00000002.safetensors"));
+  std::filesystem::resize_file(dir / "step-00000006.safetensors", 100);
+  std::ofstream(dir / ".step-00000008.safetensors.tmp.123.0") << "killed";
+
   Subject c = MakeSgd(true);
-  pt::Trainer tc(c.model.module, c.model.forward, c.model.loss, *c.optimizer);
-  tc.LoadCheckpoint(path);
-  EXPECT_EQ(tc.updates(), 3);
-  tc.Train([&] { return batches.Get(next_b++); }, 2);
+  pt::TrainerOptions resume = options;
+  resume.resume = true;
+  pt::Trainer tc(c.model.module, c.model.forward, c.model.loss, *c.optimizer, resume);
+  EXPECT_EQ(tc.resumed_from(), (dir / "step-00000004.safetensors").string());
+  ASSERT_EQ(tc.skipped_checkpoints().size(), 1u);
+  EXPECT_NE(tc.skipped_checkpoints()[0].find("step-00000006.safetensors"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir / ".step-00000008.safetensors.tmp.123.0"));
+  EXPECT_EQ(tc.updates(), 4);
+  std::int64_t next_c = tc.micro_batches();
+  tc.Train([&] { return batches.Get(next_c++); }, 2);
   EXPECT_TRUE(torch::equal(Flat(a.model), Flat(c.model)));
   const auto buffers_a = a.model.module->named_buffers();
   const auto buffers_c = c.model.module->named_buffers();
   for (const auto& item : buffers_a) {
     EXPECT_TRUE(torch::equal(item.value(), buffers_c[item.key()])) << item.key();
   }
-  std::filesystem::remove(path);
+  // torch::optim::SGD, the fused class's twin, loads the same file; AdamW refuses it, unchanged.
+  const std::string four = (dir / "step-00000004.safetensors").string();
+  Subject d = MakeSgd(false);
+  pt::Trainer td(d.model.module, d.model.forward, d.model.loss, *d.optimizer);
+  td.LoadCheckpoint(four);
+  EXPECT_EQ(td.updates(), 4);
+  Subject e = MakeSgd(true);
+  pt::AdamW adamw(e.model.module->parameters());
+  pt::Trainer te(e.model.module, e.model.forward, e.model.loss, adamw);
+  const torch::Tensor before = Flat(e.model).clone();
+  try {
+    te.LoadCheckpoint(four);
+    ADD_FAILURE() << "an SGD checkpoint loaded into AdamW";
+  } catch (const CheckpointError& error) {
+    EXPECT_NE(std::string(error.what()).find("\"sgd\"); this optimizer is fusedopt::pt::AdamW"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_TRUE(torch::equal(before, Flat(e.model)));
+  EXPECT_TRUE(adamw.state().empty());
+  std::filesystem::remove_all(dir);
+}
+
+// A file fusedopt.save_checkpoint wrote (Python's FusedAdamW over Linear(3, 2) after one step)
+// loads into fusedopt::pt::AdamW and libtorch's Linear: every tensor, the step and the group.
+TEST(Trainer, LoadsACheckpointThatPythonWrote) {
+  torch::nn::Linear model(3, 2);
+  pt::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(0.5));
+  const CheckpointCounters counters =
+      pt::LoadCheckpoint(optimizer, FOPT_PYTHON_CHECKPOINT, {.model = model.get()});
+  EXPECT_EQ(counters, (CheckpointCounters{{"step", 1}}));
+  const auto& options = static_cast<torch::optim::AdamWOptions&>(optimizer.defaults());
+  EXPECT_EQ(options.lr(), 0.5);  // the defaults are not a group's
+  const auto& group =
+      static_cast<torch::optim::AdamWOptions&>(optimizer.param_groups()[0].options());
+  EXPECT_EQ(group.lr(), 1e-3);
+  EXPECT_EQ(group.weight_decay(), 1e-2);
+  const CheckpointFile file = ReadCheckpointFile(FOPT_PYTHON_CHECKPOINT);
+  const auto same = [&](const torch::Tensor& t, const std::string& name) {
+    for (const CheckpointEntry& e : file.tensors) {
+      if (e.name == name) {
+        return e.nbytes == t.nbytes() &&
+               std::memcmp(file.data.data() + e.offset, t.data_ptr(), e.nbytes) == 0;
+      }
+    }
+    return false;
+  };
+  EXPECT_TRUE(same(model->weight, "model.weight"));
+  EXPECT_TRUE(same(model->bias, "model.bias"));
+  const auto params = model->parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& state = static_cast<torch::optim::AdamWParamState&>(
+        *optimizer.state().at(params[i].unsafeGetTensorImpl()));
+    EXPECT_EQ(state.step(), 1);
+    EXPECT_TRUE(same(state.exp_avg(), "state." + std::to_string(i) + ".exp_avg")) << i;
+    EXPECT_TRUE(same(state.exp_avg_sq(), "state." + std::to_string(i) + ".exp_avg_sq")) << i;
+  }
 }
 
 TEST(Trainer, RejectsBadOptions) {
@@ -258,6 +335,8 @@ TEST(Trainer, RejectsBadOptions) {
   expect_named({.accumulation_steps = 0}, "accumulation_steps 0");
   expect_named({.max_grad_norm = -1.0}, "max_grad_norm -1");
   expect_named({.checkpoint_every = 2}, "checkpoint_every 2");
+  expect_named({.keep_last = -1}, "keep_last -1");
+  expect_named({.resume = true}, "resume needs a checkpoint_dir");
   expect_named({.autocast_dtype = c10::kDouble}, "autocast_dtype Double");
 }
 

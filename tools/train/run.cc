@@ -240,6 +240,16 @@ void Validate(const TrainOptions& o) {
   };
   hyper("--lr", o.lr);
   hyper("--weight-decay", o.weight_decay);
+  if ((!o.checkpoint_dir.empty() || o.resume) && o.impls.size() != 1) {
+    bad("--checkpoint-dir", o.checkpoint_dir, "takes one --impl, not --compare");
+  }
+  if (o.checkpoint_every < 0)
+    bad("--checkpoint-every", std::to_string(o.checkpoint_every), "must be >= 0");
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) {
+    bad("--checkpoint-every", std::to_string(o.checkpoint_every), "needs --checkpoint-dir");
+  }
+  if (o.resume && o.checkpoint_dir.empty()) bad("--resume", "", "needs --checkpoint-dir");
+  if (o.keep_last < 0) bad("--keep-last", std::to_string(o.keep_last), "must be >= 0; 0: keep all");
 }
 
 // A one-line bar on a terminal; on a pipe, a line every 10 %.
@@ -416,14 +426,34 @@ nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::
     if (options.dtype == "bf16") trainer_options.autocast_dtype = c10::kBFloat16;
     trainer_options.timeline = trace;
     trainer_options.timeline_pid = trace != nullptr ? timeline.AddProcess(impl, run.label) : 1;
+    trainer_options.checkpoint_dir = options.checkpoint_dir;
+    trainer_options.checkpoint_every = options.checkpoint_every;
+    trainer_options.keep_last = options.keep_last;
+    trainer_options.resume = options.resume;
     run.trainer = std::make_unique<pt::Trainer>(run.model.module, run.model.forward, run.model.loss,
                                                 *run.optimizer, trainer_options);
+    for (const std::string& skipped : run.trainer->skipped_checkpoints()) {
+      progress << "skipping checkpoint " << skipped << "\n";
+    }
+    if (!run.trainer->resumed_from().empty()) {
+      progress << "resuming from " << run.trainer->resumed_from() << " (update "
+               << run.trainer->updates() << ")\n";
+    }
+    run.next_batch =
+        run.trainer->micro_batches();  // resumed: the batches an uninterrupted run takes next
     runs.push_back(std::move(run));
   }
 
   const int total = options.warmup + options.steps;
+  const auto start = static_cast<int>(runs[0].trainer->updates());
+  if (start >= total) {
+    throw std::invalid_argument("invalid --resume (" + runs[0].trainer->resumed_from() +
+                                " is at update " + std::to_string(start) +
+                                ": nothing left of --warmup + --steps = " + std::to_string(total) +
+                                ")");
+  }
   Progress bar(progress, options.progress, total);
-  for (int i = 0; i < total; ++i) {
+  for (int i = start; i < total; ++i) {
     // Rotate the order each step: no impl always runs right after the other's memory traffic.
     for (std::size_t k = 0; k < runs.size(); ++k) {
       Run& run = runs[(k + static_cast<std::size_t>(i)) % runs.size()];

@@ -42,6 +42,13 @@ struct TrainOptions {
   std::string trace_path;  // Chrome trace JSON, written (checked, atomically) at the end of a run
   bool progress = true;    // a progress bar on the progress stream
   bool predict = true;     // run the doctor on the torch impl's numbers (with torch and fused)
+  // One impl only: checkpoints every checkpoint_every updates into checkpoint_dir, keeping the
+  // newest keep_last (0: all); resume continues from the newest that verifies (the same batches
+  // follow as in an uninterrupted run, which it matches bit for bit).
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  int keep_last = 0;
+  bool resume = false;
 };
 
 // Trains, prints the table to `out` and progress to `progress`, returns the JSON report:

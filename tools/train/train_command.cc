@@ -117,6 +117,15 @@ Command AddTrainCommand(CLI::App& app) {
   parser->add_option("--chart", values->chart_path, "Draw the per-phase step breakdown (PNG)");
   parser->add_option("--trace", o.trace_path, "Write a Chrome trace-event timeline (JSON) here");
   parser->add_flag("--quiet", values->quiet, "No progress bar");
+  parser->add_option(
+      "--checkpoint-dir", o.checkpoint_dir,
+      "One --impl: write step-NNNNNNNN.safetensors checkpoints here (docs/checkpoints.md)");
+  parser->add_option("--checkpoint-every", o.checkpoint_every, "A checkpoint every N updates")
+      ->type_name("N");
+  parser->add_option("--keep-last", o.keep_last, "Keep the newest K checkpoints (0: all)")
+      ->type_name("K");
+  parser->add_flag("--resume", o.resume,
+                   "Continue from the newest checkpoint in --checkpoint-dir that verifies");
 #ifdef FOPT_CLI_WITH_MPI
   parser->add_flag("--dist", values->dist,
                    "Under mpirun: data-parallel training, each rank on 1/P of every batch, the "
@@ -156,6 +165,11 @@ Command AddTrainCommand(CLI::App& app) {
             throw std::invalid_argument(
                 "--dist reports as text, --json and --trace (not --compare, --markdown or "
                 "--chart)");
+          }
+          if (v.dist && (!options.checkpoint_dir.empty() || options.resume)) {
+            throw std::invalid_argument(
+                "--checkpoint-dir and --resume train one process (not --dist: the C++ "
+                "DistributedOptimizer has no checkpoints yet)");
           }
           std::string json_path = v.json_path;
           if (json_path.empty() && !v.chart_path.empty()) json_path = v.chart_path + ".json";

@@ -58,9 +58,17 @@ struct TrainerOptions {
   LossScaler* scaler = nullptr;  // loss scaling; must outlive the trainer
   // Run forward and loss under CPU autocast to this dtype (kBFloat16 or kHalf); params stay f32.
   std::optional<c10::ScalarType> autocast_dtype = {};
-  // Save a checkpoint (model, optimizer, scaler, update count) every `checkpoint_every` updates.
-  std::string checkpoint_path = {};
+  // Checkpoints (fusedopt/pt/checkpoint.h: model, optimizer, scaler, update count; the format
+  // fusedopt.Trainer writes and reads): every `checkpoint_every` updates, durably to
+  // checkpoint_dir/step-NNNNNNNN.safetensors (NNNNNNNN: micro-batches trained so far), keeping
+  // the newest `keep_last` (0: all). The folder is made and checked writable when the Trainer is
+  // built, and temporary files of killed saves in it are removed.
+  std::string checkpoint_dir = {};
   std::int64_t checkpoint_every = 0;
+  int keep_last = 0;
+  // Continue from the newest checkpoint in checkpoint_dir that verifies, when the Trainer is built
+  // (none: start afresh); resumed_from() and skipped_checkpoints() say what it found.
+  bool resume = false;
   // Record spans (step, data, forward, backward, optimizer, pre_pass, zero_grad, checkpoint) on
   // this process.
   Timeline* timeline = nullptr;
@@ -115,8 +123,10 @@ class Trainer {
   using DataSource = std::function<Batch()>;  // the next micro-batch
 
   // Throws std::invalid_argument naming the option and value for accumulation_steps < 1,
-  // max_grad_norm < 0 or NaN, checkpoint_every < 0 (or > 0 without a path), an autocast dtype
-  // other than bf16/f16, or a null model / forward / loss.
+  // max_grad_norm < 0 or NaN, checkpoint_every < 0 (or > 0 without a checkpoint_dir), keep_last <
+  // 0, resume without a checkpoint_dir, an autocast dtype other than bf16/f16, or a null model /
+  // forward / loss; std::system_error for a checkpoint_dir that cannot be written;
+  // fusedopt::CheckpointError for a resume checkpoint that does not fit.
   Trainer(std::shared_ptr<torch::nn::Module> model, Forward forward, Loss loss,
           torch::optim::Optimizer& optimizer, TrainerOptions options = {});
   // A module holder as libtorch builds them: torch::nn::Sequential, torch::nn::Linear,
@@ -133,12 +143,18 @@ class Trainer {
   std::vector<UpdateStats> Train(const DataSource& next, std::int64_t updates,
                                  const std::function<void(const UpdateStats&)>& on_update = {});
 
-  // Model parameters and buffers, optimizer state, scaler and update count, with torch::save's
-  // archive format. Loading restores them so that training continues bit for bit.
+  // Model parameters and buffers, optimizer state, scaler and update count (counters "updates"
+  // and "step", the micro-batches). Loading restores them so that training continues bit for bit;
+  // a file that does not fit throws fusedopt::CheckpointError and changes nothing.
   void SaveCheckpoint(const std::string& path) const;
   void LoadCheckpoint(const std::string& path);
+  // The checkpoint `resume` loaded (empty: none), and the newer ones it skipped ("path: why").
+  const std::string& resumed_from() const { return resumed_from_; }
+  const std::vector<std::string>& skipped_checkpoints() const { return skipped_; }
 
   std::int64_t updates() const { return updates_; }
+  // Micro-batches trained: updates() · accumulation_steps (where a data source resumes).
+  std::int64_t micro_batches() const { return updates_ * options_.accumulation_steps; }
   // True when the optimizer is a fusedopt::pt one (clipping and unscaling fused into its step).
   bool fused() const { return fused_ != nullptr; }
 
@@ -152,6 +168,8 @@ class Trainer {
   FusedStepOptions* fused_;  // the optimizer's fused side, or null for torch::optim
   TrainerOptions options_;
   std::int64_t updates_ = 0;
+  std::string resumed_from_;
+  std::vector<std::string> skipped_;
 };
 
 }  // namespace fusedopt::pt

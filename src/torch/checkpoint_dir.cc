@@ -1,0 +1,92 @@
+// src/torch/checkpoint_dir.h: the names, the folder check, pruning and the newest file that
+// verifies, as python/fusedopt/trainer.py does them for fusedopt.Trainer.
+
+#include "src/torch/checkpoint_dir.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <stdexcept>
+#include <system_error>
+
+#include "fusedopt/checkpoint_file.h"
+
+namespace fusedopt::pt::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::regex& CheckpointPattern() {
+  static const std::regex pattern(R"(step-(\d{8,})\.safetensors)");
+  return pattern;
+}
+
+}  // namespace
+
+std::string CheckpointName(const std::string& dir, std::int64_t step) {
+  char name[40];
+  std::snprintf(name, sizeof name, "step-%08lld.safetensors", static_cast<long long>(step));
+  return (fs::path(dir) / name).string();
+}
+
+void PrepareCheckpointDir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const fs::path probe = fs::path(dir) / (".fusedopt-write-test." + std::to_string(::getpid()));
+  if (!ec) {
+    std::ofstream out(probe);
+    if (!out) ec = std::error_code(errno != 0 ? errno : EACCES, std::generic_category());
+  }
+  if (ec) {
+    throw std::system_error(ec,
+                            "fusedopt::pt::Trainer: checkpoint_dir '" + dir + "' is not writable");
+  }
+  fs::remove(probe, ec);
+  static const std::regex stale(R"(\.step-\d{8,}\.safetensors\.tmp\..*)");
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    if (std::regex_match(e.path().filename().string(), stale)) fs::remove(e.path(), ec);
+  }
+}
+
+std::map<std::int64_t, std::string> ListCheckpoints(const std::string& dir) {
+  std::map<std::int64_t, std::string> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, CheckpointPattern())) {
+      found[std::stoll(m[1].str())] = it->path().string();
+    }
+  }
+  return found;
+}
+
+void DropOldCheckpoints(const std::string& dir, int keep) {
+  if (keep <= 0) return;
+  const auto found = ListCheckpoints(dir);
+  auto it = found.begin();
+  for (std::size_t n = found.size(); n > static_cast<std::size_t>(keep); --n, ++it) {
+    std::error_code ec;
+    fs::remove(it->second, ec);
+  }
+}
+
+std::optional<std::string> LatestCheckpoint(const std::string& dir,
+                                            std::vector<std::string>* skipped) {
+  const auto found = ListCheckpoints(dir);
+  for (auto it = found.rbegin(); it != found.rend(); ++it) {
+    try {
+      ReadCheckpointFile(it->second);
+      return it->second;
+    } catch (const std::exception& e) {  // CheckpointError, or a file that cannot be read
+      if (skipped != nullptr) skipped->push_back(it->second + ": " + e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace fusedopt::pt::detail
