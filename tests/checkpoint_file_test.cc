@@ -479,6 +479,11 @@ TEST_F(CheckpointFileTest, TensorEntries) {
   EXPECT_TRUE(Contains(EditedError([&](Json& h) { entry(h)["dtype"] = "F8_E4M3"; }),
                        "unknown dtype 'F8_E4M3'"));
   EXPECT_TRUE(Contains(EditedError([&](Json& h) { entry(h)["dtype"] = 1; }), "no dtype string"));
+  EXPECT_TRUE(Contains(EditedError([&](Json& h) {
+                         h[""] = entry(h);
+                         h.erase("state.0.odd");
+                       }),
+                       "a tensor with an empty name"));
   EXPECT_TRUE(Contains(EditedError([&](Json& h) { entry(h).erase("shape"); }), "no shape list"));
   EXPECT_TRUE(
       Contains(EditedError([&](Json& h) { entry(h)["shape"] = {-3}; }), "a negative dimension"));

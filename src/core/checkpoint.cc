@@ -102,13 +102,7 @@ struct OptimizerCheckpoint {
   // fusedopt.save_checkpoint wrote, with torch's shapes, then loads too).
   static void CheckLayout(const Optimizer<Hyper>& opt, const std::string& path, const Json& saved) {
     const Json here = Layout(opt);
-    if (!checkpoint_meta::WellFormedLayout(saved)) {
-      Refuse(path, "the checkpoint's layout is malformed: " + saved.dump());
-    }
-    if (saved[0] != here[0]) {
-      Refuse(path, "the checkpoint's optimizer has param groups of " + saved[0].dump() +
-                       " params; this one has " + here[0].dump());
-    }
+    checkpoint_meta::CheckLayoutGroups(path, saved, here);
     for (std::size_t i = 0; i < opt.storage_.num_tensors(); ++i) {
       const Segment& s = opt.storage_.segments()[i];
       const std::vector<std::int64_t> shape = saved[1][i][0].get<std::vector<std::int64_t>>();

@@ -302,6 +302,7 @@ class Reader {
 
   CheckpointEntry Tensor(const std::string& name, const Json& entry, std::size_t data_size) const {
     const std::string what = "tensor '" + name + "': ";
+    if (name.empty()) Fail("a tensor with an empty name");  // the writer's rule
     if (!entry.is_object()) Fail(what + "not a JSON object");
     for (const auto& [key, value] : entry.items()) {
       if (key != "dtype" && key != "shape" && key != "data_offsets")
@@ -492,7 +493,9 @@ void WriteCheckpointFile(const std::string& path, std::string_view metadata,
 
   // In the same directory: a rename is atomic only within one file system. O_EXCL: never another
   // writer's file (the pid and a counter make the name unique among live writers).
-  const auto [dir, tmp] = TempPath(path);
+  const auto [dir, tmp_path] = TempPath(path);
+  const std::string& tmp =
+      tmp_path;  // a plain name: clang 14 (the fuzzer's) lets lambdas take no binding
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
   if (fd.get() < 0)
     ThrowErrno(errno, "WriteCheckpointFile: cannot create a temporary file beside " + path);

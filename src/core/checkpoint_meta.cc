@@ -15,14 +15,21 @@ std::string DescribeParam(const Json& param) {
   return param[1].get<std::string>() + " of shape " + shape + ")";
 }
 
-bool WellFormedLayout(const Json& layout) {
-  if (!layout.is_array() || layout.size() != 2 || !layout[0].is_array() || !layout[1].is_array()) {
-    return false;
+void CheckLayoutGroups(const std::string& path, const Json& saved, const Json& here) {
+  bool well_formed =
+      saved.is_array() && saved.size() == 2 && saved[0].is_array() && saved[1].is_array();
+  for (std::size_t i = 0; well_formed && i < saved[1].size(); ++i) {
+    const Json& p = saved[1][i];
+    well_formed = p.is_array() && p.size() == 2 && p[0].is_array() && p[1].is_string();
+    for (std::size_t d = 0; well_formed && d < p[0].size(); ++d) {
+      well_formed = p[0][d].is_number_unsigned();
+    }
   }
-  for (const Json& p : layout[1]) {
-    if (!p.is_array() || p.size() != 2 || !p[0].is_array() || !p[1].is_string()) return false;
+  if (!well_formed) Refuse(path, "the checkpoint's layout is malformed: " + saved.dump());
+  if (saved[0] != here[0] || saved[1].size() != here[1].size()) {
+    Refuse(path, "the checkpoint's optimizer has param groups of " + saved[0].dump() +
+                     " params; this one has " + here[0].dump());
   }
-  return true;
 }
 
 TensorTable::TensorTable(const CheckpointFile& file, std::string path)

@@ -236,8 +236,9 @@ inline Json Layout(const std::vector<std::size_t>& group_sizes,
   return Json::array({group_sizes, list});
 }
 
-// Whether a saved layout has the form Layout() gives (its sizes are the caller's to compare).
-bool WellFormedLayout(const Json& layout);
+// Refuses a saved layout not of the form Layout() gives, or with other group sizes than `here`
+// (each param's entry is the caller's to compare).
+void CheckLayoutGroups(const std::string& path, const Json& saved, const Json& here);
 // "float32 of shape (2, 3)": one param of a layout.
 std::string DescribeParam(const Json& param);
 

@@ -363,12 +363,7 @@ CheckpointCounters Load(torch::optim::Optimizer& optimizer, const std::string& p
   }
   const Json saved_layout = meta.value("layout", Json());
   const Json here = LayoutOf(optimizer);
-  if (!checkpoint_meta::WellFormedLayout(saved_layout))
-    Refuse(path, "the checkpoint's layout is malformed");
-  if (saved_layout[0] != here[0]) {
-    Refuse(path, "the checkpoint's optimizer has param groups of " + saved_layout[0].dump() +
-                     " params; this one has " + here[0].dump());
-  }
+  checkpoint_meta::CheckLayoutGroups(path, saved_layout, here);
   for (std::size_t i = 0; i < here[1].size(); ++i) {
     if (saved_layout[1][i] != here[1][i]) {
       Refuse(path, "parameter " + std::to_string(i) + " is " +
