@@ -23,6 +23,7 @@
 #include <string>
 
 #include "fusedopt/checkpoint_file.h"
+#include "fusedopt/distributed.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/scaler.h"
 
@@ -41,6 +42,20 @@ void SaveCheckpoint(const Optimizer<Hyper>& optimizer, const std::string& path,
 // one); returns the counters it was saved with.
 template <class Hyper>
 CheckpointCounters LoadCheckpoint(Optimizer<Hyper>& optimizer, const std::string& path,
+                                  LossScaler* scaler = nullptr);
+
+// The same for a DistributedOptimizer; collective: every rank calls them. SaveCheckpoint gathers
+// every rank's shards and rank 0 writes the whole state: the checkpoint of the one-process
+// Optimizer the run equals (its metadata says the world size), which loads into an Optimizer or a
+// DistributedOptimizer of any world size and zero level. LoadCheckpoint: every rank reads `path`
+// (a file system they share), checks it and keeps what its shards hold; a failure on any rank
+// throws on every rank (the others' CheckpointError says another rank failed), and no rank has
+// changed anything. A failed write throws on every rank too.
+template <class Hyper>
+void SaveCheckpoint(DistributedOptimizer<Hyper>& optimizer, const std::string& path,
+                    const LossScaler* scaler = nullptr, const CheckpointCounters& counters = {});
+template <class Hyper>
+CheckpointCounters LoadCheckpoint(DistributedOptimizer<Hyper>& optimizer, const std::string& path,
                                   LossScaler* scaler = nullptr);
 
 }  // namespace fusedopt

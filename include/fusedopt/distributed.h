@@ -187,6 +187,8 @@ class DistributedOptimizer {
   Communicator& communicator() { return *comm_; }
 
  private:
+  friend struct OptimizerCheckpoint<Hyper>;  // fusedopt/checkpoint.h
+
   static void CheckSize(std::size_t size, DType dtype);
   // Where a flat element's state, master and (zero = 1) reduced gradient lie in this rank's arrays.
   std::size_t LocalIndex(std::size_t flat) const;

@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -131,7 +134,8 @@ struct OptimizerCheckpoint {
   }
 
   static void Save(const Optimizer<Hyper>& opt, const std::string& path, const LossScaler* scaler,
-                   const CheckpointCounters& counters) {
+                   const CheckpointCounters& counters, int world_size = 1,
+                   const std::string& optimizer_class = OptimizerClass(Descriptor::kName)) {
     const std::span<const Segment> segments = opt.storage_.segments();
     std::vector<CheckpointTensor> tensors;
     std::deque<float> numbers;  // the 0-d tensors' values (a deque: their addresses stay put)
@@ -201,13 +205,13 @@ struct OptimizerCheckpoint {
     const Json meta = {
         {"fusedopt_checkpoint", checkpoint_meta::kFormat},
         {"algorithm", Descriptor::kName},
-        {"optimizer_class", OptimizerClass(Descriptor::kName)},
+        {"optimizer_class", optimizer_class},
         {"param_groups", groups},
         {"state", state},
         {"params", params},
         {"layout", layout},
         {"layout_hash", LayoutHash(layout.dump())},
-        {"world_size", 1},
+        {"world_size", world_size},
         {"accumulation",
          {{"micro_batches", opt.window_.pending},
           {"found_inf", opt.window_.found_inf},
@@ -408,6 +412,130 @@ struct OptimizerCheckpoint {
     return counters;
   }
 
+  // The one-process Optimizer `one` (built with d's groups, specs and storage options) made the
+  // run d equals: its params, every state slot and master gathered from the ranks' shards
+  // (collective), its step counts and scalar states.
+  static void Consolidate(DistributedOptimizer<Hyper>& d, Optimizer<Hyper>& one) {
+    // Every rank allocates its slots together (at construction and in Step), but a rank whose
+    // shards hold no element keeps none: the ranks agree on the union.
+    double slots = 0;
+    for (int slot = 0; slot < kMaxStates; ++slot) {
+      if (!d.states_[slot].empty()) slots += static_cast<double>(1u << slot);
+    }
+    d.comm_->AllReduce(&slots, 1, CommType::kF64, ReduceOp::kMax);
+    const auto allocated = static_cast<unsigned>(slots);
+    one.storage_.AllocateStates(allocated);
+    const std::size_t param_size = DTypeSize(d.storage_.param_dtype);
+    const std::span<const Segment> segments = one.storage_.segments();
+    for (std::size_t t = 0; t < segments.size(); ++t) {
+      const Segment& s = segments[t];
+      std::memcpy(s.param, d.params_.data() + d.layout_.offsets[t] * param_size,
+                  s.numel * param_size);
+      for (int k = 0; k < kMaxScalars; ++k) *s.scalars[k] = d.scalars_[t * kMaxScalars + k];
+    }
+    auto fill = [&](int slot, auto&& destination) {
+      const std::vector<float> flat = d.GatherState(slot);
+      for (std::size_t t = 0; t < segments.size(); ++t) {
+        const auto [data, dtype] = destination(segments[t]);
+        for (std::size_t i = 0; i < segments[t].numel; ++i) {
+          StoreFromF32(data, dtype, i, flat[d.layout_.offsets[t] + i]);
+        }
+      }
+    };
+    for (int slot = 0; slot < kMaxStates; ++slot) {
+      if ((allocated >> slot & 1u) == 0) continue;
+      fill(slot, [&](const Segment& s) { return std::pair(s.state[slot], s.state_dtype); });
+    }
+    if (d.storage_.master_weights) {
+      fill(DistributedOptimizer<Hyper>::kMasterSlot,
+           [](const Segment& s) { return std::pair<void*, DType>(s.master, DType::kF32); });
+    }
+    one.steps_ = d.steps_;
+    one.buffer_steps_ = d.buffer_steps_;
+  }
+
+  static std::string DistributedClass(const DistributedOptimizer<Hyper>& d) {
+    return std::string("fusedopt::DistributedOptimizer<") + Descriptor::kName +
+           "> zero=" + std::to_string(d.options_.zero);
+  }
+
+  // Whether any rank failed (collective).
+  static bool AnyRankFailed(DistributedOptimizer<Hyper>& d, bool failed) {
+    double flag = failed ? 1.0 : 0.0;
+    d.comm_->AllReduce(&flag, 1, CommType::kF64, ReduceOp::kMax);
+    return flag != 0.0;
+  }
+
+  static void SaveDistributed(DistributedOptimizer<Hyper>& d, const std::string& path,
+                              const LossScaler* scaler, const CheckpointCounters& counters) {
+    Optimizer<Hyper> one(d.groups_, d.specs_, d.storage_, *d.runtime_);
+    Consolidate(d, one);
+    std::exception_ptr error;
+    if (d.comm_->rank() == 0) {
+      try {
+        Save(one, path, scaler, counters, d.comm_->size(), DistributedClass(d));
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    if (AnyRankFailed(d, error != nullptr)) {
+      if (error) std::rethrow_exception(error);
+      throw std::runtime_error("SaveCheckpoint: rank 0 could not write " + path);
+    }
+  }
+
+  static CheckpointCounters LoadDistributed(DistributedOptimizer<Hyper>& d, const std::string& path,
+                                            LossScaler* scaler) {
+    // Every rank loads the file into the one-process Optimizer of its layout (which checks it
+    // all), the ranks agree that all of them could, then each keeps its shards.
+    Optimizer<Hyper> one(d.groups_, d.specs_, d.storage_, *d.runtime_);
+    std::optional<LossScaler> restored;
+    if (scaler != nullptr) restored = *scaler;
+    CheckpointCounters counters;
+    std::exception_ptr error;
+    try {
+      counters = LoadCheckpoint(one, path, restored ? &*restored : nullptr);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (AnyRankFailed(d, error != nullptr)) {
+      if (error) std::rethrow_exception(error);
+      Refuse(path, "another rank could not load it");
+    }
+    d.groups_ = one.groups_;
+    const std::size_t param_size = DTypeSize(d.storage_.param_dtype);
+    const std::span<const Segment> segments = one.storage_.segments();
+    auto flat = [&](auto&& source) {
+      std::vector<float> out(d.layout_.numel);
+      for (std::size_t t = 0; t < segments.size(); ++t) {
+        for (std::size_t i = 0; i < segments[t].numel; ++i) {
+          out[d.layout_.offsets[t] + i] = source(segments[t], i);
+        }
+      }
+      return out;
+    };
+    for (std::size_t t = 0; t < segments.size(); ++t) {
+      const Segment& s = segments[t];
+      std::memcpy(d.params_.data() + d.layout_.offsets[t] * param_size, s.param,
+                  s.numel * param_size);
+      for (int k = 0; k < kMaxScalars; ++k) d.scalars_[t * kMaxScalars + k] = *s.scalars[k];
+    }
+    for (int slot = 0; slot < kMaxStates; ++slot) {
+      if (segments.empty() || segments[0].state[slot] == nullptr) continue;
+      d.LoadState(slot, flat([&](const Segment& s, std::size_t i) {
+                    return LoadAsF32(s.state[slot], s.state_dtype, i);
+                  }));
+    }
+    if (d.storage_.master_weights) {  // a tensor not stepped yet is seeded at its first step
+      d.LoadState(DistributedOptimizer<Hyper>::kMasterSlot,
+                  flat([](const Segment& s, std::size_t i) { return s.master[i]; }));
+    }
+    d.steps_ = one.steps_;
+    d.buffer_steps_ = one.buffer_steps_;
+    if (scaler != nullptr) *scaler = *restored;
+    return counters;
+  }
+
   static int SlotOf(const std::string& key) {
     for (int slot = 0; slot < kMaxStates; ++slot) {
       if (key == Descriptor::kStates[static_cast<std::size_t>(slot)] && !key.empty()) return slot;
@@ -440,11 +568,27 @@ CheckpointCounters LoadCheckpoint(Optimizer<Hyper>& optimizer, const std::string
   }
 }
 
+template <class Hyper>
+void SaveCheckpoint(DistributedOptimizer<Hyper>& optimizer, const std::string& path,
+                    const LossScaler* scaler, const CheckpointCounters& counters) {
+  OptimizerCheckpoint<Hyper>::SaveDistributed(optimizer, path, scaler, counters);
+}
+
+template <class Hyper>
+CheckpointCounters LoadCheckpoint(DistributedOptimizer<Hyper>& optimizer, const std::string& path,
+                                  LossScaler* scaler) {
+  return OptimizerCheckpoint<Hyper>::LoadDistributed(optimizer, path, scaler);
+}
+
 #define FOPT_INSTANTIATE(Algo)                                                                   \
   template void SaveCheckpoint(const Optimizer<algos::Algo::Hyper>&, const std::string&,         \
                                const LossScaler*, const CheckpointCounters&);                    \
   template CheckpointCounters LoadCheckpoint(Optimizer<algos::Algo::Hyper>&, const std::string&, \
-                                             LossScaler*);
+                                             LossScaler*);                                       \
+  template void SaveCheckpoint(DistributedOptimizer<algos::Algo::Hyper>&, const std::string&,    \
+                               const LossScaler*, const CheckpointCounters&);                    \
+  template CheckpointCounters LoadCheckpoint(DistributedOptimizer<algos::Algo::Hyper>&,          \
+                                             const std::string&, LossScaler*);
 FOPT_FOR_EACH_ALGORITHM(FOPT_INSTANTIATE)
 #undef FOPT_INSTANTIATE
 

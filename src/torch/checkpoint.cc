@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -146,6 +147,21 @@ std::string Shape(const torch::Tensor& t) {
   return s + (t.dim() == 1 ? ",)" : ")");
 }
 
+// What Save and Load need of an optimizer's class: its names, and its options and param state
+// to and from the file (ClassCheckpoint<Traits>::Ops). Save and Load themselves are compiled once,
+// not once per class.
+struct ClassOps {
+  std::string algorithm, class_name;
+  std::function<Json(const torch::optim::OptimizerOptions&, const std::vector<std::size_t>&)> group;
+  std::function<std::unique_ptr<torch::optim::OptimizerOptions>(
+      const Json&, const torch::optim::OptimizerOptions&, const std::string&, std::size_t)>
+      decode_group;
+  std::function<Json(torch::optim::OptimizerParamState&, std::size_t, Writer&)> save_state;
+  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(
+      const Json&, const torch::Tensor&, const Reader&, const std::string&, const std::string&)>
+      load_state;
+};
+
 // Save and load for one optimizer class.
 template <class Traits>
 struct ClassCheckpoint {
@@ -260,41 +276,78 @@ struct ClassCheckpoint {
     std::string name = Traits::kName;  // a torch::optim twin: the same class name there
     return "torch::optim::" + name.substr(name.rfind(':') + 1);
   }
+
+  static ClassOps Ops(const torch::optim::Optimizer& optimizer) {
+    return {
+        .algorithm = D::kName,
+        .class_name = ClassName(optimizer),
+        .group =
+            [](const torch::optim::OptimizerOptions& o, const std::vector<std::size_t>& members) {
+              return Group(static_cast<const Options&>(o), members);
+            },
+        .decode_group = [](const Json& saved, const torch::optim::OptimizerOptions& current,
+                           const std::string& path,
+                           std::size_t g) -> std::unique_ptr<torch::optim::OptimizerOptions> {
+          return DecodeOptions(saved, static_cast<const Options&>(current), path, g);
+        },
+        .save_state =
+            [](torch::optim::OptimizerParamState& s, std::size_t i, Writer& w) {
+              auto* state = dynamic_cast<State*>(&s);
+              if (state == nullptr) {
+                throw std::invalid_argument("fusedopt::pt::SaveCheckpoint: the state of param " +
+                                            std::to_string(i) + " is not a " + Traits::kName +
+                                            " state");
+              }
+              return SaveState(*state, "state." + std::to_string(i) + ".", w);
+            },
+        .load_state = [](const Json& entry, const torch::Tensor& param, const Reader& reader,
+                         const std::string& path, const std::string& where)
+            -> std::unique_ptr<torch::optim::OptimizerParamState> {
+          return LoadState(entry, param, reader, path, where);
+        },
+    };
+  }
 };
 
-// f(std::type_identity<Traits>{}) for the optimizer's class; false for a class without Traits.
-template <class F>
-bool VisitClass(const torch::optim::Optimizer& optimizer, F&& f) {
+// The ClassOps of the optimizer's class; none for a class without Traits. The generic
+// FusedOptimizer<Hyper> of an algorithm with a class of its own (FusedOptimizer<AdamWHyper>) is
+// not one: optim.h's aliases name the others.
+std::optional<ClassOps> OpsOf(const torch::optim::Optimizer& optimizer) {
   const auto is = [&](auto* typed) { return dynamic_cast<decltype(typed)>(&optimizer) != nullptr; };
-  if (is(static_cast<const torch::optim::AdamW*>(nullptr)))
-    return f(std::type_identity<detail::AdamWTraits>{}), true;
-  if (is(static_cast<const torch::optim::Adam*>(nullptr)))
-    return f(std::type_identity<detail::AdamTraits>{}), true;
-  if (is(static_cast<const torch::optim::SGD*>(nullptr)))
-    return f(std::type_identity<detail::SgdTraits>{}), true;
-  if (is(static_cast<const torch::optim::RMSprop*>(nullptr)))
-    return f(std::type_identity<detail::RmspropTraits>{}), true;
-  if (is(static_cast<const torch::optim::Adagrad*>(nullptr)))
-    return f(std::type_identity<detail::AdagradTraits>{}), true;
+  if (is(static_cast<const torch::optim::AdamW*>(nullptr))) {
+    return ClassCheckpoint<detail::AdamWTraits>::Ops(optimizer);
+  }
+  if (is(static_cast<const torch::optim::Adam*>(nullptr))) {
+    return ClassCheckpoint<detail::AdamTraits>::Ops(optimizer);
+  }
+  if (is(static_cast<const torch::optim::SGD*>(nullptr))) {
+    return ClassCheckpoint<detail::SgdTraits>::Ops(optimizer);
+  }
+  if (is(static_cast<const torch::optim::RMSprop*>(nullptr))) {
+    return ClassCheckpoint<detail::RmspropTraits>::Ops(optimizer);
+  }
+  if (is(static_cast<const torch::optim::Adagrad*>(nullptr))) {
+    return ClassCheckpoint<detail::AdagradTraits>::Ops(optimizer);
+  }
   if (is(static_cast<const Lion*>(nullptr)))
-    return f(std::type_identity<detail::LionTraits>{}), true;
+    return ClassCheckpoint<detail::LionTraits>::Ops(optimizer);
   if (is(static_cast<const LAMB*>(nullptr)))
-    return f(std::type_identity<detail::LambTraits>{}), true;
-  bool found = false;
-  algos::All::ForEach([&](auto d) {
+    return ClassCheckpoint<detail::LambTraits>::Ops(optimizer);
+  std::optional<ClassOps> ops;
+  using Generic = algos::List<algos::Adamax, algos::Adadelta, algos::Radam, algos::Nadam,
+                              algos::Asgd, algos::Lars, algos::Rprop, algos::Rmsproptf,
+                              algos::Adamp, algos::BertAdam, algos::Adafactor>;
+  Generic::ForEach([&](auto d) {
     using Hyper = typename decltype(d)::type::Hyper;
-    if (!found && is(static_cast<const FusedOptimizer<Hyper>*>(nullptr))) {
-      f(std::type_identity<detail::GenericTraits<Hyper>>{});
-      found = true;
+    if (!ops && is(static_cast<const FusedOptimizer<Hyper>*>(nullptr))) {
+      ops = ClassCheckpoint<detail::GenericTraits<Hyper>>::Ops(optimizer);
     }
   });
-  return found;
+  return ops;
 }
 
-template <class Traits>
-void Save(const torch::optim::Optimizer& optimizer, const std::string& path,
+void Save(const ClassOps& ops, const torch::optim::Optimizer& optimizer, const std::string& path,
           const CheckpointParts& parts) {
-  using C = ClassCheckpoint<Traits>;
   Writer w;
   Json groups = Json::array(), state = Json::object();
   std::size_t i = 0;
@@ -304,17 +357,11 @@ void Save(const torch::optim::Optimizer& optimizer, const std::string& path,
       members.push_back(i);
       const auto it = optimizer.state().find(p.unsafeGetTensorImpl());
       if (it != optimizer.state().end()) {
-        auto* s = dynamic_cast<typename Traits::State*>(it->second.get());
-        if (s == nullptr) {
-          throw std::invalid_argument("fusedopt::pt::SaveCheckpoint: the state of param " +
-                                      std::to_string(i) + " is not a " + Traits::kName + " state");
-        }
-        state[std::to_string(i)] = C::SaveState(*s, "state." + std::to_string(i) + ".", w);
+        state[std::to_string(i)] = ops.save_state(*it->second, i, w);
       }
       ++i;
     }
-    groups.push_back(
-        C::Group(static_cast<const typename Traits::Options&>(group.options()), members));
+    groups.push_back(ops.group(group.options(), members));
   }
   Json model = nullptr, params = nullptr;
   if (parts.model != nullptr) {
@@ -331,8 +378,8 @@ void Save(const torch::optim::Optimizer& optimizer, const std::string& path,
   const Json layout = LayoutOf(optimizer);
   Json m = Json::object();  // the keys in fusedopt.save_checkpoint's order
   m["fusedopt_checkpoint"] = checkpoint_meta::kFormat;
-  m["algorithm"] = algos::DescriptorOf<typename Traits::Hyper>::kName;
-  m["optimizer_class"] = C::ClassName(optimizer);
+  m["algorithm"] = ops.algorithm;
+  m["optimizer_class"] = ops.class_name;
   m["param_groups"] = groups;
   m["state"] = state;
   m["layout"] = layout;
@@ -348,18 +395,15 @@ void Save(const torch::optim::Optimizer& optimizer, const std::string& path,
   WriteCheckpointFile(path, m.dump(), w.Ordered());
 }
 
-template <class Traits>
-CheckpointCounters Load(torch::optim::Optimizer& optimizer, const std::string& path,
-                        const CheckpointParts& parts) {
-  using C = ClassCheckpoint<Traits>;
-  using D = algos::DescriptorOf<typename Traits::Hyper>;
+CheckpointCounters Load(const ClassOps& ops, torch::optim::Optimizer& optimizer,
+                        const std::string& path, const CheckpointParts& parts) {
   const CheckpointFile file = ReadCheckpointFile(path);
   const Json meta = checkpoint_meta::ParseMetadata(file, path);
   const Reader reader(file, path);
-  if (meta.value("algorithm", Json()) != D::kName) {
+  if (meta.value("algorithm", Json()) != ops.algorithm) {
     Refuse(path, "a checkpoint of " + meta.value("optimizer_class", Json()).dump() + " (" +
                      meta.value("algorithm", Json()).dump() + "); this optimizer is " +
-                     C::ClassName(optimizer) + " (\"" + D::kName + "\")");
+                     ops.class_name + " (\"" + ops.algorithm + "\")");
   }
   const Json saved_layout = meta.value("layout", Json());
   const Json here = LayoutOf(optimizer);
@@ -377,19 +421,17 @@ CheckpointCounters Load(torch::optim::Optimizer& optimizer, const std::string& p
   if (!saved_groups.is_array() || saved_groups.size() != groups.size()) {
     Refuse(path, "param_groups is not a list of " + std::to_string(groups.size()));
   }
-  std::vector<std::unique_ptr<typename Traits::Options>> options;
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
   for (std::size_t g = 0; g < groups.size(); ++g) {
-    options.push_back(C::DecodeOptions(
-        saved_groups[g], static_cast<const typename Traits::Options&>(groups[g].options()), path,
-        g));
+    options.push_back(ops.decode_group(saved_groups[g], groups[g].options(), path, g));
   }
   const std::vector<torch::Tensor> params = Params(optimizer);
   const Json saved_state = meta.value("state", Json::object());
-  std::vector<std::unique_ptr<typename Traits::State>> states(params.size());
+  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> states(params.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
     const std::string key = std::to_string(i);
     if (saved_state.contains(key)) {
-      states[i] = C::LoadState(saved_state[key], params[i], reader, path, "state." + key);
+      states[i] = ops.load_state(saved_state[key], params[i], reader, path, "state." + key);
     }
   }
 
@@ -448,38 +490,32 @@ CheckpointCounters Load(torch::optim::Optimizer& optimizer, const std::string& p
   return counters;
 }
 
+// The ClassOps of an optimizer these functions take, or std::invalid_argument.
+ClassOps CheckedOps(const torch::optim::Optimizer& optimizer, const char* fn) {
+  std::optional<ClassOps> ops = OpsOf(optimizer);
+  if (!ops) {
+    throw std::invalid_argument(std::string("fusedopt::pt::") + fn +
+                                ": the optimizer is neither a fusedopt::pt class nor torch::optim "
+                                "SGD, Adam, AdamW, RMSprop or Adagrad");
+  }
+  return std::move(*ops);
+}
+
 }  // namespace
 
 void SaveCheckpoint(const torch::optim::Optimizer& optimizer, const std::string& path,
                     const CheckpointParts& parts) {
-  const bool known = VisitClass(optimizer, [&](auto traits) {
-    Save<typename decltype(traits)::type>(optimizer, path, parts);
-  });
-  if (!known) {
-    throw std::invalid_argument(
-        "fusedopt::pt::SaveCheckpoint: the optimizer is neither a "
-        "fusedopt::pt class nor torch::optim SGD, Adam, AdamW, RMSprop or "
-        "Adagrad");
-  }
+  Save(CheckedOps(optimizer, "SaveCheckpoint"), optimizer, path, parts);
 }
 
 CheckpointCounters LoadCheckpoint(torch::optim::Optimizer& optimizer, const std::string& path,
                                   const CheckpointParts& parts) {
-  CheckpointCounters counters;
-  const bool known = VisitClass(optimizer, [&](auto traits) {
-    try {
-      counters = Load<typename decltype(traits)::type>(optimizer, path, parts);
-    } catch (const nlohmann::json::exception& e) {
-      Refuse(path, std::string("malformed metadata: ") + e.what());
-    }
-  });
-  if (!known) {
-    throw std::invalid_argument(
-        "fusedopt::pt::LoadCheckpoint: the optimizer is neither a "
-        "fusedopt::pt class nor torch::optim SGD, Adam, AdamW, RMSprop or "
-        "Adagrad");
+  const ClassOps ops = CheckedOps(optimizer, "LoadCheckpoint");
+  try {
+    return Load(ops, optimizer, path, parts);
+  } catch (const nlohmann::json::exception& e) {  // a value of the wrong JSON type
+    Refuse(path, std::string("malformed metadata: ") + e.what());
   }
-  return counters;
 }
 
 }  // namespace fusedopt::pt

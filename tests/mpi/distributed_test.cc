@@ -7,10 +7,13 @@
 #include "fusedopt/distributed.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -18,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fusedopt/checkpoint.h"
 #include "fusedopt/convert.h"
 #include "fusedopt/error.h"
 #include "fusedopt/optimizer.h"
@@ -318,6 +322,113 @@ TEST(DistributedMpi, ShardedStateMovesBetweenWorldSizes) {
           << "slot " << slot;
     }
     EXPECT_EQ(flat_params(*sharded), flat_params(*single));
+  }
+}
+
+// Checkpoint files across world sizes: P ranks of ZeRO-1 save (rank 0 writes the consolidated
+// file), one process loads it into an Optimizer and continues; one process saves, P ranks of
+// ZeRO-1 load and continue. Each ends bit for bit where one process's uninterrupted run ends: the
+// reduced gradient is rank 0's alone (the others give zeros, average = false), exact at any P.
+TEST(DistributedMpi, CheckpointFilesMoveBetweenWorldSizesBitForBit) {
+  mpi::MpiCommunicator comm;
+  const StorageOptions storage{.param_dtype = DType::kBF16, .master_weights = true};
+  // One name for every rank: rank 0's.
+  std::array<char, 128> name{};
+  std::snprintf(name.data(), name.size(), "/tmp/fusedopt_mpi_ckpt_%d",
+                static_cast<int>(::getpid()));
+  comm.Broadcast(name.data(), name.size(), CommType::kByte, 0);
+  const std::string sharded_file = std::string(name.data()) + "_sharded.safetensors";
+  const std::string whole_file = std::string(name.data()) + "_whole.safetensors";
+  const auto init = [](auto& opt) {
+    for (std::size_t t = 0; t < kTensors.size(); ++t) {
+      std::span<std::uint16_t> p;
+      if constexpr (requires { opt.storage(); }) {
+        p = opt.storage().template params<std::uint16_t>(t);
+      } else {
+        p = opt.template params<std::uint16_t>(t);
+      }
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        StoreFromF32(p.data(), DType::kBF16, i, Feature(999, t * 1000000 + i));
+      }
+    }
+  };
+  const auto grad = [](int k, std::size_t t, std::size_t i) {
+    return Feature(k, t * 1000000 + i) * 100.0f;
+  };
+  const auto step_one = [&](Optimizer<AdamWHyper>& opt, int k) {
+    for (std::size_t t = 0; t < kTensors.size(); ++t) {
+      const auto g = opt.storage().grads<float>(t);
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad(k, t, i);
+    }
+    opt.Step();
+  };
+  using Dist = DistributedOptimizer<AdamWHyper>;
+  const auto make_dist = [&] {
+    return std::make_unique<Dist>(
+        Groups<AdamWHyper>(), kTensors, storage, comm,
+        DistributedOptions{.zero = 1, .bucket_bytes = kBucketBytes, .average = false});
+  };
+  const auto step_dist = [&](Dist& opt, int k) {
+    for (std::size_t t = 0; t < kTensors.size(); ++t) {
+      const auto g = opt.grads(t);
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = comm.rank() == 0 ? grad(k, t, i) : 0.0f;
+    }
+    opt.Step();
+  };
+  Optimizer<AdamWHyper> reference(Groups<AdamWHyper>(), kTensors, storage);
+  init(reference);
+  for (int k = 0; k < 3; ++k) step_one(reference, k);
+  if (comm.rank() == 0) SaveCheckpoint(reference, whole_file);
+  for (int k = 3; k < 5; ++k) step_one(reference, k);
+
+  // P ranks -> one process.
+  auto sharded = make_dist();
+  init(*sharded);
+  for (int k = 0; k < 3; ++k) step_dist(*sharded, k);
+  SaveCheckpoint(*sharded, sharded_file);
+  Optimizer<AdamWHyper> resumed(Groups<AdamWHyper>(), kTensors, storage);
+  LoadCheckpoint(resumed, sharded_file);
+  for (int k = 3; k < 5; ++k) step_one(resumed, k);
+  for (std::size_t t = 0; t < kTensors.size(); ++t) {
+    EXPECT_TRUE(std::ranges::equal(resumed.storage().params<std::uint16_t>(t),
+                                   reference.storage().params<std::uint16_t>(t)))
+        << "P -> 1, tensor " << t;
+    for (const int slot : {int{kExpAvg}, int{kExpAvgSq}}) {
+      EXPECT_TRUE(std::ranges::equal(resumed.storage().state<float>(t, slot),
+                                     reference.storage().state<float>(t, slot)))
+          << "P -> 1, tensor " << t << " slot " << slot;
+    }
+    EXPECT_TRUE(std::ranges::equal(resumed.storage().master(t), reference.storage().master(t)));
+  }
+
+  // One process -> P ranks (every rank reads rank 0's file).
+  auto loaded = make_dist();
+  LoadCheckpoint(*loaded, whole_file);
+  for (int k = 3; k < 5; ++k) step_dist(*loaded, k);
+  for (const int slot : {int{kExpAvg}, int{kExpAvgSq}, Dist::kMasterSlot}) {
+    const std::vector<float> got = loaded->GatherState(slot);
+    std::vector<float> want(got.size());
+    for (std::size_t t = 0; t < kTensors.size(); ++t) {
+      const std::span<const float> from = slot == Dist::kMasterSlot
+                                              ? reference.storage().master(t)
+                                              : reference.storage().state<float>(t, slot);
+      std::copy(from.begin(), from.end(),
+                want.begin() + static_cast<std::ptrdiff_t>(loaded->layout().offsets[t]));
+    }
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+        << "1 -> P, slot " << slot;
+  }
+  for (std::size_t t = 0; t < kTensors.size(); ++t) {
+    EXPECT_TRUE(std::ranges::equal(loaded->params<std::uint16_t>(t),
+                                   reference.storage().params<std::uint16_t>(t)))
+        << "1 -> P, tensor " << t;
+    EXPECT_EQ(loaded->step_count(t), 5);
+  }
+  double done = 1.0;  // every rank has read the files before rank 0 removes them
+  comm.AllReduce(&done, 1, CommType::kF64, ReduceOp::kSum);
+  if (comm.rank() == 0) {
+    std::remove(sharded_file.c_str());
+    std::remove(whole_file.c_str());
   }
 }
 

@@ -168,8 +168,7 @@ Command AddTrainCommand(CLI::App& app) {
           }
           if (v.dist && (!options.checkpoint_dir.empty() || options.resume)) {
             throw std::invalid_argument(
-                "--checkpoint-dir and --resume train one process (not --dist: the C++ "
-                "DistributedOptimizer has no checkpoints yet)");
+                "--checkpoint-dir and --resume train one process (not --dist yet)");
           }
           std::string json_path = v.json_path;
           if (json_path.empty() && !v.chart_path.empty()) json_path = v.chart_path + ".json";
