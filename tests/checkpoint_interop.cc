@@ -19,18 +19,12 @@
 
 #include "fusedopt/checkpoint.h"
 #include "src/algos/registry.h"
+#include "tests/test_support.h"
 
 namespace fusedopt {
 namespace {
 
-// A value in [-1, 1) from (seed, i): splitmix64's finalizer.
-float Value(unsigned seed, std::size_t i) {
-  std::uint64_t z = (std::uint64_t{seed} << 32) + i + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 40) / double(1 << 23) - 1.0);
-}
+float Value(unsigned seed, std::size_t i) { return test::HashedValue(seed, i); }
 
 template <class Hyper>
 int Run(bool bf16, int micro_batches, const std::string& out, const char* in) {

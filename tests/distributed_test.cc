@@ -22,6 +22,7 @@
 #include "fusedopt/scaler.h"
 #include "src/algos/registry.h"
 #include "src/core/step_hooks.h"
+#include "tests/test_support.h"
 
 namespace fusedopt {
 namespace {
@@ -116,14 +117,7 @@ StorageOptions StorageFor(const Setup& s) {
           .rounding_seed = 11};
 }
 
-// A value in [-1, 1) from (seed, i): splitmix64's finalizer.
-float Param(unsigned seed, std::size_t i) {
-  std::uint64_t z = (std::uint64_t{seed} << 32) + i + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 40) / double(1 << 23) - 1.0);
-}
+float Param(unsigned seed, std::size_t i) { return test::HashedValue(seed, i); }
 
 // A tensor's params as f32 (bf16 widened exactly).
 template <class Span>

@@ -2,6 +2,7 @@
 // the sanitizer run, and a guard that restores the default SIMD target.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 
@@ -30,6 +31,17 @@ class Rng {
  private:
   std::uint64_t state_;
 };
+
+// A value in [-1, 1) from (seed, i), the same in every test and program that computes it
+// (tests/python/test_checkpoint_interop.py does in numpy): splitmix64's finalizer of
+// (seed << 32) + i, its top 24 bits scaled.
+inline float HashedValue(unsigned seed, std::size_t i) {
+  std::uint64_t z = (std::uint64_t{seed} << 32) + i + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<double>(z >> 40) / double(1 << 23) - 1.0);
+}
 
 // Restores the default target choice when a test ends.
 struct TargetGuard {
