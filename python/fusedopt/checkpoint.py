@@ -131,8 +131,10 @@ def save_checkpoint(optimizer: torch.optim.Optimizer, path: str | os.PathLike, *
     """Writes the optimizer's state (and the model's params and buffers, the GradScaler's and the LR scheduler's
     state when given; `extra`: JSON-able values and tensors of the caller's, e.g. a training loop's counters)
     to `path`, durably: the previous file at `path`, if any, stays whole until the new one is complete.
-    A fusedopt.distributed.DistributedOptimizer: every rank calls it (the state is consolidated from every
-    rank's shard) and rank 0 writes the whole state, which any world size loads."""
+    Without a model the optimizer's params are written too, as the C++ Optimizer writes its own (load_checkpoint
+    then restores them; a C++ run continues from such a file). A fusedopt.distributed.DistributedOptimizer:
+    every rank calls it (the state is consolidated from every rank's shard) and rank 0 writes the whole state,
+    which any world size loads."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"fusedopt.save_checkpoint: optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -211,8 +213,9 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 def load_checkpoint(optimizer: torch.optim.Optimizer, path: str | os.PathLike, *, model: torch.nn.Module | None = None,
                     scaler: Any = None, scheduler: Any = None) -> dict:
-    """Restores what save_checkpoint wrote into the given objects; returns the `extra` it was saved with.
-    Everything is checked first: on any error nothing has changed."""
+    """Restores what save_checkpoint (or a C++ SaveCheckpoint) wrote into the given objects; returns the `extra`
+    it was saved with. Everything is checked first: on any error nothing has changed. Without a model, params
+    saved in the file (no model was saved, or a C++ Optimizer's) are loaded into the optimizer's params."""
     ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
     where = ckpt.path
     inner = optimizer._inner if isinstance(optimizer, DistributedOptimizer) else optimizer
