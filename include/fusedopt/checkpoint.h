@@ -38,8 +38,8 @@ template <class Hyper>
 void SaveCheckpoint(const Optimizer<Hyper>& optimizer, const std::string& path,
                     const LossScaler* scaler = nullptr, const CheckpointCounters& counters = {});
 
-// Restores a SaveCheckpoint file into `optimizer` (and `scaler`, when given: the file must hold
-// one); returns the counters it was saved with.
+// Restores a SaveCheckpoint file (or shard set, below) into `optimizer` (and `scaler`, when given:
+// the file must hold one); returns the counters it was saved with.
 template <class Hyper>
 CheckpointCounters LoadCheckpoint(Optimizer<Hyper>& optimizer, const std::string& path,
                                   LossScaler* scaler = nullptr);
@@ -57,5 +57,19 @@ void SaveCheckpoint(DistributedOptimizer<Hyper>& optimizer, const std::string& p
 template <class Hyper>
 CheckpointCounters LoadCheckpoint(DistributedOptimizer<Hyper>& optimizer, const std::string& path,
                                   LossScaler* scaler = nullptr);
+
+// A sharded save (collective): nothing is gathered; every rank writes its own file of the shard
+// set at `path` (fusedopt/checkpoint_file.h: path.rank<r>-of-<P>.safetensors), with the states
+// and masters of its shard of every bucket, and rank 0 the metadata, params and scalar states.
+// Once every rank's file is written, rank 0 removes what else lay at `path` (a file, another world
+// size's set). A failed write throws on every rank. Every LoadCheckpoint above takes the set's
+// `path` (every rank reads the whole set; any world size and zero level), and
+// `fusedopt ckpt consolidate` merges it into the one file SaveCheckpoint writes, byte for byte.
+// Save each set under a new name (as the Trainers do): a crash while writing a set over an older
+// one of the same name can leave files of both, which loading refuses.
+template <class Hyper>
+void SaveShardedCheckpoint(DistributedOptimizer<Hyper>& optimizer, const std::string& path,
+                           const LossScaler* scaler = nullptr,
+                           const CheckpointCounters& counters = {});
 
 }  // namespace fusedopt

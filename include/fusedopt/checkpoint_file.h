@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -75,6 +76,46 @@ void WriteCheckpointFile(const std::string& path, std::string_view metadata,
 // read.
 CheckpointFile ReadCheckpointFile(const std::string& path,
                                   std::size_t max_header_bytes = kMaxCheckpointHeaderBytes);
+
+// The bytes a tensor of `dtype` and `shape` takes in a checkpoint; none for a dtype the format does
+// not hold, a negative dimension or a size that overflows.
+std::optional<std::size_t> CheckpointTensorBytes(std::string_view dtype,
+                                                 std::span<const std::int64_t> shape);
+
+// Shard sets: a sharded run's checkpoint as one file per rank (SaveShardedCheckpoint in
+// fusedopt/checkpoint.h), each written as above. The checkpoint saved "at" dir/step-100.safetensors
+// is the files dir/step-100.rank<r>-of-<P>.safetensors, r = 0..P-1. Each file's metadata has a
+// "shard" record {"set": the save's random id, "rank": r, "ranks": P}; rank 0's also lists every
+// tensor of the whole checkpoint ("tensors": [[name, dtype, shape], ...], in file order) and holds
+// the metadata and the tensors that are not sharded. A sharded tensor lies in pieces
+// "<name>@<first element>" (1-D) across the files; together they cover it exactly once.
+
+// The file of rank `rank` of a set of `ranks` saved at `path`.
+std::string CheckpointShardPath(const std::string& path, int rank, int ranks);
+
+// The files of the shard set saved at `path`, by rank (found in its directory). Throws
+// CheckpointError when there is none, when files of several world sizes lie there, or when a
+// rank's file is missing.
+std::vector<std::string> FindCheckpointShards(const std::string& path);
+
+// Reads and verifies the files of one shard set (in any order), checks that they are every rank
+// of one save, and assembles the checkpoint they hold: the one file a consolidated save of the same
+// state writes (its metadata, tensors and data). CheckpointError says what is wrong: a file that
+// does not verify or is not a shard, a rank missing or given twice, files of different saves or
+// world sizes, pieces that do not cover a tensor exactly once.
+CheckpointFile ReadCheckpointShards(std::span<const std::string> paths,
+                                    std::size_t max_header_bytes = kMaxCheckpointHeaderBytes);
+
+// The checkpoint at `path`: the file, or where no file is, the shard set saved there.
+CheckpointFile ReadCheckpoint(const std::string& path,
+                              std::size_t max_header_bytes = kMaxCheckpointHeaderBytes);
+
+// Removes what lies at `path` but the shard set of `ranks` ranks: a file, and the files of other
+// world sizes' sets (a sharded save's clean-up, once its set is whole).
+void RemoveCheckpointsAt(const std::string& path, int ranks);
+
+// Writes a checkpoint as read (e.g. a shard set assembled) to `path`, as WriteCheckpointFile.
+void WriteCheckpointFile(const std::string& path, const CheckpointFile& file);
 
 // The metadata's "layout_hash" (python/fusedopt/checkpoint.py, src/core/checkpoint.cc): XXH3-64 of
 // the layout record's compact JSON text, as 16 hex digits.

@@ -195,6 +195,9 @@ class DistributedOptimizer {
   // The flat ranges [begin, end) whose states this rank keeps: its shard of every bucket (zero =
   // 1), or everything (zero = 0; one range).
   std::vector<std::pair<std::size_t, std::size_t>> LocalRanges() const;
+  // This rank's shard of every bucket, as flat ranges (the zero = 1 LocalRanges; a sharded
+  // checkpoint's file of this rank holds these, at any zero level).
+  std::vector<std::pair<std::size_t, std::size_t>> ShardRanges() const;
   // A state slot (or kMasterSlot) of this rank, or throws.
   std::span<std::byte> LocalBuffer(int slot, const char* fn);
   // The segments of the tensor pieces in [begin, end) of the flat range; each gets its own copy

@@ -11,6 +11,7 @@
 #include <exception>
 #include <functional>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -89,11 +90,12 @@ std::string OptimizerClass(const char* name) {
 template <class Hyper>
 struct OptimizerCheckpoint {
   using Descriptor = algos::DescriptorOf<Hyper>;
+  static constexpr int kMasters = DistributedOptimizer<Hyper>::kMasterSlot;
 
-  static Json Layout(const Optimizer<Hyper>& opt) {
-    std::vector<std::size_t> group_sizes(opt.groups_.size(), 0);
+  static Json Layout(std::span<const Segment> segments, std::size_t num_groups) {
+    std::vector<std::size_t> group_sizes(num_groups, 0);
     std::vector<std::pair<std::vector<std::int64_t>, std::string>> params;
-    for (const Segment& s : opt.storage_.segments()) {
+    for (const Segment& s : segments) {
       ++group_sizes[s.group];
       params.emplace_back(ShapeOf(s), checkpoint_meta::TorchDTypeName(s.param_dtype));
     }
@@ -104,7 +106,7 @@ struct OptimizerCheckpoint {
   // matrices, not its shape: a saved param matches with those and the dtype (a checkpoint that
   // fusedopt.save_checkpoint wrote, with torch's shapes, then loads too).
   static void CheckLayout(const Optimizer<Hyper>& opt, const std::string& path, const Json& saved) {
-    const Json here = Layout(opt);
+    const Json here = Layout(opt.storage_.segments(), opt.groups_.size());
     checkpoint_meta::CheckLayoutGroups(path, saved, here);
     for (std::size_t i = 0; i < opt.storage_.num_tensors(); ++i) {
       const Segment& s = opt.storage_.segments()[i];
@@ -133,23 +135,56 @@ struct OptimizerCheckpoint {
     }
   }
 
-  static void Save(const Optimizer<Hyper>& opt, const std::string& path, const LossScaler* scaler,
-                   const CheckpointCounters& counters, int world_size = 1,
-                   const std::string& optimizer_class = OptimizerClass(Descriptor::kName)) {
-    const std::span<const Segment> segments = opt.storage_.segments();
+  // What a save reads: an Optimizer's storage, or a DistributedOptimizer's whole model (whose
+  // state slots and masters a sharded save writes from each rank's shards).
+  struct Source {
+    std::span<const Segment> segments;
+    std::span<const Hyper> groups;
+    std::span<const std::int64_t> steps, buffer_steps;
+    AccumulationWindow window;
+    std::function<const float*(std::size_t)> accumulator;  // of tensor i, inside a window
+    StorageOptions options;
+    int world_size = 1;
+    std::string optimizer_class = OptimizerClass(Descriptor::kName);
+  };
+
+  static Source SourceOf(const Optimizer<Hyper>& opt) {
+    return {opt.storage_.segments(),
+            opt.groups_,
+            opt.steps_,
+            opt.buffer_steps_,
+            opt.window_,
+            [&opt](std::size_t i) {
+              return const_cast<FlatStorage&>(opt.storage_).accumulator(i).data();
+            },
+            opt.storage_.options()};
+  }
+
+  // What a save writes: the metadata and the tensors in file order. Each tensor of a state slot
+  // or of the masters says which (tensor, slot) it is: a sharded save writes those in pieces.
+  struct Manifest {
+    Json meta;
     std::vector<CheckpointTensor> tensors;
+    std::vector<std::optional<std::pair<std::size_t, int>>> sharded;  // one per tensor
     std::deque<float> numbers;  // the 0-d tensors' values (a deque: their addresses stay put)
+  };
+
+  static Manifest ManifestOf(const Source& src, const LossScaler* scaler,
+                             const CheckpointCounters& counters) {
+    Manifest m;
+    const std::span<const Segment> segments = src.segments;
     auto add = [&](std::string name, DType dtype, std::vector<std::int64_t> shape, const void* data,
-                   std::size_t numel) {
-      tensors.push_back({std::move(name),
-                         checkpoint_meta::FileDTypeName(dtype),
-                         std::move(shape),
-                         {static_cast<const std::byte*>(data), numel * DTypeSize(dtype)}});
-      return Json{{"tensor", tensors.back().name}};
+                   std::size_t numel, std::optional<std::pair<std::size_t, int>> sharded = {}) {
+      m.tensors.push_back({std::move(name),
+                           checkpoint_meta::FileDTypeName(dtype),
+                           std::move(shape),
+                           {static_cast<const std::byte*>(data), numel * DTypeSize(dtype)}});
+      m.sharded.push_back(sharded);
+      return Json{{"tensor", m.tensors.back().name}};
     };
     auto add_number = [&](std::string name, float value) {
-      numbers.push_back(value);
-      return add(std::move(name), DType::kF32, {}, &numbers.back(), 1);
+      m.numbers.push_back(value);
+      return add(std::move(name), DType::kF32, {}, &m.numbers.back(), 1);
     };
 
     Json state = Json::object(), params = Json::array();
@@ -160,14 +195,15 @@ struct OptimizerCheckpoint {
           add("param." + std::to_string(i), s.param_dtype, ShapeOf(s), s.param, s.numel)["tensor"]);
       Json entry = Json::object();
       if constexpr (algos::CountsSteps<Descriptor>()) {
-        entry["step"] = add_number(prefix + "step", static_cast<float>(opt.steps_[i]));
+        entry["step"] = add_number(prefix + "step", static_cast<float>(src.steps[i]));
       }
       for (int slot = 0; slot < kMaxStates; ++slot) {
         if (!KeepsSlot<Descriptor>(s, slot)) continue;
-        if (kMomentumBufferOnFirstStep<Hyper> && opt.buffer_steps_[i] == 0) continue;  // None
+        if (kMomentumBufferOnFirstStep<Hyper> && src.buffer_steps[i] == 0) continue;  // None
         const std::string key = Descriptor::kStates[static_cast<std::size_t>(slot)];
         auto [numel, shape] = StateShape<Descriptor>(s, slot);
-        entry[key] = add(prefix + key, s.state_dtype, std::move(shape), s.state[slot], numel);
+        entry[key] = add(prefix + key, s.state_dtype, std::move(shape), s.state[slot], numel,
+                         std::pair(i, slot));
       }
       for (std::size_t k = 0; k < algos::NumScalarStates<Descriptor>(); ++k) {
         if constexpr (algos::HasScalarStates<Descriptor>) {
@@ -175,71 +211,84 @@ struct OptimizerCheckpoint {
           entry[key] = add_number(prefix + key, *s.scalars[k]);
         }
       }
-      if (s.master != nullptr && opt.steps_[i] > 0) {  // synced at the tensor's first step
-        entry["master_param"] =
-            add(prefix + "master_param", DType::kF32, ShapeOf(s), s.master, s.numel);
+      if (s.master != nullptr && src.steps[i] > 0) {  // synced at the tensor's first step
+        entry["master_param"] = add(prefix + "master_param", DType::kF32, ShapeOf(s), s.master,
+                                    s.numel, std::pair(i, kMasters));
       }
       state[std::to_string(i)] = std::move(entry);
     }
 
     Json sums = Json::object(), window = Json::array();
-    if (opt.window_.pending > 0) {
+    if (src.window.pending > 0) {
       for (std::size_t i = 0; i < segments.size(); ++i) {
         window.push_back(i);
-        sums[std::to_string(i)] =
-            add("accumulator." + std::to_string(i), DType::kF32, ShapeOf(segments[i]),
-                const_cast<FlatStorage&>(opt.storage_).accumulator(i).data(), segments[i].numel);
+        sums[std::to_string(i)] = add("accumulator." + std::to_string(i), DType::kF32,
+                                      ShapeOf(segments[i]), src.accumulator(i), segments[i].numel);
       }
     }
 
     Json groups = Json::array();
-    for (std::size_t g = 0; g < opt.groups_.size(); ++g) {
+    for (std::size_t g = 0; g < src.groups.size(); ++g) {
       std::vector<std::size_t> members;
       for (std::size_t i = 0; i < segments.size(); ++i) {
         if (segments[i].group == g) members.push_back(i);
       }
-      groups.push_back(checkpoint_meta::EncodeGroup(opt.groups_[g], members));
+      groups.push_back(checkpoint_meta::EncodeGroup(src.groups[g], members));
     }
-    const StorageOptions& options = opt.storage_.options();
-    const Json layout = Layout(opt);
-    const Json meta = {
+    const Json layout = Layout(segments, src.groups.size());
+    const std::vector<std::int64_t> steps(src.steps.begin(), src.steps.end());
+    const std::vector<std::int64_t> buffer_steps(src.buffer_steps.begin(), src.buffer_steps.end());
+    m.meta = {
         {"fusedopt_checkpoint", checkpoint_meta::kFormat},
         {"algorithm", Descriptor::kName},
-        {"optimizer_class", optimizer_class},
+        {"optimizer_class", src.optimizer_class},
         {"param_groups", groups},
         {"state", state},
         {"params", params},
         {"layout", layout},
         {"layout_hash", LayoutHash(layout.dump())},
-        {"world_size", world_size},
+        {"world_size", src.world_size},
         {"accumulation",
-         {{"micro_batches", opt.window_.pending},
-          {"found_inf", opt.window_.found_inf},
-          {"steps", opt.window_.steps},
+         {{"micro_batches", src.window.pending},
+          {"found_inf", src.window.found_inf},
+          {"steps", src.window.steps},
           {"window", window},
           {"sums", sums},
           {"torch_sums", Json::object()}}},
-        {"stochastic_rounding", {options.stochastic_rounding, options.rounding_seed}},
+        {"stochastic_rounding", {src.options.stochastic_rounding, src.options.rounding_seed}},
         // Where torch's state has no step count (SGD, Lion, LARS), the C++ Optimizer's own counts,
         // which key stochastic rounding: a resumed run rounds as the uninterrupted one.
         {"step_counts", algos::CountsSteps<Descriptor>()
                             ? Json()
-                            : Json{{"steps", opt.steps_}, {"buffer_steps", opt.buffer_steps_}}},
+                            : Json{{"steps", steps}, {"buffer_steps", buffer_steps}}},
         {"scaler", scaler == nullptr ? Json() : checkpoint_meta::EncodeScaler(*scaler)},
         {"scheduler", nullptr},
         {"model", nullptr},
         {"extra", checkpoint_meta::EncodeCounters(counters)},
     };
     // Widest dtype first (as fusedopt.save_checkpoint): every tensor starts aligned to its size.
-    std::stable_sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) {
-      return (a.dtype == "F32") > (b.dtype == "F32");
+    std::vector<std::size_t> order(m.tensors.size());
+    for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return (m.tensors[a].dtype == "F32") > (m.tensors[b].dtype == "F32");
     });
-    WriteCheckpointFile(path, meta.dump(), tensors);
+    Manifest sorted{std::move(m.meta), {}, {}, std::move(m.numbers)};
+    for (std::size_t k : order) {
+      sorted.tensors.push_back(std::move(m.tensors[k]));
+      sorted.sharded.push_back(m.sharded[k]);
+    }
+    return sorted;
+  }
+
+  static void Save(const Source& src, const std::string& path, const LossScaler* scaler,
+                   const CheckpointCounters& counters) {
+    const Manifest m = ManifestOf(src, scaler, counters);
+    WriteCheckpointFile(path, m.meta.dump(), m.tensors);
   }
 
   static CheckpointCounters Load(Optimizer<Hyper>& opt, const std::string& path,
                                  LossScaler* scaler) {
-    const CheckpointFile file = ReadCheckpointFile(path);
+    const CheckpointFile file = ReadCheckpoint(path);
     const Json meta = checkpoint_meta::ParseMetadata(file, path);
     const checkpoint_meta::TensorTable table(file, path);
     const std::string algorithm = meta.value("algorithm", Json()).dump();
@@ -415,15 +464,19 @@ struct OptimizerCheckpoint {
   // The one-process Optimizer `one` (built with d's groups, specs and storage options) made the
   // run d equals: its params, every state slot and master gathered from the ranks' shards
   // (collective), its step counts and scalar states.
-  static void Consolidate(DistributedOptimizer<Hyper>& d, Optimizer<Hyper>& one) {
-    // Every rank allocates its slots together (at construction and in Step), but a rank whose
-    // shards hold no element keeps none: the ranks agree on the union.
+  // The state slots allocated (collective): every rank allocates its slots together (at
+  // construction and in Step), but a rank whose shards hold no element keeps none.
+  static unsigned AllocatedSlots(DistributedOptimizer<Hyper>& d) {
     double slots = 0;
     for (int slot = 0; slot < kMaxStates; ++slot) {
       if (!d.states_[slot].empty()) slots += static_cast<double>(1u << slot);
     }
     d.comm_->AllReduce(&slots, 1, CommType::kF64, ReduceOp::kMax);
-    const auto allocated = static_cast<unsigned>(slots);
+    return static_cast<unsigned>(slots);
+  }
+
+  static void Consolidate(DistributedOptimizer<Hyper>& d, Optimizer<Hyper>& one) {
+    const unsigned allocated = AllocatedSlots(d);
     one.storage_.AllocateStates(allocated);
     const std::size_t param_size = DTypeSize(d.storage_.param_dtype);
     const std::span<const Segment> segments = one.storage_.segments();
@@ -473,7 +526,10 @@ struct OptimizerCheckpoint {
     std::exception_ptr error;
     if (d.comm_->rank() == 0) {
       try {
-        Save(one, path, scaler, counters, d.comm_->size(), DistributedClass(d));
+        Source src = SourceOf(one);
+        src.world_size = d.comm_->size();
+        src.optimizer_class = DistributedClass(d);
+        Save(src, path, scaler, counters);
       } catch (...) {
         error = std::current_exception();
       }
@@ -482,6 +538,90 @@ struct OptimizerCheckpoint {
       if (error) std::rethrow_exception(error);
       throw std::runtime_error("SaveCheckpoint: rank 0 could not write " + path);
     }
+  }
+
+  // Every rank writes its file of the shard set at `path` (fusedopt/checkpoint_file.h): rank 0
+  // the metadata and the tensors that are not sharded, each rank the pieces of the state slots and
+  // masters that its shard of every bucket holds. Nothing is gathered.
+  static void SaveSharded(DistributedOptimizer<Hyper>& d, const std::string& path,
+                          const LossScaler* scaler, const CheckpointCounters& counters) {
+    const unsigned slots = AllocatedSlots(d);
+    // The save's id, rank 0's draw (53 bits: exact in the f64 every rank receives).
+    double id = 0;
+    if (d.comm_->rank() == 0) {
+      std::random_device random;
+      id = static_cast<double>((std::uint64_t{random()} << 32 | random()) >> 11);
+    }
+    d.comm_->AllReduce(&id, 1, CommType::kF64, ReduceOp::kMax);
+    const int rank = d.comm_->rank(), ranks = d.comm_->size();
+    const Json record = {
+        {"set", std::to_string(static_cast<std::uint64_t>(id))}, {"rank", rank}, {"ranks", ranks}};
+    std::exception_ptr error;
+    try {
+      // The whole model's segments: params and scalar states as every rank holds them; the state
+      // slots and masters are marked present (never read through them: this rank's shards are
+      // written below).
+      static const std::byte kSharded{};
+      void* const marker = const_cast<std::byte*>(&kSharded);
+      std::vector<Segment> segments(d.specs_.size());
+      const std::size_t param_size = DTypeSize(d.storage_.param_dtype);
+      for (std::size_t t = 0; t < segments.size(); ++t) {
+        Segment& s = segments[t];
+        const TensorSpec& spec = d.specs_[t];
+        s.param = d.params_.data() + d.layout_.offsets[t] * param_size;
+        s.numel = spec.numel, s.rows = spec.rows, s.cols = spec.cols, s.group = spec.group;
+        s.param_dtype = d.storage_.param_dtype, s.state_dtype = d.storage_.state_dtype;
+        for (int slot = 0; slot < kMaxStates; ++slot) {
+          if ((slots >> slot & 1u) != 0) s.state[slot] = marker;
+        }
+        if (d.storage_.master_weights) s.master = static_cast<float*>(marker);
+        for (int k = 0; k < kMaxScalars; ++k) s.scalars[k] = &d.scalars_[t * kMaxScalars + k];
+      }
+      Source src{segments, d.groups_, d.steps_, d.buffer_steps_, {}, {}, d.storage_};
+      src.world_size = ranks;
+      src.optimizer_class = DistributedClass(d);
+      const Manifest m = ManifestOf(src, scaler, counters);
+
+      Json listed = Json::array();
+      std::vector<CheckpointTensor> mine;
+      for (std::size_t k = 0; k < m.tensors.size(); ++k) {
+        const CheckpointTensor& t = m.tensors[k];
+        listed.push_back({t.name, t.dtype, t.shape});
+        if (!m.sharded[k].has_value()) {
+          if (rank == 0) mine.push_back(t);
+          continue;
+        }
+        const auto [tensor, slot] = *m.sharded[k];
+        const std::size_t size = DTypeSize(slot == kMasters ? DType::kF32 : d.storage_.state_dtype);
+        const std::size_t first = d.layout_.offsets[tensor], last = first + t.data.size() / size;
+        for (const auto& [begin, end] : d.ShardRanges()) {
+          const std::size_t lo = std::max(begin, first), hi = std::min(end, last);
+          if (lo >= hi) continue;
+          const std::span<const std::byte> local = d.LocalBuffer(slot, "SaveCheckpoint");
+          mine.push_back({t.name + "@" + std::to_string(lo - first),
+                          t.dtype,
+                          {static_cast<std::int64_t>(hi - lo)},
+                          local.subspan(d.LocalIndex(lo) * size, (hi - lo) * size)});
+        }
+      }
+      Json meta = rank == 0 ? m.meta
+                            : Json{{"fusedopt_checkpoint", checkpoint_meta::kFormat},
+                                   {"algorithm", Descriptor::kName},
+                                   {"optimizer_class", src.optimizer_class},
+                                   {"world_size", ranks}};
+      meta["shard"] = record;
+      if (rank == 0) meta["shard"]["tensors"] = listed;
+      WriteCheckpointFile(CheckpointShardPath(path, rank, ranks), meta.dump(), mine);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (AnyRankFailed(d, error != nullptr)) {
+      if (error) std::rethrow_exception(error);
+      throw std::runtime_error("SaveShardedCheckpoint: another rank could not write its file of " +
+                               path);
+    }
+    // The set is whole: what else lies at `path` (a file, another world size's set) is older.
+    if (rank == 0) RemoveCheckpointsAt(path, ranks);
   }
 
   static CheckpointCounters LoadDistributed(DistributedOptimizer<Hyper>& d, const std::string& path,
@@ -555,7 +695,8 @@ struct OptimizerCheckpoint {
 template <class Hyper>
 void SaveCheckpoint(const Optimizer<Hyper>& optimizer, const std::string& path,
                     const LossScaler* scaler, const CheckpointCounters& counters) {
-  OptimizerCheckpoint<Hyper>::Save(optimizer, path, scaler, counters);
+  OptimizerCheckpoint<Hyper>::Save(OptimizerCheckpoint<Hyper>::SourceOf(optimizer), path, scaler,
+                                   counters);
 }
 
 template <class Hyper>
@@ -575,6 +716,12 @@ void SaveCheckpoint(DistributedOptimizer<Hyper>& optimizer, const std::string& p
 }
 
 template <class Hyper>
+void SaveShardedCheckpoint(DistributedOptimizer<Hyper>& optimizer, const std::string& path,
+                           const LossScaler* scaler, const CheckpointCounters& counters) {
+  OptimizerCheckpoint<Hyper>::SaveSharded(optimizer, path, scaler, counters);
+}
+
+template <class Hyper>
 CheckpointCounters LoadCheckpoint(DistributedOptimizer<Hyper>& optimizer, const std::string& path,
                                   LossScaler* scaler) {
   return OptimizerCheckpoint<Hyper>::LoadDistributed(optimizer, path, scaler);
@@ -587,6 +734,9 @@ CheckpointCounters LoadCheckpoint(DistributedOptimizer<Hyper>& optimizer, const 
                                              LossScaler*);                                       \
   template void SaveCheckpoint(DistributedOptimizer<algos::Algo::Hyper>&, const std::string&,    \
                                const LossScaler*, const CheckpointCounters&);                    \
+  template void SaveShardedCheckpoint(DistributedOptimizer<algos::Algo::Hyper>&,                 \
+                                      const std::string&, const LossScaler*,                     \
+                                      const CheckpointCounters&);                                \
   template CheckpointCounters LoadCheckpoint(DistributedOptimizer<algos::Algo::Hyper>&,          \
                                              const std::string&, LossScaler*);
 FOPT_FOR_EACH_ALGORITHM(FOPT_INSTANTIATE)

@@ -18,6 +18,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <system_error>
@@ -524,6 +525,14 @@ void WriteCheckpointFile(const std::string& path, std::string_view metadata,
 
 CheckpointFile ReadCheckpointFile(const std::string& path, std::size_t max_header_bytes) {
   return Reader(path).Read(max_header_bytes);
+}
+
+std::optional<std::size_t> CheckpointTensorBytes(std::string_view dtype,
+                                                 std::span<const std::int64_t> shape) {
+  const std::size_t item = ItemSize(dtype);
+  std::size_t bytes = 0;
+  if (item == 0 || !ByteSize(shape, item, bytes)) return std::nullopt;
+  return bytes;
 }
 
 std::string LayoutHash(std::string_view layout_json) {

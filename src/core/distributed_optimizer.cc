@@ -189,6 +189,11 @@ std::size_t DistributedOptimizer<Hyper>::LocalIndex(std::size_t flat) const {
 template <class Hyper>
 std::vector<std::pair<std::size_t, std::size_t>> DistributedOptimizer<Hyper>::LocalRanges() const {
   if (options_.zero == 0) return {{0, layout_.numel}};
+  return ShardRanges();
+}
+
+template <class Hyper>
+std::vector<std::pair<std::size_t, std::size_t>> DistributedOptimizer<Hyper>::ShardRanges() const {
   std::vector<std::pair<std::size_t, std::size_t>> ranges;
   for (const ShardLayout::Bucket& b : layout_.buckets) {
     const std::size_t begin = b.begin + static_cast<std::size_t>(comm_->rank()) * b.shard;

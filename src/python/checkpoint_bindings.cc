@@ -98,13 +98,13 @@ void BindCheckpoint(py::module_& m) {
         CheckpointFile file;
         {
           py::gil_scoped_release release;
-          file = ReadCheckpointFile(path, max_header_bytes);
+          file = ReadCheckpoint(path, max_header_bytes);
         }
         return file;
       },
       py::arg("path"), py::arg("max_header_bytes") = kMaxCheckpointHeaderBytes,
-      "Reads and verifies a checkpoint file (format, offsets, checksum); ValueError says what is "
-      "wrong.");
+      "Reads and verifies a checkpoint file (format, offsets, checksum), or where no file is, the "
+      "shard set saved at path (assembled); ValueError says what is wrong.");
   m.def("checkpoint_layout_hash", &LayoutHash, py::arg("layout_json"),
         "The metadata's layout_hash: XXH3-64 of the layout record's compact JSON, 16 hex digits.");
 }

@@ -397,7 +397,7 @@ void Save(const ClassOps& ops, const torch::optim::Optimizer& optimizer, const s
 
 CheckpointCounters Load(const ClassOps& ops, torch::optim::Optimizer& optimizer,
                         const std::string& path, const CheckpointParts& parts) {
-  const CheckpointFile file = ReadCheckpointFile(path);
+  const CheckpointFile file = ReadCheckpoint(path);
   const Json meta = checkpoint_meta::ParseMetadata(file, path);
   const Reader reader(file, path);
   if (meta.value("algorithm", Json()) != ops.algorithm) {

@@ -21,7 +21,8 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::regex& CheckpointPattern() {
-  static const std::regex pattern(R"(step-(\d{8,})\.safetensors)");
+  // A file, or a file of a shard set (a distributed run's): the same checkpoint's name.
+  static const std::regex pattern(R"(step-(\d{8,})(\.rank\d+-of-\d+)?\.safetensors)");
   return pattern;
 }
 
@@ -46,7 +47,7 @@ void PrepareCheckpointDir(const std::string& dir) {
                             "fusedopt::pt::Trainer: checkpoint_dir '" + dir + "' is not writable");
   }
   fs::remove(probe, ec);
-  static const std::regex stale(R"(\.step-\d{8,}\.safetensors\.tmp\..*)");
+  static const std::regex stale(R"(\.step-\d{8,}(\.rank\d+-of-\d+)?\.safetensors\.tmp\..*)");
   for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
     if (std::regex_match(e.path().filename().string(), stale)) fs::remove(e.path(), ec);
   }
@@ -59,7 +60,8 @@ std::map<std::int64_t, std::string> ListCheckpoints(const std::string& dir) {
     const std::string name = it->path().filename().string();
     std::smatch m;
     if (std::regex_match(name, m, CheckpointPattern())) {
-      found[std::stoll(m[1].str())] = it->path().string();
+      const std::int64_t step = std::stoll(m[1].str());
+      found[step] = CheckpointName(dir, step);
     }
   }
   return found;
@@ -70,8 +72,7 @@ void DropOldCheckpoints(const std::string& dir, int keep) {
   const auto found = ListCheckpoints(dir);
   auto it = found.begin();
   for (std::size_t n = found.size(); n > static_cast<std::size_t>(keep); --n, ++it) {
-    std::error_code ec;
-    fs::remove(it->second, ec);
+    RemoveCheckpointsAt(it->second, 0);  // the file, or every file of the set
   }
 }
 
@@ -80,7 +81,7 @@ std::optional<std::string> LatestCheckpoint(const std::string& dir,
   const auto found = ListCheckpoints(dir);
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
     try {
-      ReadCheckpointFile(it->second);
+      ReadCheckpoint(it->second);  // the file, or the shard set assembled
       return it->second;
     } catch (const std::exception& e) {  // CheckpointError, or a file that cannot be read
       if (skipped != nullptr) skipped->push_back(it->second + ": " + e.what());

@@ -77,6 +77,51 @@ foreach(name "rank 1" reduce_scatter all_gather backward)
   endif()
 endforeach()
 
+# Checkpoints of train --dist: a shard set every 2 updates (each rank writes its file). A run that
+# resumes from update 2, skipping a newer set with a rank missing, ends where the uninterrupted run
+# ends: the two final sets, consolidated, are the same bytes; and the same losses.
+set(common train --dist --zero 1 --model transformer_small --batch-size 4 --steps 4 --warmup 0
+    --quiet --checkpoint-every 2)
+run_ok(${common} --checkpoint-dir ${dir}/whole --json ${dir}/whole.json)
+file(GLOB sets RELATIVE ${dir}/whole ${dir}/whole/*)
+list(SORT sets)
+if(NOT sets STREQUAL "step-00000002.rank0-of-2.safetensors;step-00000002.rank1-of-2.safetensors;step-00000004.rank0-of-2.safetensors;step-00000004.rank1-of-2.safetensors")
+  message(FATAL_ERROR "train --dist --checkpoint-dir wrote ${sets}")
+endif()
+file(MAKE_DIRECTORY ${dir}/resumed)
+foreach(rank 0 1)
+  file(COPY_FILE ${dir}/whole/step-00000002.rank${rank}-of-2.safetensors
+       ${dir}/resumed/step-00000002.rank${rank}-of-2.safetensors)
+endforeach()
+file(COPY_FILE ${dir}/whole/step-00000004.rank0-of-2.safetensors
+     ${dir}/resumed/step-00000003.rank0-of-2.safetensors)
+execute_process(COMMAND ${mpirun} ${FUSEDOPT} ${common} --checkpoint-dir ${dir}/resumed --resume
+                        --json ${dir}/resumed.json
+                RESULT_VARIABLE rc ERROR_VARIABLE err TIMEOUT 120)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "skipping checkpoint [^\n]*step-00000003[^\n]*rank 1 of 2 is missing"
+   OR NOT err MATCHES "resuming from [^\n]*step-00000002.safetensors \\(update 2\\)")
+  message(FATAL_ERROR "train --dist --resume: exit '${rc}'\n${err}")
+endif()
+foreach(run whole resumed)
+  execute_process(COMMAND ${FUSEDOPT} ckpt consolidate ${dir}/${run}/step-00000004.safetensors
+                          -o ${dir}/${run}.safetensors
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "2 shards")
+    message(FATAL_ERROR "ckpt consolidate ${run}: exit '${rc}'\n${out}${err}")
+  endif()
+  file(SHA256 ${dir}/${run}.safetensors sha_${run})
+  file(READ ${dir}/${run}.json json)
+  string(JSON losses_${run} GET "${json}" losses)
+endforeach()
+if(NOT sha_whole STREQUAL sha_resumed)
+  message(FATAL_ERROR "the resumed run's final checkpoint differs from the uninterrupted run's")
+endif()
+string(JSON last GET "${losses_whole}" 3)
+string(JSON resumed_last GET "${losses_resumed}" 1)
+if(NOT last STREQUAL resumed_last)
+  message(FATAL_ERROR "final losses: ${last} uninterrupted, ${resumed_last} resumed")
+endif()
+
 # Bad input: named, exit 2, on every rank before any training.
 execute_process(COMMAND ${mpirun} ${FUSEDOPT} train --dist --model transformer_small --batch-size 3
                         --steps 1 --quiet

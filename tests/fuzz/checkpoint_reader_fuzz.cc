@@ -1,9 +1,9 @@
-// A libFuzzer target for the checkpoint reader, fusedopt::ReadCheckpointFile
-// (include/fusedopt/checkpoint_file.h): whatever the bytes of the file, it must not read out of
-// bounds, and it may only throw fusedopt::CheckpointError (a bad file) or std::system_error (the
-// file cannot be read). Any other exception, a crash, or an ASan/UBSan report is a finding.
-// scripts/fuzz builds it (clang -fsanitize=fuzzer,address,undefined) and runs it over the seed
-// corpus in tests/fuzz/corpus/ (tests/fuzz/make_corpus.py made it).
+// A libFuzzer target for the checkpoint reader, fusedopt::ReadCheckpointFile and
+// ReadCheckpointShards (include/fusedopt/checkpoint_file.h): whatever the bytes of the file, it
+// must not read out of bounds, and it may only throw fusedopt::CheckpointError (a bad file) or
+// std::system_error (the file cannot be read). Any other exception, a crash, or an ASan/UBSan
+// report is a finding. scripts/fuzz builds it (clang -fsanitize=fuzzer,address,undefined) and runs
+// it over the seed corpus in tests/fuzz/corpus/ (tests/fuzz/make_corpus.py made it).
 //
 // Each input is read three ways:
 //  1. as it is, with a small header limit (1 MiB) and with the default one (100 MiB);
@@ -18,6 +18,8 @@
 //     tensor's bytes inside the data section, numel * itemsize of them, the section covered exactly
 //     once), since the writer refuses any tensor whose data size does not match its shape and
 //     dtype.
+//  4. when a read succeeds: as a shard set of that one file (ReadCheckpointShards), which parses
+//     the shard record and assembles the pieces; what it assembles goes through 3.
 //
 // The input travels as a file, as the reader takes a path: one file (and one for mode 3) in a
 // directory of this process under $TMPDIR (or /tmp), reused for every input, removed at a normal
@@ -168,6 +170,21 @@ void CheckRoundTrip(const fusedopt::CheckpointFile& file) {
   if (!SameEntries(file, again)) Finding("an accepted checkpoint reads back differently");
 }
 
+// The input read as a shard set of one file (ReadCheckpointShards: the shard record, rank 0's
+// tensor list, the pieces): assembled or refused with CheckpointError; what it assembles is written
+// and read back like any accepted file.
+void CheckShardSet(const std::string& path) {
+  fusedopt::CheckpointFile whole;
+  try {
+    whole = fusedopt::ReadCheckpointShards(std::vector<std::string>{path});
+  } catch (const fusedopt::CheckpointError&) {
+    return;
+  } catch (const std::system_error&) {
+    return;
+  }
+  CheckRoundTrip(whole);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -180,13 +197,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const bool small_ok = TryRead(path, kSmallHeaderLimit, file);
   const bool default_ok = TryRead(path, fusedopt::kMaxCheckpointHeaderBytes, file);
   if (small_ok && !default_ok) Finding("accepted under the 1 MiB header limit, not the default");
-  if (default_ok) CheckRoundTrip(file);
+  if (default_ok) {
+    CheckRoundTrip(file);
+    CheckShardSet(path);
+  }
 
   // Mode 2: the same bytes with the checksum the reader computes, past which the parser is reached.
   std::vector<std::uint8_t> fixed(input.begin(), input.end());
   if (FixChecksum(fixed) && !std::equal(fixed.begin(), fixed.end(), input.begin())) {
     WriteFile(path, fixed);
-    if (TryRead(path, fusedopt::kMaxCheckpointHeaderBytes, file)) CheckRoundTrip(file);
+    if (TryRead(path, fusedopt::kMaxCheckpointHeaderBytes, file)) {
+      CheckRoundTrip(file);
+      CheckShardSet(path);
+    }
   }
   return 0;
 }

@@ -90,6 +90,19 @@ def main() -> None:
         made("valid_no_tensors.safetensors", lambda p: write(p, [], ""))
         made("valid_only_empty.safetensors", lambda p: write(p, [("z", torch.zeros(0, dtype=torch.int32))], "[]"))
         made("valid_unicode.safetensors", lambda p: write(p, [("é\u00e9\u4e2d", torch.ones(1))], '"\u00fc"'))
+        # Shard set files (ReadCheckpointShards): one rank's whole set; rank 0 of 2 (rank 1 missing); pieces with a
+        # gap between them.
+        def shard(ranks: int, pieces: list):
+            """A writer of rank 0's file of a set of `ranks`: param.0 whole, state.0.exp_avg in `pieces`."""
+            record = {"set": "7", "rank": 0, "ranks": ranks,
+                      "tensors": [["param.0", "F32", [3]], ["state.0.exp_avg", "F32", [3]]]}
+            tensors = [("param.0", torch.arange(3.0))] + [(f"state.0.exp_avg@{first}", torch.ones(n) * first)
+                                                          for first, n in pieces]
+            return lambda p: write(p, tensors, json.dumps({"fusedopt_checkpoint": 1, "shard": record}))
+        for name, ranks, pieces in [("valid_shard_set_of_one", 1, [(0, 2), (2, 1)]),
+                                    ("shard_rank_1_of_2_missing", 2, [(0, 2)]),
+                                    ("shard_pieces_with_a_gap", 1, [(0, 1), (2, 1)])]:
+            made(f"{name}.safetensors", shard(ranks, pieces))
 
     # Valid, crafted: keys in another order, a header with spaces, tensors listed out of data order.
     files["valid_crafted.safetensors"] = craft(

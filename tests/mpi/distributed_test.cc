@@ -15,6 +15,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -325,70 +328,90 @@ TEST(DistributedMpi, ShardedStateMovesBetweenWorldSizes) {
   }
 }
 
-// Checkpoint files across world sizes: P ranks of ZeRO-1 save (rank 0 writes the consolidated
-// file), one process loads it into an Optimizer and continues; one process saves, P ranks of
-// ZeRO-1 load and continue. Each ends bit for bit where one process's uninterrupted run ends: the
-// reduced gradient is rank 0's alone (the others give zeros, average = false), exact at any P.
-TEST(DistributedMpi, CheckpointFilesMoveBetweenWorldSizesBitForBit) {
-  mpi::MpiCommunicator comm;
-  const StorageOptions storage{.param_dtype = DType::kBF16, .master_weights = true};
-  // One name for every rank: rank 0's.
+// The checkpoint tests' run: AdamW on bf16 params with f32 masters. The gradient of step k is rank
+// 0's alone (the others give zeros, average = false): its reduction is exact at any P.
+using Dist = DistributedOptimizer<AdamWHyper>;
+const StorageOptions kCheckpointStorage{.param_dtype = DType::kBF16, .master_weights = true};
+
+float CheckpointGrad(int k, std::size_t t, std::size_t i) {
+  return Feature(k, t * 1000000 + i) * 100.0f;
+}
+
+template <class Opt>
+void InitCheckpointParams(Opt& opt) {
+  for (std::size_t t = 0; t < kTensors.size(); ++t) {
+    std::span<std::uint16_t> p;
+    if constexpr (requires { opt.storage(); }) {
+      p = opt.storage().template params<std::uint16_t>(t);
+    } else {
+      p = opt.template params<std::uint16_t>(t);
+    }
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      StoreFromF32(p.data(), DType::kBF16, i, Feature(999, t * 1000000 + i));
+    }
+  }
+}
+
+void StepOne(Optimizer<AdamWHyper>& opt, int k) {
+  for (std::size_t t = 0; t < kTensors.size(); ++t) {
+    const auto g = opt.storage().grads<float>(t);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = CheckpointGrad(k, t, i);
+  }
+  opt.Step();
+}
+
+std::unique_ptr<Dist> MakeDist(Communicator& comm, int zero) {
+  return std::make_unique<Dist>(
+      Groups<AdamWHyper>(), kTensors, kCheckpointStorage, comm,
+      DistributedOptions{.zero = zero, .bucket_bytes = kBucketBytes, .average = false});
+}
+
+void StepDist(Dist& opt, Communicator& comm, int k) {
+  for (std::size_t t = 0; t < kTensors.size(); ++t) {
+    const auto g = opt.grads(t);
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      g[i] = comm.rank() == 0 ? CheckpointGrad(k, t, i) : 0.0f;
+    }
+  }
+  opt.Step();
+}
+
+// A name in /tmp for every rank: rank 0's.
+std::string SharedTempName(Communicator& comm, const char* tag) {
   std::array<char, 128> name{};
-  std::snprintf(name.data(), name.size(), "/tmp/fusedopt_mpi_ckpt_%d",
+  std::snprintf(name.data(), name.size(), "/tmp/fusedopt_mpi_%s_%d", tag,
                 static_cast<int>(::getpid()));
   comm.Broadcast(name.data(), name.size(), CommType::kByte, 0);
-  const std::string sharded_file = std::string(name.data()) + "_sharded.safetensors";
-  const std::string whole_file = std::string(name.data()) + "_whole.safetensors";
-  const auto init = [](auto& opt) {
-    for (std::size_t t = 0; t < kTensors.size(); ++t) {
-      std::span<std::uint16_t> p;
-      if constexpr (requires { opt.storage(); }) {
-        p = opt.storage().template params<std::uint16_t>(t);
-      } else {
-        p = opt.template params<std::uint16_t>(t);
-      }
-      for (std::size_t i = 0; i < p.size(); ++i) {
-        StoreFromF32(p.data(), DType::kBF16, i, Feature(999, t * 1000000 + i));
-      }
-    }
-  };
-  const auto grad = [](int k, std::size_t t, std::size_t i) {
-    return Feature(k, t * 1000000 + i) * 100.0f;
-  };
-  const auto step_one = [&](Optimizer<AdamWHyper>& opt, int k) {
-    for (std::size_t t = 0; t < kTensors.size(); ++t) {
-      const auto g = opt.storage().grads<float>(t);
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad(k, t, i);
-    }
-    opt.Step();
-  };
-  using Dist = DistributedOptimizer<AdamWHyper>;
-  const auto make_dist = [&] {
-    return std::make_unique<Dist>(
-        Groups<AdamWHyper>(), kTensors, storage, comm,
-        DistributedOptions{.zero = 1, .bucket_bytes = kBucketBytes, .average = false});
-  };
-  const auto step_dist = [&](Dist& opt, int k) {
-    for (std::size_t t = 0; t < kTensors.size(); ++t) {
-      const auto g = opt.grads(t);
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = comm.rank() == 0 ? grad(k, t, i) : 0.0f;
-    }
-    opt.Step();
-  };
-  Optimizer<AdamWHyper> reference(Groups<AdamWHyper>(), kTensors, storage);
-  init(reference);
-  for (int k = 0; k < 3; ++k) step_one(reference, k);
+  return name.data();
+}
+
+void Barrier(Communicator& comm) {
+  double done = 1.0;
+  comm.AllReduce(&done, 1, CommType::kF64, ReduceOp::kSum);
+}
+
+// Checkpoint files across world sizes: P ranks of ZeRO-1 save (rank 0 writes the consolidated
+// file), one process loads it into an Optimizer and continues; one process saves, P ranks of
+// ZeRO-1 load and continue. Each ends bit for bit where one process's uninterrupted run ends.
+TEST(DistributedMpi, CheckpointFilesMoveBetweenWorldSizesBitForBit) {
+  mpi::MpiCommunicator comm;
+  const std::string name = SharedTempName(comm, "ckpt");
+  const std::string from_ranks_file = name + "_from_ranks.safetensors";
+  const std::string whole_file = name + "_whole.safetensors";
+  Optimizer<AdamWHyper> reference(Groups<AdamWHyper>(), kTensors, kCheckpointStorage);
+  InitCheckpointParams(reference);
+  for (int k = 0; k < 3; ++k) StepOne(reference, k);
   if (comm.rank() == 0) SaveCheckpoint(reference, whole_file);
-  for (int k = 3; k < 5; ++k) step_one(reference, k);
+  for (int k = 3; k < 5; ++k) StepOne(reference, k);
 
   // P ranks -> one process.
-  auto sharded = make_dist();
-  init(*sharded);
-  for (int k = 0; k < 3; ++k) step_dist(*sharded, k);
-  SaveCheckpoint(*sharded, sharded_file);
-  Optimizer<AdamWHyper> resumed(Groups<AdamWHyper>(), kTensors, storage);
-  LoadCheckpoint(resumed, sharded_file);
-  for (int k = 3; k < 5; ++k) step_one(resumed, k);
+  auto sharded = MakeDist(comm, 1);
+  InitCheckpointParams(*sharded);
+  for (int k = 0; k < 3; ++k) StepDist(*sharded, comm, k);
+  SaveCheckpoint(*sharded, from_ranks_file);
+  Optimizer<AdamWHyper> resumed(Groups<AdamWHyper>(), kTensors, kCheckpointStorage);
+  LoadCheckpoint(resumed, from_ranks_file);
+  for (int k = 3; k < 5; ++k) StepOne(resumed, k);
   for (std::size_t t = 0; t < kTensors.size(); ++t) {
     EXPECT_TRUE(std::ranges::equal(resumed.storage().params<std::uint16_t>(t),
                                    reference.storage().params<std::uint16_t>(t)))
@@ -402,9 +425,9 @@ TEST(DistributedMpi, CheckpointFilesMoveBetweenWorldSizesBitForBit) {
   }
 
   // One process -> P ranks (every rank reads rank 0's file).
-  auto loaded = make_dist();
+  auto loaded = MakeDist(comm, 1);
   LoadCheckpoint(*loaded, whole_file);
-  for (int k = 3; k < 5; ++k) step_dist(*loaded, k);
+  for (int k = 3; k < 5; ++k) StepDist(*loaded, comm, k);
   for (const int slot : {int{kExpAvg}, int{kExpAvgSq}, Dist::kMasterSlot}) {
     const std::vector<float> got = loaded->GatherState(slot);
     std::vector<float> want(got.size());
@@ -424,11 +447,119 @@ TEST(DistributedMpi, CheckpointFilesMoveBetweenWorldSizesBitForBit) {
         << "1 -> P, tensor " << t;
     EXPECT_EQ(loaded->step_count(t), 5);
   }
-  double done = 1.0;  // every rank has read the files before rank 0 removes them
-  comm.AllReduce(&done, 1, CommType::kF64, ReduceOp::kSum);
+  Barrier(comm);  // every rank has read the files before rank 0 removes them
   if (comm.rank() == 0) {
-    std::remove(sharded_file.c_str());
+    std::remove(from_ranks_file.c_str());
     std::remove(whole_file.c_str());
+  }
+}
+
+template <class F>
+void ExpectCheckpointError(F f, const std::string& says) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one saying " << says;
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Shard sets: every rank writes its own file, nothing gathered. Merged, a set is the file
+// SaveCheckpoint writes, byte for byte (zero 0 and 1); loaded, it continues bit for bit, into P
+// ranks and into one process; a set with a rank missing or mixed from two saves is refused, and the
+// optimizer it was loaded into is as it was.
+TEST(DistributedMpi, ShardedCheckpointsAreTheWholeFileInPieces) {
+  mpi::MpiCommunicator comm;
+  const std::string name = SharedTempName(comm, "shards");
+  const std::string whole = name + "_whole.safetensors", set = name + "_set.safetensors";
+  const std::string merged = name + "_merged.safetensors", later = name + "_later.safetensors";
+  Optimizer<AdamWHyper> reference(Groups<AdamWHyper>(), kTensors, kCheckpointStorage);
+  InitCheckpointParams(reference);
+  for (int k = 0; k < 5; ++k) StepOne(reference, k);
+  const auto expect_reference = [&](auto params, const char* what) {
+    for (std::size_t t = 0; t < kTensors.size(); ++t) {
+      EXPECT_TRUE(std::ranges::equal(params(t), reference.storage().params<std::uint16_t>(t)))
+          << what << ", tensor " << t;
+    }
+  };
+  const int last = comm.size() - 1;
+  for (const int zero : {0, 1}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    auto saved = MakeDist(comm, zero);
+    InitCheckpointParams(*saved);
+    for (int k = 0; k < 3; ++k) StepDist(*saved, comm, k);
+    SaveCheckpoint(*saved, whole, nullptr, {{"updates", 3}});
+    SaveCheckpoint(*saved, set);  // an older file at the set's path, which the sharded save removes
+    SaveShardedCheckpoint(*saved, set, nullptr, {{"updates", 3}});
+    if (comm.rank() == 0) {
+      EXPECT_FALSE(std::filesystem::exists(set));
+      const std::vector<std::string> files = FindCheckpointShards(set);
+      ASSERT_EQ(files.size(), static_cast<std::size_t>(comm.size()));
+      EXPECT_EQ(files[1], name + "_set.rank1-of-" + std::to_string(comm.size()) + ".safetensors");
+      WriteCheckpointFile(merged, ReadCheckpointShards(files));
+      EXPECT_TRUE(FileBytes(merged) == FileBytes(whole)) << "merged shards != consolidated file";
+    }
+
+    auto loaded = MakeDist(comm, 1);
+    EXPECT_EQ(LoadCheckpoint(*loaded, set).at("updates"), 3);
+    for (int k = 3; k < 5; ++k) StepDist(*loaded, comm, k);
+    expect_reference([&](std::size_t t) { return loaded->params<std::uint16_t>(t); }, "P -> P");
+    Optimizer<AdamWHyper> one(Groups<AdamWHyper>(), kTensors, kCheckpointStorage);
+    LoadCheckpoint(one, set);
+    for (int k = 3; k < 5; ++k) StepOne(one, k);
+    expect_reference([&](std::size_t t) { return one.storage().params<std::uint16_t>(t); },
+                     "P -> 1");
+    if (zero == 0) continue;
+
+    // Refused sets, on copies: a rank missing; ranks of two saves.
+    StepDist(*saved, comm, 3);
+    SaveShardedCheckpoint(*saved, later);
+    if (comm.rank() == 0) {
+      const std::string missing = name + "_missing.safetensors",
+                        mixed = name + "_mixed.safetensors";
+      const int ranks = comm.size();
+      for (int r = 0; r < last; ++r) {
+        std::filesystem::copy_file(CheckpointShardPath(set, r, ranks),
+                                   CheckpointShardPath(missing, r, ranks));
+      }
+      std::filesystem::copy_file(CheckpointShardPath(set, 0, ranks),
+                                 CheckpointShardPath(mixed, 0, ranks));
+      for (int r = 1; r < ranks; ++r) {
+        std::filesystem::copy_file(CheckpointShardPath(later, r, ranks),
+                                   CheckpointShardPath(mixed, r, ranks));
+      }
+      const std::string absent =
+          "rank " + std::to_string(last) + " of " + std::to_string(ranks) + " is missing";
+      std::vector<std::string> present;
+      for (int r = 0; r < last; ++r) present.push_back(CheckpointShardPath(set, r, ranks));
+      ExpectCheckpointError([&] { ReadCheckpointShards(present); }, absent);
+      const std::vector<std::byte> before(
+          reinterpret_cast<const std::byte*>(one.storage().flat_params()),
+          reinterpret_cast<const std::byte*>(one.storage().flat_params()) + 2 * kNumel);
+      for (const auto& [path, why] :
+           {std::pair(missing, absent), std::pair(mixed, std::string("different saves"))}) {
+        ExpectCheckpointError([&] { LoadCheckpoint(one, path); }, why);
+        EXPECT_EQ(std::memcmp(before.data(), one.storage().flat_params(), before.size()), 0);
+        EXPECT_EQ(one.step_count(0), 5);
+      }
+      for (const std::string& p : {missing, mixed}) {
+        for (int r = 0; r < ranks; ++r) std::remove(CheckpointShardPath(p, r, ranks).c_str());
+      }
+    }
+  }
+  Barrier(comm);  // every rank has read the files before rank 0 removes them
+  if (comm.rank() == 0) {
+    for (const std::string& p : {whole, merged}) std::remove(p.c_str());
+    for (const std::string& p : {set, later}) {
+      for (int r = 0; r < comm.size(); ++r) {
+        std::remove(CheckpointShardPath(p, r, comm.size()).c_str());
+      }
+    }
   }
 }
 

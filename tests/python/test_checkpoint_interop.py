@@ -137,3 +137,79 @@ def test_fusedopt_train_resumes_bit_for_bit_and_python_reads_its_checkpoints(tmp
     for i in range(len(params)):
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(state[i][key], ckpt.tensors[f"state.{i}.{key}"]), (i, key)
+
+
+def test_python_reads_and_loads_the_shard_sets_of_fusedopt_train_dist(tmp_path):
+    """`fusedopt train --dist` writes a shard set per checkpoint (here the one rank of a plain process; the MPI tests
+    assemble sets of 2 and 3 ranks). fusedopt.read_checkpoint and load_checkpoint take the path it was saved at: the
+    set assembled is the file `fusedopt ckpt consolidate` writes, and its state loads into the Python class."""
+    saved_at = tmp_path / "step-00000002.safetensors"
+    fusedopt_cli("train", "--dist", "--zero", 1, *TINY[1:9], "--warmup", 0, "--steps", 2, "--threads", 1,
+                 "--checkpoint-dir", tmp_path, "--checkpoint-every", 2, "--quiet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002.rank0-of-1.safetensors"]
+    ckpt = fusedopt.read_checkpoint(saved_at)
+    assert ckpt.meta["optimizer_class"] == "fusedopt::DistributedOptimizer<adamw> zero=1" and "shard" not in ckpt.meta
+    fusedopt_cli("ckpt", "consolidate", saved_at, "-o", tmp_path / "whole.safetensors")
+    whole = tensors(tmp_path / "whole.safetensors")
+    assert whole.keys() == ckpt.tensors.keys()
+    for name, t in whole.items():
+        assert torch.equal(bits(ckpt.tensors[name]), bits(t)), name
+    params = [torch.nn.Parameter(torch.zeros(tuple(s))) for s, _ in ckpt.meta["layout"][1]]
+    opt = fusedopt.FusedAdamW(params)
+    assert fusedopt.load_checkpoint(opt, saved_at)["updates"] == 2
+    state = opt.state_dict()["state"]
+    for i, p in enumerate(params):
+        assert torch.equal(p.detach().reshape(-1), whole[f"param.{i}"].reshape(-1)), i
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(state[i][key].reshape(-1), whole[f"state.{i}.{key}"].reshape(-1)), (i, key)
+
+
+INTEROP_PT = INTEROP.parent / "checkpoint_interop_pt"
+PT_CLASSES = {"adamw": fusedopt.FusedAdamW, "sgd": fusedopt.FusedSGD, "lion": fusedopt.FusedLion,
+              "nadam": fusedopt.FusedNAdam}
+
+
+def pt_model() -> torch.nn.Sequential:
+    """checkpoint_interop_pt.cc's model, under the same state_dict names (0.weight, 0.bias, 2.weight, 2.bias)."""
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+
+
+@pytest.mark.parametrize("name", sorted(PT_CLASSES))
+def test_libtorch_python_libtorch_equals_one_libtorch_run(tmp_path, name):
+    """A libtorch model with a fusedopt::pt optimizer trains 2 steps and saves; Python loads that file into the same
+    model and the fused class, trains 2 more on the same batches and saves; libtorch loads the Python file and trains
+    2 more. The model and the optimizer state equal those of one libtorch run of 6 steps, bit for bit, and Python's
+    after its leg equal libtorch's after 4 (checkpoint_interop_pt.cc; both sides run one thread)."""
+    def run(steps, out, *given):
+        done = subprocess.run([str(INTEROP_PT), name, str(steps), str(out), *map(str, given)], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+
+    run(6, tmp_path / "whole.safetensors")
+    run(4, tmp_path / "four.safetensors")
+    run(2, tmp_path / "a.safetensors")
+    model = pt_model()
+    opt = PT_CLASSES[name](model.parameters())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = fusedopt.load_checkpoint(opt, tmp_path / "a.safetensors", model=model)["steps"]
+        for k in range(start, start + 2):
+            x = torch.from_numpy(value(2000 + k, np.arange(24))).view(4, 6)
+            target = torch.from_numpy(value(3000 + k, np.arange(12))).view(4, 3)
+            torch.nn.functional.mse_loss(model(x), target).backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    fusedopt.save_checkpoint(opt, tmp_path / "b.safetensors", model=model, extra={"steps": start + 2})
+    run(2, tmp_path / "c.safetensors", tmp_path / "b.safetensors")
+
+    four, python = tensors(tmp_path / "four.safetensors"), tensors(tmp_path / "b.safetensors")
+    whole, resumed = tensors(tmp_path / "whole.safetensors"), tensors(tmp_path / "c.safetensors")
+    assert any(k.startswith("model.") for k in whole) and any(k.startswith("state.") for k in whole)
+    assert whole.keys() == resumed.keys()
+    for name_, t in four.items():
+        assert torch.equal(bits(python[name_]), bits(t)), f"after 4 steps: {name_}"
+    for name_, t in whole.items():
+        assert torch.equal(bits(resumed[name_]), bits(t)), f"after 6 steps: {name_}"

@@ -1,14 +1,17 @@
 // `fusedopt ckpt inspect|verify FILE...`: what a checkpoint file holds (docs/checkpoints.md), and
-// whether it is whole. Both read each file with the engine's reader
-// (include/fusedopt/checkpoint_file.h), which checks the format, every offset and the checksum;
-// neither needs torch.
+// whether it is whole (FILE may be the path a shard set was saved at: the set assembled); `fusedopt
+// ckpt consolidate SHARD... -o FILE`: the files of a shard set merged into the one file a
+// consolidated save writes. All read with the engine's reader (include/fusedopt/checkpoint_file.h),
+// which checks the format, every offset and the checksum; none needs torch.
 
 #include <cstddef>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -47,10 +50,16 @@ void PrintMetadata(const std::string& text) {
               << " micro-batches\n";
   }
   if (meta.contains("extra")) std::cout << "  extra: " << meta["extra"].dump() << "\n";
+  const nlohmann::json shard = meta.value("shard", nlohmann::json());
+  if (shard.is_object()) {
+    std::cout << "  shard: rank " << shard.value("rank", nlohmann::json()).dump() << " of "
+              << shard.value("ranks", nlohmann::json()).dump() << " (save "
+              << shard.value("set", nlohmann::json()).dump() << ")\n";
+  }
 }
 
 void Inspect(const std::string& path) {
-  const CheckpointFile file = ReadCheckpointFile(path);
+  const CheckpointFile file = ReadCheckpoint(path);
   std::cout << path << ": " << file.tensors.size() << " tensors, " << file.data.size()
             << " bytes of data, checksum ok\n";
   PrintMetadata(file.metadata);
@@ -67,17 +76,41 @@ void Inspect(const std::string& path) {
 
 Command AddCkptCommand(CLI::App& app) {
   CLI::App* ckpt = app.add_subcommand(
-      "ckpt", "Checkpoint files: inspect (metadata and tensors) or verify (format and checksum)");
+      "ckpt",
+      "Checkpoint files: inspect (metadata and tensors), verify (format and checksum), or "
+      "consolidate a shard set into one file");
   struct Options {
     std::string action;
     std::vector<std::string> files;
+    std::string output;
   };
   auto options = std::make_shared<Options>();
-  ckpt->add_option("action", options->action, "inspect or verify")
+  ckpt->add_option("action", options->action, "inspect, verify or consolidate")
       ->required()
-      ->check(CLI::IsMember({"inspect", "verify"}));
-  ckpt->add_option("files", options->files, "Checkpoint files (.safetensors)")->required();
+      ->check(CLI::IsMember({"inspect", "verify", "consolidate"}));
+  ckpt->add_option("files", options->files,
+                   "Checkpoint files (.safetensors), or the paths shard sets were saved at; "
+                   "consolidate: one set's path, or every rank's file of it")
+      ->required();
+  ckpt->add_option("-o,--output", options->output, "consolidate: the file to write");
   return {ckpt, [options] {
+            if (options->action == "consolidate") {
+              return RunCommand("ckpt", [&] {
+                if (options->output.empty()) {
+                  throw std::invalid_argument("ckpt consolidate: --output FILE is required");
+                }
+                // One path that is no file: the path the set was saved at.
+                const bool saved_at =
+                    options->files.size() == 1 && !std::filesystem::exists(options->files[0]);
+                const std::vector<std::string> files =
+                    saved_at ? FindCheckpointShards(options->files[0]) : options->files;
+                const CheckpointFile whole = ReadCheckpointShards(files);
+                WriteCheckpointFile(options->output, whole);
+                std::cout << "wrote " << options->output << ": " << files.size() << " shards, "
+                          << whole.tensors.size() << " tensors, " << whole.data.size()
+                          << " bytes of data\n";
+              });
+            }
             // Every file is read, each failure named; the exit status is 1 if any failed.
             int status = 0;
             for (const std::string& path : options->files) {
@@ -85,7 +118,7 @@ Command AddCkptCommand(CLI::App& app) {
                 if (options->action == "inspect") {
                   Inspect(path);
                 } else {
-                  const CheckpointFile file = ReadCheckpointFile(path);
+                  const CheckpointFile file = ReadCheckpoint(path);
                   std::cout << "ok " << path << ": " << file.tensors.size() << " tensors, "
                             << file.data.size() << " bytes of data\n";
                 }

@@ -217,6 +217,23 @@ nlohmann::json Summarize(const Run& run, std::int64_t samples_per_update) {
           {"final_loss", run.losses.empty() ? 0.0 : run.losses.back()}};
 }
 
+}  // namespace
+
+void ValidateCheckpointOptions(const TrainOptions& o) {
+  const auto bad = [](const std::string& option, const std::string& value, const std::string& why) {
+    throw std::invalid_argument("invalid " + option + " " + value + " (" + why + ")");
+  };
+  if (o.checkpoint_every < 0)
+    bad("--checkpoint-every", std::to_string(o.checkpoint_every), "must be >= 0");
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) {
+    bad("--checkpoint-every", std::to_string(o.checkpoint_every), "needs --checkpoint-dir");
+  }
+  if (o.resume && o.checkpoint_dir.empty()) bad("--resume", "", "needs --checkpoint-dir");
+  if (o.keep_last < 0) bad("--keep-last", std::to_string(o.keep_last), "must be >= 0; 0: keep all");
+}
+
+namespace {
+
 void Validate(const TrainOptions& o) {
   const auto bad = [](const std::string& option, const std::string& value, const std::string& why) {
     throw std::invalid_argument("invalid " + option + " " + value + " (" + why + ")");
@@ -243,13 +260,7 @@ void Validate(const TrainOptions& o) {
   if ((!o.checkpoint_dir.empty() || o.resume) && o.impls.size() != 1) {
     bad("--checkpoint-dir", o.checkpoint_dir, "takes one --impl, not --compare");
   }
-  if (o.checkpoint_every < 0)
-    bad("--checkpoint-every", std::to_string(o.checkpoint_every), "must be >= 0");
-  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) {
-    bad("--checkpoint-every", std::to_string(o.checkpoint_every), "needs --checkpoint-dir");
-  }
-  if (o.resume && o.checkpoint_dir.empty()) bad("--resume", "", "needs --checkpoint-dir");
-  if (o.keep_last < 0) bad("--keep-last", std::to_string(o.keep_last), "must be >= 0; 0: keep all");
+  ValidateCheckpointOptions(o);
 }
 
 // A one-line bar on a terminal; on a pipe, a line every 10 %.

@@ -44,7 +44,8 @@ struct TrainOptions {
   bool predict = true;     // run the doctor on the torch impl's numbers (with torch and fused)
   // One impl only: checkpoints every checkpoint_every updates into checkpoint_dir, keeping the
   // newest keep_last (0: all); resume continues from the newest that verifies (the same batches
-  // follow as in an uninterrupted run, which it matches bit for bit).
+  // follow as in an uninterrupted run, which it matches bit for bit). With --dist each checkpoint
+  // is a shard set (every rank writes its file).
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;
   int keep_last = 0;
@@ -73,6 +74,10 @@ struct ResolvedHyper {
   bool nesterov;
 };
 ResolvedHyper ResolveHyper(const TrainOptions& options);
+
+// Throws std::invalid_argument for --checkpoint-every, --resume or --keep-last values that make no
+// sense (a negative count, a checkpoint option without --checkpoint-dir).
+void ValidateCheckpointOptions(const TrainOptions& options);
 
 // torch::optim's class or the reference's for-loop (fused false: impl "torch"), or fusedopt::pt's
 // class (impl "fused"), over `params`.

@@ -2,6 +2,10 @@
 // holds the model; its params live in the DistributedOptimizer's flat buffer (the module's
 // tensors are views of it), so the reduced, fused step updates the model in place. After each
 // backward, the rank's gradients are copied into the optimizer's buckets (as DDP copies them).
+// Checkpoints are shard sets (fusedopt/checkpoint.h, SaveShardedCheckpoint), named as the
+// one-process run names its files. They hold the params and the optimizer, not the models'
+// BatchNorm running statistics, which each rank keeps from its own slices and which no training
+// step reads: a resumed run's params and losses are the uninterrupted run's, bit for bit.
 
 #include <torch/torch.h>
 
@@ -9,18 +13,22 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <iomanip>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "fusedopt/checkpoint.h"
 #include "fusedopt/distributed.h"
 #include "fusedopt/pt/timeline.h"
 #include "src/algos/registry.h"
 #include "src/doctor/report_util.h"
 #include "src/mpi/mpi_communicator.h"
+#include "src/torch/checkpoint_dir.h"
 #include "tools/train/run.h"
 
 namespace fusedopt::train {
@@ -35,6 +43,52 @@ double Ms(Clock::time_point a, Clock::time_point b) {
 double MaxOverRanks(Communicator& comm, double value) {
   comm.AllReduce(&value, 1, CommType::kF64, ReduceOp::kMax);
   return value;
+}
+
+// Runs f on rank 0; if it throws, every rank throws (rank 0 f's error).
+template <class F>
+void OnRankZero(Communicator& comm, const F& f) {
+  std::exception_ptr error;
+  if (comm.rank() == 0) {
+    try {
+      f();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (MaxOverRanks(comm, error ? 1.0 : 0.0) != 0.0) {
+    if (error) std::rethrow_exception(error);
+    throw std::runtime_error("rank 0 failed (its message says why)");
+  }
+}
+
+// --resume: the update of the newest checkpoint in dir that verifies (rank 0 looks, every rank
+// loads it), or 0 without one.
+template <class Hyper>
+int Resume(const TrainOptions& o, DistributedOptimizer<Hyper>& opt, Communicator& comm,
+           std::ostream& progress) {
+  double update = 0;
+  OnRankZero(comm, [&] {
+    std::vector<std::string> skipped;
+    const std::optional<std::string> latest =
+        pt::detail::LatestCheckpoint(o.checkpoint_dir, &skipped);
+    for (const std::string& s : skipped) progress << "skipping checkpoint " << s << "\n";
+    for (const auto& [step, path] : pt::detail::ListCheckpoints(o.checkpoint_dir)) {
+      if (path == latest) update = static_cast<double>(step);
+    }
+  });
+  update = MaxOverRanks(comm, update);
+  if (update == 0) return 0;
+  const std::string path =
+      pt::detail::CheckpointName(o.checkpoint_dir, static_cast<std::int64_t>(update));
+  const CheckpointCounters counters = LoadCheckpoint(opt, path);
+  if (!counters.contains("updates")) {
+    throw std::invalid_argument("invalid --resume: " + path + " has no 'updates' counter");
+  }
+  if (comm.rank() == 0) {
+    progress << "resuming from " << path << " (update " << counters.at("updates") << ")\n";
+  }
+  return static_cast<int>(counters.at("updates"));
 }
 
 void Check(bool ok, const std::string& flag, const std::string& value, const std::string& why) {
@@ -124,13 +178,24 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
     reference_opt = MakeOptimizer(o.optimizer, true, reference.module->parameters(), resolved);
   }
 
+  const int total = o.warmup + o.steps;
+  int start = 0;
+  if (!o.checkpoint_dir.empty()) {
+    OnRankZero(comm, [&] { pt::detail::PrepareCheckpointDir(o.checkpoint_dir); });
+    if (o.resume) start = Resume(o, opt, comm, progress);
+    if (start >= total) {
+      throw std::invalid_argument(
+          "invalid --resume (the checkpoint is at update " + std::to_string(start) +
+          ": nothing left of --warmup + --steps = " + std::to_string(total) + ")");
+    }
+  }
+
   pt::Timeline timeline;
   const std::int64_t slice = batches.samples_per_batch() / ranks;
-  const int total = o.warmup + o.steps;
   std::vector<StepTimes> timed;
   std::vector<double> losses, reference_losses;
   std::uint64_t bytes_sent = 0;
-  for (int i = 0; i < total; ++i) {
+  for (int i = start; i < total; ++i) {
     const pt::Batch& batch = batches.Get(i);
     const bool warmup = i < o.warmup;
     MaxOverRanks(comm, 0.0);  // every rank starts the step together
@@ -181,6 +246,11 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
                 .optimizer_ms = MaxOverRanks(comm, Ms(grads_end, end)),
                 .exposed_comm_ms = MaxOverRanks(comm, opt.last_exposed_comm_ms())};
     if (!warmup) timed.push_back(s);
+    if (o.checkpoint_every > 0 && (i + 1) % o.checkpoint_every == 0) {
+      SaveShardedCheckpoint(opt, pt::detail::CheckpointName(o.checkpoint_dir, i + 1), nullptr,
+                            {{"updates", i + 1}});
+      OnRankZero(comm, [&] { pt::detail::DropOldCheckpoints(o.checkpoint_dir, o.keep_last); });
+    }
     if (reference_opt) {
       const torch::Tensor l = reference.loss(reference.forward(batch.input), batch.target);
       l.backward();
@@ -282,6 +352,9 @@ nlohmann::json RunDistributedTraining(const TrainOptions& o, const DistTrainOpti
   Check(d.zero == 0 || d.zero == 1, "--zero", std::to_string(d.zero), "0 or 1");
   Check(d.bucket_mb > 0.0, "--bucket-mb", bench::Num(d.bucket_mb), "must be > 0");
   Check(o.steps >= 1, "--steps", std::to_string(o.steps), "must be >= 1");
+  ValidateCheckpointOptions(o);
+  Check(!(d.reference && o.resume), "--reference", "",
+        "compares from the initialization, not --resume");
   const ResolvedHyper resolved = ResolveHyper(o);
   if (o.threads > 0) {
     torch::set_num_threads(o.threads);

@@ -117,9 +117,9 @@ Command AddTrainCommand(CLI::App& app) {
   parser->add_option("--chart", values->chart_path, "Draw the per-phase step breakdown (PNG)");
   parser->add_option("--trace", o.trace_path, "Write a Chrome trace-event timeline (JSON) here");
   parser->add_flag("--quiet", values->quiet, "No progress bar");
-  parser->add_option(
-      "--checkpoint-dir", o.checkpoint_dir,
-      "One --impl: write step-NNNNNNNN.safetensors checkpoints here (docs/checkpoints.md)");
+  parser->add_option("--checkpoint-dir", o.checkpoint_dir,
+                     "One --impl: write step-NNNNNNNN.safetensors checkpoints here (--dist: each a "
+                     "shard set, every rank its file; docs/checkpoints.md)");
   parser->add_option("--checkpoint-every", o.checkpoint_every, "A checkpoint every N updates")
       ->type_name("N");
   parser->add_option("--keep-last", o.keep_last, "Keep the newest K checkpoints (0: all)")
@@ -165,10 +165,6 @@ Command AddTrainCommand(CLI::App& app) {
             throw std::invalid_argument(
                 "--dist reports as text, --json and --trace (not --compare, --markdown or "
                 "--chart)");
-          }
-          if (v.dist && (!options.checkpoint_dir.empty() || options.resume)) {
-            throw std::invalid_argument(
-                "--checkpoint-dir and --resume train one process (not --dist yet)");
           }
           std::string json_path = v.json_path;
           if (json_path.empty() && !v.chart_path.empty()) json_path = v.chart_path + ".json";

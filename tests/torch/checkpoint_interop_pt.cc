@@ -1,0 +1,86 @@
+// One leg of tests/python/test_checkpoint_interop.py's libtorch test: a libtorch model and a
+// fusedopt::pt optimizer start fresh or from a checkpoint with a model (this program's, or
+// fusedopt.save_checkpoint's), train on known batches, and save the model and optimizer.
+//
+//   checkpoint_interop_pt adamw|sgd|lion|nadam STEPS OUT [IN]
+//
+// Model: Sequential(Linear(6, 5), Tanh, Linear(5, 3)), its params' elements (in the order of
+// parameters()) set from Value(1, i) when starting fresh. Step k's batch: x (4 × 6) = Value(2000 +
+// k, i), target (4 × 3) = Value(3000 + k, i), loss mse_loss(model(x), target). The file's counter
+// "steps" says how many came before. One thread (the Python leg runs the same ops on one).
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "fusedopt/pt/checkpoint.h"
+#include "fusedopt/pt/optim.h"
+#include "tests/test_support.h"
+
+namespace {
+
+torch::Tensor Values(unsigned seed, std::int64_t rows, std::int64_t cols) {
+  torch::Tensor t = torch::empty({rows, cols});
+  float* data = t.data_ptr<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    data[i] = fusedopt::test::HashedValue(seed, static_cast<std::size_t>(i));
+  }
+  return t;
+}
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& name,
+                                                       const std::vector<torch::Tensor>& params) {
+  namespace pt = fusedopt::pt;
+  if (name == "adamw") {
+    return std::make_unique<pt::AdamW>(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  }
+  if (name == "sgd") {
+    return std::make_unique<pt::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+  }
+  if (name == "lion") return std::make_unique<pt::Lion>(params, pt::LionOptions(1e-3));
+  if (name == "nadam") return std::make_unique<pt::NAdam>(params, pt::NAdamOptions(1e-2));
+  throw std::invalid_argument("unknown optimizer " + name);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: %s adamw|sgd|lion|nadam STEPS OUT [IN]\n", argv[0]);
+    return 2;
+  }
+  try {
+    torch::set_num_threads(1);
+    torch::nn::Sequential model(torch::nn::Linear(6, 5), torch::nn::Tanh(),
+                                torch::nn::Linear(5, 3));
+    const std::unique_ptr<torch::optim::Optimizer> opt = MakeOptimizer(argv[1], model->parameters());
+    std::int64_t done = 0;
+    if (argc == 5) {
+      done = fusedopt::pt::LoadCheckpoint(*opt, argv[4], {.model = model.get()}).at("steps");
+    } else {
+      torch::NoGradGuard no_grad;
+      std::size_t i = 0;
+      for (torch::Tensor& p : model->parameters()) {
+        float* data = p.data_ptr<float>();
+        for (std::int64_t k = 0; k < p.numel(); ++k) data[k] = fusedopt::test::HashedValue(1, i++);
+      }
+    }
+    for (int k = 0; k < std::stoi(argv[2]); ++k, ++done) {
+      const auto seed = static_cast<unsigned>(done);
+      const torch::Tensor loss =
+          torch::mse_loss(model->forward(Values(2000 + seed, 4, 6)), Values(3000 + seed, 4, 3));
+      loss.backward();
+      opt->step();
+      opt->zero_grad();
+    }
+    fusedopt::pt::SaveCheckpoint(*opt, argv[3], {.model = model.get(), .counters = {{"steps", done}}});
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "checkpoint_interop_pt: %s\n", e.what());
+    return 1;
+  }
+}
