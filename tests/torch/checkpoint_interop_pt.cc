@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
     torch::set_num_threads(1);
     torch::nn::Sequential model(torch::nn::Linear(6, 5), torch::nn::Tanh(),
                                 torch::nn::Linear(5, 3));
-    const std::unique_ptr<torch::optim::Optimizer> opt = MakeOptimizer(argv[1], model->parameters());
+    const std::unique_ptr<torch::optim::Optimizer> opt =
+        MakeOptimizer(argv[1], model->parameters());
     std::int64_t done = 0;
     if (argc == 5) {
       done = fusedopt::pt::LoadCheckpoint(*opt, argv[4], {.model = model.get()}).at("steps");
@@ -77,7 +78,8 @@ int main(int argc, char** argv) {
       opt->step();
       opt->zero_grad();
     }
-    fusedopt::pt::SaveCheckpoint(*opt, argv[3], {.model = model.get(), .counters = {{"steps", done}}});
+    fusedopt::pt::SaveCheckpoint(*opt, argv[3],
+                                 {.model = model.get(), .counters = {{"steps", done}}});
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "checkpoint_interop_pt: %s\n", e.what());
