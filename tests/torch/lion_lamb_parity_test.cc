@@ -8,8 +8,8 @@
 //    Before each step the test reads the optimizer's f32 params and state, runs the oracle in
 //    double from them with the options the test meant each group to have (not the optimizer's copy
 //    of them), applying LAMB's global clipping itself (apex: g / (norm / max_grad_norm) when norm >
-//    max_grad_norm); after the step it compares params (kTolerance), state (kStateTolerance) and
-//    step counts, as relative errors floored at 1% of each tensor's largest magnitude (as
+//    max_grad_norm); after the step it compares params (kParamTolerance), state (kStateTolerance)
+//    and step counts, as relative errors floored at 1% of each tensor's largest magnitude (as
 //    test_util.h's Compare). Params without a grad must stay bit-identical and get no state.
 //
 //    Lion's update is ±lr·sign(c), c = β1·m + (1 − β1)·g: where |c| is within rounding of zero
@@ -45,11 +45,10 @@ namespace fusedopt::pt::test {
 namespace {
 
 constexpr int kSteps = 20;
-constexpr double kTolerance = 2e-6;
+constexpr double kParamTolerance = 2e-6;
 // The moments' running sums cancel (m = β·m + (1 − β)·g): an element at the 1% floor carries the
 // f32 rounding of terms up to 100x larger.
 constexpr double kStateTolerance = 1e-5;
-constexpr double kInf = std::numeric_limits<double>::infinity();
 // A Lion element whose |c| is below this fraction of |β1·m| + |(1 − β1)·g| may take either sign in
 // f32 (its f32 error is below 2e-7 of that sum).
 constexpr double kAmbiguousSign = 1e-6;
@@ -175,7 +174,7 @@ void ExpectLionMatchesOracle(std::vector<LionOptions> meant) {
       }
     }
   }
-  EXPECT_LE(param_worst.rel, kTolerance) << "worst param: " << param_worst.where;
+  EXPECT_LE(param_worst.rel, kParamTolerance) << "worst param: " << param_worst.where;
   EXPECT_LE(exp_avg_worst.rel, kStateTolerance) << "worst exp_avg: " << exp_avg_worst.where;
   // Sign-ambiguous elements are rare: about 2·kAmbiguousSign of the elements per step.
   EXPECT_LT(ambiguous, param_worst.compared / 10000 + 10);
@@ -283,7 +282,7 @@ void ExpectLambMatchesOracle(std::vector<LambOptions> meant, bool expect_clipped
       }
     }
   }
-  EXPECT_LE(param_worst.rel, kTolerance) << "worst param: " << param_worst.where;
+  EXPECT_LE(param_worst.rel, kParamTolerance) << "worst param: " << param_worst.where;
   EXPECT_LE(exp_avg_worst.rel, kStateTolerance) << "worst exp_avg: " << exp_avg_worst.where;
   EXPECT_LE(exp_avg_sq_worst.rel, kStateTolerance)
       << "worst exp_avg_sq: " << exp_avg_sq_worst.where;

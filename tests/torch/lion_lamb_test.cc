@@ -33,8 +33,6 @@
 namespace fusedopt::pt::test {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
 // Options with weight decay (LAMB: clipping too) and betas away from the defaults.
 LionOptions TestOptions(LionOptions /*tag*/) {
   return LionOptions(1e-3).weight_decay(0.1).betas({0.95, 0.98});

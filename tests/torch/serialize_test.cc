@@ -15,7 +15,7 @@
 namespace fusedopt::pt::test {
 namespace {
 
-constexpr double kTolerance = 1e-5;
+constexpr double kRoundTripTolerance = 1e-5;
 
 // One optimizer pair per test instance, with options that create every kind of state.
 template <class FusedT, class ReferenceT, class OptionsT>
@@ -91,7 +91,7 @@ TYPED_TEST(TorchSerialize, FusedToTorchAndBack) {
         std::pair{&torch_params, &reference});
   EXPECT_TRUE(BitwiseEqual(fused2_params, fused_params))
       << "max rel diff " << MaxRelDiff(fused2_params, fused_params);
-  ExpectClose(torch_params, fused_params, kTolerance);
+  ExpectClose(torch_params, fused_params, kRoundTripTolerance);
 }
 
 TYPED_TEST(TorchSerialize, TorchToFused) {
@@ -109,7 +109,7 @@ TYPED_TEST(TorchSerialize, TorchToFused) {
   ASSERT_EQ(fused.state().size(), reference.state().size());
 
   Steps(kBefore, kAfter, std::pair{&torch_params, &reference}, std::pair{&fused_params, &fused});
-  ExpectClose(fused_params, torch_params, kTolerance);
+  ExpectClose(fused_params, torch_params, kRoundTripTolerance);
 }
 
 // State saved from an f32 model and loaded into the same model in bf16 is converted to the param's

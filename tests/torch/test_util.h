@@ -12,11 +12,14 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace fusedopt::pt::test {
+
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Runs fn, which must throw c10::Error whose message contains every one of `parts`.
 inline void ExpectTorchError(const std::function<void()>& fn,

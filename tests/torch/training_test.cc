@@ -24,8 +24,6 @@
 namespace fusedopt::pt::test {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
 std::vector<torch::Tensor> Flat(const Params& params) {
   std::vector<torch::Tensor> flat;
   for (const auto& group : params) flat.insert(flat.end(), group.begin(), group.end());
