@@ -62,7 +62,8 @@ CheckpointCounters LoadCheckpoint(DistributedOptimizer<Hyper>& optimizer, const 
 // set at `path` (fusedopt/checkpoint_file.h: path.rank<r>-of-<P>.safetensors), with the states
 // and masters of its shard of every bucket, and rank 0 the metadata, params and scalar states.
 // Once every rank's file is written, rank 0 removes what else lay at `path` (a file, another world
-// size's set). A failed write throws on every rank. Every LoadCheckpoint above takes the set's
+// size's set). A failed write throws on every rank, and the files of the set written are removed.
+// Every LoadCheckpoint above takes the set's
 // `path` (every rank reads the whole set; any world size and zero level), and
 // `fusedopt ckpt consolidate` merges it into the one file SaveCheckpoint writes, byte for byte.
 // Save each set under a new name (as the Trainers do): a crash while writing a set over an older

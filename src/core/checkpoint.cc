@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <random>
@@ -461,9 +462,6 @@ struct OptimizerCheckpoint {
     return counters;
   }
 
-  // The one-process Optimizer `one` (built with d's groups, specs and storage options) made the
-  // run d equals: its params, every state slot and master gathered from the ranks' shards
-  // (collective), its step counts and scalar states.
   // The state slots allocated (collective): every rank allocates its slots together (at
   // construction and in Step), but a rank whose shards hold no element keeps none.
   static unsigned AllocatedSlots(DistributedOptimizer<Hyper>& d) {
@@ -475,6 +473,9 @@ struct OptimizerCheckpoint {
     return static_cast<unsigned>(slots);
   }
 
+  // The one-process Optimizer `one` (built with d's groups, specs and storage options) made the
+  // run d equals: its params, every state slot and master gathered from the ranks' shards
+  // (collective), its step counts and scalar states.
   static void Consolidate(DistributedOptimizer<Hyper>& d, Optimizer<Hyper>& one) {
     const unsigned allocated = AllocatedSlots(d);
     one.storage_.AllocateStates(allocated);
@@ -582,6 +583,7 @@ struct OptimizerCheckpoint {
       src.optimizer_class = DistributedClass(d);
       const Manifest m = ManifestOf(src, scaler, counters);
 
+      const std::vector<std::pair<std::size_t, std::size_t>> ranges = d.ShardRanges();
       Json listed = Json::array();
       std::vector<CheckpointTensor> mine;
       for (std::size_t k = 0; k < m.tensors.size(); ++k) {
@@ -594,7 +596,7 @@ struct OptimizerCheckpoint {
         const auto [tensor, slot] = *m.sharded[k];
         const std::size_t size = DTypeSize(slot == kMasters ? DType::kF32 : d.storage_.state_dtype);
         const std::size_t first = d.layout_.offsets[tensor], last = first + t.data.size() / size;
-        for (const auto& [begin, end] : d.ShardRanges()) {
+        for (const auto& [begin, end] : ranges) {
           const std::size_t lo = std::max(begin, first), hi = std::min(end, last);
           if (lo >= hi) continue;
           const std::span<const std::byte> local = d.LocalBuffer(slot, "SaveCheckpoint");
@@ -616,6 +618,9 @@ struct OptimizerCheckpoint {
       error = std::current_exception();
     }
     if (AnyRankFailed(d, error != nullptr)) {
+      // No torn set: the files written are removed (a failed write left none).
+      std::error_code ignored;
+      std::filesystem::remove(CheckpointShardPath(path, rank, ranks), ignored);
       if (error) std::rethrow_exception(error);
       throw std::runtime_error("SaveShardedCheckpoint: another rank could not write its file of " +
                                path);

@@ -516,6 +516,18 @@ TEST(DistributedMpi, ShardedCheckpointsAreTheWholeFileInPieces) {
                      "P -> 1");
     if (zero == 0) continue;
 
+    // A save that fails on one rank (its file's name is taken by a folder) throws on every rank
+    // and leaves no file of the set.
+    const std::string failed = name + "_failed.safetensors";
+    const std::string blocked = CheckpointShardPath(failed, last, comm.size());
+    if (comm.rank() == 0) std::filesystem::create_directory(blocked);
+    Barrier(comm);
+    EXPECT_ANY_THROW(SaveShardedCheckpoint(*saved, failed));
+    Barrier(comm);  // every rank has cleaned up
+    for (int r = 0; r < comm.size(); ++r) {
+      EXPECT_FALSE(std::filesystem::exists(CheckpointShardPath(failed, r, comm.size()))) << r;
+    }
+
     // Refused sets, on copies: a rank missing; ranks of two saves.
     StepDist(*saved, comm, 3);
     SaveShardedCheckpoint(*saved, later);
