@@ -1061,5 +1061,21 @@ TEST(Validation, RmsproptfAcceptsTheEdges) {
   EXPECT_NO_THROW(RmsproptfStep(groups, m.segments()));
 }
 
+// A call without segments still checks its groups: the Python drop-in checks the hyper-parameters
+// this way before torch's step runs on some params, and before it counts a micro-batch.
+TEST(Validation, TrainingStepWithoutSegmentsChecksTheGroups) {
+  Runtime runtime(1);
+  const std::vector<AdamHyper> bad = {AdamHyper{}, AdamHyper{.lr = -1.0}};
+  try {
+    TrainingStep(std::span<const AdamHyper>(bad), std::span<Segment>(), {}, runtime);
+    ADD_FAILURE() << "an empty step with lr = -1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("group 1: invalid lr: -1"), std::string::npos) << e.what();
+  }
+  const std::vector<AdamHyper> good = {AdamHyper{}};
+  EXPECT_TRUE(
+      TrainingStep(std::span<const AdamHyper>(good), std::span<Segment>(), {}, runtime).stepped);
+}
+
 }  // namespace
 }  // namespace fusedopt

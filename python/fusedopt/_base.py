@@ -35,6 +35,12 @@ _ENGINE_CODES = {**DTYPE_CODES, torch.complex64: 0}  # a complex64 tensor is rea
 # int64, with room to count on.
 _MAX_STEP = 2.0**62
 _ABSENT = object()  # in an undo log: the key was not there
+# What a copy of an optimizer does not take over (besides torch's hooks, which torch's own copies drop too):
+# what is rebuilt from the copy's own params (caches keyed by tensor identity or address, the flat layout, the
+# master copies' marks: see __setstate__), and the attributes a GradScaler sets for one step.
+_NOT_COPIED = frozenset({"_flat", "_param_marks", "_segment_cache", "_last", "_offsets", "_overlap_free", "_wave_key",
+                         "_wave_plan", "_zero_grad_profile_name", "_warned_capturable_if_run_uncaptured",
+                         "grad_scale", "found_inf", "_found_inf_out"})
 _LIBRARY_DIRS = (os.path.dirname(__file__), os.path.dirname(torch.__file__))  # see _user_stacklevel
 _SPAN = operator.attrgetter("param", "numel", "param_dtype")  # of a _C.SegmentRow
 # Bound C methods, mapped over lists of tensors by the packing fast path (_pack_unchanged).
@@ -155,11 +161,39 @@ class FusedOptimizerMixin:
             return
         super().zero_grad(set_to_none=set_to_none)
 
+    def state_dict(self) -> dict:
+        """torch's state_dict; inside an accumulation window also the window (key "fusedopt_window": where it
+        stands and its f32 sums, by param index), which load_state_dict takes back and torch.optim ignores."""
+        state_dict = super().state_dict()
+        if self._micro_batches:
+            index: dict[torch.Tensor, int] = {}
+            for p in chain.from_iterable(g["params"] for g in self.param_groups):
+                index.setdefault(p, len(index))
+            state_dict["fusedopt_window"] = {
+                "micro_batches": self._micro_batches, "found_inf": self._window_found_inf,
+                "window": [index[p] for p in self._window],
+                "sums": {index[p]: self._accumulators[p] for p in self._window},
+                "torch_sums": {index[p]: t for p, t in self._torch_sums.items()}}
+        return state_dict
+
     def load_state_dict(self, state_dict: dict) -> None:
+        window = state_dict.get("fusedopt_window")
+        if window is not None and not 0 < window["micro_batches"] < self._accumulation_steps:
+            raise ValueError(f"fusedopt: the state_dict is {window['micro_batches']} micro-batches into an "
+                             f"accumulation window; this optimizer's accumulation_steps is {self._accumulation_steps}")
         # torch casts every floating state tensor to its param's dtype; f32 master copies and the
         # f32 moments of 16-bit params must survive that, so keep f32 copies and put them back.
         keep = self._f32_states_to_keep(state_dict)
         super().load_state_dict(state_dict)
+        if window is not None:
+            params = list(dict.fromkeys(chain.from_iterable(g["params"] for g in self.param_groups)))
+            self._micro_batches, self._window_found_inf = window["micro_batches"], window["found_inf"]
+            self._window = dict.fromkeys(params[i] for i in window["window"])
+            for i, t in window["sums"].items():  # laid out as its param, as the engine reads it beside the grad
+                p = params[i]
+                self._accumulators[p] = torch.empty_like(p, dtype=torch.float32,
+                                                         memory_format=torch.preserve_format).copy_(t)
+            self._torch_sums = {params[i]: t.clone() for i, t in window["torch_sums"].items()}
         self._segment_cache.clear()
         self._last = None
         params = [p for g in self.param_groups for p in g["params"]]
@@ -194,7 +228,20 @@ class FusedOptimizerMixin:
         self._segment_cache.clear()
         self._last = None
 
+    def __getstate__(self) -> dict:
+        """What copy.deepcopy and pickle carry: torch's defaults, state and param_groups, and all a copy needs to
+        continue as this optimizer would: the options, a subclass's own attributes (FusedLion's decoupled_wd,
+        FusedLAMB's set_grad_none), the accumulation window (f32 sums, counters), and which params' f32 master
+        copies (in state) are in sync with them. Not what __setstate__ rebuilds over the copy's own params."""
+        state = {k: v for k, v in self.__dict__.items() if k not in _NOT_COPIED and not k.startswith("_optimizer_")}
+        state["_copied"] = (self._flat is not None,
+                            [p for p, mark in self._param_marks.items() if mark == (p.data_ptr(), p._version)])
+        return state
+
     def __setstate__(self, state: dict) -> None:
+        # Called by copies (with __getstate__'s dict) and by torch's load_state_dict (state and param_groups only).
+        state = dict(state)
+        copied = state.pop("_copied", None)
         super().__setstate__(state)
         self.__dict__.setdefault("_master_weights", False)
         self.__dict__.setdefault("_flat", None)
@@ -212,6 +259,10 @@ class FusedOptimizerMixin:
         self.__dict__.setdefault("_torch_sums", {})
         self.__dict__["_segment_cache"] = {}
         self.__dict__["_last"] = None
+        if copied is not None:  # a copy's params are new tensors: its marks and flat buffers are its own
+            flatten, in_sync = copied
+            self._param_marks = {p: (p.data_ptr(), p._version) for p in in_sync}
+            self._flat = FlatStore(self) if flatten else None
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
@@ -273,10 +324,24 @@ class FusedOptimizerMixin:
         included, and can be retried. Params that take the reference's step (_route) have their
         sums here, in their own dtype (`_torch_sums`); the reference steps them from those when the
         engine steps."""
+        accumulators = dict(self._accumulators)  # put back if this call is rejected: it made none
+        try:
+            self._add_micro_batch(inv_scale, overflowed, found_out)
+        except BaseException:
+            self._accumulators.clear()
+            self._accumulators.update(accumulators)
+            raise
+
+    def _add_micro_batch(self, inv_scale: float, overflowed: bool, found_out) -> None:
+        closes = self._micro_batches + 1 == self._accumulation_steps
+        if not closes:
+            # The hyper-parameters the window's last call will be refused for are refused now, so a
+            # micro-batch is never counted into a window that cannot close (a call without segments:
+            # the engine's checks alone).
+            type(self)._engine_step(self._group_hypers(), _C.SegmentTable([]), [], [], 1.0, 1)
         grads, sums, fresh, with_grad, routed = [], [], [], {}, {}
         if not overflowed:  # (with_grad holds the grad tensors: flatten=True may replace p.grad below)
             grads, sums, fresh, with_grad, routed = self._micro_batch()
-        closes = self._micro_batches + 1 == self._accumulation_steps
         torch_sums, torch_inf = dict(self._torch_sums), False  # committed with the engine's window
         if routed:
             if self._max_grad_norm != math.inf:
@@ -285,7 +350,8 @@ class FusedOptimizerMixin:
             self._warn_routed(routed)
             for p in routed:  # sum += grad * inv_scale / k, as the engine's accumulators
                 add = p.grad * (inv_scale / self._accumulation_steps)
-                torch_inf |= not bool(torch.isfinite(add.coalesce().values() if add.is_sparse else add).all())
+                if add.device.type != "meta":  # (a meta tensor has no values: shape-only, as torch steps it)
+                    torch_inf |= not bool(torch.isfinite(add.coalesce().values() if add.is_sparse else add).all())
                 torch_sums[p] = add if p not in torch_sums else torch_sums[p] + add
         batch = (self._accumulation_steps, self._micro_batches, self._window_found_inf or overflowed or torch_inf,
                  grads, sums, fresh, inv_scale)
@@ -300,18 +366,26 @@ class FusedOptimizerMixin:
                         break
                     except _Relaid:
                         pass
-            report = self._engine(packed, 1.0, False, micro_batch=batch)
-            if (overflowed or torch_inf or report.found_inf) and found_out is not None:
-                found_out.fill_(1.0)
-            self._micro_batches, self._window_found_inf = report.pending, report.window_found_inf
-            self._window = {} if closes else {**self._window, **dict.fromkeys(with_grad)}
-            self._torch_sums = {} if closes else torch_sums
-            if closes:
-                self.last_grad_norm = report.grad_norm
-                if not report.stepped:
-                    raise _Skipped
-                if torch_sums:
-                    self._torch_step(torch_sums)
+
+            def engine():
+                report = self._engine(packed, 1.0, False, micro_batch=batch)
+                if (overflowed or torch_inf or report.found_inf) and found_out is not None:
+                    found_out.fill_(1.0)
+                self._micro_batches, self._window_found_inf = report.pending, report.window_found_inf
+                self._window = {} if closes else {**self._window, **dict.fromkeys(with_grad)}
+                self._torch_sums = {} if closes else torch_sums
+                if closes:
+                    self.last_grad_norm = report.grad_norm
+                    if not report.stepped:
+                        raise _Skipped  # (the window is over: the routed params' step is undone too)
+
+            if closes and torch_sums and not batch[2]:
+                # torch's step first, after the engine's checks of the hyper-parameters: a failure of
+                # either (or a window the engine skips) puts the routed params back (see _torch_step).
+                type(self)._engine_step(packed.hypers, _C.SegmentTable([]), [], [], 1.0, 1)
+                self._torch_step(torch_sums, then=engine)
+            else:
+                engine()
         except BaseException as e:
             _roll_back(undo)
             if not isinstance(e, _Skipped):
@@ -322,14 +396,16 @@ class FusedOptimizerMixin:
         With strict=True that is an error instead; so is a sparse grad where the reference refuses
         it too (with its error)."""
         if g.is_sparse and not self._takes_sparse:
-            raise RuntimeError(self._sparse_message)
+            raise RuntimeError(f"parameter {self._name(gi, j)}: {self._sparse_message}")
         if self.defaults.get("differentiable", False):
             return "differentiable=True (the fused step records no autograd graph)"
         route = route_reason(p) or grad_route_reason(g, p)
         if route is None:
             return None
         if self._strict:
-            raise RuntimeError(self._sparse_message) if g.is_sparse else route_error(route, self._name(gi, j))
+            if g.is_sparse:
+                raise RuntimeError(f"parameter {self._name(gi, j)}: {self._sparse_message}")
+            raise route_error(route, self._name(gi, j))
         return route[1]
 
     def _step_with_torch(self, packed: _Packed, grad_scale: float, found_out) -> None:
@@ -337,8 +413,9 @@ class FusedOptimizerMixin:
         and the rest the engine's. What spans both partitions is done here, once for all params,
         before either runs: the Inf/NaN check for fusedopt.GradScaler and the global norm of
         max_grad_norm (torch's clip_grad_norm_ norm, in double); the clip coefficient then scales the
-        gradients of both, as the engine folds it into grad_scale. The engine runs first, so that
-        its checks of the hyper-parameters come before any update."""
+        gradients of both, as the engine folds it into grad_scale. The engine checks the
+        hyper-parameters before any update (a call without segments); then torch's step runs, then the
+        engine's, so that a failure of either puts the routed params back (see _torch_step)."""
         self._warn_routed(packed.routed)
         self.last_grad_norm = None
         clip = self._max_grad_norm != math.inf
@@ -353,35 +430,84 @@ class FusedOptimizerMixin:
                 raise _Skipped
             if clip:
                 grad_scale *= _clip_coefficient(norm, self._max_grad_norm, self._clip_rule)
-        if packed.grads:
-            self._engine(packed, grad_scale, False, max_grad_norm=math.inf)
+        type(self)._engine_step(packed.hypers, _C.SegmentTable([]), [], [], 1.0, 1)
+
+        def engine():
+            if packed.grads:
+                self._engine(packed, grad_scale, False, max_grad_norm=math.inf)
+
         if grad_scale == 1.0:
-            self._torch_step({p: p.grad for p in packed.routed})
+            self._torch_step({p: p.grad for p in packed.routed}, then=engine)
         else:  # as torch's GradScaler.unscale_ multiplies, by an f32 factor
             factor = torch.tensor(grad_scale, dtype=torch.float32)
-            self._torch_step({p: p.grad * factor.to(p.grad.device) for p in packed.routed})
+            self._torch_step({p: p.grad * factor.to(p.grad.device) for p in packed.routed}, then=engine)
 
-    def _torch_step(self, grads: dict) -> None:
+    def _torch_step(self, grads: dict, then: Callable[[], None] | None = None) -> None:
         """The reference's own step (_reference_step) for the params of `grads` only, each with the
-        gradient given there: the param groups are cut down to them, and their .grad set, for its
-        duration. It keeps torch's state keys and values, so state_dict is the same whichever path
-        a param takes."""
+        gradient given there, then `then` (the engine's part of the step). It keeps torch's state keys
+        and values, so state_dict is the same whichever path a param takes. A failed step changes
+        nothing: if either part raises, the params of `grads` and their states are put back (torch
+        creates a param's state, and may update other params, before it raises), and an error of
+        the reference's step names the param it came from."""
+        saved = _Saved(self.state, grads)
+        try:
+            try:
+                self._reference_step_for(grads)
+            except Exception as e:
+                saved.restore()
+                self._name_error(e, grads, saved)
+                raise
+            if then is not None:
+                then()
+        except BaseException:
+            saved.restore()
+            raise
+
+    def _reference_step_for(self, grads: dict) -> None:
+        """_reference_step for the params of `grads` only: the param groups are cut down to them, and
+        their .grad set, for its duration."""
         groups = self.param_groups
         kept = [g["params"] for g in groups]
         amp = {k: self.__dict__.pop(k) for k in ("grad_scale", "found_inf") if k in self.__dict__}
         own = {p: p.grad for p in grads}
+        swapped: list = []
         try:
             for p, g in grads.items():
-                p.grad = g
+                _give_grad(p, g, swapped)
             for g in groups:
                 g["params"] = [p for p in g["params"] if p in grads]
             self._reference_step()
         finally:
             for g, ps in zip(groups, kept):
                 g["params"] = ps
+            for holder, data in reversed(swapped):
+                holder.data = data
             for p, g in own.items():
-                p.grad = g
+                if p.grad is not g:
+                    p.grad = g
             self.__dict__.update(amp)
+
+    def _name_error(self, e: Exception, grads: dict, saved: _Saved) -> None:
+        """Puts the name of the param whose reference step raised `e` before its message: the only
+        param of `grads`, or the first one whose step alone raises the same kind of error (each try
+        put back). torch's step goes over all of them at once and does not say."""
+        if not (e.args and isinstance(e.args[0], str)):
+            return
+        culprit = next(iter(grads)) if len(grads) == 1 else None
+        for p, g in grads.items() if culprit is None else ():
+            try:
+                self._reference_step_for({p: g})
+            except type(e):
+                culprit = p
+                break
+            except Exception:  # another error of another param: not the one asked about
+                pass
+            finally:
+                saved.restore()
+        if culprit is not None:
+            name = next(self._name(gi, j) for gi, group in enumerate(self.param_groups)
+                        for j, q in enumerate(group["params"]) if q is culprit)
+            e.args = (f"parameter {name}: {e.args[0]}", *e.args[1:])
 
     def _reference_step(self) -> None:
         """The step of the torch.optim twin (its for-loop, single-tensor path on the CPU), without
@@ -462,6 +588,8 @@ class FusedOptimizerMixin:
                 g = p.grad
                 if g is None or p in with_grad or p in routed:  # a duplicated param's grad is one gradient
                     continue
+                if g.shape != p.shape:  # (one set through .data): the engine would add it into p's sum
+                    raise grad_shape_error(self._name(gi, j), g, p)
                 route = self._route(p, g, gi, j) or ("it is complex" if p.is_complex() else None)
                 if route is not None:
                     routed[p] = f"parameter {self._name(gi, j)}: {route}"
@@ -484,7 +612,7 @@ class FusedOptimizerMixin:
             try:
                 hypers.append(self._hyper(group))
             except _BadNumber as e:
-                raise number_error(f"param_groups[{gi}]{e.field}", e.value) from None
+                raise number_error(f"param_groups[{gi}]{e.field}", e.value, e.index) from None
         return hypers
 
     def _pack(self, hypers: list, undo: list, grads: dict | None = None) -> _Packed:
@@ -830,6 +958,34 @@ class _Packed:
         self.routed: dict[torch.Tensor, str] = {}  # params that take torch's step: their name and reason
 
 
+class _Saved:
+    """What the reference's step may change of some params, to put back if the step fails: each
+    param's values, and its state: which entries it holds and their values. Only the params torch
+    steps are saved: their copies are what this costs."""
+
+    __slots__ = ("state", "saved")
+
+    def __init__(self, state: dict, params):
+        self.state, self.saved = state, []
+        for p in params:
+            entries = state.get(p)
+            tensors = [] if entries is None else [(t, t.clone()) for t in entries.values() if isinstance(t, torch.Tensor)]
+            self.saved.append((p, p.detach().clone(), entries, None if entries is None else dict(entries), tensors))
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for p, value, entries, items, tensors in self.saved:
+            p.data.copy_(value)  # (through .data: torch's step may run with autograd on, differentiable=True)
+            if entries is None:
+                self.state.pop(p, None)
+                continue
+            for t, old in tensors:
+                t.copy_(old)
+            entries.clear()
+            entries.update(items)
+            self.state[p] = entries
+
+
 class _Cached:
     """_segment's cache entry of a param: valid while it is in group `group`, which still needs the
     same state slots (`needed`), the param's memory is at param_ptr (with a master copy: its version counter is
@@ -863,15 +1019,18 @@ class _Skipped(Exception):
 class _BadNumber(Exception):
     """A group field that float() refused (see group_number); _pack names the group."""
 
-    def __init__(self, field: str, value):
+    def __init__(self, field: str, value, index: int | None = None):
         super().__init__(field)
-        self.field, self.value = field, value
+        self.field, self.value, self.index = field, value, index  # index: the value has no element [index]
 
 
 def group_number(group: dict, key: str, index: int | None = None) -> float:
     """float(group[key]) (or of group[key][index], e.g. betas); a value that is not one number (a
     2-element tensor, a string) raises _BadNumber naming the field."""
-    value = group[key] if index is None else group[key][index]
+    try:
+        value = group[key] if index is None else group[key][index]
+    except (IndexError, TypeError):  # betas=(0.9,), or not a sequence: torch's step fails to unpack it
+        raise _BadNumber(f"['{key}']", group[key], index) from None
     try:
         return float(value)
     except (TypeError, ValueError, RuntimeError):
@@ -919,6 +1078,21 @@ def _plan_waves(spans: list[tuple[int, int, int]]):
     return order, ends
 
 
+def _give_grad(p: torch.Tensor, g: torch.Tensor, swapped: list) -> None:
+    """p.grad = g. torch's setter refuses a gradient whose dtype is not p's, which torch's steps take (one set
+    through p.grad.data = ..., as the user did): such a gradient goes in through .data of p's grad (or of a
+    placeholder of p's dtype), and `swapped` gets (that grad, its own data) to put back."""
+    if p.grad is g:
+        return
+    if g.dtype == p.dtype and (p.grad is None or p.grad.dtype == p.dtype):
+        p.grad = g
+        return
+    if p.grad is None:
+        p.grad = torch.empty((), dtype=p.dtype, device=p.device).expand(p.shape)
+    swapped.append((p.grad, p.grad.data))
+    p.grad.data = g
+
+
 def _user_stacklevel() -> int:
     """warnings.warn's stacklevel of the first caller outside fusedopt and torch (the user's
     opt.step()), from the function that calls warn."""
@@ -935,8 +1109,8 @@ def _grad_norm(grads: list[torch.Tensor], code: int) -> float:
     order = {2: 2.0, 1: 1.0, 0: math.inf}[code]
     norms = [torch.linalg.vector_norm(g.to_dense() if g.is_sparse else g, order,
                                       dtype=torch.complex128 if g.is_complex() else torch.float64).cpu()
-             for g in grads]
-    return float(torch.linalg.vector_norm(torch.stack(norms), order))
+             for g in grads if g.device.type != "meta"]  # (no values: shape-only, and torch's step takes it)
+    return float(torch.linalg.vector_norm(torch.stack(norms), order)) if norms else 0.0
 
 
 def _clip_coefficient(norm: float, max_norm: float, rule: int) -> float:

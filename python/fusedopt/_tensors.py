@@ -25,6 +25,9 @@ def route_reason(p: torch.Tensor) -> tuple[type, str] | None:
         return RuntimeError, f"it is on {p.device}, and this build of fusedopt runs on the CPU only"
     if p.dtype not in DTYPE_CODES and p.dtype != torch.complex64:
         return TypeError, f"its dtype is {p.dtype}; the engine takes {SUPPORTED} (and complex64)"
+    if lacks_storage(p):
+        return TypeError, (f"it is a {type(p).__name__} without storage of its own (as FSDP2's and tensor "
+                           "parallel's DTensors are)")
     if not (p.is_contiguous() or is_dense(p)):
         return ValueError, f"it is not dense in memory (shape {tuple(p.shape)}, strides {p.stride()})"
     return None
@@ -36,11 +39,23 @@ def grad_route_reason(g: torch.Tensor, p: torch.Tensor) -> tuple[type, str] | No
         return RuntimeError, "its gradient is sparse"
     if g.device != p.device:
         return RuntimeError, f"its gradient is on {g.device}"
+    if lacks_storage(g):
+        return TypeError, f"its gradient is a {type(g).__name__} without storage of its own"
     if (g.dtype != p.dtype) if p.is_complex() else (g.dtype not in DTYPE_CODES):
         return TypeError, f"its gradient has dtype {g.dtype}"
     if g.numel() > 1 and g.stride() != p.stride() and not (g.is_contiguous() and p.is_contiguous()):
         return ValueError, f"its gradient has strides {g.stride()} but the parameter has {p.stride()}"
     return None
+
+
+def lacks_storage(t: torch.Tensor) -> bool:
+    """t has elements but no memory of its own to hand to the engine: a wrapper subclass such as a DTensor
+    (FSDP2's fully_shard, tensor parallel; its local shard is another tensor) reports a device, a dtype and a
+    layout the engine takes, but data_ptr() 0."""
+    try:
+        return t.numel() > 0 and t.data_ptr() == 0
+    except RuntimeError:  # no storage at all (e.g. a fake or functional tensor)
+        return True
 
 
 def route_error(route: tuple[type, str], name: str) -> Exception:
@@ -86,8 +101,12 @@ def grad_shape_error(name: str, g: torch.Tensor, p: torch.Tensor) -> ValueError:
                       f"has {tuple(p.shape)}")
 
 
-def number_error(what: str, value) -> Exception:
-    """The error for a hyper-parameter or state['step'] that float() refused."""
+def number_error(what: str, value, index: int | None = None) -> Exception:
+    """The error for a hyper-parameter or state['step'] that float() refused; with index, for a tuple
+    hyper-parameter (betas) that has no element [index]."""
+    if index is not None:
+        kind = ValueError if hasattr(value, "__len__") else TypeError
+        return kind(f"fusedopt: {what} has no value at index {index}: {value!r}")
     if isinstance(value, torch.Tensor):
         return ValueError(f"fusedopt: {what} must be a number or a 1-element tensor, got a tensor of shape "
                           f"{tuple(value.shape)}")
@@ -98,7 +117,7 @@ def first_overlap(tensors: list[torch.Tensor]) -> tuple[int, int] | None:
     """Indices of two dense tensors whose memory overlaps, or None. Sorted by start address, some
     overlapping pair is always a neighbouring one."""
     spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), k)
-                   for k, t in enumerate(tensors) if t.numel())
+                   for k, t in enumerate(tensors) if t.numel() and not lacks_storage(t))
     for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
         if start < end:
             return a, b

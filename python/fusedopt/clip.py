@@ -1,8 +1,8 @@
 """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ on the fused engine: the global norm is one
 read of all gradients (any mix of f32/f16/bf16, accumulated in double, the same bits for any thread
 count), the scaling one read-modify-write pass. Same signature and result as torch; inputs the
-engine does not handle (other devices, sparse or non-dense grads, p-norms other than 1, 2, inf)
-go to torch's own implementation.
+engine does not handle (other devices, sparse or non-dense grads, grads without storage of their own such as
+DTensors, p-norms other than 1, 2, inf) go to torch's own implementation.
 
 To clip inside the step instead (no pass that writes gradients), give the fused optimizers
 max_grad_norm=."""
@@ -15,7 +15,7 @@ import torch
 
 from . import _C
 from ._base import norm_type_code
-from ._tensors import DTYPE_CODES, is_dense
+from ._tensors import DTYPE_CODES, is_dense, lacks_storage
 
 
 def _params(parameters) -> list[torch.Tensor]:
@@ -26,7 +26,7 @@ def _params(parameters) -> list[torch.Tensor]:
 
 def _engine_handles(grads: list[torch.Tensor]) -> bool:
     return all(g.device.type == "cpu" and not g.is_sparse and g.dtype in DTYPE_CODES
-               and (g.is_contiguous() or is_dense(g)) for g in grads)
+               and (g.is_contiguous() or is_dense(g)) and not lacks_storage(g) for g in grads)
 
 
 def _packed(grads):

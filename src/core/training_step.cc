@@ -117,7 +117,9 @@ StepResult TrainingStep(std::span<const Hyper> groups, std::span<Segment> segmen
     FusedStep(groups, all.subspan(begin, end - begin), runtime);
     begin = end;
   }
-  if (begin < all.size()) FusedStep(groups, all.subspan(begin), runtime);
+  // With no segments the step still validates the groups: callers check hyper-parameters with an
+  // empty table before work of their own (the Python drop-in before torch's step on some params).
+  if (begin < all.size() || all.empty()) FusedStep(groups, all.subspan(begin), runtime);
   if (scaler != nullptr) scaler->Update(false);
   result.stepped = true;
   return result;

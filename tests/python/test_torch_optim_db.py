@@ -24,7 +24,8 @@ def _twins():
     for name in fusedopt.__all__:
         cls = getattr(fusedopt, name)
         if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer):
-            twin = next((b for b in cls.__mro__[1:] if b.__module__.startswith("torch.optim.")
+            # (torch.optim.Adafactor's __module__ is "torch.optim" itself, the others' a submodule)
+            twin = next((b for b in cls.__mro__[1:] if f"{b.__module__}.".startswith("torch.optim.")
                          and b is not torch.optim.Optimizer), None)
             if twin is not None:
                 out.append((twin, cls))

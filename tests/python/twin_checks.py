@@ -369,7 +369,7 @@ def check_flags_and_sparse(twin: Twin):
             make([q]).step()
         except RuntimeError as e:
             msgs.append(str(e))
-    assert len(msgs) == 2 and msgs[0] == msgs[1], msgs
+    assert len(msgs) == 2 and msgs[1] == f"parameter 0 of group 0: {msgs[0]}", msgs  # named (issue #29 item 11)
 
 
 def check_constructor_errors(twin: Twin, bad: list):
