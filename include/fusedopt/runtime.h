@@ -36,6 +36,24 @@ class Runtime {
 // The process-wide runtime used when a step is given none.
 Runtime& DefaultRuntime();
 
+// How many threads each of the ranks that share a host steps with, and why (for people).
+struct ThreadChoice {
+  int threads;
+  std::string reason;  // e.g. "OMP_NUM_THREADS=2", "2 CPUs shared by 2 ranks on this host"
+};
+
+// The thread count of one of `local_ranks` processes on a host, in this order: `requested` when
+// > 0 (an explicit option), then OMP_NUM_THREADS (`omp_num_threads`, null when unset; its first
+// number, as OpenMP reads it), then the `cpus` this process may run on divided among the host's
+// ranks (at least 1). Left to OpenMP, every rank would start a thread per CPU, and ranks that
+// share the CPUs would run more threads than there are CPUs (docs/distributed.md has the cost).
+// Throws fusedopt::Error for counts < 1.
+ThreadChoice ChooseThreadsPerRank(int requested, const char* omp_num_threads, int cpus,
+                                  int local_ranks);
+// The same for this process: OMP_NUM_THREADS from the environment, the CPUs from
+// omp_get_num_procs().
+ThreadChoice ThreadsPerRank(int requested, int local_ranks);
+
 // Names of the SIMD targets this build compiled that this CPU supports, best first (e.g. "AVX2",
 // "SSE4").
 std::vector<std::string> AvailableTargets();

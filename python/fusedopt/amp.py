@@ -16,7 +16,7 @@ import torch
 
 from . import _C
 from ._base import FusedOptimizerMixin
-from ._tensors import DTYPE_CODES
+from ._tensors import DTYPE_CODES, lacks_storage
 from .distributed import DistributedOptimizer
 
 
@@ -47,6 +47,14 @@ class GradScaler(torch.amp.GradScaler):
         return retval
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        out = self._unscale_local_grads(optimizer, inv_scale, found_inf, allow_fp16)
+        if isinstance(optimizer, DistributedOptimizer):
+            # Every rank calls unscale_ (and the check before step): the scale backs off on every rank
+            # when one rank's gradients hold Inf/NaN, so the ranks' scales stay equal.
+            optimizer.agree_found_inf(found_inf)
+        return out
+
+    def _unscale_local_grads(self, optimizer, inv_scale, found_inf, allow_fp16):
         grads = []
         for group in optimizer.param_groups:
             for p in group["params"]:
@@ -55,7 +63,8 @@ class GradScaler(torch.amp.GradScaler):
                     continue
                 if not allow_fp16 and g.dtype == torch.float16:
                     raise ValueError("Attempting to unscale FP16 gradients.")
-                if g.is_sparse or g.device.type != "cpu" or g.dtype not in DTYPE_CODES or not g.is_contiguous():
+                if (g.is_sparse or g.device.type != "cpu" or g.dtype not in DTYPE_CODES or not g.is_contiguous()
+                        or lacks_storage(g)):
                     # Outside what the engine handles: torch's own per-device, per-dtype passes.
                     return super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
                 grads.append((g.data_ptr(), g.numel(), DTYPE_CODES[g.dtype]))

@@ -31,6 +31,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import socket
+import sys
+import warnings
 import weakref
 import zlib
 from typing import Any, Callable
@@ -110,7 +114,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._group_sizes = [len(g["params"]) for g in optimizer.param_groups]
 
         self._buckets = self._make_buckets(params, int(bucket_mb * 2**20))
-        self._check_layout(optimizer)
+        local_ranks = self._check_layout(optimizer)
+        self._share_cpus(local_ranks)
         optimizer._accumulation_steps = 1  # the window is kept here: its sums are reduced before the update
         with torch.no_grad():  # every rank starts from rank 0's params
             if zero == 1:
@@ -181,19 +186,42 @@ class DistributedOptimizer(torch.optim.Optimizer):
         buckets.append(_Bucket(current[0].dtype, current, self._world))
         return buckets
 
-    def _check_layout(self, optimizer) -> None:
+    def _check_layout(self, optimizer) -> int:
         """Every rank must hold the same params in the same order (else buckets would pair different tensors):
-        a hash of the layout, all-gathered; every rank names the first rank that differs."""
+        a hash of the layout, all-gathered; every rank names the first rank that differs. Returns the number
+        of ranks on this host (LOCAL_WORLD_SIZE where torchrun set it, else counted from the hosts' names,
+        gathered with the layout)."""
         text = repr((self._zero, type(optimizer).__name__, self._group_sizes,
                      [(b.dtype, [tuple(p.shape) for p in b.params]) for b in self._buckets]))
-        mine = torch.tensor([zlib.crc32(text.encode())], dtype=torch.int64)
+        mine = torch.tensor([zlib.crc32(text.encode()), zlib.crc32(socket.gethostname().encode())],
+                            dtype=torch.int64)
         hashes = [torch.zeros_like(mine) for _ in range(self._world)]
         dist.all_gather(hashes, mine, group=self._group)
-        differ = [r for r, h in enumerate(hashes) if int(h) != int(hashes[0])]
+        differ = [r for r, h in enumerate(hashes) if int(h[0]) != int(hashes[0][0])]
         if differ:
             raise ValueError(f"fusedopt.distributed: rank {differ[0]} holds other params than rank 0 (their "
                              "number, order, shapes or dtypes, or another optimizer or zero level); every rank "
                              "must wrap the same model")
+        local = os.environ.get("LOCAL_WORLD_SIZE", "")
+        if local.isdigit() and int(local) > 0:
+            return int(local)
+        return sum(int(h[1]) == int(mine[1]) for h in hashes)
+
+    def _share_cpus(self, local_ranks: int) -> None:
+        """torch's threads (which the engine's steps take too), lowered to this rank's share of the host's CPUs
+        unless OMP_NUM_THREADS chose: every rank of a host would otherwise run a thread per CPU, and their
+        OpenMP threads, spinning while idle, take the CPUs from each other (docs/distributed.md)."""
+        choice = threads_per_rank(os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads(),
+                                  len(os.sched_getaffinity(0)), local_ranks)
+        if choice is None:
+            return
+        torch.set_num_threads(choice)
+        global _announced
+        if self._rank == 0 and not _announced:
+            _announced = True
+            print(f"fusedopt.distributed: {choice} thread(s) per rank ({len(os.sched_getaffinity(0))} CPU(s) "
+                  f"shared by {local_ranks} rank(s) on this host; OMP_NUM_THREADS chooses another count)",
+                  file=sys.stderr)
 
     def _flatten_params(self) -> None:
         """zero=1: each param becomes a view into its bucket's flat_param, which the all_gather writes."""
@@ -294,6 +322,41 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf = getattr(self, "found_inf", None)
+        found_out = getattr(self, "_found_inf_out", None)
+        grad_scale = getattr(self, "grad_scale", None)
+        inv_scale = 1.0 if grad_scale is None else 1.0 / float(grad_scale)
+        try:
+            self._check_step(found_inf is not None and found_out is None)
+            error = None
+        except RuntimeError as e:
+            error = e
+        seen_inf = found_inf is not None and float(found_inf) != 0.0
+        non_finite, norm = False, None
+        if error is None and not seen_inf:
+            non_finite, norm = self._check_grads(inv_scale, found_out)
+        overflowed = self._agree(error, seen_inf or non_finite, grad_scale)
+        if overflowed and found_inf is not None and not seen_inf:
+            warnings.warn(f"fusedopt.distributed: rank {self._rank}'s torch.amp.GradScaler did not see the Inf/NaN "
+                          "another rank's gradients hold (changed there after backward): every rank skipped this "
+                          "step, but this rank's scale did not back off, and the next step refuses ranks whose "
+                          "scales differ; fusedopt.GradScaler checks every rank's gradients", stacklevel=2)
+        if self._accumulation_steps > 1:
+            self._micro_batch(inv_scale, seen_inf, overflowed, found_out)
+            return loss
+        if overflowed:
+            if found_out is not None:
+                found_out.fill_(1.0)
+            return loss
+        # The overflow check is done (and agreed): the update's own pre-pass runs only to clip.
+        if self._zero == 0:
+            self._inner._update(inv_scale, None)
+        else:
+            self._shard_update(inv_scale, None, None, norm)
+        return loss
+
+    def _check_step(self, torch_scaler: bool) -> None:
+        """What makes this rank refuse the step (RuntimeError), before anything is read or changed."""
         self._check_unchanged()
         missing = self.__dict__.pop("_missing", None)
         if missing:
@@ -301,33 +364,70 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                f"{tuple(missing[0].shape)}) took no part in this backward on rank {self._rank}; "
                                "every parameter the optimizer holds must get a gradient in every backward, as "
                                "under DistributedDataParallel (or set requires_grad=False on it)")
-        found_inf = getattr(self, "found_inf", None)
-        found_out = getattr(self, "_found_inf_out", None)
-        grad_scale = getattr(self, "grad_scale", None)
-        inv_scale = 1.0 if grad_scale is None else 1.0 / float(grad_scale)
-        overflowed = found_inf is not None and float(found_inf) != 0.0
-        if self._accumulation_steps > 1:
-            if found_inf is not None and found_out is None and self._world > 1:
-                raise RuntimeError("fusedopt.distributed: accumulation_steps > 1 with torch.amp.GradScaler: its "
-                                   "overflow check reads each rank's own micro-batch gradients before step(), so "
-                                   "the ranks' scales would drift apart; use fusedopt.GradScaler, whose check "
-                                   "runs in the step over every rank's gradients")
-            self._micro_batch(inv_scale, overflowed, found_out)
-            return loss
-        if overflowed:
-            return loss
-        if self._zero == 0:
-            self._inner._update(inv_scale, found_out)
-        else:
-            self._shard_update(inv_scale, found_out, None)
-        return loss
+        if self._accumulation_steps > 1 and torch_scaler and self._world > 1:
+            raise RuntimeError("fusedopt.distributed: accumulation_steps > 1 with torch.amp.GradScaler: its "
+                               "overflow check reads each rank's own micro-batch gradients before step(), so "
+                               "the ranks' scales would drift apart; use fusedopt.GradScaler, whose check "
+                               "runs in the step over every rank's gradients")
 
-    def _micro_batch(self, inv_scale: float, overflowed: bool, found_out) -> None:
+    def _check_grads(self, inv_scale: float, found_out) -> tuple[bool, float | None]:
+        """(non-finite, clipping norm or None) of the gradients this step reads, where a decision rests on them:
+        fusedopt.GradScaler's overflow flag, or (without accumulation) clipping. With zero=1 the norm is the
+        one the update clips with; zero=0's wrapped optimizer takes its own from the same gradients."""
+        clip = self._inner._max_grad_norm != math.inf and self._accumulation_steps == 1
+        if found_out is None and not clip:
+            return False, None
+        if self._zero == 1 and self._accumulation_steps == 1:  # the reduced buckets, which the shards read
+            full = [(b.flat_grad.data_ptr(), b.numel, DTYPE_CODES[b.dtype]) for b in self._buckets]
+        else:
+            grads = [p.grad for b in self._buckets for p in b.params if p.grad is not None]
+            if not all(g.dtype in DTYPE_CODES and g.is_contiguous() and not g.is_sparse for g in grads):
+                return any(not bool(torch.isfinite(g).all()) for g in grads), None  # outside the engine
+            full = [(g.data_ptr(), g.numel(), DTYPE_CODES[g.dtype]) for g in grads]
+        if self._zero == 1 and clip:
+            non_finite, norm = _C.grad_norm(full, self._inner._norm_code, inv_scale, torch.get_num_threads())
+            return non_finite, norm
+        return _C.has_non_finite(full, torch.get_num_threads()), None
+
+    def _agree(self, error: RuntimeError | None, non_finite: bool, grad_scale) -> bool:
+        """One small all_reduce, in every step() on every rank, so that every rank takes the same branch (and
+        so enters the same collectives): raises on every rank when any rank refused the step or the ranks'
+        GradScaler scales differ; returns whether any rank's gradients hold Inf/NaN (or its GradScaler found
+        some), the step every rank then skips."""
+        if self._world == 1:
+            if error is not None:
+                raise error
+            return non_finite
+        scale = 0.0 if grad_scale is None else float(grad_scale)
+        flags = torch.zeros(self._world + 3, dtype=torch.float64)
+        flags[self._rank] = error is not None
+        flags[-3:] = torch.tensor([non_finite, scale, -scale], dtype=torch.float64)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
+        if error is not None:
+            raise error
+        rejected = flags[:self._world].nonzero()
+        if len(rejected):
+            raise RuntimeError(f"fusedopt.distributed: rank {int(rejected[0])} rejected this step (its error says "
+                               "why); no rank stepped")
+        if grad_scale is not None and float(flags[-2]) != -float(flags[-1]):
+            raise RuntimeError(f"fusedopt.distributed: the ranks' GradScaler scales differ ({-float(flags[-1]):g} "
+                               f"to {float(flags[-2]):g}; {scale:g} on rank {self._rank}): an earlier overflow "
+                               "check disagreed across ranks (torch.amp.GradScaler reads each rank's own "
+                               "gradients); no rank stepped. Use fusedopt.GradScaler")
+        return bool(flags[-3])
+
+    def agree_found_inf(self, found_inf: torch.Tensor) -> None:
+        """found_inf (a GradScaler's flag, filled by this rank's unscale_) set to the maximum over the ranks: a
+        collective, called on every rank by fusedopt.GradScaler's unscale_, so every rank's scale backs off."""
+        if self._world > 1:
+            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self._group)
+
+    def _micro_batch(self, inv_scale: float, torch_inf: bool, overflowed: bool, found_out) -> None:
         """accumulation_steps > 1, as one process does it: each micro-batch's gradients, unscaled and over k,
         added into f32 sums (over k * world_size here: the all-reduce then gives the mean); Inf/NaN in them
         skips the window, and a micro-batch that torch's GradScaler found overflowing is left out and skips it.
         The window's last step() all-reduces the sums and updates from them. fusedopt.GradScaler learns each
-        micro-batch's overflow over all ranks (a one-element all-reduce), so every rank's scale moves alike."""
+        micro-batch's overflow over all ranks (step()'s agreement), so every rank's scale moves alike."""
         k = self._accumulation_steps
         if self._micro_batches == 0:
             self._window_skip = False
@@ -336,8 +436,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     b.sums = torch.zeros(b.numel, dtype=torch.float32)
                 else:
                     b.sums.zero_()
-        grads = [p.grad for b in self._buckets for p in b.params if p.grad is not None]
-        if overflowed:
+        if torch_inf:
             self._window_skip = True
         else:
             scale = inv_scale / (k * self._world)
@@ -345,12 +444,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 for j, p in enumerate(b.params):
                     if p.grad is not None:
                         b.sums[b.offsets[j]:b.offsets[j] + p.numel()].view(p.shape).add_(p.grad, alpha=scale)
-        if found_out is not None:
-            flag = torch.tensor([float(overflowed or _C.has_non_finite(
-                [(g.data_ptr(), g.numel(), DTYPE_CODES[g.dtype]) for g in grads], torch.get_num_threads()))])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-            if flag.item():
-                found_out.fill_(1.0)
+        if found_out is not None and overflowed:
+            found_out.fill_(1.0)
         self._micro_batches += 1
         if self._micro_batches < k:
             return
@@ -369,14 +464,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         else:
             self._shard_update(1.0, check, sums)
 
-    def _shard_update(self, inv_scale: float, found_out, sums: dict | None) -> None:
-        """zero=1: overflow and the clipping norm from the full gradients (the same on every rank), this rank's
+    def _shard_update(self, inv_scale: float, found_out, sums: dict | None, norm: float | None = None) -> None:
+        """zero=1: overflow and the clipping norm from the full gradients (the same on every rank: the sums
+        are all-reduced, and for the buckets step() agreed on overflow and passes their norm), this rank's
         slices stepped, the params all-gathered."""
         inner = self._inner
         clip = inner._max_grad_norm != math.inf
-        scale = inv_scale
-        stepped = True
-        if clip or found_out is not None:
+        if norm is None and (clip or found_out is not None):
             if sums is None:
                 full = [(b.flat_grad.data_ptr(), b.numel, DTYPE_CODES[b.dtype]) for b in self._buckets]
             else:
@@ -384,29 +478,34 @@ class DistributedOptimizer(torch.optim.Optimizer):
             non_finite, norm = _C.grad_norm(full, inner._norm_code, inv_scale, torch.get_num_threads())
             inner.last_grad_norm = norm if clip else None
             if non_finite:
-                stepped = False
                 if found_out is not None:
                     found_out.fill_(1.0)
-            elif clip:
-                coef = _C.clip_coefficient(norm, inner._max_grad_norm)
-                scale = float(torch.tensor(inv_scale, dtype=torch.float32) * torch.tensor(coef, dtype=torch.float32))
-        if stepped and self._shard is not None:
-            for gi, si in zip(self._shard_groups, self._shard.param_groups):  # LR schedules change the wrapped groups
-                for key, value in inner.param_groups[gi].items():
-                    if key not in ("params", "param_names"):
-                        si[key] = value
-            grads = None
-            if sums is None:
-                for q, g, _, _ in self._shard_grads:
-                    q.grad = g
-            else:
-                grads = {q: b.sums[a:a + q.numel()] for q, _, b, a in self._shard_grads}
-            try:
-                self._shard._update(scale, None, grads)
-            finally:
-                for q, _, _, _ in self._shard_grads:
-                    q.grad = None
-        if stepped:
+                return
+        scale = inv_scale
+        if clip:
+            inner.last_grad_norm = norm
+            coef = _C.clip_coefficient(norm, inner._max_grad_norm)
+            scale = float(torch.tensor(inv_scale, dtype=torch.float32) * torch.tensor(coef, dtype=torch.float32))
+        try:
+            if self._shard is not None:
+                # LR schedules change the wrapped optimizer's groups
+                for gi, si in zip(self._shard_groups, self._shard.param_groups):
+                    for key, value in inner.param_groups[gi].items():
+                        if key not in ("params", "param_names"):
+                            si[key] = value
+                grads = None
+                if sums is None:
+                    for q, g, _, _ in self._shard_grads:
+                        q.grad = g
+                else:
+                    grads = {q: b.sums[a:a + q.numel()] for q, _, b, a in self._shard_grads}
+                try:
+                    self._shard._update(scale, None, grads)
+                finally:
+                    for q, _, _, _ in self._shard_grads:
+                        q.grad = None
+        finally:
+            # Also after this rank's update raised (its slices unchanged): the other ranks wait in the gather.
             self._gather_params()
 
     def _gather_params(self) -> None:
@@ -533,6 +632,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return (f"DistributedOptimizer(zero={self._zero}, rank {self._rank} of {self._world}, "
                 f"{len(self._buckets)} bucket(s), {self._inner!r})")
+
+
+_announced = False  # the thread choice is printed once per process
+
+
+def threads_per_rank(omp_num_threads: str | None, threads: int, cpus: int, local_ranks: int) -> int | None:
+    """The thread count for one of `local_ranks` processes sharing `cpus` CPUs that now runs `threads`: its
+    share, max(1, cpus // local_ranks), where that is fewer; None (leave it) when OMP_NUM_THREADS is set
+    (torchrun sets 1 per process), the user's choice."""
+    if omp_num_threads is not None:
+        return None
+    share = max(1, cpus // local_ranks)
+    return share if share < threads else None
 
 
 def _shard_options(optimizer: FusedOptimizerMixin) -> dict:

@@ -107,6 +107,31 @@ Runtime& DefaultRuntime() {
   return runtime;
 }
 
+ThreadChoice ChooseThreadsPerRank(int requested, const char* omp_num_threads, int cpus,
+                                  int local_ranks) {
+  if (cpus < 1 || local_ranks < 1) {
+    throw Error("ChooseThreadsPerRank: invalid counts: cpus " + std::to_string(cpus) +
+                ", local_ranks " + std::to_string(local_ranks) + " (each must be >= 1)");
+  }
+  if (requested > 0) return {requested, "requested"};
+  if (omp_num_threads != nullptr) {
+    // OpenMP's reading: the first number of a list ("4,2" nests); anything else is ignored.
+    char* end = nullptr;
+    const long n = std::strtol(omp_num_threads, &end, 10);
+    if (end != omp_num_threads && n > 0 && n <= kMaxThreads && (*end == '\0' || *end == ',')) {
+      return {static_cast<int>(n), "OMP_NUM_THREADS=" + std::string(omp_num_threads)};
+    }
+  }
+  return {std::max(1, cpus / local_ranks), std::to_string(cpus) + " CPU(s) shared by " +
+                                               std::to_string(local_ranks) +
+                                               " rank(s) on this host"};
+}
+
+ThreadChoice ThreadsPerRank(int requested, int local_ranks) {
+  return ChooseThreadsPerRank(requested, std::getenv("OMP_NUM_THREADS"), omp_get_num_procs(),
+                              local_ranks);
+}
+
 std::vector<std::string> AvailableTargets() { return Available(); }
 
 std::string ActiveTargetName() {

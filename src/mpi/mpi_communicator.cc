@@ -115,6 +115,12 @@ MpiCommunicator::MpiCommunicator(const void* comm)
     : comm_(std::make_unique<Comm>(ParentComm(comm))), max_count_(INT_MAX) {
   Check(MPI_Comm_rank(comm_->comm, &rank_), "MPI_Comm_rank");
   Check(MPI_Comm_size(comm_->comm, &size_), "MPI_Comm_size");
+  MPI_Comm local = MPI_COMM_NULL;
+  Check(MPI_Comm_split_type(comm_->comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
+        "MPI_Comm_split_type");
+  const int rc = MPI_Comm_size(local, &local_size_);
+  MPI_Comm_free(&local);
+  Check(rc, "MPI_Comm_size");
 }
 
 MpiCommunicator::~MpiCommunicator() = default;

@@ -42,6 +42,9 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // The ranks of this communicator on this rank's host (MPI_COMM_TYPE_SHARED), this one included:
+  // the processes that share its CPUs (ThreadsPerRank in fusedopt/runtime.h).
+  int local_size() const { return local_size_; }
 
   // MPI counts are ints: an all-reduce or broadcast of more elements than this runs as several
   // calls; a reduce-scatter or all-gather of more per rank throws fusedopt::Error. INT_MAX by
@@ -63,6 +66,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Comm> comm_;
   int rank_ = 0;
   int size_ = 1;
+  int local_size_ = 1;
   std::size_t max_count_;
 };
 

@@ -30,6 +30,7 @@ file(READ ${dir}/bench.json json)
 expect_key("${json}" 2 ranks)
 expect_key("${json}" adamw optimizer)
 expect_key("${json}" 1300000 numel)
+expect_key("${json}" 1 threads_per_rank)
 foreach(impl allreduce_then_step pipelined zero1)
   foreach(key median_ms bytes_sent_per_rank state_bytes_per_rank exposed_comm_ms)
     expect_key("${json}" * impls ${impl} ${key})
@@ -43,6 +44,26 @@ math(EXPR state_bound "${state_ar} * 55 / 100")
 if(sent_z1 GREATER sent_ar OR state_z1 GREATER state_bound)
   message(FATAL_ERROR "zero1 sends ${sent_z1} (all-reduce: ${sent_ar}) and holds ${state_z1} "
                       "(all-reduce: ${state_ar})")
+endif()
+
+# Threads per rank (the choice printed above the table): OMP_NUM_THREADS's count when set (this test
+# runs with 1); unset, the CPUs of the host (nproc: those this process may use, as OpenMP counts them)
+# shared by its 2 ranks, at least 1 each.
+if(NOT out MATCHES "threads per rank: 1 \\(OMP_NUM_THREADS=1\\)")
+  message(FATAL_ERROR "bench-dist with OMP_NUM_THREADS=1 printed no such choice:\n${out}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=OMP_NUM_THREADS nproc  # (nproc reads it too)
+                OUTPUT_VARIABLE cpus OUTPUT_STRIP_TRAILING_WHITESPACE)
+math(EXPR share "${cpus} / 2")
+if(share LESS 1)
+  set(share 1)
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=OMP_NUM_THREADS ${mpirun} ${FUSEDOPT}
+                        bench-dist --optimizer sgd --numel 100000 --rounds 1 --warmup 0
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+if(NOT rc EQUAL 0 OR NOT out MATCHES
+   "threads per rank: ${share} \\(${cpus} CPU\\(s\\) shared by 2 rank\\(s\\) on this host\\)")
+  message(FATAL_ERROR "bench-dist without OMP_NUM_THREADS (${cpus} CPUs): exit '${rc}'\n${out}${err}")
 endif()
 
 # AdamP's sums are per channel row, which shards cut: no zero1 row. LAMB's per-tensor norms are
@@ -59,13 +80,14 @@ expect_key("${json}" * impls zero1 median_ms)
 # whole batches, the trace with every rank and the reduce-scatter / all-gather spans.
 run_ok(train --dist --zero 1 --model transformer_small --batch-size 4 --steps 3 --warmup 0
        --reference --quiet --json ${dir}/train.json --trace ${dir}/trace.json)
-if(NOT out MATCHES "fusedopt train --dist")
-  message(FATAL_ERROR "train --dist printed no table:\n${out}")
+if(NOT out MATCHES "fusedopt train --dist" OR NOT out MATCHES "\\| threads per rank \\| 1 \\(OMP_NUM")
+  message(FATAL_ERROR "train --dist printed no table (or no thread choice):\n${out}")
 endif()
 file(READ ${dir}/train.json json)
 expect_key("${json}" 2 ranks)
 expect_key("${json}" 1 zero)
 expect_key("${json}" 2 batch_per_rank)
+expect_key("${json}" 1 threads_per_rank)
 string(JSON diff GET "${json}" max_loss_rel_diff_vs_one_process)
 if(NOT diff LESS 1e-4)
   message(FATAL_ERROR "train --dist losses differ from one process by ${diff}")

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fusedopt/error.h"
+#include "fusedopt/runtime.h"
 #include "src/mpi/mpi_communicator.h"
 
 namespace fusedopt::mpi {
@@ -218,6 +219,39 @@ TEST_F(Mpi, CountsAboveTheCallLimit) {
   EXPECT_THROW(comm.StartAllGather(big.data(), 8, CommType::kF64), Error);
   EXPECT_THROW(comm.set_max_count_per_call(0), Error);
   comm.ReduceScatter(big.data(), big.data(), 7, CommType::kF64);  // at the limit: one call
+}
+
+// mpirun starts every rank of these runs on this host: all of them share its CPUs. The local rank
+// counts, all-gathered, agree (a rank counting only itself would start a thread per CPU).
+TEST_F(Mpi, LocalSizeCountsTheRanksOnThisHost) {
+  EXPECT_EQ(comm.local_size(), comm.size());
+  std::vector<std::uint64_t> sizes(static_cast<std::size_t>(comm.size()));
+  sizes[static_cast<std::size_t>(comm.rank())] = static_cast<std::uint64_t>(comm.local_size());
+  comm.AllGather(sizes.data(), 1, CommType::kU64);
+  EXPECT_TRUE(std::all_of(sizes.begin(), sizes.end(), [&](std::uint64_t s) {
+    return s == static_cast<std::uint64_t>(comm.size());
+  }));
+}
+
+// The threads each rank steps with: an explicit request, then OMP_NUM_THREADS as OpenMP reads it,
+// then the CPUs divided among the host's ranks, never below 1.
+TEST(ThreadsPerRank, RequestThenOmpNumThreadsThenTheCpusShared) {
+  EXPECT_EQ(ChooseThreadsPerRank(3, "2", 8, 2).threads, 3);
+  EXPECT_EQ(ChooseThreadsPerRank(3, "2", 8, 2).reason, "requested");
+  EXPECT_EQ(ChooseThreadsPerRank(0, "2", 8, 4).threads, 2);
+  EXPECT_EQ(ChooseThreadsPerRank(0, "2", 8, 4).reason, "OMP_NUM_THREADS=2");
+  EXPECT_EQ(ChooseThreadsPerRank(0, "4,2", 8, 4).threads, 4);    // the outer level of a nested list
+  EXPECT_EQ(ChooseThreadsPerRank(0, nullptr, 2, 2).threads, 1);  // the 2 cores, 2 ranks
+  EXPECT_EQ(ChooseThreadsPerRank(0, nullptr, 2, 2).reason,
+            "2 CPU(s) shared by 2 rank(s) on this host");
+  EXPECT_EQ(ChooseThreadsPerRank(0, nullptr, 16, 3).threads, 5);
+  EXPECT_EQ(ChooseThreadsPerRank(0, nullptr, 2, 4).threads, 1);  // more ranks than CPUs
+  EXPECT_EQ(ChooseThreadsPerRank(0, nullptr, 8, 1).threads, 8);
+  for (const char* ignored : {"", "0", "-2", "two", "2x"}) {  // not a thread count: as if unset
+    EXPECT_EQ(ChooseThreadsPerRank(0, ignored, 8, 2).threads, 4) << ignored;
+  }
+  EXPECT_THROW(ChooseThreadsPerRank(0, nullptr, 0, 2), Error);
+  EXPECT_THROW(ChooseThreadsPerRank(0, nullptr, 8, 0), Error);
 }
 
 }  // namespace

@@ -22,14 +22,18 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_ranks(target: str, world_size: int, *, args: tuple = (), timeout: float = 120.0,
-              threads: int = 1) -> list:
+              threads: int | None = 1) -> list:
     """fn(*args) in every rank of a world_size-process gloo group, `target` as "module:function" (a
     module in tests/python); returns the ranks' return values in rank order. A rank that fails, or a run
-    past `timeout` seconds, raises AssertionError with the ranks' output."""
+    past `timeout` seconds, raises AssertionError with the ranks' output. threads: the ranks'
+    OMP_NUM_THREADS (None: unset)."""
     with tempfile.TemporaryDirectory(prefix="fusedopt-dist-") as tmp:
         torch.save(args, os.path.join(tmp, "args.pt"))
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "GLOO_SOCKET_IFNAME": "lo",
                "PYTHONPATH": os.pathsep.join([_HERE, os.environ.get("PYTHONPATH", "")])}
+        if threads is None:
+            for name in ("OMP_NUM_THREADS", "LOCAL_WORLD_SIZE"):
+                env.pop(name, None)
         procs = []
         for rank in range(world_size):
             log = open(os.path.join(tmp, f"rank{rank}.log"), "w+b")

@@ -9,7 +9,9 @@ trains every case, and the tests read its results."""
 from __future__ import annotations
 
 import contextlib
+import io
 import math
+import os
 
 import fusedopt
 import fusedopt.distributed
@@ -328,3 +330,37 @@ def test_state_bytes_of_a_fused_optimizer():
     assert opt.state_bytes() == 4 * numel
     opt.step()  # the update: exp_avg, exp_avg_sq and a 4-byte step per param, besides the sums
     assert opt.state_bytes() == 4 * numel + 2 * 4 * numel + 4 * len(list(model.parameters()))
+
+
+def rank_threads() -> tuple[int, int, str]:
+    """torch's thread count before and after wrapping (OMP_NUM_THREADS unset), and what the rank printed."""
+    before = torch.get_num_threads()
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        fusedopt.distributed.DistributedOptimizer(_fused("SGD", _model()))
+    return before, torch.get_num_threads(), stderr.getvalue()
+
+
+def test_ranks_on_one_host_share_its_cpus():
+    """Both ranks on this host, no OMP_NUM_THREADS: each takes max(1, cpus // 2) threads where torch's default
+    is more (a thread per CPU in each), and rank 0 says so, once."""
+    cpus = len(os.sched_getaffinity(0))
+    results = run_ranks("test_distributed:rank_threads", 2, threads=None, timeout=120)
+    for rank, (before, after, printed) in enumerate(results):
+        share = max(1, cpus // 2)
+        assert after == min(before, share)
+        if rank == 0 and share < before:
+            assert printed == (f"fusedopt.distributed: {share} thread(s) per rank ({cpus} CPU(s) shared by 2 "
+                               "rank(s) on this host; OMP_NUM_THREADS chooses another count)\n")
+        else:
+            assert printed == ""
+
+
+def test_threads_per_rank_choice():
+    choose = fusedopt.distributed.threads_per_rank
+    assert choose(None, 2, 2, 2) == 1  # the issue's 2-core host with 2 ranks
+    assert choose(None, 16, 16, 3) == 5
+    assert choose(None, 1, 2, 2) is None  # already at most its share
+    assert choose(None, 4, 2, 4) == 1  # more ranks than CPUs: 1 each
+    assert choose("2", 16, 16, 2) is None  # OMP_NUM_THREADS (torchrun's 1 per process) is the user's choice
+    assert choose(None, 8, 8, 1) is None  # alone on its host

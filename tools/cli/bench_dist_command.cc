@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fusedopt/distributed.h"
+#include "fusedopt/runtime.h"
 #include "src/algos/registry.h"
 #include "src/core/step_hooks.h"
 #include "src/doctor/model_shapes.h"
@@ -32,6 +33,7 @@ struct DistBenchOptions {
   double bucket_mb = 25.0;
   int rounds = 20;
   int warmup = 3;
+  int threads = 0;  // 0: ThreadsPerRank's choice
 };
 
 struct Impl {
@@ -69,8 +71,8 @@ double MaxOverRanks(Communicator& comm, double value) {
 }
 
 template <class A>
-nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, std::ostream& out,
-                   std::ostream& progress) {
+nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, const ThreadChoice& threads,
+                   std::ostream& out, std::ostream& progress) {
   using Hyper = typename A::Hyper;
   const std::vector<TensorSpec> specs = Specs<A>(o);
   std::size_t numel = 0;
@@ -127,6 +129,7 @@ nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, std::ostream& 
   }
 
   nlohmann::json report = {{"ranks", comm.size()},
+                           {"threads_per_rank", threads.threads},
                            {"optimizer", o.optimizer},
                            {"shapes", o.numel > 0 ? "numel" : o.shapes},
                            {"numel", numel},
@@ -139,7 +142,8 @@ nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, std::ostream& 
   table << "fusedopt bench-dist: " << o.optimizer << ", " << bench::FormatCount(numel)
         << " params in " << specs.size() << " tensors, " << comm.size() << " ranks, buckets of "
         << bench::Num(o.bucket_mb) << " MiB; median of " << o.rounds
-        << " rounds (the slowest rank's step)\n\n"
+        << " rounds (the slowest rank's step)\n"
+        << "threads per rank: " << threads.threads << " (" << threads.reason << ")\n\n"
         << "| impl | step ms | vs allreduce_then_step | exposed comm ms | bytes sent/rank | state "
            "bytes/rank |\n|---|---|---|---|---|---|\n";
   for (const Impl& impl : impls) {
@@ -184,6 +188,12 @@ Command AddBenchDistCommand(CLI::App& app) {
   parser->add_option("--warmup", options.warmup, "Untimed rounds first")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  parser
+      ->add_option("--threads", options.threads,
+                   "Threads per rank (0: OMP_NUM_THREADS if set, else the host's CPUs shared "
+                   "among its ranks)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   parser->add_option("--json", values->json_path, "Also write the report as JSON (rank 0)");
 
   return {parser, [values] {
@@ -197,11 +207,16 @@ Command AddBenchDistCommand(CLI::App& app) {
               nlohmann::json report;
               {
                 mpi::MpiCommunicator comm;
+                // The ranks on this host share its CPUs: a thread per CPU in every rank
+                // oversubscribes them, and OpenMP's idle threads spin for milliseconds after each
+                // of the pipelined step's parallel regions (docs/distributed.md).
+                const ThreadChoice threads = ThreadsPerRank(o.threads, comm.local_size());
+                DefaultRuntime().set_num_threads(threads.threads);
                 const std::vector<std::string> names = AlgorithmNames();
                 const auto index = static_cast<std::size_t>(
                     std::find(names.begin(), names.end(), o.optimizer) - names.begin());
                 report = algos::All::Visit(index, [&](auto d) {
-                  return Run<typename decltype(d)::type>(o, comm, std::cout, std::cerr);
+                  return Run<typename decltype(d)::type>(o, comm, threads, std::cout, std::cerr);
                 });
                 if (comm.rank() == 0 && !values->json_path.empty()) {
                   WriteTextFile(values->json_path, report.dump(2) + "\n");

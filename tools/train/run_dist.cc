@@ -25,6 +25,7 @@
 #include "fusedopt/checkpoint.h"
 #include "fusedopt/distributed.h"
 #include "fusedopt/pt/timeline.h"
+#include "fusedopt/runtime.h"
 #include "src/algos/registry.h"
 #include "src/doctor/report_util.h"
 #include "src/mpi/mpi_communicator.h"
@@ -148,7 +149,8 @@ struct StepTimes {
 
 template <class Hyper>
 nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communicator& comm,
-                     const ResolvedHyper& resolved, std::ostream& out, std::ostream& progress) {
+                     const ThreadChoice& threads, const ResolvedHyper& resolved, std::ostream& out,
+                     std::ostream& progress) {
   const bool leader = comm.rank() == 0;
   const auto ranks = static_cast<std::int64_t>(comm.size());
   Model model = MakeModel(o.model, /*seed=*/0);
@@ -280,6 +282,7 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
       {"model", o.model.name},
       {"optimizer", o.optimizer},
       {"ranks", comm.size()},
+      {"threads_per_rank", threads.threads},
       {"zero", d.zero},
       {"bucket_mb", d.bucket_mb},
       {"global_batch", batches.samples_per_batch()},
@@ -316,6 +319,7 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
       << " samples, zero " << d.zero << ", buckets of " << bench::Num(d.bucket_mb)
       << " MiB; medians of " << o.steps << " steps (the slowest rank's)\n\n"
       << "| metric | value |\n|---|--:|\n"
+      << "| threads per rank | " << threads.threads << " (" << threads.reason << ") |\n"
       << "| samples/s | " << bench::Fixed(report["samples_per_s"], 1) << " |\n"
       << "| step ms | " << bench::Fixed(step_ms, 2) << " |\n"
       << "| forward ms | " << bench::Fixed(report["phases_ms"]["forward"], 2) << " |\n"
@@ -356,21 +360,22 @@ nlohmann::json RunDistributedTraining(const TrainOptions& o, const DistTrainOpti
   Check(!(d.reference && o.resume), "--reference", "",
         "compares from the initialization, not --resume");
   const ResolvedHyper resolved = ResolveHyper(o);
-  if (o.threads > 0) {
-    torch::set_num_threads(o.threads);
-    DefaultRuntime().set_num_threads(o.threads);
-  }
   int argc = 0;
   char** argv = nullptr;
   const mpi::MpiSession session(&argc, &argv);
   mpi::MpiCommunicator comm;
+  // The ranks on this host share its CPUs (libtorch's threads and the engine's alike): a thread
+  // per CPU in every rank would oversubscribe them.
+  const ThreadChoice threads = ThreadsPerRank(o.threads, comm.local_size());
+  torch::set_num_threads(threads.threads);
+  DefaultRuntime().set_num_threads(threads.threads);
   Check(o.data.batch_size % comm.size() == 0, "--batch-size", std::to_string(o.data.batch_size),
         "must divide by the " + std::to_string(comm.size()) + " ranks");
   nlohmann::json report;
   algos::All::ForEach([&](auto descriptor) {
     using A = typename decltype(descriptor)::type;
     if (o.optimizer == A::kName) {
-      report = Train<typename A::Hyper>(o, d, comm, resolved, out, progress);
+      report = Train<typename A::Hyper>(o, d, comm, threads, resolved, out, progress);
     }
   });
   return report;
