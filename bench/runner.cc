@@ -28,6 +28,7 @@
 #include "fusedopt/grad.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/runtime.h"
+#include "src/doctor/load_monitor.h"
 #include "src/doctor/model_shapes.h"
 #include "src/doctor/report_util.h"
 
@@ -118,6 +119,42 @@ DType ParseDTypeOption(std::string_view option, const std::string& value) {
                                 "'; known: f32, bf16, f16");
   }
   return dtype;
+}
+
+// min, quartiles and max of per-round ratios num[r] / den[r] (linear interpolation between order
+// statistics, as Python's statistics.quantiles(method="inclusive") in bench/torch_bench.py).
+nlohmann::json RoundRatioSpread(const std::vector<double>& num, const std::vector<double>& den) {
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < num.size(); ++r) ratios.push_back(num[r] / den[r]);
+  std::sort(ratios.begin(), ratios.end());
+  const auto at = [&](double q) {
+    const double pos = q * static_cast<double>(ratios.size() - 1);
+    const auto lo = static_cast<std::size_t>(pos);
+    const std::size_t hi = std::min(lo + 1, ratios.size() - 1);
+    return ratios[lo] + (pos - static_cast<double>(lo)) * (ratios[hi] - ratios[lo]);
+  };
+  return {
+      {"min", at(0.0)}, {"q1", at(0.25)}, {"median", at(0.5)}, {"q3", at(0.75)}, {"max", at(1.0)}};
+}
+
+// The load report of the kept rounds (src/doctor/load_monitor.h).
+nlohmann::json LoadReport(const std::vector<RoundLoad>& loads, int discarded) {
+  int disturbed_kept = 0;
+  double share_max = 0.0;
+  double load_min = loads.front().loadavg;
+  double load_max = loads.front().loadavg;
+  for (const RoundLoad& l : loads) {
+    disturbed_kept += l.disturbed ? 1 : 0;
+    share_max = std::max(share_max, l.others_share);
+    load_min = std::min(load_min, l.loadavg);
+    load_max = std::max(load_max, l.loadavg);
+  }
+  return {{"kept", loads.size()},
+          {"discarded", discarded},
+          {"disturbed_kept", disturbed_kept},
+          {"others_share_max", share_max},
+          {"loadavg_min", load_min},
+          {"loadavg_max", load_max}};
 }
 
 // The order of the impls in round r: a Williams design (row r of n, or of 2n for an odd n), in
@@ -387,31 +424,52 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     set_step();
     for (Impl& impl : impls) impl.step();
   }
-  for (int r = 0; r < options.rounds; ++r) {
+  // A round that other processes disturbed is thrown away and repeated, at most `rounds` times
+  // (src/doctor/load_monitor.h); after that, disturbed rounds are kept and counted.
+  LoadMonitor monitor;
+  std::vector<RoundLoad> loads;
+  int discarded = 0;
+  for (int r = 0; r < options.rounds;) {
     set_step();
     // What an impl finds in the caches depends on the impl before it (a model's buffers can be a
     // few times the L3, and `standard` leaves other data there): a plain rotation keeps that
     // predecessor fixed, so each impl got its own cache state. RoundOrder balances it.
     const std::vector<std::size_t> order = RoundOrder(impls.size(), static_cast<std::size_t>(r));
+    std::vector<double> round_ms(impls.size());
+    std::vector<std::vector<std::pair<std::string, double>>> round_passes(impls.size());
+    monitor.Begin();
     for (const std::size_t k : order) {
       Impl& impl = impls[k];
       const auto t0 = std::chrono::steady_clock::now();
       impl.step();
       const auto t1 = std::chrono::steady_clock::now();
-      impl.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      round_ms[k] = std::chrono::duration<double, std::milli>(t1 - t0).count();
       if (impl.passes) {
-        for (const auto& [pass, ms] : impl.passes()) {
-          auto it = std::find_if(impl.pass_ms.begin(), impl.pass_ms.end(),
-                                 [&](const auto& p) { return p.first == pass; });
-          if (it == impl.pass_ms.end()) {
-            impl.pass_ms.emplace_back(std::string(pass), std::vector<double>{});
-            it = impl.pass_ms.end() - 1;
-          }
-          it->second.push_back(ms);
-        }
+        for (const auto& [pass, ms] : impl.passes()) round_passes[k].emplace_back(pass, ms);
       }
     }
-    progress << "\r  round " << (r + 1) << "/" << options.rounds << std::flush;
+    const RoundLoad load = monitor.End();
+    if (load.disturbed && discarded < options.rounds) {
+      ++discarded;
+      continue;
+    }
+    loads.push_back(load);
+    for (std::size_t k = 0; k < impls.size(); ++k) {
+      Impl& impl = impls[k];
+      impl.ms.push_back(round_ms[k]);
+      for (const auto& [pass, ms] : round_passes[k]) {
+        auto it = std::find_if(impl.pass_ms.begin(), impl.pass_ms.end(),
+                               [&](const auto& p) { return p.first == pass; });
+        if (it == impl.pass_ms.end()) {
+          impl.pass_ms.emplace_back(pass, std::vector<double>{});
+          it = impl.pass_ms.end() - 1;
+        }
+        it->second.push_back(ms);
+      }
+    }
+    ++r;
+    progress << "\r  round " << r << "/" << options.rounds << " (" << discarded
+             << " disturbed thrown away)" << std::flush;
   }
   progress << "\n";
 
@@ -493,6 +551,10 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   }
   report["speedup_vs_standard"] = standard_ms / fused_ms;
   report["bandwidth_fraction"] = traffic_ms / fused_ms;
+  report["round_ratio_spread"] = {
+      {"speedup_vs_standard", RoundRatioSpread(find("standard")->ms, find("fused")->ms)},
+      {"bandwidth_fraction", RoundRatioSpread(find("same_traffic")->ms, find("fused")->ms)}};
+  report["load"] = LoadReport(loads, discarded);
   table << "speedup_vs_standard = " << std::setprecision(2) << standard_ms / fused_ms;
   if (pipeline != nullptr) {
     report["speedup_vs_standard_pipeline"] = pipeline_ms / fused_ms;
@@ -503,6 +565,16 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   for (const auto& [name, entry] : report["same_traffic_variants"].items())
     table << " " << name << " " << entry["median_ms"].get<double>() << " ms";
   table << " (median): " << traffic_variant << "\n";
+  for (const auto& [name, s] : report["round_ratio_spread"].items()) {
+    table << std::setprecision(2) << name << " per round: " << s["min"].get<double>() << " ["
+          << s["q1"].get<double>() << " " << s["median"].get<double>() << " "
+          << s["q3"].get<double>() << "] " << s["max"].get<double>() << "\n";
+  }
+  const nlohmann::json& load = report["load"];
+  table << "rounds: " << load["kept"] << " kept, " << load["discarded"]
+        << " thrown away as disturbed, " << load["disturbed_kept"]
+        << " disturbed kept; load average " << load["loadavg_min"].get<double>() << "-"
+        << load["loadavg_max"].get<double>() << "\n";
   if (training_loop) {
     table << std::setprecision(3);
     for (const Impl& impl : impls) {

@@ -58,10 +58,17 @@ OpenMP runtime.
 Before timing, every impl takes 3 steps and is compared with torch_forloop (a warning, not an
 error, if they disagree). Then come --warmup steps and --rounds rounds; each round steps every impl
 once, in an order that rotates from round to round so that drift in machine load is spread evenly.
+A round during which other processes took more than --disturbed-share of the machine's CPU time
+(bench/load_monitor.py) is thrown away and repeated, at most --max-discards times per run; the
+report says how many were, and how many disturbed rounds had to be kept. Each ratio comes with its
+spread: the quartiles of the per-round ratios, and with --runs N (N fresh runs) the range of the
+N runs' median ratios, which is what the README's tables show.
 
   scripts/bench-torch --optimizer adamw --shapes mobilenet_v1 --json out.json
   scripts/bench-torch --optimizer sgd --numel 10000000 --dtype bf16 --threads 2
   scripts/bench-torch --all --json-dir bench-results/torch     # Markdown table for the README
+  scripts/bench-torch --optimizer sgd --shapes mobilenet_v1 --runs 3 --json sgd.json  # spread over 3 runs
+  scripts/bench-torch --markdown sgd.json adamw.json       # their Markdown table (the README's rows)
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ import torch
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "tools"))
 import gen_model_shapes  # noqa: E402  (tools/ is not a package)
+from load_monitor import DEFAULT_SHARE, LoadMonitor, timed_rounds  # noqa: E402  (bench/ is this file's folder)
 
 LR = 1e-3
 # --optimizer -> (torch.optim class name, arguments beyond lr; torch's defaults otherwise)
@@ -338,35 +346,56 @@ def check_agreement(optimizers: dict, dtype: torch.dtype) -> dict[str, dict]:
     return checks
 
 
-def time_steps(optimizers: dict, warmup: int, rounds: int,
-               progress: bool) -> dict[str, list[float]]:
-    """Milliseconds of each optimizer.step(), `rounds` per impl, impls interleaved in rotating
-    order; with `progress`, one line per round on stderr."""
+def time_steps(optimizers: dict, warmup: int, rounds: int, progress: bool, monitor: LoadMonitor,
+               max_discards: int) -> tuple[dict[str, list[float]], dict]:
+    """Milliseconds of each optimizer.step(), `rounds` quiet rounds per impl, impls interleaved in
+    rotating order; disturbed rounds are repeated (load_monitor.timed_rounds). Returns the samples and
+    the rounds' load report; with `progress`, one line per round on stderr."""
     names = list(optimizers)
     for _ in range(warmup):
         for name in names:
             optimizers[name].step()
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
+
+    def one_round(r: int) -> dict[str, float]:
         shift = r % len(names)
+        ms = {}
         for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
             optimizers[name].step()
-            samples[name].append((time.perf_counter() - start) * 1e3)
+            ms[name] = (time.perf_counter() - start) * 1e3
         if progress:
-            line = ", ".join(f"{name} {samples[name][-1]:.1f}" for name in names)
+            line = ", ".join(f"{name} {ms[name]:.1f}" for name in names)
             print(f"  round {r + 1}/{rounds} (ms): {line}", file=sys.stderr)
-    return samples
+        return ms
+
+    kept = timed_rounds(one_round, rounds, monitor, max_discards)
+    print(f"  {kept.describe()}", file=sys.stderr)
+    return {name: [ms[name] for ms in kept.results] for name in names}, kept.report()
 
 
 def summary(samples: list[float]) -> dict:
     return {"median_ms": statistics.median(samples), "min_ms": min(samples), "samples_ms": samples}
 
 
+def spread(values: list[float]) -> dict:
+    """min, quartiles and max of a list (one value: all five are it)."""
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return {"min": min(values), "q1": q1, "median": median, "q3": q3, "max": max(values)}
+
+
+def round_ratios(results: dict, best: str) -> dict:
+    """Per reference impl, the spread of its per-round ratio to the best fusedopt impl's step (both
+    stepped in the same round, so a round's load affects both)."""
+    fused = results[best]["samples_ms"]
+    return {impl: spread([x / f for x, f in zip(r["samples_ms"], fused)])
+            for impl, r in results.items() if r is not None and impl not in (*FUSEDOPT_IMPLS, ENGINE)}
+
+
 def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, rounds: int | None,
-        warmup: int, deepspeed: bool = False) -> dict:
+        warmup: int, deepspeed: bool = False, monitor: LoadMonitor | None = None,
+        max_discards: int | None = None) -> dict:
     """Benchmarks one optimizer on one shape set; returns the JSON result. All tensors are freed
-    before it returns."""
+    before it returns. Disturbed rounds are repeated up to `max_discards` times (default: `rounds`)."""
     dtype = DTYPES[dtype_name]
     dims = tensor_shapes(shapes, numel)
     total = sum(torch.Size(d).numel() for d in dims)
@@ -381,7 +410,8 @@ def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, 
         optimizers[impl] = build_fused(optimizer, make_params(dims, dtype), impl == "fused_flat")
     optimizers[ENGINE] = EngineOnly(build_fused(optimizer, make_params(dims, dtype), False))
     checks = check_agreement(optimizers, dtype)
-    samples = time_steps(optimizers, warmup, rounds, progress=total > BIG_NUMEL)
+    samples, load = time_steps(optimizers, warmup, rounds, total > BIG_NUMEL, monitor or LoadMonitor(),
+                               rounds if max_discards is None else max_discards)
     del optimizers
     gc.collect()  # fused_flat's store and its optimizer reference each other
 
@@ -389,7 +419,8 @@ def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, 
     results = {impl: None for impl in TORCH_IMPLS} if optimizer in TORCH_OPTIMIZERS else {}
     for impl in optimizers_order(refs, optimizer):
         results[impl] = summary(samples[impl]) | {"check_vs_reference": checks[impl]}
-    best = min(results[i]["median_ms"] for i in fused_impls(optimizer))
+    best_impl = min(fused_impls(optimizer), key=lambda i: results[i]["median_ms"])
+    best = results[best_impl]["median_ms"]
     engine = results[ENGINE]["median_ms"]
     return {
         "optimizer": optimizer, "shapes": shapes_name, "tensors": len(dims), "numel": total,
@@ -397,8 +428,21 @@ def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, 
         "torch_version": torch.__version__, "target": fusedopt.active_target(), "impls": results,
         **{f"speedup_vs_{impl}": None if r is None else r["median_ms"] / best
            for impl, r in results.items() if impl not in (*FUSEDOPT_IMPLS, ENGINE)},
+        "round_ratio_spread": round_ratios(results, best_impl), "load": load,
         "dropin_overhead": results["fused"]["median_ms"] / engine - 1.0,
     }
+
+
+def run_repeated(runs: int, *args, **kwargs) -> dict:
+    """`runs` fresh runs of run(); the last run's result with, per speedup, the spread of the runs'
+    values ("runs": the per-run values) and the runs' discarded-round counts."""
+    results = [run(*args, **kwargs) for _ in range(runs)]
+    last = dict(results[-1])
+    keys = [k for k, v in last.items() if k.startswith("speedup_vs_") and v is not None]
+    last["runs"] = {"count": runs, "discarded": [r["load"]["discarded"] for r in results],
+                    "disturbed_kept": [r["load"]["disturbed_kept"] for r in results],
+                    **{k: spread([r[k] for r in results]) | {"values": [r[k] for r in results]} for k in keys}}
+    return last
 
 
 def optimizers_order(refs: dict, optimizer: str) -> list[str]:
@@ -427,26 +471,51 @@ def text_table(result: dict) -> str:
             lines.append(f"{impl:<{width}}{r['median_ms']:>11.3f}{r['min_ms']:>11.3f}"
                          f"{r['median_ms'] / best:>17.2f}x")
     lines.append(f"drop-in overhead (fused / engine - 1): {result['dropin_overhead']:+.1%}")
+    load = result["load"]
+    lines.append(f"rounds: {load['kept']} kept, {load['discarded']} thrown away as disturbed, "
+                 f"{load['disturbed_kept']} disturbed kept; load average {load['loadavg_min']:.2f}-"
+                 f"{load['loadavg_max']:.2f}")
+    if result.get("runs", {}).get("count", 1) > 1:
+        runs = result["runs"]
+        lines.append(f"over {runs['count']} runs: thrown away {'+'.join(map(str, runs['discarded']))}, "
+                     f"disturbed kept {'+'.join(map(str, runs['disturbed_kept']))}")
+    for impl, s in result["round_ratio_spread"].items():
+        line = f"speedup vs {impl}: per round {s['min']:.2f} [{s['q1']:.2f} {s['median']:.2f} {s['q3']:.2f}] {s['max']:.2f}"
+        if result.get("runs", {}).get("count", 1) > 1:
+            r = result["runs"][f"speedup_vs_{impl}"]
+            line += (f"; over {result['runs']['count']} runs: median {r['median']:.2f}x, "
+                     f"min {r['min']:.2f}x, max {r['max']:.2f}x")
+        lines.append(line)
     return "\n".join(lines)
 
 
 def markdown_table(results: list[dict]) -> str:
+    """The README's table: medians, and each speedup with its spread: the median and range over the
+    runs with --runs N > 1, else the per-round ratios' median and quartiles."""
     def ms(r):
         return "n/a" if r is None else f"{r['median_ms']:.2f}"
 
-    def speedup(x):
-        return "n/a" if x is None else f"{x:.2f}x"
+    def speedup(result, impl):
+        x = result[f"speedup_vs_{impl}"]
+        if x is None:
+            return "n/a"
+        if "runs" in result and result["runs"]["count"] > 1:
+            s = result["runs"][f"speedup_vs_{impl}"]
+            return f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})"
+        s = result["round_ratio_spread"][impl]  # one run: the per-round ratios' median and quartiles
+        return f"{s['median']:.2f}x ({s['q1']:.2f}-{s['q3']:.2f})"
 
     lines = ["| optimizer | shapes | fusedopt best ms | torch for-loop ms | foreach ms "
-             "| fused=True ms | vs for-loop | vs foreach | vs fused=True |",
-             "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+             "| fused=True ms | vs for-loop | vs foreach | vs fused=True | rounds thrown away |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in results:
         i = r["impls"]
+        discarded = r["runs"]["discarded"] if "runs" in r else [r["load"]["discarded"]]
         lines.append(f"| {r['optimizer']} | {r['shapes']} | {fusedopt_best_ms(r):.2f} "
                      f"| {ms(i['torch_forloop'])} | {ms(i['torch_foreach'])} "
-                     f"| {ms(i['torch_fused'])} | {speedup(r['speedup_vs_torch_forloop'])} "
-                     f"| {speedup(r['speedup_vs_torch_foreach'])} "
-                     f"| {speedup(r['speedup_vs_torch_fused'])} |")
+                     f"| {ms(i['torch_fused'])} | {speedup(r, 'torch_forloop')} "
+                     f"| {speedup(r, 'torch_foreach')} | {speedup(r, 'torch_fused')} "
+                     f"| {'+'.join(map(str, discarded))} |")
     return "\n".join(lines)
 
 
@@ -477,7 +546,18 @@ def parse_args() -> argparse.Namespace:
                         help="every torch.optim optimizer on every model; prints a Markdown table")
     parser.add_argument("--json-dir", type=pathlib.Path,
                         help="with --all: one OPTIMIZER_SHAPES.json per run here")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="fresh runs per optimizer and shapes; the speedups' spread over them (default 1)")
+    parser.add_argument("--max-discards", type=int,
+                        help="disturbed rounds thrown away and repeated per run at most (default: --rounds)")
+    parser.add_argument("--disturbed-share", type=float, default=DEFAULT_SHARE,
+                        help="a round is disturbed when other processes took more than this share of the "
+                             f"machine's CPU time during it (default {DEFAULT_SHARE})")
+    parser.add_argument("--markdown", type=pathlib.Path, nargs="+", metavar="JSON",
+                        help="print the Markdown table of these --json results, nothing run")
     args = parser.parse_args()
+    if args.markdown:
+        return args
     if args.all:
         if args.optimizer or args.shapes or args.numel is not None or args.json or args.deepspeed:
             parser.error("--all runs every optimizer and shape set: "
@@ -488,20 +568,28 @@ def parse_args() -> argparse.Namespace:
                          "(--json-dir goes with --all)")
         if args.deepspeed and args.optimizer not in ("adam", "adamw"):
             parser.error("--deepspeed goes with --optimizer adam or adamw")
-    for name, low in (("numel", 1), ("threads", 1), ("rounds", 1), ("warmup", 0)):
+    for name, low in (("numel", 1), ("threads", 1), ("rounds", 1), ("warmup", 0), ("runs", 1),
+                      ("max_discards", 0)):
         value = getattr(args, name)
         if value is not None and value < low:
-            parser.error(f"--{name} must be at least {low}")
+            parser.error(f"--{name.replace('_', '-')} must be at least {low}")
+    if not 0.0 < args.disturbed_share <= 1.0:
+        parser.error(f"--disturbed-share must be in (0, 1], got {args.disturbed_share}")
     return args
 
 
 def main() -> None:
     args = parse_args()
+    if args.markdown:
+        print(markdown_table([json.loads(path.read_text(encoding="utf-8")) for path in args.markdown]))
+        return
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    monitor = LoadMonitor(args.disturbed_share)
+    timing = {"monitor": monitor, "max_discards": args.max_discards}
     if not args.all:
-        result = run(args.optimizer, args.shapes, args.numel, args.dtype, args.rounds, args.warmup,
-                     args.deepspeed)
+        result = run_repeated(args.runs, args.optimizer, args.shapes, args.numel, args.dtype, args.rounds,
+                              args.warmup, args.deepspeed, **timing)
         print(text_table(result))
         if args.json:
             write_json(result, args.json)
@@ -511,7 +599,8 @@ def main() -> None:
     results = []
     for shapes in MODELS:
         for optimizer in TORCH_OPTIMIZERS:
-            result = run(optimizer, shapes, None, args.dtype, args.rounds, args.warmup)
+            result = run_repeated(args.runs, optimizer, shapes, None, args.dtype, args.rounds, args.warmup,
+                                  **timing)
             print(text_table(result), file=sys.stderr)
             if args.json_dir:
                 write_json(result, args.json_dir / f"{optimizer}_{shapes}.json")

@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 sys.path.insert(0, str(REPO_ROOT / "tools"))
 import train_chart  # noqa: E402  (tools/ is not a package)
 import train_models  # noqa: E402
+from load_monitor import LoadMonitor  # noqa: E402
 
 # --optimizer -> (torch.optim class name, its arguments)
 OPTIMIZERS = {
@@ -122,10 +123,16 @@ def run(args: argparse.Namespace) -> dict:
     bar = ProgressBar(total, "steps")
     # Without a terminal, a plain line every ~10 % of the run instead of the bar.
     every = 0 if bar.enabled else max(1, total // 10)
+    # Training steps cannot be repeated (every impl must see the same batches in the same order), so
+    # steps that other processes disturbed are counted and reported, not thrown away (bench/load_monitor.py).
+    monitor, disturbed = LoadMonitor(), 0
     for step in range(total):
         shift = step % len(impls)
+        monitor.begin()
         for impl in impls[shift:] + impls[:shift]:
             records[impl].append(trainers[impl].train_step(batches[impl], warmup=step < args.warmup))
+        if monitor.end().disturbed and step >= args.warmup:
+            disturbed += 1
         text = "  ".join(f"{impl} {records[impl][-1]['step_ms']:.0f}ms" for impl in impls)
         bar.update(step + 1, text)
         if every and ((step + 1) % every == 0 or step + 1 == total):
@@ -134,7 +141,7 @@ def run(args: argparse.Namespace) -> dict:
     if tracer is not None:
         tracer.other_data.update(trainers[impls[0]].trace_info())
         tracer.write(args.trace)
-    return report(args, trainers, records)
+    return report(args, trainers, records) | {"disturbed_steps": disturbed}
 
 
 def report(args: argparse.Namespace, trainers: dict, records: dict) -> dict:
@@ -229,6 +236,9 @@ def bound_line(result: dict) -> str:
             line += (f" (from the optimizer phases alone, model time held equal: "
                      f"{100 * result['phase_gain_captured']:.0f} %)")
     diff = result["max_loss_rel_diff_first10"]
+    if result.get("disturbed_steps"):
+        line += (f"\n{result['disturbed_steps']} of {result['steps']} timed steps were disturbed by other processes "
+                 "(docs/benchmarks.md, \"Load\"): these times are not the code's alone")
     return (line + f"\nmax loss rel diff over the first {LOSS_CHECK_STEPS} steps: {diff:.2e}; forward+backward "
             f"times differ by {100 * result['model_ms_spread']:.1f} % across impls (the noise floor)")
 

@@ -26,8 +26,12 @@ expect_exit(2 "--weight-decay.*nan" ${FUSEDOPT} doctor --numels 300 --step-ms 10
 # An unknown optimizer: bench and doctor name it and list the known ones, up front.
 expect_exit(2 "--optimizer: adafactors not in .*adafactor" ${FUSEDOPT} bench --optimizer adafactors
             --numel 1000 --rounds 1)
-expect_exit(2 "--optimizer.*unknown optimizer 'adafactors'" ${FUSEDOPT} doctor --optimizer
+expect_exit(2 "--optimizer: adafactors not in .*adafactor" ${FUSEDOPT} doctor --optimizer
             adafactors --numels 300 --step-ms 10 --rounds 1)
+# ... with a trace too, where --optimizer overrides the trace's; a trace's own unknown name is the
+# trace's error, not --optimizer's (issue #29, item 13).
+expect_exit(2 "--optimizer: bogus not in .*adafactor" ${FUSEDOPT} doctor --trace ${TRACE}
+            --optimizer bogus --rounds 1)
 
 # Traces: impossible sizes (the sum of two 2^63-1 wraps around), nonsense threads, an unknown
 # format version. Each is the valid tiny trace with one field changed.
@@ -41,6 +45,7 @@ bad_trace(huge param_numels "[4611686018427387904]" "param_numels")
 bad_trace(wraps param_numels "[9223372036854775807, 9223372036854775807]" "param_numels")
 bad_trace(threads threads "1e9" "otherData.threads.*1e\\+09")
 bad_trace(version fusedopt_trace "99" "fusedopt_trace.*99")
+bad_trace(optimizer optimizer "\"bogus\"" "otherData.optimizer is 'bogus', not one of .*adafactor: give --optimizer")
 
 # Report files: a full device, and a folder that cannot be created (below a regular file; this
 # works as root too). Never "wrote ...", never exit 0, and no temporary file left behind.

@@ -5,6 +5,7 @@
 // with --trace override its values. --ranks adds the distributed plan
 // (src/doctor/distributed_plan.h).
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -47,6 +48,12 @@ struct Given {
   CLI::Option* zero;
 };
 
+std::string JoinNames() {
+  std::string names;
+  for (const std::string& name : AlgorithmNames()) names += (names.empty() ? "" : ", ") + name;
+  return names;
+}
+
 nlohmann::json ReadTrace(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("--trace: cannot read '" + path + "'");
@@ -70,7 +77,16 @@ bench::DoctorOptions Resolve(Values& v, const Given& given) {
   if (!v.trace_path.empty()) {
     o = bench::DoctorOptionsFromTrace(ReadTrace(v.trace_path));
     o.rounds = v.options.rounds;
-    if (given.optimizer->count() > 0) o.optimizer = v.options.optimizer;
+    if (given.optimizer->count() > 0) {
+      o.optimizer = v.options.optimizer;
+    } else if (const std::vector<std::string> names = AlgorithmNames();
+               std::find(names.begin(), names.end(), o.optimizer) == names.end()) {
+      // A trace of an optimizer the doctor does not time (the Python Trainer writes any class's
+      // name): say where the name came from, and how to go on.
+      throw std::invalid_argument("--trace: otherData.optimizer is '" + o.optimizer +
+                                  "', not one of " + JoinNames() +
+                                  ": give --optimizer NAME for the closest one");
+    }
     if (given.dtype->count() > 0) o.dtype = v.options.dtype;
     if (given.weight_decay->count() > 0) o.weight_decay = v.options.weight_decay;
     if (given.momentum->count() > 0) o.momentum = v.options.momentum;
@@ -112,12 +128,13 @@ Command AddDoctorCommand(CLI::App& app) {
       "Is the optimizer worth fusing here? Its share of the step, the ops and memory passes of a "
       "for-loop optimizer vs fused, GB/s vs the bandwidth ceiling, and the predicted speedup");
   Given given{};
-  given.optimizer =
-      parser
-          ->add_option("--optimizer", options.optimizer,
-                       "sgd, adam, adamw, rmsprop, adagrad, lion, lamb, adamax, adadelta, "
-                       "radam, nadam, asgd, rprop, lars, rmsproptf, adamp, bert_adam or adafactor")
-          ->capture_default_str();
+  given.optimizer = parser
+                        ->add_option("--optimizer", options.optimizer,
+                                     "The optimizer (default: the trace's, else adamw)")
+                        // Checked up front, as bench and bench-dist do: an unknown name is refused
+                        // with the list before a trace is read or anything is timed.
+                        ->check(CLI::IsMember(AlgorithmNames()))
+                        ->capture_default_str();
   given.shapes =
       parser->add_option("--shapes", values->shapes, "Real per-tensor shapes of a model")
           ->check(CLI::IsMember({"mobilenet_v1", "resnet50", "bert_base", "gpt2_small"}));
