@@ -336,9 +336,8 @@ class FusedOptimizerMixin:
         closes = self._micro_batches + 1 == self._accumulation_steps
         if not closes:
             # The hyper-parameters the window's last call will be refused for are refused now, so a
-            # micro-batch is never counted into a window that cannot close (a call without segments:
-            # the engine's checks alone).
-            type(self)._engine_step(self._group_hypers(), _C.SegmentTable([]), [], [], 1.0, 1)
+            # micro-batch is never counted into a window that cannot close.
+            self._check_hypers(self._group_hypers())
         grads, sums, fresh, with_grad, routed = [], [], [], {}, {}
         if not overflowed:  # (with_grad holds the grad tensors: flatten=True may replace p.grad below)
             grads, sums, fresh, with_grad, routed = self._micro_batch()
@@ -382,7 +381,7 @@ class FusedOptimizerMixin:
             if closes and torch_sums and not batch[2]:
                 # torch's step first, after the engine's checks of the hyper-parameters: a failure of
                 # either (or a window the engine skips) puts the routed params back (see _torch_step).
-                type(self)._engine_step(packed.hypers, _C.SegmentTable([]), [], [], 1.0, 1)
+                self._check_hypers(packed.hypers)
                 self._torch_step(torch_sums, then=engine)
             else:
                 engine()
@@ -430,7 +429,7 @@ class FusedOptimizerMixin:
                 raise _Skipped
             if clip:
                 grad_scale *= _clip_coefficient(norm, self._max_grad_norm, self._clip_rule)
-        type(self)._engine_step(packed.hypers, _C.SegmentTable([]), [], [], 1.0, 1)
+        self._check_hypers(packed.hypers)
 
         def engine():
             if packed.grads:
@@ -441,6 +440,11 @@ class FusedOptimizerMixin:
         else:  # as torch's GradScaler.unscale_ multiplies, by an f32 factor
             factor = torch.tensor(grad_scale, dtype=torch.float32)
             self._torch_step({p: p.grad * factor.to(p.grad.device) for p in packed.routed}, then=engine)
+
+    def _check_hypers(self, hypers: list) -> None:
+        """The engine's checks of the groups' hyper-parameters alone (a call without segments), for work
+        done before the engine's own step: a ValueError naming the group and field."""
+        type(self)._engine_step(hypers, _C.SegmentTable([]), [], [], 1.0, 1)
 
     def _torch_step(self, grads: dict, then: Callable[[], None] | None = None) -> None:
         """The reference's own step (_reference_step) for the params of `grads` only, each with the

@@ -666,8 +666,8 @@ class FusedBertAdam(FusedOptimizerMixin, _BertAdamGroups):
         if found_out is not None and not math.isfinite(_grad_norm([p.grad for p in params], 2)):
             found_out.fill_(1.0)
             raise _Skipped
-        # The engine's checks of the hyper-parameters, before any update: a call without segments.
-        type(self)._engine_step(packed.hypers, _C.SegmentTable([]), [], [], 1.0, 1)
+        # The engine's checks of the hyper-parameters, before any update.
+        self._check_hypers(packed.hypers)
         if grad_scale == 1.0:
             self._torch_step({p: p.grad for p in params})
         else:  # as torch's GradScaler.unscale_ multiplies, by an f32 factor

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/runner.h"
+#include "bench/standard.h"
 #include "src/doctor/doctor.h"
 #include "src/doctor/model_shapes.h"
 #include "tools/cli/command.h"
@@ -48,12 +49,6 @@ struct Given {
   CLI::Option* zero;
 };
 
-std::string JoinNames() {
-  std::string names;
-  for (const std::string& name : AlgorithmNames()) names += (names.empty() ? "" : ", ") + name;
-  return names;
-}
-
 nlohmann::json ReadTrace(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("--trace: cannot read '" + path + "'");
@@ -84,7 +79,7 @@ bench::DoctorOptions Resolve(Values& v, const Given& given) {
       // A trace of an optimizer the doctor does not time (the Python Trainer writes any class's
       // name): say where the name came from, and how to go on.
       throw std::invalid_argument("--trace: otherData.optimizer is '" + o.optimizer +
-                                  "', not one of " + JoinNames() +
+                                  "', not one of " + bench::AlgorithmNames() +
                                   ": give --optimizer NAME for the closest one");
     }
     if (given.dtype->count() > 0) o.dtype = v.options.dtype;

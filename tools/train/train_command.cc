@@ -98,7 +98,10 @@ Command AddTrainCommand(CLI::App& app) {
       ->capture_default_str();
   parser->add_option("--steps", o.steps, "Timed optimizer updates per impl")->capture_default_str();
   parser->add_option("--warmup", o.warmup, "Untimed updates first")->capture_default_str();
-  parser->add_option("--threads", o.threads, "Threads for libtorch and fusedopt (0: default)");
+  parser->add_option(
+      "--threads", o.threads,
+      "Threads for libtorch and fusedopt (0: OMP_NUM_THREADS, else one per core; with --dist, "
+      "OMP_NUM_THREADS if set, else the host's CPUs shared among its ranks)");
   parser->add_option("--dtype", o.dtype, "f32, or bf16 (CPU autocast for forward)")
       ->capture_default_str();
   parser->add_option("--accumulation-steps", o.accumulation_steps, "Micro-batches per update")
