@@ -21,18 +21,55 @@
 #include <utility>
 #include <vector>
 
-#include "bench/elementwise.h"
-#include "bench/pipeline.h"
-#include "bench/same_traffic.h"
-#include "bench/standard.h"
+#include "bench/rounds.h"
 #include "fusedopt/grad.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/runtime.h"
-#include "src/doctor/load_monitor.h"
-#include "src/doctor/model_shapes.h"
-#include "src/doctor/report_util.h"
+#include "src/baselines/elementwise.h"
+#include "src/baselines/pipeline.h"
+#include "src/baselines/same_traffic.h"
+#include "src/baselines/standard.h"
+#include "src/tool_util/load_monitor.h"
+#include "src/tool_util/model_shapes.h"
+#include "src/tool_util/report_util.h"
 
 namespace fusedopt::bench {
+
+using baselines::BenchHyper;
+using baselines::BenchRequiredStates;
+using baselines::FactoredTraffic;
+using baselines::FusedLoop;
+using baselines::FusedStep;
+using baselines::kAllTrafficStores;
+using baselines::LoopOptions;
+using baselines::PassClock;
+using baselines::PassTimes;
+using baselines::RunConvert;
+using baselines::SameTrafficGradRead;
+using baselines::SameTrafficReduce;
+using baselines::SameTrafficStep;
+using baselines::StandardLoop;
+using baselines::StandardStep;
+using baselines::TensorRef;
+using baselines::TrafficStores;
+using baselines::TrafficStoresName;
+using tools::Algorithm;
+using tools::CheckedAdd;
+using tools::CheckedMul;
+using tools::CheckFitsInMemory;
+using tools::Fill;
+using tools::FormatCount;
+using tools::GetModelShapes;
+using tools::HasReductionPass;
+using tools::IsFactored;
+using tools::LoadMonitor;
+using tools::Median;
+using tools::ModelShapes;
+using tools::ParseAlgorithm;
+using tools::ReductionReadsGradOnly;
+using tools::RoundLoad;
+using tools::TensorShape;
+
 namespace {
 
 struct Impl {
@@ -121,57 +158,6 @@ DType ParseDTypeOption(std::string_view option, const std::string& value) {
   return dtype;
 }
 
-// min, quartiles and max of per-round ratios num[r] / den[r] (linear interpolation between order
-// statistics, as Python's statistics.quantiles(method="inclusive") in bench/torch_bench.py).
-nlohmann::json RoundRatioSpread(const std::vector<double>& num, const std::vector<double>& den) {
-  std::vector<double> ratios;
-  for (std::size_t r = 0; r < num.size(); ++r) ratios.push_back(num[r] / den[r]);
-  std::sort(ratios.begin(), ratios.end());
-  const auto at = [&](double q) {
-    const double pos = q * static_cast<double>(ratios.size() - 1);
-    const auto lo = static_cast<std::size_t>(pos);
-    const std::size_t hi = std::min(lo + 1, ratios.size() - 1);
-    return ratios[lo] + (pos - static_cast<double>(lo)) * (ratios[hi] - ratios[lo]);
-  };
-  return {
-      {"min", at(0.0)}, {"q1", at(0.25)}, {"median", at(0.5)}, {"q3", at(0.75)}, {"max", at(1.0)}};
-}
-
-// The load report of the kept rounds (src/doctor/load_monitor.h).
-nlohmann::json LoadReport(const std::vector<RoundLoad>& loads, int discarded) {
-  int disturbed_kept = 0;
-  double share_max = 0.0;
-  double load_min = loads.front().loadavg;
-  double load_max = loads.front().loadavg;
-  for (const RoundLoad& l : loads) {
-    disturbed_kept += l.disturbed ? 1 : 0;
-    share_max = std::max(share_max, l.others_share);
-    load_min = std::min(load_min, l.loadavg);
-    load_max = std::max(load_max, l.loadavg);
-  }
-  return {{"kept", loads.size()},
-          {"discarded", discarded},
-          {"disturbed_kept", disturbed_kept},
-          {"others_share_max", share_max},
-          {"loadavg_min", load_min},
-          {"loadavg_max", load_max}};
-}
-
-// The order of the impls in round r: a Williams design (row r of n, or of 2n for an odd n), in
-// which every impl runs right after every other one equally often, so no impl is timed only in
-// the cache state some particular impl leaves.
-std::vector<std::size_t> RoundOrder(std::size_t n, std::size_t r) {
-  std::vector<std::size_t> order(n);
-  std::size_t lo = 1;
-  std::size_t hi = n - 1;
-  for (std::size_t j = 0; j < n; ++j) {
-    const std::size_t base = j == 0 ? 0 : (j % 2 == 1 ? lo++ : hi--);  // 0, 1, n-1, 2, n-2, ...
-    order[j] = (base + r) % n;
-  }
-  if (n % 2 == 1 && (r / n) % 2 == 1) std::reverse(order.begin(), order.end());
-  return order;
-}
-
 // The traffic variants are timed as impls of their own, "same_traffic/<stores>".
 constexpr std::string_view kTrafficPrefix = "same_traffic/";
 std::string TrafficImplName(TrafficStores stores) {
@@ -185,16 +171,6 @@ nlohmann::json JsonNumber(double x) {
 }
 
 }  // namespace
-
-double ParseClip(std::string_view text) {
-  const std::string s(text);
-  char* end = nullptr;
-  const double value = s.empty() ? 0.0 : std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(value) || !(value > 0.0)) {
-    throw std::invalid_argument("--clip: invalid max norm '" + s + "' (a finite number > 0)");
-  }
-  return value;
-}
 
 nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::ostream& progress) {
   const Algorithm algorithm = ParseAlgorithm(options.optimizer);
@@ -425,7 +401,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     for (Impl& impl : impls) impl.step();
   }
   // A round that other processes disturbed is thrown away and repeated, at most `rounds` times
-  // (src/doctor/load_monitor.h); after that, disturbed rounds are kept and counted.
+  // (src/tool_util/load_monitor.h); after that, disturbed rounds are kept and counted.
   LoadMonitor monitor;
   std::vector<RoundLoad> loads;
   int discarded = 0;

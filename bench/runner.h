@@ -10,18 +10,17 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <string_view>
 
 namespace fusedopt::bench {
 
 struct BenchOptions {
   std::string optimizer = "adamw";
-  std::string shapes;         // a model name (src/doctor/model_shapes.h), or empty with numel > 0
-  std::size_t numel = 0;      // one flat tensor of this size
+  std::string shapes;     // a model name (src/tool_util/model_shapes.h), or empty with numel > 0
+  std::size_t numel = 0;  // one flat tensor of this size
   std::string dtype = "f32";  // params and states, as torch keeps states in the param dtype
   std::string grad_dtype;     // gradients; empty: dtype
-  // With loss scaling or clipping the impls become a training-loop step (bench/pipeline.h) and
-  // `standard_pipeline` joins them.
+  // With loss scaling or clipping the impls become a training-loop step (src/baselines/pipeline.h)
+  // and `standard_pipeline` joins them.
   std::string loss_scale = "none";  // none, static or dynamic (torch.amp.GradScaler's policy)
   std::optional<double> clip;       // clip_grad_norm_'s max_norm (finite, > 0); unset: no clip
   int threads = 0;                  // 0: OpenMP's default
@@ -32,9 +31,5 @@ struct BenchOptions {
 // Runs the benchmark, prints progress to `progress` and the table to `table`, and returns the JSON
 // report. Throws std::invalid_argument for bad options, naming the option and the value.
 nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::ostream& progress);
-
-// Parses the value of --clip: a finite number > 0. Throws std::invalid_argument naming --clip and
-// the text otherwise.
-double ParseClip(std::string_view text);
 
 }  // namespace fusedopt::bench

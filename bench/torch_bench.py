@@ -6,8 +6,7 @@ seed) and fixed random grads, set once and never zeroed, so only optimizer.step(
   torch_forloop  torch.optim.<X>(foreach=False)
   torch_foreach  torch.optim.<X>(foreach=True)
   torch_fused    torch.optim.<X>(fused=True), torch's own fused CPU kernel; null where torch has
-                 none for <X> (torch 2.13: RMSprop, Adamax, Adadelta, RAdam, NAdam, ASGD,
-                 Rprop, Adafactor)
+                 none for <X> (torch 2.13 has one for SGD, Adam, AdamW and Adagrad only)
   fused          fusedopt.Fused<X>()
   fused_flat     fusedopt.Fused<X>(flatten=True); not for Adafactor (FusedAdafactor refuses it)
   engine         the C++ step alone: fusedopt's engine called on the segments a Fused<X> packed at
@@ -89,93 +88,31 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "tools"))
 import gen_model_shapes  # noqa: E402  (tools/ is not a package)
 from load_monitor import DEFAULT_SHARE, LoadMonitor, timed_rounds  # noqa: E402  (bench/ is this file's folder)
+from torch_bench_references import BENCH_KWARGS, LR, REFERENCES, deepspeed_references  # noqa: E402
 
-LR = 1e-3
+
+def torch_twin(cls: type) -> type | None:
+    """The torch.optim class a fusedopt class is a drop-in for (its base), or None."""
+    return next((base for base in cls.__mro__[1:] if base.__module__.split(".")[:2] == ["torch", "optim"]
+                 and base is not torch.optim.Optimizer), None)
+
+
+def fused_classes() -> dict[str, type]:
+    """--optimizer -> fusedopt class, read from the package: a drop-in is named after its torch twin
+    (adamw, radam), the others after their engine algorithm (lion, bert_adam); the drop-ins first,
+    each part in the engine's registry order."""
+    classes = [getattr(fusedopt, name) for name in fusedopt.__all__]
+    named = {(twin.__name__.lower() if (twin := torch_twin(c)) else c._algorithm): c
+             for c in classes if isinstance(c, type) and hasattr(c, "_algorithm")}
+    order = {name: i for i, name in enumerate(fusedopt._C.algorithms)}
+    return dict(sorted(named.items(), key=lambda kv: (torch_twin(kv[1]) is None, order.get(kv[0], len(order)))))
+
+
+FUSED_CLASSES = fused_classes()
 # --optimizer -> (torch.optim class name, arguments beyond lr; torch's defaults otherwise)
-TORCH_OPTIMIZERS = {
-    "sgd": ("SGD", {"momentum": 0.9}),
-    "adam": ("Adam", {}),
-    "adamw": ("AdamW", {}),
-    "rmsprop": ("RMSprop", {}),
-    "adagrad": ("Adagrad", {}),
-    "adamax": ("Adamax", {}),
-    "adadelta": ("Adadelta", {}),
-    "radam": ("RAdam", {}),
-    "nadam": ("NAdam", {}),
-    "asgd": ("ASGD", {"t0": -1.0}),  # as `fusedopt bench`: ax averages from step 2 on (t0=1e6 only copies)
-    "rprop": ("Rprop", {}),
-    "adafactor": ("Adafactor", {}),
-}
-LION_KW = {"weight_decay": 0.1}  # lion-pytorch's defaults otherwise (betas 0.9, 0.99)
-LAMB_KW = {"weight_decay": 0.01, "max_grad_norm": 1.0}  # apex FusedLAMB's defaults
-LARS_KW = {"momentum": 0.9}  # LARC's defaults otherwise (trust_coefficient 0.02, clip=True, eps 1e-8)
-
-
-def lion_references() -> dict:
-    import lion_pytorch
-    return {"lion_pytorch": lambda params: lion_pytorch.Lion(params, lr=LR, **LION_KW)}
-
-
-def lamb_references() -> dict:
-    import pytorch_optimizer
-    from lamb_reference import LambReference
-
-    def third_party(foreach):  # the closest options: wd added to the update, global-norm clipping
-        return lambda params: pytorch_optimizer.Lamb(params, lr=LR, weight_decay=LAMB_KW["weight_decay"],
-                                                     weight_decouple=False, pre_norm=True, eps=1e-6,
-                                                     max_grad_norm=LAMB_KW["max_grad_norm"], foreach=foreach)
-
-    return {"lamb_reference": lambda params: LambReference(params, lr=LR, **LAMB_KW),
-            "pytorch_optimizer": third_party(False), "pytorch_optimizer_foreach": third_party(True)}
-
-
-def rmsproptf_references() -> dict:
-    from rmsproptf_reference import RMSpropTFReference
-    return {"rmsproptf_reference": lambda params: RMSpropTFReference(params, lr=LR)}
-
-
-def lars_references() -> dict:
-    import pytorch_optimizer
-    from lars_reference import LarcSGD, LarsReference
-
-    def third_party(foreach):
-        return lambda params: pytorch_optimizer.LARS(params, lr=LR, trust_coefficient=0.02, foreach=foreach, **LARS_KW)
-
-    return {"lars_reference": lambda params: LarsReference(params, lr=LR, **LARS_KW),
-            "larc_sgd": lambda params: LarcSGD(params, lr=LR, **LARS_KW),
-            "pytorch_optimizer": third_party(False), "pytorch_optimizer_foreach": third_party(True)}
-
-
-def adamp_references() -> dict:
-    import adamp
-    import pytorch_optimizer
-    from adamp_reference import AdampReference
-
-    def third_party(foreach):
-        return lambda params: pytorch_optimizer.AdamP(params, lr=LR, foreach=foreach)
-
-    return {"adamp": lambda params: adamp.AdamP(params, lr=LR), "adamp_reference": lambda params: AdampReference(
-        params, lr=LR), "pytorch_optimizer": third_party(False), "pytorch_optimizer_foreach": third_party(True)}
-
-
-def bert_adam_references() -> dict:
-    from bert_adam_reference import BertAdamReference
-
-    def hf(params):
-        from pytorch_pretrained_bert.optimization import BertAdam
-        return BertAdam(params, lr=LR)
-
-    return {"bert_adam_reference": lambda params: BertAdamReference(params, lr=LR), "hf_bert_adam": hf}
-
-
-def deepspeed_references(optimizer: str) -> dict:
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
-    weight_decay = 1e-2 if optimizer == "adamw" else 0.0  # torch's defaults
-    return {"deepspeed_cpu_adam": lambda params: DeepSpeedCPUAdam(
-        params, lr=LR, weight_decay=weight_decay, adamw_mode=optimizer == "adamw")}
-
-
-OPTIMIZERS = (*TORCH_OPTIMIZERS, "lion", "lamb", "lars", "rmsproptf", "adamp", "bert_adam")
+TORCH_OPTIMIZERS = {name: (torch_twin(cls).__name__, BENCH_KWARGS.get(name, {}))
+                    for name, cls in FUSED_CLASSES.items() if torch_twin(cls) is not None}
+OPTIMIZERS = tuple(FUSED_CLASSES)
 # another formula (or grads rewritten)
 UNCOMPARED = {"pytorch_optimizer", "pytorch_optimizer_foreach", "larc_sgd", "hf_bert_adam"}
 MODELS = {name: constructor for name, constructor, _, _ in gen_model_shapes.MODELS}
@@ -237,18 +174,8 @@ def references(optimizer: str, dtype: torch.dtype, deepspeed: bool = False) -> d
     others are checked against. torch_fused is left out where torch has no such kernel."""
     if deepspeed:
         return references(optimizer, dtype) | deepspeed_references(optimizer)
-    if optimizer == "lion":
-        return lion_references()
-    if optimizer == "lamb":
-        return lamb_references()
-    if optimizer == "rmsproptf":
-        return rmsproptf_references()
-    if optimizer == "lars":
-        return lars_references()
-    if optimizer == "adamp":
-        return adamp_references()
-    if optimizer == "bert_adam":
-        return bert_adam_references()
+    if optimizer in REFERENCES:
+        return REFERENCES[optimizer]()
     name, kwargs = TORCH_OPTIMIZERS[optimizer]
     variants = {"torch_forloop": {"foreach": False}, "torch_foreach": {"foreach": True}}
     if torch_fused_supported(optimizer, dtype):
@@ -258,20 +185,8 @@ def references(optimizer: str, dtype: torch.dtype, deepspeed: bool = False) -> d
 
 
 def build_fused(optimizer: str, params: list[torch.Tensor], flatten: bool) -> torch.optim.Optimizer:
-    if optimizer == "lion":
-        return fusedopt.FusedLion(params, lr=LR, flatten=flatten, **LION_KW)
-    if optimizer == "lamb":
-        return fusedopt.FusedLAMB(params, lr=LR, flatten=flatten, **LAMB_KW)
-    if optimizer == "rmsproptf":
-        return fusedopt.FusedRMSpropTF(params, lr=LR, flatten=flatten)  # the reference's defaults otherwise
-    if optimizer == "lars":
-        return fusedopt.FusedLARS(params, lr=LR, flatten=flatten, **LARS_KW)
-    if optimizer == "adamp":
-        return fusedopt.FusedAdamP(params, lr=LR, flatten=flatten)
-    if optimizer == "bert_adam":  # the reference's defaults otherwise: clipping at 1 per (group, dtype)
-        return fusedopt.FusedBertAdam(params, lr=LR, flatten=flatten)
-    name, kwargs = TORCH_OPTIMIZERS[optimizer]
-    return getattr(fusedopt, "Fused" + name)(params, lr=LR, flatten=flatten, **kwargs)
+    """fusedopt's class with the reference's arguments (RMSpropTF, AdamP, BertAdam: their defaults)."""
+    return FUSED_CLASSES[optimizer](params, lr=LR, flatten=flatten, **BENCH_KWARGS.get(optimizer, {}))
 
 
 class EngineOnly:

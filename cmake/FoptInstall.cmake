@@ -1,6 +1,7 @@
-# `cmake --install`: the public headers, libfusedopt (fusedopt::core), the libtorch adapter
-# libfusedopt_torch (fusedopt::torch) when it is built, the fusedopt CLI, and the CMake package a
-# consumer finds with find_package(fusedopt) (tests/install checks it from outside the tree).
+# `cmake --install`: the public headers, libfusedopt (fusedopt::core), the MPI communicator
+# libfusedopt_mpi (fusedopt::mpi) and the libtorch adapter libfusedopt_torch (fusedopt::torch) when
+# they are built, the fusedopt CLI, and the CMake package a consumer finds with
+# find_package(fusedopt) (tests/install checks it from outside the tree).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 set(fopt_package_dir ${CMAKE_INSTALL_LIBDIR}/cmake/fusedopt)
@@ -16,6 +17,14 @@ if(TARGET fusedopt_torch)
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
   install(TARGETS fusedopt_torch EXPORT fusedopt-torch-targets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
   install(EXPORT fusedopt-torch-targets NAMESPACE fusedopt:: DESTINATION ${fopt_package_dir})
+endif()
+
+# The MPI communicator, as the adapter: its own export set, so a consumer without MPI still gets
+# fusedopt::core.
+if(TARGET fusedopt_mpi)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/mpi/include/fusedopt DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(TARGETS fusedopt_mpi EXPORT fusedopt-mpi-targets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(EXPORT fusedopt-mpi-targets NAMESPACE fusedopt:: DESTINATION ${fopt_package_dir})
 endif()
 
 if(TARGET fusedopt)

@@ -1,4 +1,4 @@
-// Fits y = 3x − 1 with fusedopt's AdamW, fp32 params in one flat arena (the README's example).
+// Fits y = 3x − 1 with fusedopt's AdamW, fp32 params in one flat arena (docs/cpp-api.md's example).
 
 #include <cstdio>
 #include <span>

@@ -1,18 +1,17 @@
-// Golden vectors from torch.optim (tests/golden/*.json, written by tools/make_golden.py), and for
-// Lion from lion-pytorch, for LAMB from tools/lamb_reference.py (apex FusedLAMB's formulas in
-// torch ops), for LARS from tools/lars_reference.py (apex LARC around torch.optim.SGD) and for
-// RMSpropTF from tools/rmsproptf_reference.py (torch_npu NpuFusedRMSpropTF's formulas in torch
-// ops), AdamP from clovaai's adamp.AdamP, BertAdam from tools/bert_adam_reference.py (torch_npu
-// NpuFusedBertAdam's formulas in torch ops): the fp32 fused kernels on the default (best) SIMD
-// target must match the reference's single-tensor path within 1e-6 relative (floor 1e-6·max|ref|
-// per buffer) at the checkpoints of each file (steps 1, 5 and 20; ASGD's, Rprop's and BertAdam's
-// also 100). LAMB
-// needs no looser tolerance despite torch's non-IEEE sqrt and the trust ratio: its worst error is
-// 8.7e-8 of that metric (torch 2.13.0+cpu wheel, AVX3 and AVX2). Adafactor (torch.optim.Adafactor,
-// 100 steps, 1-D, 2-D and 3-D params) is held to the same bound but cannot match bit for bit: its
-// torch.norm and mean reductions sum in an order of their own (vectorized, blocked), ours sum in
-// double in a fixed order, so ‖p‖, the factors and ‖U‖ differ in their last f32 bits. Whether they
-// match bit for bit is printed once at the end, for information only.
+// Golden vectors of every algorithm of the registry (tests/golden/<lowercase kTorchName>.json,
+// written by tools/make_golden.py from the algorithm's reference: torch.optim, the reference's pip
+// package, or its formulas in torch ops under tools/; each file says which) and of the test-only
+// algorithms (tests/algos/registry.h, their files beside them): the fp32 fused kernels on the
+// default (best) SIMD target must match the reference's single-tensor path within 1e-6 relative
+// (floor 1e-6·max|ref| per buffer) at the checkpoints of each file (steps 1, 5 and 20; the long
+// runs also 100). Each group dict is parsed by the descriptor's fields (torch's group keys), each
+// state key found among its kStates. LAMB needs no looser tolerance despite torch's non-IEEE sqrt
+// and the trust ratio: its worst error is 8.7e-8 of that metric (torch 2.13.0+cpu wheel, AVX3 and
+// AVX2). Adafactor (torch.optim.Adafactor, 100 steps, 1-D, 2-D and 3-D params) is held to the same
+// bound but cannot match bit for bit: its torch.norm and mean reductions sum in an order of their
+// own (vectorized, blocked), ours sum in double in a fixed order, so ‖p‖, the factors and ‖U‖
+// differ in their last f32 bits. Whether they match bit for bit is printed once at the end, for
+// information only.
 //
 // The inputs are not stored: initial params and gradients are rebuilt from the generator's integer
 // hash. One test per case, registered at start-up from the JSON files, named
@@ -23,6 +22,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -43,6 +43,9 @@
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
 #include "src/algos/registry.h"
+#ifdef FOPT_TEST_ALGORITHMS_DIR
+#  include "tests/algos/registry.h"
+#endif
 
 namespace fusedopt {
 namespace {
@@ -83,431 +86,88 @@ std::vector<float> MakeTensor(std::uint32_t seed, std::uint32_t tensor, std::uin
   return out;
 }
 
-// ---- Per-algorithm glue: hyper-parameters from torch's group dicts, state keys, step call. ----
+// ---- The glue, from the descriptors (src/algos/): hyper-parameters from torch's group dicts, each
+// Hyper field under its param_group key (Field::GroupKey, betas[0] for beta1), state slots by
+// torch's state keys (kStates), the step by the Hyper type. What a reference does beyond its
+// groups is below the parser. ----
 
-template <class Hyper>
-struct Algo;
-
-template <>
-struct Algo<SgdHyper> {
-  static SgdHyper Parse(const json& g) {
-    SgdHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.momentum = g.at("momentum").get<double>();
-    h.dampening = g.at("dampening").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.nesterov = g.at("nesterov").get<bool>();
-    h.maximize = g.at("maximize").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    return key == "momentum_buffer" ? kMomentumBuffer : -1;
-  }
-  static void Step(std::span<const SgdHyper> g, std::span<const Segment> s) { SgdStep(g, s); }
-};
-
-template <>
-struct Algo<AdamHyper> {
-  static AdamHyper Parse(const json& g) {
-    AdamHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.beta1 = g.at("betas").at(0).get<double>();
-    h.beta2 = g.at("betas").at(1).get<double>();
-    h.eps = g.at("eps").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.amsgrad = g.at("amsgrad").get<bool>();
-    h.maximize = g.at("maximize").get<bool>();
-    h.decoupled_weight_decay = g.value("decoupled_weight_decay", false);
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    if (key == "exp_avg") return kExpAvg;
-    if (key == "exp_avg_sq") return kExpAvgSq;
-    if (key == "max_exp_avg_sq") return kMaxExpAvgSq;
-    return -1;
-  }
-  static void Step(std::span<const AdamHyper> g, std::span<const Segment> s) { AdamStep(g, s); }
-};
-
-template <>
-struct Algo<AdamWHyper> {
-  static AdamWHyper Parse(const json& g) {
-    AdamWHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.beta1 = g.at("betas").at(0).get<double>();
-    h.beta2 = g.at("betas").at(1).get<double>();
-    h.eps = g.at("eps").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.amsgrad = g.at("amsgrad").get<bool>();
-    h.maximize = g.at("maximize").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) { return Algo<AdamHyper>::Slot(key); }
-  static void Step(std::span<const AdamWHyper> g, std::span<const Segment> s) { AdamWStep(g, s); }
-};
-
-template <>
-struct Algo<RmspropHyper> {
-  static RmspropHyper Parse(const json& g) {
-    RmspropHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.alpha = g.at("alpha").get<double>();
-    h.eps = g.at("eps").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.momentum = g.at("momentum").get<double>();
-    h.centered = g.at("centered").get<bool>();
-    h.maximize = g.at("maximize").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    if (key == "square_avg") return kSquareAvg;
-    if (key == "momentum_buffer") return kRmspropMomentumBuffer;
-    if (key == "grad_avg") return kGradAvg;
-    return -1;
-  }
-  static void Step(std::span<const RmspropHyper> g, std::span<const Segment> s) {
-    RmspropStep(g, s);
-  }
-};
-
-template <>
-struct Algo<AdagradHyper> {
-  static AdagradHyper Parse(const json& g) {
-    AdagradHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.lr_decay = g.at("lr_decay").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.initial_accumulator_value = g.at("initial_accumulator_value").get<double>();
-    h.eps = g.at("eps").get<double>();
-    h.maximize = g.at("maximize").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) { return key == "sum" ? kSum : -1; }
-  static void Step(std::span<const AdagradHyper> g, std::span<const Segment> s) {
-    AdagradStep(g, s);
-  }
-};
+// The Hyper of one of torch's group dicts.
+template <class D>
+typename D::Hyper ParseFields(const json& g) {
+  typename D::Hyper h;
+  algos::ForEachField<D>([&](const auto& f) {
+    using T = std::remove_reference_t<decltype(h.*f.member)>;
+    const std::string key(f.GroupKey());
+    if (f.optional && !g.contains(key)) return;  // the Hyper's default
+    const json& value = f.InTuple() ? g.at(key).at(f.index) : g.at(key);
+    if (f.nullable && value.is_null()) return;  // Adafactor's eps1 None: f32's eps, the default
+    if constexpr (std::is_same_v<T, int>) {
+      if (!f.choices.empty()) {  // BertAdam's schedule, by name
+        h.*f.member = f.ChoiceCode(value.template get<std::string>());
+        return;
+      }
+    }
+    h.*f.member = value.template get<T>();
+  });
+  return h;
+}
 
 // lion-pytorch: the group dicts have lr, betas and weight_decay (no maximize). With the
 // constructor's decoupled_weight_decay=True, lion-pytorch divides weight_decay by the constructor's
 // lr before it multiplies the group lr; LionHyper::weight_decay is the factor of lr, so it is
 // wd / constructor lr here (as the Python class passes it).
-template <>
-struct Algo<LionHyper> {
-  static LionHyper Parse(const json& g, const json& c) {
-    LionHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.beta1 = g.at("betas").at(0).get<double>();
-    h.beta2 = g.at("betas").at(1).get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    const json& ctor = c.at("constructor");
-    if (ctor.value("decoupled_weight_decay", false)) {
-      h.weight_decay /= ctor.value("lr", 1e-4);  // lion-pytorch's default lr
-    }
-    return h;
+void FromConstructor(LionHyper& h, const json& ctor) {
+  if (ctor.value("decoupled_weight_decay", false)) {
+    h.weight_decay /= ctor.value("lr", 1e-4);  // lion-pytorch's default lr
   }
-  static int Slot(const std::string& key) { return key == "exp_avg" ? kLionExpAvg : -1; }
-  static void Step(std::span<const LionHyper> g, std::span<const Segment> s) { LionStep(g, s); }
-};
+}
+template <class Hyper>
+void FromConstructor(Hyper& /*h*/, const json& /*ctor*/) {}
 
-template <>
-struct Algo<AdamaxHyper> {
-  static AdamaxHyper Parse(const json& g) {
-    AdamaxHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.beta1 = g.at("betas").at(0).get<double>();
-    h.beta2 = g.at("betas").at(1).get<double>();
-    h.eps = g.at("eps").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.maximize = g.at("maximize").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    if (key == "exp_avg") return kAdamaxExpAvg;
-    if (key == "exp_inf") return kExpInf;
-    return -1;
-  }
-  static void Step(std::span<const AdamaxHyper> g, std::span<const Segment> s) { AdamaxStep(g, s); }
-};
+template <class D>
+typename D::Hyper ParseGroup(const json& g, const json& c) {
+  typename D::Hyper h = ParseFields<D>(g);
+  FromConstructor(h, c.at("constructor"));
+  return h;
+}
 
-template <>
-struct Algo<AdadeltaHyper> {
-  static AdadeltaHyper Parse(const json& g) {
-    AdadeltaHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.rho = g.at("rho").get<double>();
-    h.eps = g.at("eps").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.maximize = g.at("maximize").get<bool>();
-    return h;
+// The state slot of torch's state key, or -1.
+template <class D>
+int Slot(const std::string& key) {
+  for (int slot = 0; slot < kMaxStates; ++slot) {
+    if (key == D::kStates[static_cast<std::size_t>(slot)]) return slot;
   }
-  static int Slot(const std::string& key) {
-    if (key == "square_avg") return kAdadeltaSquareAvg;
-    if (key == "acc_delta") return kAccDelta;
-    return -1;
-  }
-  static void Step(std::span<const AdadeltaHyper> g, std::span<const Segment> s) {
-    AdadeltaStep(g, s);
-  }
-};
+  return -1;
+}
 
+// The value a fresh state slot starts from (the descriptor's: zero, or from the group).
+template <class D>
+float InitialState(const typename D::Hyper& h, int slot, const json& /*c*/) {
+  return D::InitialState(h, slot);
+}
+// torch fills every Adagrad sum with the constructor's value, whatever a group dict says.
 template <>
-struct Algo<RadamHyper> {
-  static RadamHyper Parse(const json& g) {
-    RadamHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.beta1 = g.at("betas").at(0).get<double>();
-    h.beta2 = g.at("betas").at(1).get<double>();
-    h.eps = g.at("eps").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.decoupled_weight_decay = g.at("decoupled_weight_decay").get<bool>();
-    h.maximize = g.at("maximize").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    if (key == "exp_avg") return kRadamExpAvg;
-    if (key == "exp_avg_sq") return kRadamExpAvgSq;
-    return -1;
-  }
-  static void Step(std::span<const RadamHyper> g, std::span<const Segment> s) { RadamStep(g, s); }
-};
-
-template <>
-struct Algo<NadamHyper> {
-  static NadamHyper Parse(const json& g) {
-    NadamHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.beta1 = g.at("betas").at(0).get<double>();
-    h.beta2 = g.at("betas").at(1).get<double>();
-    h.eps = g.at("eps").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.momentum_decay = g.at("momentum_decay").get<double>();
-    h.decoupled_weight_decay = g.at("decoupled_weight_decay").get<bool>();
-    h.maximize = g.at("maximize").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    if (key == "exp_avg") return kNadamExpAvg;
-    if (key == "exp_avg_sq") return kNadamExpAvgSq;
-    return -1;
-  }
-  static void Step(std::span<const NadamHyper> g, std::span<const Segment> s) { NadamStep(g, s); }
-};
-
-// tools/rmsproptf_reference.py (torch_npu NpuFusedRMSpropTF's formulas): no maximize.
-template <>
-struct Algo<RmsproptfHyper> {
-  static RmsproptfHyper Parse(const json& g) {
-    RmsproptfHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.alpha = g.at("alpha").get<double>();
-    h.eps = g.at("eps").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.momentum = g.at("momentum").get<double>();
-    h.centered = g.at("centered").get<bool>();
-    h.decoupled_decay = g.at("decoupled_decay").get<bool>();
-    h.lr_in_momentum = g.at("lr_in_momentum").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    if (key == "square_avg") return kRmsproptfSquareAvg;
-    if (key == "momentum_buffer") return kRmsproptfMomentumBuffer;
-    if (key == "grad_avg") return kRmsproptfGradAvg;
-    return -1;
-  }
-  static void Step(std::span<const RmsproptfHyper> g, std::span<const Segment> s) {
-    RmsproptfStep(g, s);
-  }
-};
-
-template <>
-struct Algo<AsgdHyper> {
-  static AsgdHyper Parse(const json& g) {
-    AsgdHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.lambd = g.at("lambd").get<double>();
-    h.alpha = g.at("alpha").get<double>();
-    h.t0 = g.at("t0").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.maximize = g.at("maximize").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) { return key == "ax" ? kAsgdAx : -1; }
-  static void Step(std::span<const AsgdHyper> g, std::span<const Segment> s) { AsgdStep(g, s); }
-};
-
-template <>
-struct Algo<RpropHyper> {
-  static RpropHyper Parse(const json& g) {
-    RpropHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.etaminus = g.at("etas").at(0).get<double>();
-    h.etaplus = g.at("etas").at(1).get<double>();
-    h.step_size_min = g.at("step_sizes").at(0).get<double>();
-    h.step_size_max = g.at("step_sizes").at(1).get<double>();
-    h.maximize = g.at("maximize").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    if (key == "prev") return kRpropPrev;
-    if (key == "step_size") return kRpropStepSize;
-    return -1;
-  }
-  static void Step(std::span<const RpropHyper> g, std::span<const Segment> s) { RpropStep(g, s); }
-};
+float InitialState<algos::Adagrad>(const AdagradHyper& /*h*/, int /*slot*/, const json& c) {
+  return static_cast<float>(c.at("constructor").value("initial_accumulator_value", 0.0));
+}
 
 // tools/lamb_reference.py: the case-level max_grad_norm is global (the group copies are ignored).
 // The clipping runs as the engine's pre-pass: the global norm over the tensors that have a grad
 // this step, its LAMB coefficient folded into grad_scale, then the step.
-template <>
-struct Algo<LambHyper> {
-  static LambHyper Parse(const json& g) {
-    LambHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.beta1 = g.at("betas").at(0).get<double>();
-    h.beta2 = g.at("betas").at(1).get<double>();
-    h.eps = g.at("eps").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.bias_correction = g.at("bias_correction").get<bool>();
-    h.adam_w_mode = g.at("adam_w_mode").get<bool>();
-    h.grad_averaging = g.at("grad_averaging").get<bool>();
-    h.use_nvlamb = g.at("use_nvlamb").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    if (key == "exp_avg") return kLambExpAvg;
-    if (key == "exp_avg_sq") return kLambExpAvgSq;
-    return -1;
-  }
-  static void Step(std::span<const LambHyper> g, std::span<Segment> s, const json& c) {
-    const PrePassResult pre = GradPrePass(
-        s, {.max_norm = c.at("max_grad_norm").get<double>(), .clip_rule = ClipRule::kLamb});
-    ASSERT_FALSE(pre.non_finite) << "the golden gradients are finite";
-    LambStep(g, s);
-  }
-};
-
-// tools/lars_reference.py: LARC around torch.optim.SGD, its per-group trust_coefficient, clip and
-// eps beside SGD's fields; SGD's state (momentum_buffer, no step).
-template <>
-struct Algo<LarsHyper> {
-  static LarsHyper Parse(const json& g) {
-    LarsHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.momentum = g.at("momentum").get<double>();
-    h.dampening = g.at("dampening").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.nesterov = g.at("nesterov").get<bool>();
-    h.trust_coefficient = g.at("trust_coefficient").get<double>();
-    h.clip = g.at("clip").get<bool>();
-    h.eps = g.at("eps").get<double>();
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    return key == "momentum_buffer" ? kLarsMomentumBuffer : -1;
-  }
-  static void Step(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsStep(g, s); }
-};
-
-// clovaai's adamp.AdamP: the case's shapes give each tensor's channel rows (Segment::rows).
-template <>
-struct Algo<AdampHyper> {
-  static AdampHyper Parse(const json& g) {
-    AdampHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.beta1 = g.at("betas").at(0).get<double>();
-    h.beta2 = g.at("betas").at(1).get<double>();
-    h.eps = g.at("eps").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.delta = g.at("delta").get<double>();
-    h.wd_ratio = g.at("wd_ratio").get<double>();
-    h.nesterov = g.at("nesterov").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    if (key == "exp_avg") return kAdampExpAvg;
-    if (key == "exp_avg_sq") return kAdampExpAvgSq;
-    return -1;
-  }
-  static void Step(std::span<const AdampHyper> g, std::span<const Segment> s) { AdampStep(g, s); }
-};
-
-// tools/bert_adam_reference.py (torch_npu NpuFusedBertAdam's formulas): the schedule by name, each
-// group's max_grad_norm (the clipping per (group, dtype) is the step's).
-template <>
-struct Algo<BertAdamHyper> {
-  static BertAdamHyper Parse(const json& g) {
-    BertAdamHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.warmup = g.at("warmup").get<double>();
-    h.t_total = g.at("t_total").get<double>();
-    h.schedule = algos::BertAdamScheduleCode(g.at("schedule").get<std::string>());
-    h.b1 = g.at("b1").get<double>();
-    h.b2 = g.at("b2").get<double>();
-    h.e = g.at("e").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.max_grad_norm = g.at("max_grad_norm").get<double>();
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    if (key == "exp_avg") return kBertAdamExpAvg;
-    if (key == "exp_avg_sq") return kBertAdamExpAvgSq;
-    return -1;
-  }
-  static void Step(std::span<const BertAdamHyper> g, std::span<const Segment> s) {
-    BertAdamStep(g, s);
-  }
-};
-
-// torch.optim.Adafactor: the case's shapes give each tensor's last two dimensions (Segment::rows
-// and cols); eps = (eps1, eps2) with eps1 null: finfo(float32).eps, as torch resolves it for the
-// float32 params of the goldens.
-template <>
-struct Algo<AdafactorHyper> {
-  static AdafactorHyper Parse(const json& g) {
-    AdafactorHyper h;
-    h.lr = g.at("lr").get<double>();
-    h.beta2_decay = g.at("beta2_decay").get<double>();
-    const json& eps = g.at("eps");
-    h.eps1 = eps.at(0).is_null() ? static_cast<double>(std::numeric_limits<float>::epsilon())
-                                 : eps.at(0).get<double>();
-    h.eps2 = eps.at(1).get<double>();
-    h.d = g.at("d").get<double>();
-    h.weight_decay = g.at("weight_decay").get<double>();
-    h.maximize = g.at("maximize").get<bool>();
-    return h;
-  }
-  static int Slot(const std::string& key) {
-    if (key == "row_var") return kAdafactorRowVar;
-    if (key == "col_var") return kAdafactorColVar;
-    if (key == "variance") return kAdafactorVariance;
-    return -1;
-  }
-  static void Step(std::span<const AdafactorHyper> g, std::span<const Segment> s) {
-    AdafactorStep(g, s);
-  }
-};
-
-// Parse(group) or, for algorithms that need the case (its constructor arguments), Parse(group,
-// case).
-template <class Hyper>
-Hyper ParseGroup(const json& g, const json& c) {
-  if constexpr (requires { Algo<Hyper>::Parse(g, c); }) {
-    return Algo<Hyper>::Parse(g, c);
-  } else {
-    return Algo<Hyper>::Parse(g);
-  }
+void PrePass(std::span<const LambHyper> /*g*/, std::span<Segment> s, const json& c) {
+  const PrePassResult pre = GradPrePass(
+      s, {.max_norm = c.at("max_grad_norm").get<double>(), .clip_rule = ClipRule::kLamb});
+  ASSERT_FALSE(pre.non_finite) << "the golden gradients are finite";
 }
-
-// Step(groups, segments) or, for algorithms with a pre-pass over the case's options (LAMB's
-// clipping), Step(groups, segments, case).
 template <class Hyper>
-void StepCase(std::span<const Hyper> groups, std::span<Segment> segments, const json& c) {
-  if constexpr (requires { Algo<Hyper>::Step(groups, segments, c); }) {
-    Algo<Hyper>::Step(groups, segments, c);
-  } else {
-    Algo<Hyper>::Step(groups, segments);
-  }
+void PrePass(std::span<const Hyper> /*g*/, std::span<Segment> /*s*/, const json& /*c*/) {}
+
+template <class D>
+void StepCase(std::span<const typename D::Hyper> groups, std::span<Segment> segments,
+              const json& c) {
+  PrePass(groups, segments, c);
+  if (testing::Test::HasFatalFailure()) return;
+  FusedStep(groups, std::span<const Segment>(segments));
 }
 
 // ---- Comparison and the informational summary. ----
@@ -596,8 +256,9 @@ void CompareBuffer(const std::string& what, const json& ref_json, const std::vec
 }
 
 // Replays one case of an algorithm file and compares every checkpoint.
-template <class Hyper>
+template <class D>
 void RunCase(const std::string& algorithm, const json& header, const json& c) {
+  using Hyper = typename D::Hyper;
   ForceTarget("");  // default (best) target, whatever an earlier test forced
   const std::string name = algorithm + "_" + c.at("name").get<std::string>();
   SCOPED_TRACE(name + " on target " + ActiveTargetName());
@@ -613,7 +274,6 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
   const int steps = header.at("steps").get<int>();
   const std::size_t n = sizes.size();
   ASSERT_EQ(group_of.size(), n);
-  using Descriptor = algos::DescriptorOf<Hyper>;
   // Segment::rows from the case's shapes: AdamP's size(0) of a tensor of more than one dimension;
   // a factored algorithm's (Adafactor's) size(-2), with cols its size(-1).
   std::vector<std::size_t> rows(n, 0);
@@ -624,7 +284,7 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
     for (std::size_t t = 0; t < n; ++t) {
       const auto& shape = shapes[t];
       if (shape.size() <= 1) continue;
-      if constexpr (algos::Factored<Descriptor>) {
+      if constexpr (algos::Factored<D>) {
         rows[t] = shape[shape.size() - 2];
         cols[t] = shape.back();
       } else {
@@ -634,20 +294,22 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
   }
   // The state slots tensor t keeps, and how many elements each (a factored algorithm's by shape).
   const auto slots_of = [&](std::size_t t, const Hyper& h) -> unsigned {
-    if constexpr (algos::Factored<Descriptor>) {
+    if constexpr (algos::Factored<D>) {
       static_cast<void>(h);
       Segment shape;
       shape.rows = rows[t];
-      return Descriptor::SegmentStates(shape);
+      return D::SegmentStates(shape);
     } else {
       return RequiredStates(h);
     }
   };
   const auto state_size = [&](std::size_t t, int slot) -> std::size_t {
-    if constexpr (algos::Factored<Descriptor>) {
+    if constexpr (algos::Factored<D>) {
       if (rows[t] == 0) return sizes[t];
       const std::size_t batch = sizes[t] / (rows[t] * cols[t]);
-      return batch * (slot == kAdafactorRowVar ? rows[t] : cols[t]);
+      return batch * (D::kStateShapes[static_cast<std::size_t>(slot)] == algos::Shape::kRows
+                          ? rows[t]
+                          : cols[t]);
     } else {
       static_cast<void>(slot);
       return sizes[t];
@@ -656,7 +318,7 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
   ASSERT_EQ(has_grad.size(), static_cast<std::size_t>(steps));
 
   std::vector<Hyper> groups;
-  for (const json& g : c.at("groups")) groups.push_back(ParseGroup<Hyper>(g, c));
+  for (const json& g : c.at("groups")) groups.push_back(ParseGroup<D>(g, c));
 
   // Params and every state slot the tensor's group needs, allocated up front. torch creates the
   // state lazily with zeros (Adagrad: eagerly, filled with initial_accumulator_value); SGD's
@@ -670,26 +332,19 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
     for (int slot = 0; slot < kMaxStates; ++slot) {
       state[slot].resize(n);
       if ((required >> slot & 1u) == 0) continue;
-      float init = 0.0f;
-      if constexpr (std::is_same_v<Hyper, AdagradHyper>) {
-        // torch fills every sum with the constructor's value, whatever a group dict says.
-        init = static_cast<float>(c.at("constructor").value("initial_accumulator_value", 0.0));
-      } else {
-        // Rprop's step_size starts at the group's lr.
-        init = algos::DescriptorOf<Hyper>::InitialState(groups.at(group_of[t]), slot);
-      }
+      const float init = InitialState<D>(groups.at(group_of[t]), slot, c);
       state[slot][t].assign(state_size(t, slot), init);
     }
   }
   const std::vector<std::vector<float>> initial_params = params;
   // The scalar states (NAdam's mu_product): torch's 0-d tensors, created with the rest of the
   // state.
-  constexpr std::size_t kScalars = algos::NumScalarStates<Descriptor>();
+  constexpr std::size_t kScalars = algos::NumScalarStates<D>();
   std::vector<std::array<float, kMaxScalars>> scalars(n);
   if constexpr (kScalars > 0) {
     for (std::size_t t = 0; t < n; ++t) {
       for (std::size_t k = 0; k < kScalars; ++k) {
-        scalars[t][k] = Descriptor::InitialScalar(groups.at(group_of[t]), static_cast<int>(k));
+        scalars[t][k] = D::InitialScalar(groups.at(group_of[t]), static_cast<int>(k));
       }
     }
   }
@@ -697,7 +352,7 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
   const auto scalar_slot = [](const std::string& key) {
     if constexpr (kScalars > 0) {
       for (std::size_t k = 0; k < kScalars; ++k) {
-        if (key == Descriptor::kScalarStates[k]) return static_cast<int>(k);
+        if (key == D::kScalarStates[k]) return static_cast<int>(k);
       }
     }
     return -1;
@@ -726,7 +381,7 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
       s.step = ++count[t];
       segments.push_back(s);
     }
-    StepCase<Hyper>(groups, segments, c);
+    StepCase<D>(groups, segments, c);
     if (testing::Test::HasFatalFailure()) return;
 
     if (next_checkpoint >= checkpoints.size() ||
@@ -746,8 +401,7 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
       const unsigned required = slots_of(t, groups[group_of[t]]);
       if (st.contains("step")) {
         EXPECT_EQ(st.at("step").get<std::int64_t>(), count[t]) << at << tensor << ": torch's step";
-      } else if (!std::is_same_v<Hyper, SgdHyper> && !std::is_same_v<Hyper, LionHyper> &&
-                 !std::is_same_v<Hyper, LarsHyper>) {  // SGD, Lion and LARS keep no step
+      } else if (algos::CountsSteps<D>()) {  // SGD, Lion and LARS keep no step
         EXPECT_EQ(count[t], 0) << at << tensor << ": torch has no state";
       }
       unsigned seen = 0;
@@ -758,7 +412,7 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
                         summary);
           continue;
         }
-        const int slot = Algo<Hyper>::Slot(key);
+        const int slot = Slot<D>(key);
         ASSERT_GE(slot, 0) << at << tensor << ": unknown state key " << key;
         ASSERT_NE(required >> slot & 1u, 0u)
             << at << tensor << ": torch has " << key << ", RequiredStates does not";
@@ -771,6 +425,35 @@ void RunCase(const std::string& algorithm, const json& header, const json& c) {
     }
   }
   EXPECT_EQ(next_checkpoint, checkpoints.size()) << name << ": checkpoints not reached";
+}
+
+// ---- The group-key mapping itself (descriptor.h's Field): what the parser above relies on. ----
+
+// Each descriptor's fields: distinct names, each torch key either a whole value once or a tuple
+// whose parts are indices 0, 1, ... once each; only int fields are held by name.
+TEST(GoldenFields, EveryGroupKeyIsOneValueOrOneTuple) {
+  algos::All::ForEach([](auto d) {
+    using D = typename decltype(d)::type;
+    SCOPED_TRACE(D::kTorchName);
+    std::map<std::string, std::vector<int>> parts;  // key -> the indices of its fields
+    std::vector<std::string> names;
+    algos::ForEachField<D>([&](const auto& f) {
+      using T = std::remove_reference_t<decltype(std::declval<typename D::Hyper&>().*f.member)>;
+      names.emplace_back(f.name);
+      parts[std::string(f.GroupKey())].push_back(f.index);
+      if (!f.choices.empty()) {
+        EXPECT_TRUE((std::is_same_v<T, int>)) << f.name;
+      }
+    });
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(std::adjacent_find(names.begin(), names.end()), names.end()) << "a name twice";
+    for (const auto& [key, indices] : parts) {
+      if (indices.size() == 1 && indices[0] < 0) continue;  // a whole value
+      for (std::size_t i = 0; i < indices.size(); ++i) {
+        EXPECT_EQ(indices[i], static_cast<int>(i)) << key << ": tuple parts out of order";
+      }
+    }
+  });
 }
 
 // ---- Registration: one test per case, from the files. ----
@@ -836,37 +519,11 @@ class SummaryPrinter : public testing::Environment {
 };
 
 struct GoldenFile {
-  const char* file;
-  const char* algorithm;
+  std::string file;       // <dir>/<lowercase torch name>.json
+  std::string algorithm;  // the reference's class name, as the file says it
+  std::string generator;  // what writes the file
   GoldenTest::Runner run;
 };
-
-constexpr GoldenFile kFiles[] = {
-    {"sgd.json", "SGD", &RunCase<SgdHyper>},
-    {"adam.json", "Adam", &RunCase<AdamHyper>},
-    {"adamw.json", "AdamW", &RunCase<AdamWHyper>},
-    {"rmsprop.json", "RMSprop", &RunCase<RmspropHyper>},
-    {"adagrad.json", "Adagrad", &RunCase<AdagradHyper>},
-    {"lion.json", "Lion", &RunCase<LionHyper>},
-    {"lamb.json", "LAMB", &RunCase<LambHyper>},
-    {"adamax.json", "Adamax", &RunCase<AdamaxHyper>},
-    {"adadelta.json", "Adadelta", &RunCase<AdadeltaHyper>},
-    {"radam.json", "RAdam", &RunCase<RadamHyper>},
-    {"nadam.json", "NAdam", &RunCase<NadamHyper>},
-    {"rmsproptf.json", "RMSpropTF", &RunCase<RmsproptfHyper>},
-    {"asgd.json", "ASGD", &RunCase<AsgdHyper>},
-    {"lars.json", "LARS", &RunCase<LarsHyper>},
-    {"rprop.json", "Rprop", &RunCase<RpropHyper>},
-    {"adamp.json", "AdamP", &RunCase<AdampHyper>},
-    {"bertadam.json", "BertAdam", &RunCase<BertAdamHyper>},
-    {"adafactor.json", "Adafactor", &RunCase<AdafactorHyper>},
-};
-
-// The parsed files live for the whole run: the registered tests point into them.
-std::vector<json>& Documents() {
-  static std::vector<json> docs;
-  return docs;
-}
 
 // FOPT_GOLDEN_DIR in the environment overrides the compiled-in directory (for the --exact-sqrt
 // diagnostic of tools/make_golden.py).
@@ -875,17 +532,47 @@ std::string GoldenDir() {
   return env != nullptr && *env != '\0' ? env : FOPT_GOLDEN_DIR;
 }
 
+// One file per descriptor of the registry, in its order, in GoldenDir(); then one per test-only
+// algorithm (tests/algos/registry.h) beside it in tests/algos/.
+std::vector<GoldenFile> Files() {
+  std::vector<GoldenFile> files;
+  const auto add = [&](const std::string& dir, const std::string& generator) {
+    return [&files, dir, generator](auto d) {
+      using D = typename decltype(d)::type;
+      std::string file = D::kTorchName;
+      for (char& ch : file) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      // A test-only algorithm's generator is tests/algos/make_<kName>_golden.py.
+      const std::string writer = generator.empty()
+                                     ? "tests/algos/make_" + std::string(D::kName) + "_golden.py"
+                                     : generator;
+      files.push_back({dir + "/" + file + ".json", D::kTorchName, writer, &RunCase<D>});
+    };
+  };
+  algos::All::ForEach(add(GoldenDir(), "tools/make_golden.py"));
+#ifdef FOPT_TEST_ALGORITHMS_DIR
+  test_algos::All::ForEach(add(FOPT_TEST_ALGORITHMS_DIR, ""));
+#endif
+  return files;
+}
+
+// The parsed files live for the whole run: the registered tests point into them.
+std::vector<json>& Documents() {
+  static std::vector<json> docs;
+  return docs;
+}
+
 bool RegisterGoldenTests() {
   auto* printer = new SummaryPrinter;
   testing::AddGlobalTestEnvironment(printer);  // gtest takes ownership
-  Documents().reserve(std::size(kFiles));
-  for (const GoldenFile& f : kFiles) {
-    const std::string path = GoldenDir() + "/" + f.file;
+  const std::vector<GoldenFile> files = Files();
+  Documents().reserve(files.size());
+  for (const GoldenFile& f : files) {
+    const std::string& path = f.file;
     std::string error;
     json doc;
     std::ifstream in(path);
     if (!in) {
-      error = "cannot open " + path + " (regenerate with .venv/bin/python tools/make_golden.py)";
+      error = "cannot open " + path + " (regenerate with .venv/bin/python " + f.generator + ")";
     } else {
       try {
         doc = json::parse(in);
@@ -896,8 +583,8 @@ bool RegisterGoldenTests() {
       }
     }
     if (!error.empty()) {
-      testing::RegisterTest("Golden", (std::string(f.algorithm) + "_file").c_str(), nullptr,
-                            nullptr, __FILE__, __LINE__,
+      testing::RegisterTest("Golden", (f.algorithm + "_file").c_str(), nullptr, nullptr, __FILE__,
+                            __LINE__,
                             [error]() -> testing::Test* { return new FileErrorTest(error); });
       continue;
     }
@@ -910,11 +597,12 @@ bool RegisterGoldenTests() {
     }
     const json& stored = Documents().emplace_back(std::move(doc));
     for (const json& c : stored.at("cases")) {
-      const std::string test_name = std::string(f.algorithm) + "_" + c.value("name", "unnamed");
+      const std::string test_name = f.algorithm + "_" + c.value("name", "unnamed");
       testing::RegisterTest(
           "Golden", test_name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
-          [run = f.run, algorithm = std::string(f.algorithm), header = &stored,
-           c = &c]() -> testing::Test* { return new GoldenTest(run, algorithm, header, c); });
+          [run = f.run, algorithm = f.algorithm, header = &stored, c = &c]() -> testing::Test* {
+            return new GoldenTest(run, algorithm, header, c);
+          });
     }
   }
   return true;

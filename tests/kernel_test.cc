@@ -49,6 +49,10 @@
 #include "fusedopt/hyper.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
+#include "src/algos/registry.h"
+#ifdef FOPT_TEST_ALGORITHMS_DIR
+#  include "tests/algos/registry.h"
+#endif
 #include "tests/reference/reference.h"
 #include "tests/test_support.h"
 
@@ -332,17 +336,36 @@ std::string CompareMasterRounding(const Buffer& param, const Buffer& master) {
 
 using StateSpans = std::array<std::span<double>, kMaxStates>;
 
-struct SgdAlgo {
-  using Hyper = SgdHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"momentum_buffer", "", ""};
+// What a test algorithm below takes from its descriptor (src/algos/): the Hyper struct, torch's
+// state keys, the state slots the hyper-parameters need (RequiredStates, which the golden tests
+// hold to torch's state), the public step, and a Hyper as text for the failure messages. The
+// algorithm adds the oracle (Ref), its option sweep and its initial states.
+template <class D>
+struct FromDescriptor {
+  using Hyper = typename D::Hyper;
+  static constexpr const auto& kStateNames = D::kStates;
   static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    SgdStep(g, s, rt);
+    FusedStep(g, s, rt);
   }
+  static unsigned States(const Hyper& h) { return D::RequiredStates(h); }
+  static std::string Describe(const Hyper& h) {
+    std::ostringstream o;
+    o << D::kTorchName << "{";
+    const char* sep = "";
+    algos::ForEachField<D>([&](const auto& f) {
+      o << sep << f.name << "=" << h.*f.member;
+      sep = " ";
+    });
+    o << "}";
+    return o.str();
+  }
+};
+
+struct SgdAlgo : FromDescriptor<algos::Sgd> {
   static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
                   const StateSpans& st) {
     ref::SgdStep(h, t, p, g, st[0]);
   }
-  static unsigned States(const Hyper& h) { return h.momentum != 0.0 ? 1u : 0u; }
   // {momentum 0, 0.9} × {dampening 0, 0.1, nesterov} × weight_decay × maximize; the last has every
   // feature.
   static std::vector<Hyper> Options() {
@@ -370,13 +393,6 @@ struct SgdAlgo {
     h.maximize = !h.maximize;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "SGD{lr=" << h.lr << " momentum=" << h.momentum << " dampening=" << h.dampening
-      << " wd=" << h.weight_decay << " nesterov=" << h.nesterov << " maximize=" << h.maximize
-      << "}";
-    return o.str();
-  }
   // Initial state of a tensor about to take step `step`. At step 1 the buffer is not read: fill it
   // with NaN.
   static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
@@ -385,17 +401,8 @@ struct SgdAlgo {
 };
 
 template <bool kDecoupled>
-struct AdamAlgoT {
+struct AdamAlgoT : FromDescriptor<std::conditional_t<kDecoupled, algos::AdamW, algos::Adam>> {
   using Hyper = std::conditional_t<kDecoupled, AdamWHyper, AdamHyper>;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_avg_sq",
-                                                                      "max_exp_avg_sq"};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    if constexpr (kDecoupled) {
-      AdamWStep(g, s, rt);
-    } else {
-      AdamStep(g, s, rt);
-    }
-  }
   // Written out here rather than with AdamWHyper::ToAdam, so that the conversion is tested too.
   static AdamHyper AsAdam(const Hyper& h) {
     return {.lr = h.lr,
@@ -411,7 +418,6 @@ struct AdamAlgoT {
                   const StateSpans& st) {
     ref::AdamStep(AsAdam(h), t, p, g, st[0], st[1], st[2]);
   }
-  static unsigned States(const Hyper& h) { return h.amsgrad ? 0b111u : 0b011u; }
   // amsgrad × weight_decay {0, 0.05} × maximize.
   static std::vector<Hyper> Options() {
     std::vector<Hyper> out;
@@ -436,13 +442,6 @@ struct AdamAlgoT {
     h.beta1 = 0.8;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << (kDecoupled ? "AdamW" : "Adam") << "{lr=" << h.lr << " betas=(" << h.beta1 << ","
-      << h.beta2 << ") eps=" << h.eps << " wd=" << h.weight_decay << " amsgrad=" << h.amsgrad
-      << " maximize=" << h.maximize << "}";
-    return o.str();
-  }
   // Zero at step 1 (as torch); later a plausible state with max_exp_avg_sq ≥ exp_avg_sq.
   static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
     if (step == 1) return 0.0;
@@ -453,19 +452,10 @@ struct AdamAlgoT {
 using AdamAlgo = AdamAlgoT<false>;
 using AdamWAlgo = AdamAlgoT<true>;
 
-struct RmspropAlgo {
-  using Hyper = RmspropHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {
-      "square_avg", "momentum_buffer", "grad_avg"};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    RmspropStep(g, s, rt);
-  }
+struct RmspropAlgo : FromDescriptor<algos::Rmsprop> {
   static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
                   const StateSpans& st) {
     ref::RmspropStep(h, t, p, g, st[0], st[1], st[2]);
-  }
-  static unsigned States(const Hyper& h) {
-    return 1u | (h.momentum > 0.0 ? 0b010u : 0u) | (h.centered ? 0b100u : 0u);
   }
   // centered × momentum {0, 0.9} × weight_decay × maximize.
   static std::vector<Hyper> Options() {
@@ -492,13 +482,6 @@ struct RmspropAlgo {
     h.alpha = 0.9;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "RMSprop{lr=" << h.lr << " alpha=" << h.alpha << " eps=" << h.eps
-      << " wd=" << h.weight_decay << " momentum=" << h.momentum << " centered=" << h.centered
-      << " maximize=" << h.maximize << "}";
-    return o.str();
-  }
   // Zero at step 1; later square_avg > 0 and grad_avg² ≤ square_avg / 4 (as any running average
   // keeps it).
   static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
@@ -509,17 +492,11 @@ struct RmspropAlgo {
   }
 };
 
-struct AdagradAlgo {
-  using Hyper = AdagradHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"sum", "", ""};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    AdagradStep(g, s, rt);
-  }
+struct AdagradAlgo : FromDescriptor<algos::Adagrad> {
   static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
                   const StateSpans& st) {
     ref::AdagradStep(h, t, p, g, st[0]);
   }
-  static unsigned States(const Hyper& /*h*/) { return 1u; }
   // lr_decay {0, 0.01} × weight_decay × initial_accumulator_value {0, 0.1} × maximize.
   static std::vector<Hyper> Options() {
     std::vector<Hyper> out;
@@ -545,30 +522,17 @@ struct AdagradAlgo {
     h.lr_decay = h.lr_decay == 0.0 ? 0.05 : 0.0;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "Adagrad{lr=" << h.lr << " lr_decay=" << h.lr_decay << " wd=" << h.weight_decay
-      << " initial_accumulator_value=" << h.initial_accumulator_value << " eps=" << h.eps
-      << " maximize=" << h.maximize << "}";
-    return o.str();
-  }
   // initial_accumulator_value at step 1 (the caller fills it, as torch's constructor); later more.
   static double InitState(const Hyper& h, int /*slot*/, std::int64_t step, Rng& rng) {
     return h.initial_accumulator_value + (step == 1 ? 0.0 : rng.Uniform(0.0, 2.0));
   }
 };
 
-struct AdamaxAlgo {
-  using Hyper = AdamaxHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_inf", ""};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    AdamaxStep(g, s, rt);
-  }
+struct AdamaxAlgo : FromDescriptor<algos::Adamax> {
   static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
                   const StateSpans& st) {
     ref::AdamaxStep(h, t, p, g, st[0], st[1]);
   }
-  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
   // weight_decay {0, 0.05} × maximize.
   static std::vector<Hyper> Options() {
     std::vector<Hyper> out;
@@ -587,12 +551,6 @@ struct AdamaxAlgo {
     h.beta2 = 0.99;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "Adamax{lr=" << h.lr << " betas=(" << h.beta1 << "," << h.beta2 << ") eps=" << h.eps
-      << " wd=" << h.weight_decay << " maximize=" << h.maximize << "}";
-    return o.str();
-  }
   // Zero at step 1 (as torch); later a plausible state: exp_inf is a decayed max of |g| + eps.
   static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
     if (step == 1) return 0.0;
@@ -601,18 +559,11 @@ struct AdamaxAlgo {
   }
 };
 
-struct AdadeltaAlgo {
-  using Hyper = AdadeltaHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"square_avg", "acc_delta",
-                                                                      ""};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    AdadeltaStep(g, s, rt);
-  }
+struct AdadeltaAlgo : FromDescriptor<algos::Adadelta> {
   static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
                   std::span<const double> g, const StateSpans& st) {
     ref::AdadeltaStep(h, p, g, st[0], st[1]);
   }
-  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
   // weight_decay {0, 0.05} × maximize.
   static std::vector<Hyper> Options() {
     std::vector<Hyper> out;
@@ -631,12 +582,6 @@ struct AdadeltaAlgo {
     h.eps = 1e-4;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "Adadelta{lr=" << h.lr << " rho=" << h.rho << " eps=" << h.eps << " wd=" << h.weight_decay
-      << " maximize=" << h.maximize << "}";
-    return o.str();
-  }
   // Zero at step 1 (as torch); later running means of g² and of the (smaller) squared steps.
   static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
     if (step == 1) return 0.0;
@@ -645,17 +590,11 @@ struct AdadeltaAlgo {
   }
 };
 
-struct RadamAlgo {
-  using Hyper = RadamHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_avg_sq", ""};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    RadamStep(g, s, rt);
-  }
+struct RadamAlgo : FromDescriptor<algos::Radam> {
   static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
                   const StateSpans& st) {
     ref::RadamStep(h, t, p, g, st[0], st[1]);
   }
-  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
   // decoupled_weight_decay × weight_decay {0, 0.05} × maximize. With beta2 = 0.999 steps 1-5 are
   // not rectified and later ones are: the sweep's tensors start at steps 1, 2 and 7, and its
   // 20-step cases cross step 6.
@@ -681,13 +620,6 @@ struct RadamAlgo {
     h.beta2 = 0.99;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "RAdam{lr=" << h.lr << " betas=(" << h.beta1 << "," << h.beta2 << ") eps=" << h.eps
-      << " wd=" << h.weight_decay << " decoupled=" << h.decoupled_weight_decay
-      << " maximize=" << h.maximize << "}";
-    return o.str();
-  }
   // Zero at step 1 (as torch); later a plausible state.
   static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
     if (step == 1) return 0.0;
@@ -696,17 +628,11 @@ struct RadamAlgo {
   }
 };
 
-struct NadamAlgo {
-  using Hyper = NadamHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_avg_sq", ""};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    NadamStep(g, s, rt);
-  }
+struct NadamAlgo : FromDescriptor<algos::Nadam> {
   static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
                   const StateSpans& st) {
     ref::NadamStep(h, t, p, g, st[0], st[1]);
   }
-  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
   // decoupled_weight_decay × weight_decay {0, 0.05} × maximize, and a momentum_decay of 0 (mu
   // constant) besides torch's default.
   static std::vector<Hyper> Options() {
@@ -733,13 +659,6 @@ struct NadamAlgo {
     h.momentum_decay = 0.01;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "NAdam{lr=" << h.lr << " betas=(" << h.beta1 << "," << h.beta2 << ") eps=" << h.eps
-      << " wd=" << h.weight_decay << " momentum_decay=" << h.momentum_decay
-      << " decoupled=" << h.decoupled_weight_decay << " maximize=" << h.maximize << "}";
-    return o.str();
-  }
   // Zero at step 1 (as torch); later a plausible state.
   static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
     if (step == 1) return 0.0;
@@ -755,19 +674,10 @@ struct NadamAlgo {
   }
 };
 
-struct RmsproptfAlgo {
-  using Hyper = RmsproptfHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {
-      "square_avg", "momentum_buffer", "grad_avg"};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    RmsproptfStep(g, s, rt);
-  }
+struct RmsproptfAlgo : FromDescriptor<algos::Rmsproptf> {
   static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
                   std::span<const double> g, const StateSpans& st) {
     ref::RmsproptfStep(h, p, g, st[0], st[1], st[2]);
-  }
-  static unsigned States(const Hyper& h) {
-    return 1u | (h.momentum > 0.0 ? 0b010u : 0u) | (h.centered ? 0b100u : 0u);
   }
   // All 18 modes: weight decay {none, coupled, decoupled} × centered × momentum {none, lr in the
   // buffer, lr on the step}.
@@ -794,13 +704,6 @@ struct RmsproptfAlgo {
     h.eps = 1e-6;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "RMSpropTF{lr=" << h.lr << " alpha=" << h.alpha << " eps=" << h.eps
-      << " wd=" << h.weight_decay << " momentum=" << h.momentum << " centered=" << h.centered
-      << " decoupled_decay=" << h.decoupled_decay << " lr_in_momentum=" << h.lr_in_momentum << "}";
-    return o.str();
-  }
   // square_avg is 1 at step 1 (as the reference), the others 0; later square_avg > 0 and
   // grad_avg² ≤ square_avg / 4 (MakeSegment scales grad_avg).
   static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
@@ -810,17 +713,11 @@ struct RmsproptfAlgo {
   }
 };
 
-struct AsgdAlgo {
-  using Hyper = AsgdHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"ax", "", ""};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    AsgdStep(g, s, rt);
-  }
+struct AsgdAlgo : FromDescriptor<algos::Asgd> {
   static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
                   const StateSpans& st) {
     ref::AsgdStep(h, t, p, g, st[0]);
   }
-  static unsigned States(const Hyper& /*h*/) { return 0b001u; }
   // weight_decay {0, 0.05} × maximize × t0 {torch's 1e6: ax a copy of the param; 2: averaging from
   // step 5 on, so the sweep's tensors starting at step 7 average and its 20-step cases cross into
   // it}; the last has every feature and a larger lambd, another alpha.
@@ -850,12 +747,6 @@ struct AsgdAlgo {
     h.t0 = h.t0 == 2.0 ? 1e6 : 3.0;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "ASGD{lr=" << h.lr << " lambd=" << h.lambd << " alpha=" << h.alpha << " t0=" << h.t0
-      << " wd=" << h.weight_decay << " maximize=" << h.maximize << "}";
-    return o.str();
-  }
   // Zero at step 1 (as torch); later an average near the params.
   static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
     return step == 1 ? 0.0 : rng.Uniform(-1.0, 1.0);
@@ -869,17 +760,11 @@ struct AsgdAlgo {
   }
 };
 
-struct RpropAlgo {
-  using Hyper = RpropHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"prev", "step_size", ""};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    RpropStep(g, s, rt);
-  }
+struct RpropAlgo : FromDescriptor<algos::Rprop> {
   static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
                   std::span<const double> g, const StateSpans& st) {
     ref::RpropStep(h, p, g, st[0], st[1]);
   }
-  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
   // maximize × {torch's etas and step sizes, other etas, step sizes that clamp (the sweep's step
   // sizes start in [1e-4, 0.05] and grow or shrink by 1.5 or 0.25 a step)}.
   static std::vector<Hyper> Options() {
@@ -903,12 +788,6 @@ struct RpropAlgo {
     h.etaplus = 1.3;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "Rprop{lr=" << h.lr << " etas=(" << h.etaminus << "," << h.etaplus << ") step_sizes=("
-      << h.step_size_min << "," << h.step_size_max << ") maximize=" << h.maximize << "}";
-    return o.str();
-  }
   // At step 1 as torch: prev 0, step_size lr. Later a previous gradient of either sign (or 0) and
   // a step size within the bounds.
   static double InitState(const Hyper& h, int slot, std::int64_t step, Rng& rng) {
@@ -924,12 +803,7 @@ struct RpropAlgo {
 // (ScaleGrads, before Ref). With these inputs (|g| < 1, 0-65 elements a segment) a group's norm is
 // a few units: max_grad_norm 1 clips on every step, 5 on some, -1 never. The schedules run past
 // t_total (first steps 1, 7, 2 and 20 steps).
-struct BertAdamAlgo {
-  using Hyper = BertAdamHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_avg_sq", ""};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    BertAdamStep(g, s, rt);
-  }
+struct BertAdamAlgo : FromDescriptor<algos::BertAdam> {
   static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
                   const StateSpans& st) {
     ref::BertAdamStep(h, t, 1.0, p, g, st[0], st[1]);  // g: clipped by ScaleGrads
@@ -949,7 +823,6 @@ struct BertAdamAlgo {
       for (double& x : grads[i]) x *= clip;
     }
   }
-  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
   // Constant lr with clipping and weight decay (the reference's defaults), neither, and each
   // schedule with a warmup (cosine: none), clipped at 1, 5 or 2.
   static std::vector<Hyper> Options() {
@@ -973,13 +846,6 @@ struct BertAdamAlgo {
     h.e = 1e-4;
     h.max_grad_norm = h.max_grad_norm == 1.0 ? 3.0 : 1.0;
     return h;
-  }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "BertAdam{lr=" << h.lr << " warmup=" << h.warmup << " t_total=" << h.t_total
-      << " schedule=" << h.schedule << " b1=" << h.b1 << " b2=" << h.b2 << " e=" << h.e
-      << " wd=" << h.weight_decay << " max_grad_norm=" << h.max_grad_norm << "}";
-    return o.str();
   }
   // Zero at step 1; later a plausible state.
   static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
@@ -1011,17 +877,11 @@ int LionElementClass(std::size_t i) {
   return static_cast<int>(((static_cast<std::uint64_t>(i) * 0xC2B2AE3D27D4EB4Full) >> 33) % 3u);
 }
 
-struct LionAlgo {
-  using Hyper = LionHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "", ""};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    LionStep(g, s, rt);
-  }
+struct LionAlgo : FromDescriptor<algos::Lion> {
   static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
                   std::span<const double> g, const StateSpans& st) {
     ref::LionStep(h, p, g, st[0]);
   }
-  static unsigned States(const Hyper& /*h*/) { return 1u; }
   // weight_decay {0, 0.5} × maximize.
   static std::vector<Hyper> Options() {
     std::vector<Hyper> out;
@@ -1039,12 +899,6 @@ struct LionAlgo {
     h.maximize = !h.maximize;
     h.beta1 = 0.8;
     return h;
-  }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "Lion{lr=" << h.lr << " betas=(" << h.beta1 << "," << h.beta2 << ") wd=" << h.weight_decay
-      << " maximize=" << h.maximize << "}";
-    return o.str();
   }
   // Zero at step 1 (as lion-pytorch); later the magnitude of the class's momentum, to which
   // MakeSegment gives its sign.
@@ -1065,18 +919,12 @@ struct LionAlgo {
 // cancels, and u + λθ adds terms of one sign until θ crosses 0, which a one-element θ never does
 // (it shrinks by lr·|θ|). In longer tensors a near-zero u costs only its own tiny share of the
 // update.
-struct LambAlgo {
-  using Hyper = LambHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_avg_sq", ""};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    LambStep(g, s, rt);
-  }
+struct LambAlgo : FromDescriptor<algos::Lamb> {
   // The oracle computes its own ‖θ‖ and ‖u‖ of the whole tensor in double.
   static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
                   const StateSpans& st) {
     ref::LambStep(h, t, p, g, st[0], st[1]);
   }
-  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
   // Weight decay {0.02, 0, 0 with use_nvlamb} × adam_w_mode, each with two of the four
   // (bias_correction, grad_averaging) pairs, so that every pair meets both modes and all three
   // decays. The first has FusedLAMB's default modes; first and last have a trust ratio.
@@ -1111,14 +959,6 @@ struct LambAlgo {
     h.beta1 = 0.8;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "LAMB{lr=" << h.lr << " betas=(" << h.beta1 << "," << h.beta2 << ") eps=" << h.eps
-      << " wd=" << h.weight_decay << " bias_correction=" << h.bias_correction
-      << " adam_w_mode=" << h.adam_w_mode << " grad_averaging=" << h.grad_averaging
-      << " use_nvlamb=" << h.use_nvlamb << "}";
-    return o.str();
-  }
   // Zero at step 1 (as apex); later a plausible state.
   static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
     if (step == 1) return 0.0;
@@ -1131,17 +971,11 @@ struct LambAlgo {
 // momentum modes. With these inputs LARC's rate tc·‖θ‖/(‖g‖ + λ‖θ‖ + ε) is about 0.02·0.58/0.6:
 // lr 0.005 puts clip mode's min(rate / lr, 1) at 1 (and OtherGroup's 0.0125 too), lr 0.05 below 1,
 // so both sides of the min are swept; |g| >= 0.2 keeps g + λθ away from 0.
-struct LarsAlgo {
-  using Hyper = LarsHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"momentum_buffer", "", ""};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    LarsStep(g, s, rt);
-  }
+struct LarsAlgo : FromDescriptor<algos::Lars> {
   static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
                   const StateSpans& st) {
     ref::LarsStep(h, t, p, g, st[0]);
   }
-  static unsigned States(const Hyper& h) { return h.momentum != 0.0 ? 1u : 0u; }
   // {no momentum, momentum 0.9, with dampening 0.1, nesterov} × weight_decay {0, 0.01} ×
   // {clip at lr 0.005 (ratio 1), clip at lr 0.05 (ratio < 1), scale mode}; the last has every
   // feature.
@@ -1168,13 +1002,6 @@ struct LarsAlgo {
     h.eps = 1e-4;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "LARS{lr=" << h.lr << " momentum=" << h.momentum << " dampening=" << h.dampening
-      << " wd=" << h.weight_decay << " nesterov=" << h.nesterov << " tc=" << h.trust_coefficient
-      << " eps=" << h.eps << " clip=" << h.clip << "}";
-    return o.str();
-  }
   // As SGD's: at step 1 the buffer is not read (NaN).
   static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
     return step == 1 ? std::numeric_limits<double>::quiet_NaN() : rng.Uniform(-0.5, 0.5);
@@ -1185,12 +1012,7 @@ struct LarsAlgo {
 // the determinism workload's sizes get channel rows (Rows): a (1, 1) param, 2-8 rows of 4-13
 // elements, rows spanning ATen's grain and chunks; the others are 1-D. delta 10 projects every
 // channel view (|cos| ≤ 1 < 10 / √13), delta 1 some channel and many layer views, 0.1 few.
-struct AdampAlgo {
-  using Hyper = AdampHyper;
-  static constexpr std::array<const char*, kMaxStates> kStateNames = {"exp_avg", "exp_avg_sq", ""};
-  static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
-    AdampStep(g, s, rt);
-  }
+struct AdampAlgo : FromDescriptor<algos::Adamp> {
   static std::size_t Rows(std::size_t n) {
     switch (n) {
       case 1:
@@ -1216,7 +1038,6 @@ struct AdampAlgo {
                   const StateSpans& st) {
     ref::AdampStep(h, t, Rows(p.size()), p, g, st[0], st[1]);
   }
-  static unsigned States(const Hyper& /*h*/) { return 0b011u; }
   // delta {10, 1, 0.1} × nesterov × weight_decay {0, 0.05}; the first projects every channel view.
   static std::vector<Hyper> Options() {
     std::vector<Hyper> out;
@@ -1236,19 +1057,29 @@ struct AdampAlgo {
     h.beta1 = 0.8;
     return h;
   }
-  static std::string Describe(const Hyper& h) {
-    std::ostringstream o;
-    o << "AdamP{lr=" << h.lr << " betas=(" << h.beta1 << "," << h.beta2 << ") eps=" << h.eps
-      << " wd=" << h.weight_decay << " delta=" << h.delta << " wd_ratio=" << h.wd_ratio
-      << " nesterov=" << h.nesterov << "}";
-    return o.str();
-  }
   static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
     if (step == 1) return 0.0;
     if (slot == kAdampExpAvg) return rng.Uniform(-0.3, 0.3);
     return rng.Uniform(0.01, 0.5);
   }
 };
+
+#ifdef FOPT_TEST_ALGORITHMS_DIR
+// A test-only algorithm (tests/algos/): its descriptor's data and its sweep's (oracle, options,
+// initial states), as Stem##Algo.
+template <class D, class Sweep>
+struct TestAlgorithm : FromDescriptor<D>, Sweep {
+  using Hyper = typename D::Hyper;
+  using Sweep::InitState;
+  using Sweep::Options;
+  using Sweep::OtherGroup;
+  using Sweep::Ref;
+};
+#  define FOPT_TEST_ALGORITHM(Stem) \
+    using Stem##Algo = TestAlgorithm<test_algos::Stem, test_algos::Stem##Sweep>;
+FOPT_FOR_EACH_TEST_ALGORITHM(FOPT_TEST_ALGORITHM)
+#  undef FOPT_TEST_ALGORITHM
+#endif
 
 // ------------------------------------------------------------------------------------------------
 // Test cases: segments with their buffers, the oracle's copy, and one driver
@@ -1649,24 +1480,6 @@ void RunSweep(const std::string& target) {
   }
 }
 
-TEST_P(KernelSweep, Sgd) { RunSweep<SgdAlgo>(target()); }
-TEST_P(KernelSweep, Adam) { RunSweep<AdamAlgo>(target()); }
-TEST_P(KernelSweep, AdamW) { RunSweep<AdamWAlgo>(target()); }
-TEST_P(KernelSweep, Rmsprop) { RunSweep<RmspropAlgo>(target()); }
-TEST_P(KernelSweep, Adagrad) { RunSweep<AdagradAlgo>(target()); }
-TEST_P(KernelSweep, Lion) { RunSweep<LionAlgo>(target()); }
-TEST_P(KernelSweep, Lamb) { RunSweep<LambAlgo>(target()); }
-TEST_P(KernelSweep, Adamax) { RunSweep<AdamaxAlgo>(target()); }
-TEST_P(KernelSweep, Adadelta) { RunSweep<AdadeltaAlgo>(target()); }
-TEST_P(KernelSweep, Radam) { RunSweep<RadamAlgo>(target()); }
-TEST_P(KernelSweep, Nadam) { RunSweep<NadamAlgo>(target()); }
-TEST_P(KernelSweep, Rmsproptf) { RunSweep<RmsproptfAlgo>(target()); }
-TEST_P(KernelSweep, Asgd) { RunSweep<AsgdAlgo>(target()); }
-TEST_P(KernelSweep, Lars) { RunSweep<LarsAlgo>(target()); }
-TEST_P(KernelSweep, Rprop) { RunSweep<RpropAlgo>(target()); }
-TEST_P(KernelSweep, Adamp) { RunSweep<AdampAlgo>(target()); }
-TEST_P(KernelSweep, BertAdam) { RunSweep<BertAdamAlgo>(target()); }
-
 // ------------------------------------------------------------------------------------------------
 // KernelMixed: every option combination is its own group, with one segment each; the segments cycle
 // through all dtype combos, several sizes, offsets and step counts, all in one call per step.
@@ -1692,24 +1505,6 @@ void RunMixed(const std::string& target) {
     if (!RunCase(c, target)) return;
   }
 }
-
-TEST_P(KernelMixed, Sgd) { RunMixed<SgdAlgo>(target()); }
-TEST_P(KernelMixed, Adam) { RunMixed<AdamAlgo>(target()); }
-TEST_P(KernelMixed, AdamW) { RunMixed<AdamWAlgo>(target()); }
-TEST_P(KernelMixed, Rmsprop) { RunMixed<RmspropAlgo>(target()); }
-TEST_P(KernelMixed, Adagrad) { RunMixed<AdagradAlgo>(target()); }
-TEST_P(KernelMixed, Lion) { RunMixed<LionAlgo>(target()); }
-TEST_P(KernelMixed, Lamb) { RunMixed<LambAlgo>(target()); }
-TEST_P(KernelMixed, Adamax) { RunMixed<AdamaxAlgo>(target()); }
-TEST_P(KernelMixed, Adadelta) { RunMixed<AdadeltaAlgo>(target()); }
-TEST_P(KernelMixed, Radam) { RunMixed<RadamAlgo>(target()); }
-TEST_P(KernelMixed, Nadam) { RunMixed<NadamAlgo>(target()); }
-TEST_P(KernelMixed, Rmsproptf) { RunMixed<RmsproptfAlgo>(target()); }
-TEST_P(KernelMixed, Asgd) { RunMixed<AsgdAlgo>(target()); }
-TEST_P(KernelMixed, Lars) { RunMixed<LarsAlgo>(target()); }
-TEST_P(KernelMixed, Rprop) { RunMixed<RpropAlgo>(target()); }
-TEST_P(KernelMixed, Adamp) { RunMixed<AdampAlgo>(target()); }
-TEST_P(KernelMixed, BertAdam) { RunMixed<BertAdamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelLarge: 4099 elements on every 16-bit combo (so the bias check runs), and 1000003 elements
@@ -1742,24 +1537,6 @@ void RunLarge(const std::string& target) {
     if (!RunCase(c, target)) return;
   }
 }
-
-TEST_P(KernelLarge, Sgd) { RunLarge<SgdAlgo>(target()); }
-TEST_P(KernelLarge, Adam) { RunLarge<AdamAlgo>(target()); }
-TEST_P(KernelLarge, AdamW) { RunLarge<AdamWAlgo>(target()); }
-TEST_P(KernelLarge, Rmsprop) { RunLarge<RmspropAlgo>(target()); }
-TEST_P(KernelLarge, Adagrad) { RunLarge<AdagradAlgo>(target()); }
-TEST_P(KernelLarge, Lion) { RunLarge<LionAlgo>(target()); }
-TEST_P(KernelLarge, Lamb) { RunLarge<LambAlgo>(target()); }
-TEST_P(KernelLarge, Adamax) { RunLarge<AdamaxAlgo>(target()); }
-TEST_P(KernelLarge, Adadelta) { RunLarge<AdadeltaAlgo>(target()); }
-TEST_P(KernelLarge, Radam) { RunLarge<RadamAlgo>(target()); }
-TEST_P(KernelLarge, Nadam) { RunLarge<NadamAlgo>(target()); }
-TEST_P(KernelLarge, Rmsproptf) { RunLarge<RmsproptfAlgo>(target()); }
-TEST_P(KernelLarge, Asgd) { RunLarge<AsgdAlgo>(target()); }
-TEST_P(KernelLarge, Lars) { RunLarge<LarsAlgo>(target()); }
-TEST_P(KernelLarge, Rprop) { RunLarge<RpropAlgo>(target()); }
-TEST_P(KernelLarge, Adamp) { RunLarge<AdampAlgo>(target()); }
-TEST_P(KernelLarge, BertAdam) { RunLarge<BertAdamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // KernelSpecial: zero, huge, eps-dominated and NaN/Inf gradients against the oracle (NaN/Inf must
@@ -1838,41 +1615,6 @@ void RunZeroSize(const std::string& target) {
   const double widen = IsFmaTarget(target) ? 1.0 : 10.0;
   EXPECT_EQ(CheckSegment<A>(real, {2e-6 * widen, 8.0 * widen}), "");
 }
-
-TEST_P(KernelSpecial, SgdValues) { RunSpecialValues<SgdAlgo>(target()); }
-TEST_P(KernelSpecial, AdamValues) { RunSpecialValues<AdamAlgo>(target()); }
-TEST_P(KernelSpecial, AdamWValues) { RunSpecialValues<AdamWAlgo>(target()); }
-TEST_P(KernelSpecial, RmspropValues) { RunSpecialValues<RmspropAlgo>(target()); }
-TEST_P(KernelSpecial, AdagradValues) { RunSpecialValues<AdagradAlgo>(target()); }
-TEST_P(KernelSpecial, LionValues) { RunSpecialValues<LionAlgo>(target()); }
-TEST_P(KernelSpecial, LambValues) { RunSpecialValues<LambAlgo>(target()); }
-TEST_P(KernelSpecial, AdamaxValues) { RunSpecialValues<AdamaxAlgo>(target()); }
-TEST_P(KernelSpecial, AdadeltaValues) { RunSpecialValues<AdadeltaAlgo>(target()); }
-TEST_P(KernelSpecial, RadamValues) { RunSpecialValues<RadamAlgo>(target()); }
-TEST_P(KernelSpecial, NadamValues) { RunSpecialValues<NadamAlgo>(target()); }
-TEST_P(KernelSpecial, RmsproptfValues) { RunSpecialValues<RmsproptfAlgo>(target()); }
-TEST_P(KernelSpecial, AsgdValues) { RunSpecialValues<AsgdAlgo>(target()); }
-TEST_P(KernelSpecial, LarsValues) { RunSpecialValues<LarsAlgo>(target()); }
-TEST_P(KernelSpecial, RpropValues) { RunSpecialValues<RpropAlgo>(target()); }
-TEST_P(KernelSpecial, AdampValues) { RunSpecialValues<AdampAlgo>(target()); }
-TEST_P(KernelSpecial, BertAdamValues) { RunSpecialValues<BertAdamAlgo>(target()); }
-TEST_P(KernelSpecial, SgdZeroSize) { RunZeroSize<SgdAlgo>(target()); }
-TEST_P(KernelSpecial, AdamZeroSize) { RunZeroSize<AdamAlgo>(target()); }
-TEST_P(KernelSpecial, AdamWZeroSize) { RunZeroSize<AdamWAlgo>(target()); }
-TEST_P(KernelSpecial, RmspropZeroSize) { RunZeroSize<RmspropAlgo>(target()); }
-TEST_P(KernelSpecial, AdagradZeroSize) { RunZeroSize<AdagradAlgo>(target()); }
-TEST_P(KernelSpecial, LionZeroSize) { RunZeroSize<LionAlgo>(target()); }
-TEST_P(KernelSpecial, LambZeroSize) { RunZeroSize<LambAlgo>(target()); }
-TEST_P(KernelSpecial, AdamaxZeroSize) { RunZeroSize<AdamaxAlgo>(target()); }
-TEST_P(KernelSpecial, AdadeltaZeroSize) { RunZeroSize<AdadeltaAlgo>(target()); }
-TEST_P(KernelSpecial, RadamZeroSize) { RunZeroSize<RadamAlgo>(target()); }
-TEST_P(KernelSpecial, NadamZeroSize) { RunZeroSize<NadamAlgo>(target()); }
-TEST_P(KernelSpecial, RmsproptfZeroSize) { RunZeroSize<RmsproptfAlgo>(target()); }
-TEST_P(KernelSpecial, AsgdZeroSize) { RunZeroSize<AsgdAlgo>(target()); }
-TEST_P(KernelSpecial, LarsZeroSize) { RunZeroSize<LarsAlgo>(target()); }
-TEST_P(KernelSpecial, RpropZeroSize) { RunZeroSize<RpropAlgo>(target()); }
-TEST_P(KernelSpecial, AdampZeroSize) { RunZeroSize<AdampAlgo>(target()); }
-TEST_P(KernelSpecial, BertAdamZeroSize) { RunZeroSize<BertAdamAlgo>(target()); }
 
 // ------------------------------------------------------------------------------------------------
 // Determinism: Runtime(1), Runtime(2) and Runtime(3) give bit-identical buffers over several
@@ -1959,23 +1701,36 @@ void RunDeterminism(const std::string& target) {
   }
 }
 
-TEST_P(Determinism, Sgd) { RunDeterminism<SgdAlgo>(target()); }
-TEST_P(Determinism, Adam) { RunDeterminism<AdamAlgo>(target()); }
-TEST_P(Determinism, AdamW) { RunDeterminism<AdamWAlgo>(target()); }
-TEST_P(Determinism, Rmsprop) { RunDeterminism<RmspropAlgo>(target()); }
-TEST_P(Determinism, Adagrad) { RunDeterminism<AdagradAlgo>(target()); }
-TEST_P(Determinism, Lion) { RunDeterminism<LionAlgo>(target()); }
-TEST_P(Determinism, Lamb) { RunDeterminism<LambAlgo>(target()); }
-TEST_P(Determinism, Adamax) { RunDeterminism<AdamaxAlgo>(target()); }
-TEST_P(Determinism, Adadelta) { RunDeterminism<AdadeltaAlgo>(target()); }
-TEST_P(Determinism, Radam) { RunDeterminism<RadamAlgo>(target()); }
-TEST_P(Determinism, Nadam) { RunDeterminism<NadamAlgo>(target()); }
-TEST_P(Determinism, Rmsproptf) { RunDeterminism<RmsproptfAlgo>(target()); }
-TEST_P(Determinism, Asgd) { RunDeterminism<AsgdAlgo>(target()); }
-TEST_P(Determinism, Lars) { RunDeterminism<LarsAlgo>(target()); }
-TEST_P(Determinism, Rprop) { RunDeterminism<RpropAlgo>(target()); }
-TEST_P(Determinism, Adamp) { RunDeterminism<AdampAlgo>(target()); }
-TEST_P(Determinism, BertAdam) { RunDeterminism<BertAdamAlgo>(target()); }
+// Every suite above for one algorithm, Stem##Algo: KernelSweep.Stem, KernelMixed.Stem,
+// KernelLarge.Stem, KernelSpecial.Stem##Values and .Stem##ZeroSize, Determinism.Stem.
+#define FOPT_KERNEL_TESTS(Stem)                                                   \
+  TEST_P(KernelSweep, Stem) { RunSweep<Stem##Algo>(target()); }                   \
+  TEST_P(KernelMixed, Stem) { RunMixed<Stem##Algo>(target()); }                   \
+  TEST_P(KernelLarge, Stem) { RunLarge<Stem##Algo>(target()); }                   \
+  TEST_P(KernelSpecial, Stem##Values) { RunSpecialValues<Stem##Algo>(target()); } \
+  TEST_P(KernelSpecial, Stem##ZeroSize) { RunZeroSize<Stem##Algo>(target()); }    \
+  TEST_P(Determinism, Stem) { RunDeterminism<Stem##Algo>(target()); }
+FOPT_KERNEL_TESTS(Sgd)
+FOPT_KERNEL_TESTS(Adam)
+FOPT_KERNEL_TESTS(AdamW)
+FOPT_KERNEL_TESTS(Rmsprop)
+FOPT_KERNEL_TESTS(Adagrad)
+FOPT_KERNEL_TESTS(Lion)
+FOPT_KERNEL_TESTS(Lamb)
+FOPT_KERNEL_TESTS(Adamax)
+FOPT_KERNEL_TESTS(Adadelta)
+FOPT_KERNEL_TESTS(Radam)
+FOPT_KERNEL_TESTS(Nadam)
+FOPT_KERNEL_TESTS(Rmsproptf)
+FOPT_KERNEL_TESTS(Asgd)
+FOPT_KERNEL_TESTS(Lars)
+FOPT_KERNEL_TESTS(Rprop)
+FOPT_KERNEL_TESTS(Adamp)
+FOPT_KERNEL_TESTS(BertAdam)
+#ifdef FOPT_TEST_ALGORITHMS_DIR
+FOPT_FOR_EACH_TEST_ALGORITHM(FOPT_KERNEL_TESTS)
+#endif
+#undef FOPT_KERNEL_TESTS
 
 // ------------------------------------------------------------------------------------------------
 // DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3

@@ -924,7 +924,8 @@ TEST(Rounding, KernelStochasticRoundingIsUnbiased) {
 
 // ------------------------------------------------------------------------------------------------
 // Adafactor: the param and a vector's variance (a 1×1 matrix's factors) are stored by the update
-// kernel, a matrix's row_var and col_var by the host after it (src/core/step.cc StoreFactor).
+// kernel, a matrix's row_var and col_var by the host after it (src/core/factored_step.cc
+// StoreFactor).
 
 // One Adafactor tensor: param (16-bit without master, or with an f32 master), grad, and its states
 // (row_var batch·rows and col_var batch·cols for matrices, variance numel for a vector; a 1×1

@@ -1,11 +1,11 @@
-// The `standard` baseline (bench/standard.h: each descriptor's StandardStep run as elementary f32
-// passes) against the double-precision oracle (tests/reference/reference.h), for every algorithm
-// of the registry and hyper-parameters that reach each of its modes: three steps over segments
-// that cross ATen's grain (so the ops are split over threads) and a tiny one. LAMB's global
-// gradient clipping, which the standard step does itself, is applied to the oracle's gradients
-// here, in double.
+// The `standard` baseline (src/baselines/standard.h: each descriptor's StandardStep run as
+// elementary f32 passes) against the double-precision oracle (tests/reference/reference.h), for
+// every algorithm of the registry and hyper-parameters that reach each of its modes: three steps
+// over segments that cross ATen's grain (so the ops are split over threads) and a tiny one. LAMB's
+// global gradient clipping, which the standard step does itself, is applied to the oracle's
+// gradients here, in double.
 
-#include "bench/standard.h"
+#include "src/baselines/standard.h"
 
 #include <gtest/gtest.h>
 
@@ -24,7 +24,7 @@
 #include "src/algos/registry.h"
 #include "tests/reference/reference.h"
 
-namespace fusedopt::bench {
+namespace fusedopt::baselines {
 namespace {
 
 using StateSpans = std::array<std::span<double>, kMaxStates>;
@@ -419,7 +419,7 @@ TYPED_TEST(StandardVsOracle, ThreeSteps) {
       SCOPED_TRACE(Describe(hyper) + "grad scale " + std::to_string(grad_scale));
       BenchHyper h;
       h.Of<Hyper>() = hyper;
-      const Algorithm a = AlgorithmOf<A>();
+      const Algorithm a = tools::AlgorithmOf<A>();
       const unsigned slots = BenchRequiredStates(a, h);
       FlatStorage storage(tensors, 1, {}, slots);
       std::vector<Segment> segments(storage.segments().begin(), storage.segments().end());
@@ -508,4 +508,4 @@ TYPED_TEST(StandardVsOracle, ThreeSteps) {
 }
 
 }  // namespace
-}  // namespace fusedopt::bench
+}  // namespace fusedopt::baselines

@@ -1,8 +1,8 @@
-// The traffic kernels of the benchmark's ceiling (bench/same_traffic.h) touch exactly the bytes
-// they claim: with c = 1 every written array must hold x + g over its whole range and nothing else,
-// for every param (and state) dtype, grad dtype, state count and store kind, on every SIMD target;
-// and the STREAM-style fill, copy and read cover every element. Sizes and offsets make pieces that
-// start unaligned, cross chunk edges and end in a tail.
+// The traffic kernels of the benchmark's ceiling (src/baselines/same_traffic.h) touch exactly the
+// bytes they claim: with c = 1 every written array must hold x + g over its whole range and nothing
+// else, for every param (and state) dtype, grad dtype, state count and store kind, on every SIMD
+// target; and the STREAM-style fill, copy and read cover every element. Sizes and offsets make
+// pieces that start unaligned, cross chunk edges and end in a tail.
 
 #include <gtest/gtest.h>
 
@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "bench/same_traffic.h"
 #include "fusedopt/dtype.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
+#include "src/baselines/same_traffic.h"
 
-namespace fusedopt::bench {
+namespace fusedopt::baselines {
 namespace {
 
 constexpr DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
@@ -203,4 +203,4 @@ INSTANTIATE_TEST_SUITE_P(Targets, Traffic, ::testing::ValuesIn(AvailableTargets(
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace
-}  // namespace fusedopt::bench
+}  // namespace fusedopt::baselines

@@ -117,8 +117,8 @@ void RemoveCheckpointsAt(const std::string& path, int ranks);
 // Writes a checkpoint as read (e.g. a shard set assembled) to `path`, as WriteCheckpointFile.
 void WriteCheckpointFile(const std::string& path, const CheckpointFile& file);
 
-// The metadata's "layout_hash" (python/fusedopt/checkpoint.py, src/core/checkpoint.cc): XXH3-64 of
-// the layout record's compact JSON text, as 16 hex digits.
+// The metadata's "layout_hash" (python/fusedopt/checkpoint.py, src/checkpoint/checkpoint.cc):
+// XXH3-64 of the layout record's compact JSON text, as 16 hex digits.
 std::string LayoutHash(std::string_view layout_json);
 
 }  // namespace fusedopt

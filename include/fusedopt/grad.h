@@ -57,14 +57,19 @@ float ClipCoefficient(double norm, double max_norm);
 
 // How a global norm turns into the factor that scales the gradients.
 enum class ClipRule : std::uint8_t {
-  kTorch,  // ClipCoefficient: torch.nn.utils.clip_grad_norm_
-  kLamb,   // LambClipCoefficient: apex FusedLAMB's max_grad_norm
+  kTorch,         // ClipCoefficient: torch.nn.utils.clip_grad_norm_
+  kMaxNormRatio,  // MaxNormRatioCoefficient: apex FusedLAMB's max_grad_norm
+  kLamb = kMaxNormRatio,
 };
 
 // apex FusedLAMB's global clipping as a factor: f32(max_norm) / f32(norm) when norm > max_norm,
 // else 1 (apex divides the gradients by norm / max_norm: at most 1 ulp from multiplying by this).
 // max_norm = 0 gives 0 for any non-zero norm, as apex's division by an infinite ratio does.
-float LambClipCoefficient(double norm, double max_norm);
+float MaxNormRatioCoefficient(double norm, double max_norm);
+// The same, under the name of the optimizer whose rule it is (ClipRule::kLamb).
+inline float LambClipCoefficient(double norm, double max_norm) {
+  return MaxNormRatioCoefficient(norm, max_norm);
+}
 
 // torch.nn.utils.clip_grad_norm_: computes the global norm (one read) and multiplies every element
 // by ClipCoefficient (one read and write, skipped when the factor is exactly 1). Returns the norm.

@@ -3,6 +3,37 @@
 // Segment::state is given next to its struct, named after torch's state_dict keys.
 #pragma once
 
+// Every algorithm, once: X(Stem, Alias) for the hyper-parameters Stem##Hyper, the step function
+// Stem##Step (step.h), the stateful class fusedopt::Alias = Optimizer<Stem##Hyper> (optimizer.h)
+// and the descriptor algos::Stem (src/algos/registry.h, whose list of descriptors is this one).
+// The declarations, aliases and explicit instantiations expand it, so adding an algorithm adds one
+// line here.
+#define FUSEDOPT_FOR_EACH_ALGORITHM(X) FUSEDOPT_ALGORITHM_LIST_(FUSEDOPT_APPLY_ENTRY_, X)
+// The list itself, with the callback passed on (Apply(X, Stem, Alias)), so that other lists can be
+// derived from it (the registry's X(Stem)).
+// clang-format off
+#define FUSEDOPT_ALGORITHM_LIST_(Apply, X) \
+  Apply(X, Sgd, SGD)                       \
+  Apply(X, Adam, Adam)                     \
+  Apply(X, AdamW, AdamW)                   \
+  Apply(X, Rmsprop, RMSprop)               \
+  Apply(X, Adagrad, Adagrad)               \
+  Apply(X, Lion, Lion)                     \
+  Apply(X, Lamb, LAMB)                     \
+  Apply(X, Adamax, Adamax)                 \
+  Apply(X, Adadelta, Adadelta)             \
+  Apply(X, Radam, RAdam)                   \
+  Apply(X, Nadam, NAdam)                   \
+  Apply(X, Asgd, ASGD)                     \
+  Apply(X, Lars, LARS)                     \
+  Apply(X, Rprop, Rprop)                   \
+  Apply(X, Rmsproptf, RMSpropTF)           \
+  Apply(X, Adamp, AdamP)                   \
+  Apply(X, BertAdam, BertAdam)             \
+  Apply(X, Adafactor, Adafactor)
+// clang-format on
+#define FUSEDOPT_APPLY_ENTRY_(X, Stem, Alias) X(Stem, Alias)
+
 namespace fusedopt {
 
 // torch.optim.SGD. State: momentum_buffer (only when momentum != 0).
@@ -126,6 +157,7 @@ enum RadamState : int { kRadamExpAvg = 0, kRadamExpAvgSq = 1 };
 // 0.5·0.96^(t·momentum_decay)) warms up over the steps; the product of the mu_t so far is a
 // per-tensor scalar state (Segment::scalars[kNadamMuProduct], torch's f32 state['mu_product']).
 // With decoupled_weight_decay the decay is AdamW's (NAdamW). State: exp_avg, exp_avg_sq.
+// NadamStep reads and advances each segment's scalars[kNadamMuProduct] (start it at 1).
 struct NadamHyper {
   double lr = 2e-3;
   double beta1 = 0.9;
@@ -169,6 +201,8 @@ enum RmsproptfState : int {
 // lambd·lr·t)^alpha after step t; mu, the averaging weight, starts at 1 and becomes 1 / max(1, t −
 // t0). A step reads the values the previous one left (Segment::scalars[kAsgdEta], [kAsgdMu]).
 // State: ax.
+// AsgdStep reads and advances each segment's scalars[kAsgdEta] (start it at lr) and
+// scalars[kAsgdMu] (start it at 1).
 struct AsgdHyper {
   double lr = 1e-2;
   double lambd = 1e-4;
@@ -200,6 +234,8 @@ enum RpropState : int { kRpropPrev = 0, kRpropStepSize = 1 };
 // non-zero). The global gradient-norm clipping of FusedLAMB (max_grad_norm) is the step's pre-pass
 // (PrePassOptions::clip_rule = ClipRule::kLamb), not part of this struct. State: exp_avg,
 // exp_avg_sq.
+// LambStep runs two passes: per-tensor norms of the param and of its Adam update, then the update
+// scaled by the trust ratio. Both norms are deterministic like the global gradient norm (grad.h).
 struct LambHyper {
   double lr = 1e-3;
   double beta1 = 0.9;
@@ -219,6 +255,8 @@ enum LambState : int { kLambExpAvg = 0, kLambExpAvgSq = 1 };
 // gradient becomes (g + weight_decay·p)·ratio, otherwise it stays g and the step drops the weight
 // decay. Then SGD's momentum, dampening and Nesterov step without weight decay (torch.optim.SGD
 // with weight_decay=0, as LARC runs it). State: momentum_buffer (only when momentum != 0).
+// LarsStep runs two passes: per-tensor norms of the param and of the gradient, then the SGD step
+// on the gradient scaled by the trust ratio; the norms are deterministic as LAMB's.
 struct LarsHyper {
   double lr = 1e-3;
   double momentum = 0.0;
@@ -238,6 +276,9 @@ enum LarsState : int { kLarsMomentumBuffer = 0 };
 // or else the same over the whole tensor), u loses its component along each row's p
 // (u −= p̂·Σp̂u, p̂ = p / (‖p_r‖ + eps)) and the decoupled decay p *= 1 − lr·wd is scaled by
 // wd_ratio; then p −= lr / (1 − β1^t)·u. State: exp_avg, exp_avg_sq.
+// AdampStep runs two passes: per channel row (Segment::rows) the sums of the raw gradient and the
+// param that decide and make the projection, then the projected update; the sums are deterministic
+// as LAMB's norms.
 struct AdampHyper {
   double lr = 1e-3;
   double beta1 = 0.9;
@@ -266,6 +307,9 @@ enum BertAdamSchedule : int {
 // gradients of each (group, param dtype) are first scaled by max_grad_norm / (‖g‖ + 1e-6) of that
 // buffer when it is below 1 (NpuFusedBertAdam's per-buffer clipping; the step's reduction pass).
 // Names and defaults are the reference's (lr is required there). State: exp_avg, exp_avg_sq.
+// BertAdamStep runs two passes when max_grad_norm > 0: Σg² of every tensor, added per (group,
+// param dtype) for the clip factor of each such buffer, then the update. The segments' step is the
+// one after this update (1 on the first), so the schedule reads step − 1.
 struct BertAdamHyper {
   double lr = 1e-3;
   double warmup = -1.0;   // fraction of t_total; −1: none
@@ -287,6 +331,10 @@ enum BertAdamState : int { kBertAdamExpAvg = 0, kBertAdamExpAvgSq = 1 };
 // max(1, RMS(U) / d)·U (RMS(p) before the decay). torch's eps = (eps1, eps2); its eps1 None
 // (finfo(param dtype).eps of the group's first param with a grad) is resolved by the caller: the
 // default here is finfo(float32).eps. State: row_var, col_var (matrices) or variance (vectors).
+// AdafactorStep runs three passes over a factored param (Segment::rows, cols): Σp² with the row
+// and column sums of g², then ΣU² from the new factors, then the update; two over a vector param
+// (Σp² and ΣU², then the update). Every sum is deterministic as LAMB's norms; the states are
+// written only by the last pass.
 struct AdafactorHyper {
   double lr = 1e-2;
   double beta2_decay = -0.8;

@@ -159,14 +159,12 @@ struct StepOptions {
   ClipRule clip_rule = ClipRule::kTorch;
 };
 
-// Saves and restores an Optimizer's private state (src/core/checkpoint.cc, for
+// Saves and restores an Optimizer's private state (src/checkpoint/, for
 // fusedopt/checkpoint.h).
 template <class Hyper>
 struct OptimizerCheckpoint;
 
-// Hyper is one of the structs of hyper.h: SgdHyper, AdamHyper, AdamWHyper, RmspropHyper,
-// AdagradHyper, LionHyper, LambHyper, AdamaxHyper, AdadeltaHyper, RadamHyper, NadamHyper,
-// AsgdHyper, LarsHyper, RpropHyper, RmsproptfHyper, AdampHyper, BertAdamHyper, AdafactorHyper.
+// Hyper is one of the Stem##Hyper structs of hyper.h's FUSEDOPT_FOR_EACH_ALGORITHM list.
 template <class Hyper>
 class Optimizer {
  public:
@@ -204,50 +202,20 @@ class Optimizer {
   std::vector<Hyper> groups_;
   FlatStorage storage_;
   std::vector<std::int64_t> steps_;
-  // SGD and LARS only: steps taken with a momentum buffer, so a buffer starts as a copy of the
-  // gradient on its own first step, also when momentum is switched on later (torch's
-  // `momentum_buffer is None`).
+  // For an algorithm whose momentum buffer starts as a copy of the gradient (SGD, LARS): steps
+  // taken with a momentum buffer, so a buffer starts so on its own first step, also when momentum
+  // is switched on later (torch's `momentum_buffer is None`).
   std::vector<std::int64_t> buffer_steps_;
   Runtime* runtime_;
   AccumulationWindow window_;  // steps: the storage's accumulation_steps
 };
 
-using SGD = Optimizer<SgdHyper>;
-using Adam = Optimizer<AdamHyper>;
-using AdamW = Optimizer<AdamWHyper>;
-using RMSprop = Optimizer<RmspropHyper>;
-using Adagrad = Optimizer<AdagradHyper>;
-using Lion = Optimizer<LionHyper>;
-using LAMB = Optimizer<LambHyper>;
-using Adamax = Optimizer<AdamaxHyper>;
-using Adadelta = Optimizer<AdadeltaHyper>;
-using RAdam = Optimizer<RadamHyper>;
-using NAdam = Optimizer<NadamHyper>;
-using ASGD = Optimizer<AsgdHyper>;
-using LARS = Optimizer<LarsHyper>;
-using Rprop = Optimizer<RpropHyper>;
-using RMSpropTF = Optimizer<RmsproptfHyper>;
-using AdamP = Optimizer<AdampHyper>;
-using BertAdam = Optimizer<BertAdamHyper>;
-using Adafactor = Optimizer<AdafactorHyper>;
-
-extern template class Optimizer<SgdHyper>;
-extern template class Optimizer<AdamHyper>;
-extern template class Optimizer<AdamWHyper>;
-extern template class Optimizer<RmspropHyper>;
-extern template class Optimizer<AdagradHyper>;
-extern template class Optimizer<LionHyper>;
-extern template class Optimizer<LambHyper>;
-extern template class Optimizer<AdamaxHyper>;
-extern template class Optimizer<AdadeltaHyper>;
-extern template class Optimizer<RadamHyper>;
-extern template class Optimizer<NadamHyper>;
-extern template class Optimizer<AsgdHyper>;
-extern template class Optimizer<LarsHyper>;
-extern template class Optimizer<RpropHyper>;
-extern template class Optimizer<RmsproptfHyper>;
-extern template class Optimizer<AdampHyper>;
-extern template class Optimizer<BertAdamHyper>;
-extern template class Optimizer<AdafactorHyper>;
+// fusedopt::SGD, fusedopt::Adam, ..., fusedopt::Adafactor: one alias per algorithm of hyper.h's
+// list, each instantiated once in the library.
+#define FUSEDOPT_DECLARE_OPTIMIZER_(Stem, Alias) \
+  using Alias = Optimizer<Stem##Hyper>;          \
+  extern template class Optimizer<Stem##Hyper>;
+FUSEDOPT_FOR_EACH_ALGORITHM(FUSEDOPT_DECLARE_OPTIMIZER_)
+#undef FUSEDOPT_DECLARE_OPTIMIZER_
 
 }  // namespace fusedopt

@@ -81,62 +81,16 @@ struct Segment {
   std::uint64_t global_offset = 0;
 };
 
-// Each call validates all groups and segments first and throws fusedopt::Error (naming the segment
-// or group, the field and its value) without touching any buffer; then it updates every segment.
-void SgdStep(std::span<const SgdHyper> groups, std::span<const Segment> segments,
-             Runtime& runtime = DefaultRuntime());
-void AdamStep(std::span<const AdamHyper> groups, std::span<const Segment> segments,
-              Runtime& runtime = DefaultRuntime());
-void AdamWStep(std::span<const AdamWHyper> groups, std::span<const Segment> segments,
-               Runtime& runtime = DefaultRuntime());
-void RmspropStep(std::span<const RmspropHyper> groups, std::span<const Segment> segments,
-                 Runtime& runtime = DefaultRuntime());
-void AdagradStep(std::span<const AdagradHyper> groups, std::span<const Segment> segments,
-                 Runtime& runtime = DefaultRuntime());
-void LionStep(std::span<const LionHyper> groups, std::span<const Segment> segments,
-              Runtime& runtime = DefaultRuntime());
-void AdamaxStep(std::span<const AdamaxHyper> groups, std::span<const Segment> segments,
-                Runtime& runtime = DefaultRuntime());
-void AdadeltaStep(std::span<const AdadeltaHyper> groups, std::span<const Segment> segments,
+// One step function per algorithm, Stem##Step, generated from the list in hyper.h (SgdStep,
+// AdamStep, ..., AdafactorStep); what each one runs besides its update pass is said next to its
+// Hyper struct there. Each call validates all groups and segments first and throws
+// fusedopt::Error (naming the segment or group, the field and its value) without touching any
+// buffer; then it updates every segment.
+#define FUSEDOPT_DECLARE_STEP_(Stem, Alias)                                               \
+  void Stem##Step(std::span<const Stem##Hyper> groups, std::span<const Segment> segments, \
                   Runtime& runtime = DefaultRuntime());
-void RadamStep(std::span<const RadamHyper> groups, std::span<const Segment> segments,
-               Runtime& runtime = DefaultRuntime());
-// NAdam reads and advances each segment's scalars[kNadamMuProduct] (start it at 1).
-void NadamStep(std::span<const NadamHyper> groups, std::span<const Segment> segments,
-               Runtime& runtime = DefaultRuntime());
-void RmsproptfStep(std::span<const RmsproptfHyper> groups, std::span<const Segment> segments,
-                   Runtime& runtime = DefaultRuntime());
-// ASGD reads and advances each segment's scalars[kAsgdEta] (start it at lr) and scalars[kAsgdMu]
-// (start it at 1).
-void AsgdStep(std::span<const AsgdHyper> groups, std::span<const Segment> segments,
-              Runtime& runtime = DefaultRuntime());
-void RpropStep(std::span<const RpropHyper> groups, std::span<const Segment> segments,
-               Runtime& runtime = DefaultRuntime());
-// LAMB runs two passes: per-tensor norms of the param and of its Adam update, then the update
-// scaled by the trust ratio. Both norms are deterministic like the global gradient norm (grad.h).
-void LambStep(std::span<const LambHyper> groups, std::span<const Segment> segments,
-              Runtime& runtime = DefaultRuntime());
-// LARS (apex LARC over SGD) runs two passes: per-tensor norms of the param and of the gradient,
-// then the SGD step on the gradient scaled by the trust ratio; the norms are deterministic as
-// LAMB's.
-void LarsStep(std::span<const LarsHyper> groups, std::span<const Segment> segments,
-              Runtime& runtime = DefaultRuntime());
-// AdamP runs two passes: per channel row (Segment::rows) the sums of the raw gradient and the param
-// that decide and make the projection, then the projected update; the sums are deterministic as
-// LAMB's norms.
-void AdampStep(std::span<const AdampHyper> groups, std::span<const Segment> segments,
-               Runtime& runtime = DefaultRuntime());
-// BertAdam runs two passes when max_grad_norm > 0: Σg² of every tensor, added per (group, param
-// dtype) for the clip factor of each such buffer, then the update. The segments' step is the one
-// after this update (1 on the first), so the schedule reads step − 1.
-void BertAdamStep(std::span<const BertAdamHyper> groups, std::span<const Segment> segments,
-                  Runtime& runtime = DefaultRuntime());
-// Adafactor runs three passes over a factored param (Segment::rows, cols): Σp² with the row and
-// column sums of g², then ΣU² from the new factors, then the update; two over a vector param (Σp²
-// and ΣU², then the update). Every sum is deterministic as LAMB's norms; the states are written
-// only by the last pass.
-void AdafactorStep(std::span<const AdafactorHyper> groups, std::span<const Segment> segments,
-                   Runtime& runtime = DefaultRuntime());
+FUSEDOPT_FOR_EACH_ALGORITHM(FUSEDOPT_DECLARE_STEP_)
+#undef FUSEDOPT_DECLARE_STEP_
 
 // The same steps chosen by the Hyper type, for generic code: FusedStep(std::span<const
 // LionHyper>(...), ...) is LionStep. Defined for every Hyper struct of hyper.h.

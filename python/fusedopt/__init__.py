@@ -19,33 +19,13 @@ from . import _C, distributed, schedules, timeline
 from .amp import GradScaler
 from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from .clip import clip_grad_norm_, clip_grad_value_
-from .optim import (
-    FusedAdadelta,
-    FusedAdafactor,
-    FusedAdagrad,
-    FusedAdam,
-    FusedAdamax,
-    FusedAdamP,
-    FusedAdamW,
-    FusedASGD,
-    FusedBertAdam,
-    FusedLAMB,
-    FusedLARS,
-    FusedLion,
-    FusedNAdam,
-    FusedRAdam,
-    FusedRMSprop,
-    FusedRMSpropTF,
-    FusedRprop,
-    FusedSGD,
-)
+from .optim import FUSED_CLASSES
 from .trainer import Model, Trainer
 
-__all__ = ["FusedSGD", "FusedAdam", "FusedAdamW", "FusedRMSprop", "FusedAdagrad", "FusedLion", "FusedLAMB",
-           "FusedAdamax", "FusedAdadelta", "FusedAdafactor", "FusedRAdam", "FusedNAdam", "FusedASGD", "FusedRprop",
-           "FusedLARS", "FusedRMSpropTF", "FusedAdamP", "FusedBertAdam", "GradScaler",
-           "clip_grad_norm_", "clip_grad_value_", "save_checkpoint", "load_checkpoint", "read_checkpoint", "distributed", "schedules", "timeline", "Trainer", "Model",
-           "active_target"]
+globals().update(FUSED_CLASSES)  # FusedSGD, FusedAdam, ...: one per algorithm of the registry
+
+__all__ = [*FUSED_CLASSES, "GradScaler", "clip_grad_norm_", "clip_grad_value_", "save_checkpoint", "load_checkpoint",
+           "read_checkpoint", "distributed", "schedules", "timeline", "Trainer", "Model", "active_target"]
 __version__ = "0.1.0"
 
 

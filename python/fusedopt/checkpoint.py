@@ -3,7 +3,7 @@
     fusedopt.save_checkpoint(opt, "ckpt/step-100.safetensors", model=model, scaler=scaler, scheduler=sched)
     fusedopt.load_checkpoint(opt, "ckpt/step-100.safetensors", model=model, scaler=scaler, scheduler=sched)
 
-The file (docs/checkpoints.md) is written and read by the engine's own reader/writer (src/core/checkpoint_file.cc,
+The file (docs/checkpoints.md) is written and read by the engine's own reader/writer (src/checkpoint/checkpoint_file.cc,
 the same for C++ and Python): tensors under PyTorch's flattened names (`state.<i>.exp_avg`, `model.<name>`,
 `accumulator.<i>`), and a JSON metadata record: format version, the optimizer's class and algorithm, its
 param_groups, the layout (each param's shape and dtype) and its hash, the loss scaler's and the LR scheduler's
@@ -27,6 +27,7 @@ import torch
 
 from . import _C
 from ._base import FusedOptimizerMixin
+from ._names import algorithm_name
 from .distributed import DistributedOptimizer
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_checkpoint", "FORMAT"]
@@ -89,17 +90,6 @@ def _decode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return v
 
 
-def _optimizer_name(optimizer: torch.optim.Optimizer) -> str:
-    """The algorithm a state_dict belongs to: a fused class and its torch.optim twin share it (their state_dicts
-    are interchangeable); a fused class without a twin (FusedLion, ...) has the engine's name for it, as the C++
-    checkpoints (src/core/checkpoint.cc, fusedopt::pt) write it."""
-    from .trainer import optimizer_name  # (here: the trainer module imports this one)
-    name = optimizer_name(optimizer)
-    if name == type(optimizer).__name__.lower() and isinstance(optimizer, FusedOptimizerMixin):
-        return optimizer._algorithm
-    return name
-
-
 def _params(optimizer) -> list[torch.Tensor]:
     return [p for g in optimizer.param_groups for p in g["params"]]
 
@@ -154,7 +144,7 @@ def save_checkpoint(optimizer: torch.optim.Optimizer, path: str | os.PathLike, *
     inner = optimizer._inner if isinstance(optimizer, DistributedOptimizer) else optimizer
     meta = {
         "fusedopt_checkpoint": FORMAT,
-        "algorithm": _optimizer_name(inner),
+        "algorithm": algorithm_name(inner),
         "optimizer_class": type(inner).__name__,
         "param_groups": writer.value("param_groups", state_dict["param_groups"]),
         "state": state,
@@ -220,9 +210,9 @@ def load_checkpoint(optimizer: torch.optim.Optimizer, path: str | os.PathLike, *
     where = ckpt.path
     inner = optimizer._inner if isinstance(optimizer, DistributedOptimizer) else optimizer
     meta = ckpt.meta
-    if meta["algorithm"] != _optimizer_name(inner):
+    if meta["algorithm"] != algorithm_name(inner):
         raise ValueError(f"{where}: a checkpoint of {meta['optimizer_class']} ({meta['algorithm']}); this optimizer "
-                         f"is {type(inner).__name__} ({_optimizer_name(inner)})")
+                         f"is {type(inner).__name__} ({algorithm_name(inner)})")
     # The C++ Optimizer (fusedopt::Optimizer<>) knows element counts, not torch's shapes.
     _check_layout(where, meta["layout"], _layout(optimizer),
                   by_numel=meta["optimizer_class"].startswith("fusedopt::Optimizer<"))

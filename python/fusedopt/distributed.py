@@ -7,20 +7,23 @@
     opt.zero_grad()
 
 No DistributedDataParallel wrapper is needed: the optimizer owns the gradient reduction. Its params are cut
-into buckets of one dtype (bucket_mb each, in reverse registration order as DDP fills them: the last layers'
-gradients are ready first). A post-accumulate-grad hook copies each gradient, pre-scaled by 1/world_size, into
-its bucket slot and makes p.grad that slot; a full bucket's all_reduce starts at once, behind the rest of
-backward. When backward returns, every bucket has landed: p.grad is the average over the ranks, as under DDP,
-so anything between backward and step (torch.amp.GradScaler's overflow check, clip_grad_norm_, logging) sees
-the same gradients on every rank, and every rank makes the same decisions from them.
+into buckets of one dtype (zero=0: bucket_mb each, in reverse registration order as DDP fills them: the last
+layers' gradients are ready first; zero=1: below). A post-accumulate-grad hook copies each gradient,
+pre-scaled by 1/world_size, into its bucket slot and makes p.grad that slot; a bucket's all_reduce starts as
+soon as every param with elements in it is there, behind the rest of backward. When backward returns, every
+bucket has landed: p.grad is the average over the ranks, as under DDP, so anything between backward and step
+(torch.amp.GradScaler's overflow check, clip_grad_norm_, logging) sees the same gradients on every rank, and
+every rank makes the same decisions from them.
 
 zero=0: the wrapped optimizer steps every param on every rank (identical inputs, a deterministic engine:
-identical params). zero=1 (ZeRO-1): each bucket is split into world_size equal shards; a rank holds optimizer
-state and f32 masters only for the slices of params in its shards, steps them (the same fused engine over
-slice views of the params) and all_gathers the params. Overflow and the clipping norm are computed from the
-full averaged gradients, so all ranks agree without another collective. On gloo, reduce_scatter is an
-all_reduce followed by a slice (docs/distributed.md has the measurement): zero=1 all-reduces too and keeps
-p.grad the full average.
+identical params). zero=1 (ZeRO-1): the params lie as the C++ fusedopt::DistributedOptimizer lays them out
+(fusedopt::ShardLayout: group by group in one flat range per dtype, buckets of bucket_mb of f32 gradient, each
+world_size equal shards: _dist_layout.py); a rank holds optimizer state and f32 masters only for the slices of
+params in its shards, steps them (the same fused engine over slice views of the params; LAMB's and LARS's
+per-tensor norms summed over every rank's slices, as the C++ step does: _dist_shard.py) and all_gathers the
+params. Overflow and the clipping norm are computed from the full averaged gradients, so all ranks agree
+without another collective. On gloo, reduce_scatter is an all_reduce followed by a slice (docs/distributed.md
+has the measurement): zero=1 all-reduces too and keeps p.grad the full average.
 
 accumulation_steps=k (an option of the wrapped optimizer) keeps its meaning: step() after each micro-batch adds
 its gradients (unscaled by the GradScaler, over k) into f32 sums, with no communication; the window's last
@@ -45,36 +48,19 @@ import torch
 
 from . import _C
 from ._base import FusedOptimizerMixin
+from ._dist_layout import Bucket, Flat, data_parallel_flats, sharded_flats
+from ._dist_shard import Shard
+from ._dist_state import cut_state, merge_shards
 from ._tensors import DTYPE_CODES
 
 __all__ = ["DistributedOptimizer"]
 
 
-class _Bucket:
-    """Params of one dtype, laid end to end in `flat_grad` (and with zero=1 in `flat_param`, which the params
-    then view), padded to a multiple of world_size so that it splits into equal shards."""
-
-    def __init__(self, dtype: torch.dtype, params: list[torch.Tensor], world_size: int):
-        self.dtype = dtype
-        self.params = params
-        self.offsets = []
-        total = 0
-        for p in params:
-            self.offsets.append(total)
-            total += p.numel()
-        self.numel = -(-total // world_size) * world_size
-        self.flat_grad = torch.zeros(self.numel, dtype=dtype)
-        self.grad_views = [self.flat_grad[o:o + p.numel()].view(p.shape) for o, p in zip(self.offsets, params)]
-        self.flat_param: torch.Tensor | None = None
-        self.sums: torch.Tensor | None = None  # f32 gradient sums of an accumulation window
-        self.ready = 0  # params whose gradient reached its slot in this backward
-        self.work = None  # the in-flight all_reduce
-
-
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps a fused optimizer (any fusedopt.Fused* class) for data-parallel training on a torch.distributed
-    process group: see the module's docstring. zero: 0 (every rank holds all state) or 1 (state sharded);
-    bucket_mb: the size of a gradient bucket; process_group: default the world."""
+    process group: see the module's docstring. zero: 0 (every rank holds all state) or 1 (state sharded: LAMB
+    and LARS too, not AdamP, BertAdam or Adafactor); bucket_mb: the size of a gradient bucket (zero=1: in f32
+    gradient bytes, as the C++ DistributedOptions::bucket_bytes counts them); process_group: default the world."""
 
     def __init__(self, optimizer: FusedOptimizerMixin, *, zero: int = 0, bucket_mb: float = 25.0,
                  process_group: dist.ProcessGroup | None = None):
@@ -100,9 +86,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._accumulation_steps = optimizer._accumulation_steps
         self._micro_batches = 0  # of the accumulation window so far
         self._window_skip = False  # torch's GradScaler found a micro-batch of this window overflowing
-        self._shard: FusedOptimizerMixin | None = None
-        # per shard param: (the slice view, its gradient slot, its bucket, its offset in the bucket)
-        self._shard_grads: list[tuple[torch.Tensor, torch.Tensor, _Bucket, int]] = []
+        self._shard: Shard | None = None  # zero=1
 
         params = self._check_params(optimizer)
         # torch.optim.Optimizer's own set-up (hooks, step patching), then the wrapped optimizer's groups and state
@@ -113,33 +97,44 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._step_supports_amp_scaling = True
         self._group_sizes = [len(g["params"]) for g in optimizer.param_groups]
 
-        self._buckets = self._make_buckets(params, int(bucket_mb * 2**20))
+        cap = int(bucket_mb * 2**20)
+        if zero == 1:
+            group_of = {}
+            for gi, g in enumerate(optimizer.param_groups):
+                for p in g["params"]:
+                    group_of.setdefault(p, gi)
+            self._flats = sharded_flats(params, [group_of[p] for p in params], len(optimizer.param_groups), cap,
+                                        self._world)
+        else:
+            self._flats = data_parallel_flats(params, cap, self._world)
+        self._buckets: list[Bucket] = [b for f in self._flats for b in f.buckets]
         local_ranks = self._check_layout(optimizer)
         self._share_cpus(local_ranks)
         optimizer._accumulation_steps = 1  # the window is kept here: its sums are reduced before the update
         with torch.no_grad():  # every rank starts from rank 0's params
             if zero == 1:
                 self._flatten_params()
-                for b in self._buckets:
-                    dist.broadcast(b.flat_param, self._global_rank(0), group=process_group)
-                self._shard = self._make_shard(optimizer)
+                for f in self._flats:
+                    dist.broadcast(f.flat_param, self._global_rank(0), group=process_group)
+                self._shard = Shard(optimizer, self._flats, self._rank, self._world, process_group)
             else:
                 for p in params:
                     dist.broadcast(p.data, self._global_rank(0), group=process_group)
-        self.state = self._shard.state if self._shard is not None else optimizer.state
+        shard = self._shard.optimizer if self._shard is not None else None
+        self.state = shard.state if shard is not None else optimizer.state
         # Through a weak reference: a model wrapped anew does not keep feeding an optimizer it no longer uses.
         # One closure per param, over its bucket and slot: the hook runs for every param in every backward.
         me = weakref.ref(self)
 
-        def hook_of(b: _Bucket, view: torch.Tensor):
+        def hook_of(f: Flat, k: int):
             def hook(p: torch.Tensor) -> None:
                 optimizer = me()
                 if optimizer is not None:
-                    optimizer._grad_ready(p, b, view)
+                    optimizer._grad_ready(p, f, k)
             return hook
 
-        self._hooks = [p.register_post_accumulate_grad_hook(hook_of(b, view))
-                       for b in self._buckets for p, view in zip(b.params, b.grad_views)]
+        self._hooks = [p.register_post_accumulate_grad_hook(hook_of(f, k))
+                       for f in self._flats for k, p in enumerate(f.params)]
         self._queued = False  # the end-of-backward callback is queued for the backward now running
         self._sync = True  # False inside no_sync()
         self._built = True
@@ -167,24 +162,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 params.append(p)
         if not params:
             raise ValueError("fusedopt.distributed: the optimizer has no parameter that requires grad")
-        if self._zero == 1 and not _C.algorithms[optimizer._algorithm]["sliceable"]:
-            raise ValueError(f"fusedopt.distributed: zero=1 needs an update that works element by element; "
-                             f"{type(optimizer).__name__} reads whole tensors (per-tensor norms, rows or factors) "
-                             "and cannot step a slice of one: use zero=0")
+        if self._zero == 1 and not _C.zero_one[optimizer._algorithm]["shards"]:
+            raise ValueError(f"fusedopt.distributed: zero=1 needs an update that works element by element or on "
+                             f"per-tensor sums; {type(optimizer).__name__} reads whole tensors (per-row sums, sums "
+                             "across tensors or factors) and cannot step a slice of one: use zero=0")
         return params
-
-    def _make_buckets(self, params: list[torch.Tensor], cap: int) -> list[_Bucket]:
-        """Buckets in reverse registration order (DDP's: backward makes the last layers' gradients first), a
-        new one when the dtype changes or the bucket is full."""
-        buckets, current, size = [], [], 0
-        for p in reversed(params):
-            if current and (p.dtype != current[0].dtype or size + p.numel() * p.element_size() > cap):
-                buckets.append(_Bucket(current[0].dtype, current, self._world))
-                current, size = [], 0
-            current.append(p)
-            size += p.numel() * p.element_size()
-        buckets.append(_Bucket(current[0].dtype, current, self._world))
-        return buckets
 
     def _check_layout(self, optimizer) -> int:
         """Every rank must hold the same params in the same order (else buckets would pair different tensors):
@@ -192,7 +174,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         of ranks on this host (LOCAL_WORLD_SIZE where torchrun set it, else counted from the hosts' names,
         gathered with the layout)."""
         text = repr((self._zero, type(optimizer).__name__, self._group_sizes,
-                     [(b.dtype, [tuple(p.shape) for p in b.params]) for b in self._buckets]))
+                     [(f.dtype, [tuple(p.shape) for p in f.params], [(b.begin, b.shard) for b in f.buckets])
+                      for f in self._flats]))
         mine = torch.tensor([zlib.crc32(text.encode()), zlib.crc32(socket.gethostname().encode())],
                             dtype=torch.int64)
         hashes = [torch.zeros_like(mine) for _ in range(self._world)]
@@ -200,8 +183,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         differ = [r for r, h in enumerate(hashes) if int(h[0]) != int(hashes[0][0])]
         if differ:
             raise ValueError(f"fusedopt.distributed: rank {differ[0]} holds other params than rank 0 (their "
-                             "number, order, shapes or dtypes, or another optimizer or zero level); every rank "
-                             "must wrap the same model")
+                             "number, order, shapes or dtypes, or another optimizer, zero level or bucket_mb); "
+                             "every rank must wrap the same model")
         local = os.environ.get("LOCAL_WORLD_SIZE", "")
         if local.isdigit() and int(local) > 0:
             return int(local)
@@ -225,52 +208,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _flatten_params(self) -> None:
         """zero=1: each param becomes a view into its bucket's flat_param, which the all_gather writes."""
-        for b in self._buckets:
-            b.flat_param = torch.zeros(b.numel, dtype=b.dtype)
-            for k, p in enumerate(b.params):
-                view = b.flat_param[b.offsets[k]:b.offsets[k] + p.numel()].view(p.shape)
+        for f in self._flats:
+            f.flat_param = torch.zeros(f.numel, dtype=f.dtype)
+            for k, p in enumerate(f.params):
+                view = f.view(k, f.flat_param)
                 view.copy_(p.detach())
                 p.data = view
 
-    def _make_shard(self, optimizer) -> FusedOptimizerMixin | None:
-        """The optimizer of this rank's shards: the same class and options over views of the slices of params
-        that lie in them, group by group; its state is shard-sized."""
-        index = {p: i for i, p in enumerate(q for g in optimizer.param_groups for q in g["params"])}
-        group_of = {p: gi for gi, g in enumerate(optimizer.param_groups) for p in g["params"]}
-        slices: list[list] = [[] for _ in optimizer.param_groups]
-        self._shard_meta = []  # (param index in the wrapped optimizer, start, stop) per shard param, in order
-        for b in self._buckets:
-            size = b.numel // self._world
-            lo, hi = self._rank * size, (self._rank + 1) * size
-            for k, p in enumerate(b.params):
-                a, e = max(lo, b.offsets[k]), min(hi, b.offsets[k] + p.numel())
-                if a < e:
-                    slices[group_of[p]].append((p, a - b.offsets[k], e - b.offsets[k], b, a))
-        groups, offsets = [], {}
-        for gi, items in enumerate(slices):
-            hyper = {k: v for k, v in optimizer.param_groups[gi].items() if k not in ("params", "param_names")}
-            views = []
-            for p, start, stop, b, a in items:
-                q = b.flat_param[a:a + stop - start]
-                q.requires_grad_(True)
-                views.append(q)
-                offsets[q] = optimizer._global_offset(p) + start
-                self._shard_grads.append((q, b.flat_grad[a:a + stop - start], b, a))
-                self._shard_meta.append((index[p], start, stop))
-            groups.append({"params": views, **hyper})
-        if not offsets:
-            return None  # a tiny model on many ranks: this rank's shards hold only padding
-        shard = type(optimizer)([g for g in groups if g["params"]], **_shard_options(optimizer))
-        shard._offsets = offsets  # stochastic rounding keyed on each element's index in the whole model
-        self._shard_groups = [gi for gi, g in enumerate(groups) if g["params"]]
-        return shard
-
     # ---- backward ------------------------------------------------------------------------------------------
-    def _grad_ready(self, p: torch.Tensor, b: _Bucket, view: torch.Tensor) -> None:
-        """Post-accumulate-grad hook: p's gradient is final for this backward; `view` is its slot in bucket b."""
+    def _grad_ready(self, p: torch.Tensor, f: Flat, k: int) -> None:
+        """Post-accumulate-grad hook: p's gradient is final for this backward; f.grad_views[k] is its slot; the
+        buckets it completes start their all_reduce."""
         if self._accumulation_steps > 1 or not self._sync:
             return  # reduced as f32 sums at the window's last step(), or by a later backward (no_sync)
-        g = p.grad
+        g, view = p.grad, f.grad_views[k]
         if g.is_sparse:
             raise RuntimeError(f"fusedopt.distributed: parameter of shape {tuple(p.shape)} has a sparse gradient; "
                                "the buckets take dense gradients")
@@ -282,22 +233,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not self._queued:
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
-        b.ready += 1
-        if b.ready == len(b.params):
-            b.work = dist.all_reduce(b.flat_grad, group=self._group, async_op=True)
+        for b in f.buckets_of[k]:
+            b.ready += 1
+            if b.ready == len(b.params):
+                b.work = dist.all_reduce(b.grad(), group=self._group, async_op=True)
 
     def _backward_done(self) -> None:
         """End of backward: buckets with a param that took no part start now (its slot holds zeros), then every
         reduction is waited for."""
         self._queued = False
-        missing = []
+        missing, seen = [], set()
         for b in self._buckets:
             if b.work is None:
-                for p, view in zip(b.params, b.grad_views):
-                    if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                for k in b.params:
+                    p, view = b.flat.params[k], b.flat.grad_views[k]
+                    if (p.grad is None or p.grad.data_ptr() != view.data_ptr()) and id(p) not in seen:
+                        seen.add(id(p))  # (a param in two buckets)
                         view.zero_()
                         missing.append(p)
-                b.work = dist.all_reduce(b.flat_grad, group=self._group, async_op=True)
+                b.work = dist.all_reduce(b.grad(), group=self._group, async_op=True)
         for b in self._buckets:
             b.work.wait()
             b.work, b.ready = None, 0
@@ -378,9 +332,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if found_out is None and not clip:
             return False, None
         if self._zero == 1 and self._accumulation_steps == 1:  # the reduced buckets, which the shards read
-            full = [(b.flat_grad.data_ptr(), b.numel, DTYPE_CODES[b.dtype]) for b in self._buckets]
+            full = [(f.flat_grad.data_ptr(), f.numel, DTYPE_CODES[f.dtype]) for f in self._flats]
         else:
-            grads = [p.grad for b in self._buckets for p in b.params if p.grad is not None]
+            grads = [p.grad for f in self._flats for p in f.params if p.grad is not None]
             if not all(g.dtype in DTYPE_CODES and g.is_contiguous() and not g.is_sparse for g in grads):
                 return any(not bool(torch.isfinite(g).all()) for g in grads), None  # outside the engine
             full = [(g.data_ptr(), g.numel(), DTYPE_CODES[g.dtype]) for g in grads]
@@ -431,32 +385,31 @@ class DistributedOptimizer(torch.optim.Optimizer):
         k = self._accumulation_steps
         if self._micro_batches == 0:
             self._window_skip = False
-            for b in self._buckets:
-                if b.sums is None:
-                    b.sums = torch.zeros(b.numel, dtype=torch.float32)
+            for f in self._flats:
+                if f.sums is None:
+                    f.sums = torch.zeros(f.numel, dtype=torch.float32)
                 else:
-                    b.sums.zero_()
+                    f.sums.zero_()
         if torch_inf:
             self._window_skip = True
         else:
             scale = inv_scale / (k * self._world)
-            for b in self._buckets:
-                for j, p in enumerate(b.params):
+            for f in self._flats:
+                for j, p in enumerate(f.params):
                     if p.grad is not None:
-                        b.sums[b.offsets[j]:b.offsets[j] + p.numel()].view(p.shape).add_(p.grad, alpha=scale)
+                        f.view(j, f.sums).add_(p.grad, alpha=scale)
         if found_out is not None and overflowed:
             found_out.fill_(1.0)
         self._micro_batches += 1
         if self._micro_batches < k:
             return
         self._micro_batches = 0
-        works = [dist.all_reduce(b.sums, group=self._group, async_op=True) for b in self._buckets]
+        works = [dist.all_reduce(f.sums, group=self._group, async_op=True) for f in self._flats]
         for w in works:
             w.wait()
         if self._window_skip:
             return
-        sums = {p: b.sums[b.offsets[j]:b.offsets[j] + p.numel()].view(p.shape)
-                for b in self._buckets for j, p in enumerate(b.params)}
+        sums = {p: f.view(j, f.sums) for f in self._flats for j, p in enumerate(f.params)}
         # Inf/NaN in the sums (all-reduced: the same on every rank) skips the window on every rank.
         check = found_out if found_out is not None else torch.zeros(1)
         if self._zero == 0:
@@ -472,9 +425,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         clip = inner._max_grad_norm != math.inf
         if norm is None and (clip or found_out is not None):
             if sums is None:
-                full = [(b.flat_grad.data_ptr(), b.numel, DTYPE_CODES[b.dtype]) for b in self._buckets]
+                full = [(f.flat_grad.data_ptr(), f.numel, DTYPE_CODES[f.dtype]) for f in self._flats]
             else:
-                full = [(b.sums.data_ptr(), b.numel, DTYPE_CODES[torch.float32]) for b in self._buckets]
+                full = [(f.sums.data_ptr(), f.numel, DTYPE_CODES[torch.float32]) for f in self._flats]
             non_finite, norm = _C.grad_norm(full, inner._norm_code, inv_scale, torch.get_num_threads())
             inner.last_grad_norm = norm if clip else None
             if non_finite:
@@ -484,26 +437,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         scale = inv_scale
         if clip:
             inner.last_grad_norm = norm
-            coef = _C.clip_coefficient(norm, inner._max_grad_norm)
+            coef = _C.clip_coefficient(norm, inner._max_grad_norm, inner._clip_rule)
             scale = float(torch.tensor(inv_scale, dtype=torch.float32) * torch.tensor(coef, dtype=torch.float32))
         try:
-            if self._shard is not None:
-                # LR schedules change the wrapped optimizer's groups
-                for gi, si in zip(self._shard_groups, self._shard.param_groups):
-                    for key, value in inner.param_groups[gi].items():
-                        if key not in ("params", "param_names"):
-                            si[key] = value
-                grads = None
-                if sums is None:
-                    for q, g, _, _ in self._shard_grads:
-                        q.grad = g
-                else:
-                    grads = {q: b.sums[a:a + q.numel()] for q, _, b, a in self._shard_grads}
-                try:
-                    self._shard._update(scale, None, grads)
-                finally:
-                    for q, _, _, _ in self._shard_grads:
-                        q.grad = None
+            grads = None if sums is None else {q: f.sums[a:a + q.numel()] for q, _, f, a in self._shard.grads}
+            self._shard.update(scale, grads, inner)
         finally:
             # Also after this rank's update raised (its slices unchanged): the other ranks wait in the gather.
             self._gather_params()
@@ -511,11 +449,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _gather_params(self) -> None:
         works = []
         for b in self._buckets:
-            size = b.numel // self._world
-            mine = b.flat_param[self._rank * size:(self._rank + 1) * size].clone()
+            bucket = b.param()
+            mine = bucket[self._rank * b.shard:(self._rank + 1) * b.shard].clone()
             # .data: the gather's write does not bump the params' version counters (which would restart the
             # f32 masters from the params: see FusedOptimizerMixin._segment)
-            works.append(dist.all_gather_single(b.flat_param.data, mine, group=self._group, async_op=True))
+            works.append(dist.all_gather_single(bucket.data, mine, group=self._group, async_op=True))
         for w in works:
             w.wait()
 
@@ -525,14 +463,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise RuntimeError("fusedopt.distributed: a parameter or group was added to the optimizer after "
                                "DistributedOptimizer wrapped it; build the optimizer with every param first")
         if self._zero == 1:
-            for b in self._buckets:
-                for k, p in enumerate(b.params):
-                    view = b.flat_param[b.offsets[k]:b.offsets[k] + p.numel()]
+            for f in self._flats:
+                for k, p in enumerate(f.params):
+                    view = f.view(k, f.flat_param)
                     if p.data_ptr() != view.data_ptr():
-                        view.copy_(p.detach().reshape(-1))
-                        p.data = view.view(p.shape)
-                        if self._shard is not None:
-                            self._shard.resync_master_weights()
+                        view.copy_(p.detach())
+                        p.data = view
+                        if self._shard.optimizer is not None:
+                            self._shard.optimizer.resync_master_weights()
 
     # ---- the rest of the torch.optim.Optimizer API ---------------------------------------------------------
     @property
@@ -551,10 +489,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds: moments, f32 masters, accumulation sums."""
-        own = sum(b.sums.numel() * 4 for b in self._buckets if b.sums is not None)
+        own = sum(f.sums.numel() * 4 for f in self._flats if f.sums is not None)
         if self._zero == 0:
             return self._inner.state_bytes() + own
-        return (self._shard.state_bytes() if self._shard is not None else 0) + own
+        shard = self._shard.optimizer
+        return (shard.state_bytes() if shard is not None else 0) + own
 
     def state_dict(self) -> dict:
         """zero=0: the wrapped optimizer's. zero=1: this rank's shard, its params the slices, with their place
@@ -562,9 +501,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         consolidate_state_dict gives a plain torch-format state_dict."""
         if self._zero == 0:
             return self._inner.state_dict()
-        shard = self._shard.state_dict() if self._shard is not None else {"state": {}, "param_groups": []}
+        shard = self._shard.optimizer
+        shard = shard.state_dict() if shard is not None else {"state": {}, "param_groups": []}
         return {"state": shard["state"], "param_groups": self._inner.state_dict()["param_groups"],
-                "zero": {"world_size": self._world, "rank": self._rank, "slices": list(self._shard_meta)}}
+                "zero": {"world_size": self._world, "rank": self._rank, "slices": list(self._shard.meta)}}
 
     def consolidate_state_dict(self, to: int = 0) -> dict | None:
         """The whole optimizer's state_dict in torch's format (each state tensor whole, in its param's shape),
@@ -578,21 +518,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._rank != to:
             return None
         params = [p for g in self._inner.param_groups for p in g["params"]]
-        pieces: dict[int, dict[str, list]] = {}
-        for shard in shards:
-            for n, (i, start, stop) in enumerate(shard["zero"]["slices"]):
-                for key, value in shard["state"].get(n, {}).items():
-                    pieces.setdefault(i, {}).setdefault(key, []).append((start, stop, value))
-        state = {}
-        for i, keys in pieces.items():
-            p = params[i]
-            state[i] = {}
-            for key, parts in keys.items():
-                parts.sort(key=lambda part: part[0])
-                value = parts[0][2]
-                if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    value = torch.cat([v.reshape(-1) for _, _, v in parts]).view(p.shape)
-                state[i][key] = value
+        state = merge_shards(shards, params)
         return {"state": state, "param_groups": mine["param_groups"]}
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -607,27 +533,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         zero = state_dict.get("zero")
         if zero is not None:
             if zero["world_size"] != self._world or zero["rank"] != self._rank or [
-                    tuple(s) for s in zero["slices"]] != [tuple(s) for s in self._shard_meta]:
+                    tuple(s) for s in zero["slices"]] != [tuple(s) for s in self._shard.meta]:
                 raise ValueError(f"fusedopt.distributed: a shard of rank {zero['rank']} of {zero['world_size']} "
                                  f"does not fit rank {self._rank} of {self._world}; load the result of "
                                  "consolidate_state_dict to change the world size")
             shard_state = state_dict["state"]
         else:
-            shard_state = {}
-            for n, (i, start, stop) in enumerate(self._shard_meta):
-                entry = state_dict["state"].get(i)
-                if entry is None:
-                    continue
-                shard_state[n] = {key: (value.reshape(-1)[start:stop].clone()
-                                        if isinstance(value, torch.Tensor) and value.dim() > 0 else value)
-                                  for key, value in entry.items()}
+            shard_state = cut_state(state_dict["state"], self._shard.meta)
         self._inner.load_state_dict({"state": {}, "param_groups": state_dict["param_groups"]})
-        if self._shard is not None:
-            groups = self._shard.state_dict()["param_groups"]
-            for gi, g in zip(self._shard_groups, groups):
+        shard = self._shard.optimizer
+        if shard is not None:
+            groups = shard.state_dict()["param_groups"]
+            for gi, g in zip(self._shard.groups, groups):
                 g.update({k: v for k, v in self._inner.param_groups[gi].items()
                           if k not in ("params", "param_names")})
-            self._shard.load_state_dict({"state": shard_state, "param_groups": groups})
+            shard.load_state_dict({"state": shard_state, "param_groups": groups})
 
     def __repr__(self) -> str:
         return (f"DistributedOptimizer(zero={self._zero}, rank {self._rank} of {self._world}, "
@@ -645,11 +565,3 @@ def threads_per_rank(omp_num_threads: str | None, threads: int, cpus: int, local
         return None
     share = max(1, cpus // local_ranks)
     return share if share < threads else None
-
-
-def _shard_options(optimizer: FusedOptimizerMixin) -> dict:
-    """The constructor options of the shard optimizer: the wrapped one's, but for clipping and accumulation,
-    which DistributedOptimizer does over all ranks."""
-    stochastic, seed = optimizer._rounding
-    return {"master_weights": optimizer._master_weights, "state_dtype": optimizer._state_dtype_option,
-            "stochastic_rounding": stochastic, "seed": seed, "strict": optimizer._strict}

@@ -1,18 +1,19 @@
-"""The fused optimizers. Each of torch.optim's five *is* its torch.optim twin (a subclass), so it takes the
+"""The fused optimizers. Each one with a torch.optim twin *is* that twin (a subclass), so it takes the
 same arguments with the same defaults and errors, keeps the same param_groups and state (per-param
 state['step'], torch's state keys and dtypes) and exchanges state_dicts with torch both ways; only
 step() is replaced by one fused pass over all parameters (see _base.py). FusedLion, FusedLAMB, FusedLARS,
-FusedAdamP and FusedBertAdam take the arguments of their references (lion-pytorch's Lion, apex's FusedLAMB, apex's
-LARC around torch.optim.SGD, clovaai's AdamP, torch_npu's NpuFusedBertAdam) in the same way.
+FusedRMSpropTF, FusedAdamP and FusedBertAdam take the arguments of their references (lion-pytorch's Lion, apex's
+FusedLAMB, apex's LARC around torch.optim.SGD, torch_npu's NpuFusedRMSpropTF, clovaai's AdamP, torch_npu's
+NpuFusedBertAdam) in the same way, and step the params the engine cannot take with _references.py.
 
-Every class's signature (inspect.signature) lists its twin's parameters with the twin's defaults, then fusedopt's
-own keyword-only options (_OPTIONS below; master_weights, flatten, max_grad_norm, accumulation_steps, ...), and
-its docstring documents each option.
+A class says little of its algorithm: the Hyper and its group keys come from the C++ descriptor
+(_hypers.py), what is left here is where the reference differs. Every class's signature (inspect.signature)
+lists its twin's parameters with the twin's defaults, then fusedopt's own keyword-only options (_signature.py;
+master_weights, flatten, max_grad_norm, accumulation_steps, ...), and its docstring documents each option.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from itertools import chain
 
@@ -20,32 +21,28 @@ from torch.optim.optimizer import required
 
 import torch
 
-from . import _C
-from ._base import FusedOptimizerMixin, _grad_norm, _Skipped
-from ._base import group_number as _f  # hyper-parameters may be 1-element tensors (lr, betas)
+from . import _C, _references
+from ._base import FusedOptimizerMixin
+from ._fallback import _grad_norm
+from ._generic import generic_class
+from ._hypers import group_fields
+from ._hypers import group_number as _f  # hyper-parameters may be 1-element tensors (lr, betas)
+from ._signals import _Skipped
+from ._signature import _publish_signature, _twin
 from ._tensors import route_error
 
 
 class FusedSGD(FusedOptimizerMixin, torch.optim.SGD):
     _algorithm = "sgd"
-    _counts_steps = False
     _takes_sparse = True
     _sparse_message = "fusedopt: FusedSGD does not support sparse gradients (strict=True)"
 
-    def _hyper(self, g):
-        return _C.SgdHyper(lr=_f(g, "lr"), momentum=_f(g, "momentum"), dampening=_f(g, "dampening"),
-                           weight_decay=_f(g, "weight_decay"), nesterov=bool(g["nesterov"]),
-                           maximize=bool(g["maximize"]))
-
 
 class _AdamLike(FusedOptimizerMixin):
-    _algorithm = "adam"
+    """FusedAdam and FusedAdamW both take the engine's adam step: torch 2.13's AdamW is an Adam whose groups hold
+    decoupled_weight_decay=True, a field of AdamHyper."""
 
-    def _hyper(self, g):
-        return _C.AdamHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
-                            weight_decay=_f(g, "weight_decay"), amsgrad=bool(g["amsgrad"]),
-                            maximize=bool(g["maximize"]),
-                            decoupled_weight_decay=bool(g.get("decoupled_weight_decay", False)))
+    _algorithm = "adam"
 
 
 class FusedAdam(_AdamLike, torch.optim.Adam):
@@ -60,24 +57,13 @@ class FusedRMSprop(FusedOptimizerMixin, torch.optim.RMSprop):
     _algorithm = "rmsprop"
     _sparse_message = "RMSprop does not support sparse gradients"
 
-    def _hyper(self, g):
-        return _C.RmspropHyper(lr=_f(g, "lr"), alpha=_f(g, "alpha"), eps=_f(g, "eps"),
-                               weight_decay=_f(g, "weight_decay"), momentum=_f(g, "momentum"),
-                               centered=bool(g["centered"]), maximize=bool(g["maximize"]))
-
 
 class FusedAdagrad(FusedOptimizerMixin, torch.optim.Adagrad):
     _algorithm = "adagrad"
     _takes_sparse = True
     _sparse_message = "fusedopt: FusedAdagrad does not support sparse gradients (strict=True)"
 
-    def _hyper(self, g):
-        return _C.AdagradHyper(lr=_f(g, "lr"), lr_decay=_f(g, "lr_decay"),
-                               weight_decay=_f(g, "weight_decay"),
-                               initial_accumulator_value=_f(g, "initial_accumulator_value"),
-                               eps=_f(g, "eps"), maximize=bool(g["maximize"]))
-
-    def _initial_state_value(self, key, group, p):
+    def _initial_state_value(self, key, group, p, hyper):
         # torch 2.13 fills a new 'sum' with the constructor's value, whatever the group says.
         return _f(self.defaults, "initial_accumulator_value") if key == "sum" else 0.0
 
@@ -106,31 +92,15 @@ class FusedLion(FusedOptimizerMixin, _LionGroups):
     lion-pytorch does."""
 
     _algorithm = "lion"
-    _counts_steps = False
     _sparse_message = "fusedopt: FusedLion does not support sparse gradients"
 
-    def _hyper(self, g):
-        wd = _f(g, "weight_decay")
-        if self.decoupled_wd:
-            wd /= self._init_lr
-        return _C.LionHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), weight_decay=wd,
-                            maximize=bool(g.get("maximize", False)))
+    def _hyper_arguments(self, g):
+        arguments = super()._hyper_arguments(g)
+        if self.decoupled_wd:  # lion-pytorch divides the decay by the constructor's lr
+            arguments["weight_decay"] /= self._init_lr
+        return arguments
 
-    def _reference_step(self):
-        """lion-pytorch's update_fn, op for op, for the params the engine cannot take."""
-        for g in self.param_groups:
-            h = self._hyper(g)
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                grad = -p.grad if h.maximize else p.grad
-                state = self.state[p]
-                if len(state) == 0:
-                    state["exp_avg"] = torch.zeros_like(p)
-                m = state["exp_avg"]
-                p.mul_(1.0 - h.lr * h.weight_decay)
-                p.add_(m.clone().mul_(h.beta1).add(grad, alpha=1.0 - h.beta1).sign_(), alpha=-h.lr)
-                m.mul_(h.beta2).add_(grad, alpha=1.0 - h.beta2)
+    _reference_step = _references.lion_step
 
 
 class _LambGroups(torch.optim.Optimizer):
@@ -187,39 +157,7 @@ class FusedLAMB(FusedOptimizerMixin, _LambGroups):
     def zero_grad(self, set_to_none: bool | None = None) -> None:
         super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
 
-    def _hyper(self, g):
-        return _C.LambHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
-                            weight_decay=_f(g, "weight_decay"), bias_correction=bool(g["bias_correction"]),
-                            adam_w_mode=bool(g["adam_w_mode"]), grad_averaging=bool(g["grad_averaging"]),
-                            use_nvlamb=bool(g["use_nvlamb"]))
-
-    def _reference_step(self):
-        """apex FusedLAMB's per-tensor update in torch ops (as tools/lamb_reference.py), for the
-        params the engine cannot take; the step has clipped their gradients already."""
-        for g in self.param_groups:
-            h = self._hyper(g)
-            b3 = 1.0 - h.beta1 if h.grad_averaging else 1.0
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if len(state) == 0:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
-                state["step"] += 1
-                t = state["step"].item()
-                bc1, bc2 = (1.0 - h.beta1**t, 1.0 - h.beta2**t) if h.bias_correction else (1.0, 1.0)
-                grad, m, v = p.grad, state["exp_avg"], state["exp_avg_sq"]
-                if not h.adam_w_mode and h.weight_decay != 0.0:
-                    grad = grad + h.weight_decay * p
-                m.mul_(h.beta1).add_(grad, alpha=b3)
-                v.mul_(h.beta2).addcmul_(grad, grad, value=1.0 - h.beta2)
-                u = (m / bc1) / ((v / bc2).sqrt() + h.eps)
-                if h.adam_w_mode and h.weight_decay != 0.0:
-                    u.add_(p, alpha=h.weight_decay)
-                pn, un = float(p.norm()), float(u.norm())
-                trust = (h.use_nvlamb or h.weight_decay != 0.0) and pn != 0.0 and un != 0.0
-                p.add_(u, alpha=-(h.lr * pn / un if trust else h.lr))
+    _reference_step = _references.lamb_step
 
 
 class FusedAdamax(FusedOptimizerMixin, torch.optim.Adamax):
@@ -228,10 +166,6 @@ class FusedAdamax(FusedOptimizerMixin, torch.optim.Adamax):
 
     _algorithm = "adamax"
     _sparse_message = "Adamax does not support sparse gradients"
-
-    def _hyper(self, g):
-        return _C.AdamaxHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
-                              weight_decay=_f(g, "weight_decay"), maximize=bool(g["maximize"]))
 
 
 class FusedAdadelta(FusedOptimizerMixin, torch.optim.Adadelta):
@@ -242,10 +176,6 @@ class FusedAdadelta(FusedOptimizerMixin, torch.optim.Adadelta):
     _algorithm = "adadelta"
     _sparse_message = "Adadelta does not support sparse gradients"
 
-    def _hyper(self, g):
-        return _C.AdadeltaHyper(lr=_f(g, "lr"), rho=_f(g, "rho"), eps=_f(g, "eps"), weight_decay=_f(g, "weight_decay"),
-                                maximize=bool(g["maximize"]))
-
 
 class FusedRAdam(FusedOptimizerMixin, torch.optim.RAdam):
     """torch.optim.RAdam, fused: Adam's moments; while rho_t <= 5 (steps 1-5 for beta2 near 1) the step is
@@ -255,12 +185,6 @@ class FusedRAdam(FusedOptimizerMixin, torch.optim.RAdam):
     _algorithm = "radam"
     _sparse_message = "RAdam does not support sparse gradients"
 
-    def _hyper(self, g):
-        return _C.RadamHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
-                             weight_decay=_f(g, "weight_decay"),
-                             decoupled_weight_decay=bool(g.get("decoupled_weight_decay", False)),
-                             maximize=bool(g["maximize"]))
-
 
 class FusedNAdam(FusedOptimizerMixin, torch.optim.NAdam):
     """torch.optim.NAdam, fused: Adam's moments with Nesterov momentum whose coefficient mu_t warms up with
@@ -269,12 +193,6 @@ class FusedNAdam(FusedOptimizerMixin, torch.optim.NAdam):
 
     _algorithm = "nadam"
     _sparse_message = "NAdam does not support sparse gradients"
-
-    def _hyper(self, g):
-        return _C.NadamHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
-                             weight_decay=_f(g, "weight_decay"), momentum_decay=_f(g, "momentum_decay"),
-                             decoupled_weight_decay=bool(g.get("decoupled_weight_decay", False)),
-                             maximize=bool(g["maximize"]))
 
 
 class _RMSpropTFGroups(torch.optim.Optimizer):
@@ -310,58 +228,7 @@ class FusedRMSpropTF(FusedOptimizerMixin, _RMSpropTFGroups):
     _algorithm = "rmsproptf"
     _sparse_message = "fusedopt: FusedRMSpropTF does not support sparse gradients"
 
-    def _hyper(self, g):
-        return _C.RmsproptfHyper(lr=_f(g, "lr"), alpha=_f(g, "alpha"), eps=_f(g, "eps"),
-                                 weight_decay=_f(g, "weight_decay"), momentum=_f(g, "momentum"),
-                                 centered=bool(g["centered"]), decoupled_decay=bool(g["decoupled_decay"]),
-                                 lr_in_momentum=bool(g["lr_in_momentum"]))
-
-    def _initial_state_value(self, key, group, p):
-        return 1.0 if key == "square_avg" else 0.0  # the reference starts square_avg at ones
-
-    def _reference_step(self):
-        """NpuFusedRMSpropTF's per-tensor update in torch ops (as tools/rmsproptf_reference.py), for the params
-        the engine cannot take."""
-        for g in self.param_groups:
-            h = self._hyper(g)
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                state = self.state[p]
-                if "step" not in state:
-                    state["step"] = torch.tensor(0.0)
-                if "square_avg" not in state:
-                    state["square_avg"] = torch.ones_like(p, memory_format=torch.preserve_format)
-                if h.momentum > 0.0 and "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if h.centered and "grad_avg" not in state:
-                    state["grad_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                sq = state["square_avg"]
-                if h.weight_decay != 0.0:
-                    if h.decoupled_decay:
-                        p.add_(p, alpha=-h.weight_decay)
-                    else:
-                        grad = grad.add(p, alpha=h.weight_decay)
-                sq.add_(grad.pow(2) - sq, alpha=1.0 - h.alpha)
-                if h.centered:
-                    ga = state["grad_avg"]
-                    ga.add_(grad - ga, alpha=1.0 - h.alpha)
-                    avg = sq.addcmul(ga, ga, value=-1).add(h.eps).sqrt_()
-                else:
-                    avg = sq.add(h.eps).sqrt_()
-                if h.momentum > 0.0:
-                    buf = state["momentum_buffer"]
-                    buf.mul_(h.momentum)
-                    if h.lr_in_momentum:
-                        buf.addcdiv_(grad, avg, value=h.lr)
-                        p.add_(-buf)
-                    else:
-                        buf.addcdiv_(grad, avg)
-                        p.add_(buf, alpha=-h.lr)
-                else:
-                    p.addcdiv_(grad, avg, value=-h.lr)
+    _reference_step = _references.rmsproptf_step
 
 
 class FusedASGD(FusedOptimizerMixin, torch.optim.ASGD):
@@ -373,10 +240,6 @@ class FusedASGD(FusedOptimizerMixin, torch.optim.ASGD):
 
     _algorithm = "asgd"
     _sparse_message = "ASGD does not support sparse gradients"
-
-    def _hyper(self, g):
-        return _C.AsgdHyper(lr=_f(g, "lr"), lambd=_f(g, "lambd"), alpha=_f(g, "alpha"), t0=_f(g, "t0"),
-                            weight_decay=_f(g, "weight_decay"), maximize=bool(g["maximize"]))
 
 
 class _LarsGroups(torch.optim.Optimizer):
@@ -415,46 +278,9 @@ class FusedLARS(FusedOptimizerMixin, _LarsGroups):
     scaled gradient). Reference: tools/lars_reference.py."""
 
     _algorithm = "lars"
-    _counts_steps = False
     _sparse_message = "fusedopt: FusedLARS does not support sparse gradients"
 
-    def _hyper(self, g):
-        return _C.LarsHyper(lr=_f(g, "lr"), momentum=_f(g, "momentum"), dampening=_f(g, "dampening"),
-                            weight_decay=_f(g, "weight_decay"), trust_coefficient=_f(g, "trust_coefficient"),
-                            eps=_f(g, "eps"), nesterov=bool(g["nesterov"]), clip=bool(g["clip"]))
-
-    def _reference_step(self):
-        """LARC's scaling and torch.optim.SGD's step in torch ops (as tools/lars_reference.py), for the params the
-        engine cannot take; the norms in double, rounded to the param's (real) dtype."""
-        for g in self.param_groups:
-            h = self._hyper(g)
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                d = p.grad
-                pn, gn = _exact_norm(p), _exact_norm(d)
-                if pn != 0 and gn != 0:
-                    ratio = h.trust_coefficient * pn / (gn + pn * h.weight_decay + h.eps)
-                    if h.clip:
-                        ratio = min(ratio / h.lr, 1)
-                    d = d + h.weight_decay * p
-                    d *= ratio
-                if h.momentum != 0:
-                    state = self.state[p]
-                    buf = state.get("momentum_buffer")
-                    if buf is None:
-                        buf = torch.clone(d).detach()
-                        state["momentum_buffer"] = buf
-                    else:
-                        buf.mul_(h.momentum).add_(d, alpha=1 - h.dampening)
-                    d = d.add(buf, alpha=h.momentum) if h.nesterov else buf
-                p.add_(d, alpha=-h.lr)
-
-
-def _exact_norm(t: torch.Tensor) -> torch.Tensor:
-    """‖t‖ computed in double (complex: of its real view), rounded once to t's real dtype: a 0-d tensor."""
-    real = torch.view_as_real(t) if t.is_complex() else t
-    return torch.linalg.vector_norm(real, dtype=torch.float64).to(real.dtype)
+    _reference_step = _references.lars_step
 
 
 class FusedRprop(FusedOptimizerMixin, torch.optim.Rprop):
@@ -466,12 +292,7 @@ class FusedRprop(FusedOptimizerMixin, torch.optim.Rprop):
     _algorithm = "rprop"
     _sparse_message = "Rprop does not support sparse gradients"
 
-    def _hyper(self, g):
-        return _C.RpropHyper(lr=_f(g, "lr"), etaminus=_f(g, "etas", 0), etaplus=_f(g, "etas", 1),
-                             step_size_min=_f(g, "step_sizes", 0), step_size_max=_f(g, "step_sizes", 1),
-                             maximize=bool(g["maximize"]))
-
-    def _initial_state_value(self, key, group, p):
+    def _initial_state_value(self, key, group, p, hyper):
         # torch: full_like(grad, lr), or complex(lr, lr) for a complex param
         if key != "step_size":
             return 0.0
@@ -515,11 +336,6 @@ class FusedAdamP(FusedOptimizerMixin, _AdampGroups):
     _algorithm = "adamp"
     _sparse_message = "fusedopt: FusedAdamP does not support sparse gradients"
 
-    def _hyper(self, g):
-        return _C.AdampHyper(lr=_f(g, "lr"), beta1=_f(g, "betas", 0), beta2=_f(g, "betas", 1), eps=_f(g, "eps"),
-                             weight_decay=_f(g, "weight_decay"), delta=_f(g, "delta"), wd_ratio=_f(g, "wd_ratio"),
-                             nesterov=bool(g["nesterov"]))
-
     def _route(self, p, g, gi, j):
         route = super()._route(p, g, gi, j)
         if route is None and p.dim() > 1 and p.shape[0] > 1 and p.stride(0) * p.shape[0] != p.numel():
@@ -530,62 +346,11 @@ class FusedAdamP(FusedOptimizerMixin, _AdampGroups):
             return reason
         return route
 
-    def _reference_step(self):
-        """clovaai's AdamP.step in torch ops (as tools/adamp_reference.py), for the params the engine cannot take."""
-        for group in self.param_groups:
-            beta1, beta2 = _f(group, "betas", 0), _f(group, "betas", 1)
-            lr, eps, wd = _f(group, "lr"), _f(group, "eps"), _f(group, "weight_decay")
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                state = self.state[p]
-                if len(state) == 0:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
-                state["step"] += 1
-                t = int(state["step"].item())
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
-                if group["nesterov"]:
-                    perturb = (beta1 * exp_avg + (1 - beta1) * grad) / denom
-                else:
-                    perturb = exp_avg / denom
-                wd_ratio = 1
-                if p.dim() > 1:
-                    expand = [-1] + [1] * (p.dim() - 1)
-                    for rows in (p.shape[0], 1):
-                        cos = torch.nn.functional.cosine_similarity(grad.reshape(rows, -1), p.reshape(rows, -1), dim=1,
-                                                                    eps=eps).abs_()
-                        if cos.max() < _f(group, "delta") / math.sqrt(p.numel() // rows):
-                            p_n = p / p.reshape(rows, -1).norm(dim=1).view(expand).add_(eps)
-                            perturb -= p_n * (p_n * perturb).reshape(rows, -1).sum(dim=1).view(expand)
-                            wd_ratio = _f(group, "wd_ratio")
-                            break
-                if wd > 0:
-                    p.mul_(1 - lr * wd * wd_ratio)
-                p.add_(perturb, alpha=-(lr / (1 - beta1**t)))
+    _reference_step = _references.adamp_step
 
 
-# NpuFusedBertAdam's schedule names and the engine's codes (BertAdamSchedule in include/fusedopt/hyper.h).
-_BERT_SCHEDULES = {"warmup_linear": 0, "warmup_constant": 1, "warmup_cosine": 2, "warmup_poly": 3}
-
-
-def _bert_schedule_factor(schedule: str, x: float, warmup: float) -> float:
-    """The factor of lr at progress x = steps before / t_total (src/algos/bert_adam.h says where this differs
-    from NpuFusedBertAdam: warmup -1 counts as 0, cosine works, poly is 0 past x = 1)."""
-    warmup = max(warmup, 0.0)
-    if x < warmup:
-        return x / warmup
-    if schedule == "warmup_constant":
-        return 1.0
-    if schedule == "warmup_cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * x))
-    if schedule == "warmup_poly":
-        return (1.0 - x) ** 0.5 if x < 1.0 else 0.0
-    return max((x - 1.0) / (warmup - 1.0), 0.0)
+# NpuFusedBertAdam's schedule names, by the engine's code (the descriptor's choices of its schedule field).
+_BERT_SCHEDULES = next(f.choices for f in group_fields(_C.algorithms["bert_adam"]) if f.name == "schedule")
 
 
 class _BertAdamGroups(torch.optim.Optimizer):
@@ -650,14 +415,6 @@ class FusedBertAdam(FusedOptimizerMixin, _BertAdamGroups):
         # Positional: max_grad_norm goes to the reference's constructor, not to the mixin's global clipping.
         super().__init__(params, lr, warmup, t_total, schedule, b1, b2, e, weight_decay, max_grad_norm, **kwargs)
 
-    def _hyper(self, g):
-        schedule = _BERT_SCHEDULES.get(g["schedule"]) if isinstance(g["schedule"], str) else None
-        if schedule is None:
-            raise ValueError(f"Invalid schedule parameter: {g['schedule']}")
-        return _C.BertAdamHyper(lr=_f(g, "lr"), warmup=_f(g, "warmup"), t_total=_f(g, "t_total"), schedule=schedule,
-                                b1=_f(g, "b1"), b2=_f(g, "b2"), e=_f(g, "e"), weight_decay=_f(g, "weight_decay"),
-                                max_grad_norm=_f(g, "max_grad_norm"))
-
     def _step_with_torch(self, packed, grad_scale, found_out):
         """Some params take the reference's step: every param does, in this step (see the class docstring)."""
         self._warn_routed(packed.routed)
@@ -682,48 +439,7 @@ class FusedBertAdam(FusedOptimizerMixin, _BertAdamGroups):
                              f"parameter on the fused path; {'; '.join(routed.values())}")
         return out
 
-    def _reference_step(self):
-        """NpuFusedBertAdam's step in torch ops (as tools/bert_adam_reference.py), for the params the engine cannot
-        take: per (group, dtype) the gradient norm (in double) and its clip factor, then each param's update; the
-        clipped gradient is a new tensor (.grad is left as it is). A param with an f32 master copy is updated
-        through it."""
-        for group in self.param_groups:
-            h = self._hyper(group)
-            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-            for p in dict.fromkeys(group["params"]):
-                if p.grad is not None:
-                    by_dtype.setdefault(p.dtype, []).append(p)
-            for params in by_dtype.values():
-                clip = None
-                if h.max_grad_norm > 0:
-                    norms = torch.stack([torch.linalg.vector_norm(p.grad, dtype=torch.float64).cpu() for p in params])
-                    coef = h.max_grad_norm / (torch.linalg.vector_norm(norms).float() + 1e-6)
-                    if coef < 1.0:
-                        clip = coef
-                for p in params:
-                    self._bert_update(p, h, group["schedule"], p.grad if clip is None else p.grad * clip.to(p.device))
-
-    def _bert_update(self, p, h, schedule, grad):
-        state = self.state[p]
-        target = state.get("master_param", p)
-        if "step" not in state:
-            state["step"] = torch.tensor(0.0)
-        for key in ("exp_avg", "exp_avg_sq"):
-            if key not in state:
-                state[key] = torch.zeros_like(target, memory_format=torch.preserve_format)
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        g = grad.to(m.dtype)
-        m.mul_(h.b1).add_(g, alpha=1 - h.b1)
-        v.mul_(h.b2).addcmul_(g, g, value=1 - h.b2)
-        update = m / (v.sqrt() + h.e)
-        if h.weight_decay > 0.0:
-            update += h.weight_decay * target
-        before = int(state["step"].item())
-        lr = h.lr if h.t_total == -1 else h.lr * _bert_schedule_factor(schedule, before / h.t_total, h.warmup)
-        target.add_(-(lr * update).to(target.dtype))
-        if target is not p:
-            p.copy_(target)
-        state["step"] += 1
+    _reference_step = _references.bert_adam_step
 
 
 class FusedAdafactor(FusedOptimizerMixin, torch.optim.Adafactor):
@@ -747,15 +463,13 @@ class FusedAdafactor(FusedOptimizerMixin, torch.optim.Adafactor):
     _algorithm = "adafactor"
     _sparse_message = "Adafactor does not support sparse gradients"
 
-    def _hyper(self, g):
-        eps2 = _f(g, "eps", 1)  # (first: it checks that eps holds two values)
-        eps1 = g["eps"][0]
-        if eps1 is None:  # torch: finfo(param.dtype).eps of the first param with a grad (in the loop)
+    def _hyper_arguments(self, g):
+        _f(g, "eps", 1)  # (first: it checks that eps holds two values)
+        arguments = super()._hyper_arguments(g)
+        if "eps1" not in arguments:  # None. torch: finfo(param.dtype).eps of the first param with a grad
             dtype = next((p.dtype for p in g["params"] if p.grad is not None), torch.float32)
-            eps1 = torch.finfo(dtype).eps
-        return _C.AdafactorHyper(lr=_f(g, "lr"), beta2_decay=_f(g, "beta2_decay"), eps1=float(eps1),
-                                 eps2=eps2, d=_f(g, "d"), weight_decay=_f(g, "weight_decay"),
-                                 maximize=bool(g["maximize"]))
+            arguments["eps1"] = torch.finfo(dtype).eps
+        return arguments
 
     def _needed_states(self, p, needed):
         return (True, True, False) if p.dim() > 1 else (False, False, True)
@@ -783,81 +497,14 @@ class FusedAdafactor(FusedOptimizerMixin, torch.optim.Adafactor):
         return reason
 
 
-# fusedopt's own keyword-only options (FusedOptimizerMixin.__init__), as every class's docstring documents them.
-_OPTIONS = {
-    "master_weights": "fp16/bf16 params keep an f32 master copy (state['master_param']) and f32 optimizer "
-                      "states; the param receives the rounded update. False: 16-bit params and states are "
-                      "updated in their own dtype, as torch does.",
-    "flatten": "params, grads and states of each dtype live in one flat buffer (see flat_grads()).",
-    "max_grad_norm": "clip the global gradient norm to this inside the step (torch's clip_grad_norm_ "
-                     "coefficient, folded into the update: no pass writes the gradients); a step whose gradients "
-                     "hold Inf/NaN is skipped, and `last_grad_norm` is the norm. None: no clipping.",
-    "norm_type": "the norm of max_grad_norm: 1, 2 or inf.",
-    "accumulation_steps": "step() adds the gradients (any dtype, unscaled by a GradScaler) into f32 accumulators "
-                          "and updates every k-th call with their mean: one large batch. A micro-batch with "
-                          "Inf/NaN gradients skips its whole window.",
-    "state_dtype": "dtype of the optimizer states (e.g. torch.bfloat16: half the memory of f32 moments); None: "
-                   "the param's dtype, or f32 with master_weights.",
-    "stochastic_rounding": "16-bit states, and 16-bit params without a master copy (pure bf16 training), are "
-                           "rounded stochastically, keyed on (seed, step, element index): unbiased, "
-                           "reproducible, independent of threads.",
-    "seed": "the seed of stochastic_rounding's noise, an int in [0, 2**64).",
-    "strict": "params or steps the engine cannot take (another device or dtype, no storage of their own such as "
-              "DTensors, sparse gradients, differentiable=True) are errors, instead of taking the reference's own "
-              "(unfused) step with a warning.",
-}
-
-
-def _twin(cls: type) -> type:
-    """The class whose constructor cls takes: the first of its bases that is not fused (torch.optim.AdamW for
-    FusedAdamW, _LambGroups for FusedLAMB)."""
-    return next(c for c in cls.__mro__ if not issubclass(c, FusedOptimizerMixin))
-
-
-def _publish_signature(cls: type) -> None:
-    """Gives cls an __init__ whose signature is its twin's parameters, with the twin's defaults, then fusedopt's
-    keyword-only options (those the twin does not take itself; norm_type goes with the mixin's max_grad_norm), and
-    a docstring documenting each option, so that tools reading signatures (timm's optimizer factory, Lightning
-    CLI, jsonargparse, Hydra) see them. The __init__ calls the one cls had, as before; first it checks that each
-    tuple hyper-parameter (betas, etas, step_sizes, Adafactor's eps) has as many values as its default, which
-    the constructors index without checking."""
-    twin = _twin(cls)
-    own = inspect.signature(twin.__init__).parameters
-    options = [p for p in inspect.signature(FusedOptimizerMixin.__init__).parameters.values()
-               if p.kind is p.KEYWORD_ONLY and p.name not in own
-               and not (p.name == "norm_type" and "max_grad_norm" in own)]
-    signature = inspect.Signature([p for p in own.values() if p.kind is not p.VAR_KEYWORD] + options)
-    sizes = {name: len(p.default) for name, p in own.items() if isinstance(p.default, tuple)}
-    init = cls.__init__  # its own (FusedLAMB) or the mixin's
-
-    def __init__(self, *args, **kwargs):
-        try:
-            given = signature.bind(self, *args, **kwargs).arguments
-        except TypeError:  # the constructor says what is wrong, as before
-            given = {}
-        for name, size in sizes.items():
-            value = given.get(name, own[name].default)
-            try:
-                n = len(value)
-            except TypeError:
-                raise TypeError(f"{cls.__name__}: {name} must be a sequence of {size} values, got {value!r}") from None
-            if n != size:
-                raise ValueError(f"{cls.__name__}: invalid {name}: {value!r} (it must have {size} values, as the "
-                                 f"default {own[name].default!r})")
-        init(self, *args, **kwargs)
-
-    # (an option missing from _OPTIONS shows undocumented: test_client_inputs.py fails, the import does not)
-    args = "\n".join(f"    {p.name} ({p.annotation}, default {p.default!r}): {_OPTIONS.get(p.name, '')}" for p in options)
-    reference = f"torch.optim.{twin.__name__}" if twin.__module__.startswith("torch.optim") else "its reference (above)"
-    __init__.__doc__ = (f"Arguments: those of {reference}, with its defaults, then fusedopt's keyword-only "
-                        f"options.\n\nArgs:\n{args}\n")
-    __init__.__signature__ = signature
-    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
-    __init__.__module__ = cls.__module__
-    cls.__init__ = __init__
-    summary = cls.__dict__.get("__doc__") or f"{reference} with a fused step() (fusedopt.optim)."
-    cls.__doc__ = f"{summary}\n\n{__init__.__doc__}"
-
+# fusedopt's public classes: the fused class of every algorithm of the registry, in its order, each named
+# "Fused" + its reference's class name (the descriptor's kTorchName): the one above, or one made from the descriptor.
+FUSED_CLASSES = {}
+for _name, _entry in _C.algorithms.items():
+    _class_name = f"Fused{_entry['torch_name']}"
+    if _class_name not in globals():
+        globals()[_class_name] = generic_class(_name, _entry, __name__)
+    FUSED_CLASSES[_class_name] = globals()[_class_name]
 
 # Every class that pairs the mixin with its twin (not _AdamLike, which only shares the Adam step).
 for _cls in [c for c in list(globals().values())

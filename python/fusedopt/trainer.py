@@ -40,6 +40,8 @@ from typing import Any, Callable
 import torch
 
 from ._base import FusedOptimizerMixin
+from ._names import optimizer_name
+from ._names import unwrap as _unwrap
 from .amp import GradScaler
 from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from .distributed import DistributedOptimizer
@@ -52,12 +54,6 @@ _CHECKPOINT_NAME = re.compile(r"step-(\d{8,})\.safetensors")  # what train_step 
 _STALE_TEMP = re.compile(r"\.step-\d{8,}\.safetensors\.tmp\..*")
 _AMP_DTYPES = {None: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
-# Most derived first: torch 2.13's AdamW is an Adam.
-_OPTIMIZER_NAMES = ((torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.SGD, "sgd"),
-                    (torch.optim.RMSprop, "rmsprop"), (torch.optim.Adagrad, "adagrad"),
-                    (torch.optim.Adamax, "adamax"), (torch.optim.Adadelta, "adadelta"),
-                    (torch.optim.RAdam, "radam"), (torch.optim.NAdam, "nadam"),
-                    (torch.optim.ASGD, "asgd"), (torch.optim.Rprop, "rprop"))
 
 
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
@@ -73,15 +69,6 @@ def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
     return "torch"
 
 
-def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
-    """sgd, adam, adamw, rmsprop, adagrad, adamax, adadelta, radam, nadam, asgd, rprop (the trace's otherData.optimizer), or the class name."""
-    optimizer = _unwrap(optimizer)
-    for cls, name in _OPTIMIZER_NAMES:
-        if isinstance(optimizer, cls):
-            return name
-    return type(optimizer).__name__.lower()
-
-
 def optimizer_label(optimizer: torch.optim.Optimizer) -> str:
     """A human name for a trace process, e.g. 'torch.optim.AdamW (foreach)'."""
     kind = optimizer_kind(optimizer)
@@ -91,11 +78,6 @@ def optimizer_label(optimizer: torch.optim.Optimizer) -> str:
         return f"fusedopt.{type(optimizer).__name__}"
     variant = {"torch": "for-loop", "foreach": "foreach", "torch_fused": "fused=True"}[kind]
     return f"torch.optim.{type(optimizer).__name__} ({variant})"
-
-
-def _unwrap(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The fused optimizer inside a fusedopt.distributed.DistributedOptimizer, or the optimizer itself."""
-    return optimizer._inner if isinstance(optimizer, DistributedOptimizer) else optimizer
 
 
 def _is_int(value: Any) -> bool:

@@ -8,12 +8,32 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+struct AdadeltaScalars {
+  float grad_mul;
+  float weight_decay;
+  float rho;
+  float one_minus_rho;
+  float eps;
+  float neg_lr;
+  bool has_weight_decay;
+};
+
+// Its kernel (src/cpu/adadelta.cc), which runs src/math/adadelta_math.h (src/core/kernels.h says
+// what the entry points do).
+void RunAdadeltaChunks(const StepPlan<AdadeltaScalars>& plan, std::size_t chunk_begin,
+                       std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Adadelta {
   using Hyper = AdadeltaHyper;
   using Scalars = AdadeltaScalars;
   static constexpr const char* kName = "adadelta";
+  static constexpr const char* kTorchName = "Adadelta";
   static constexpr const char* kStepName = "AdadeltaStep";
   static constexpr StateNames kStates = {"square_avg", "acc_delta", ""};
   static constexpr auto kFields =

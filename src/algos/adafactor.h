@@ -3,11 +3,11 @@
 // A factored algorithm: its state buffers are not shaped like the param. A param with more than one
 // dimension (Segment::rows = size(-2), Segment::cols = size(-1), a batch of numel / (rows·cols)
 // matrices) keeps row_var (batch·rows) and col_var (batch·cols); a vector keeps variance (numel).
-// The step (src/core/step.cc, RunFactoredStep) runs over tiles (src/core/tiles.h): the stats pass
-// gives Σp² and each matrix's row and column sums of g² (a vector: Σp² and ΣU²), FinishStats
-// lerps the small factors on the host and computes alpha, the norm pass gives ΣU² of a matrix from
-// the new factors, FinishNorm the clipping, and the update pass writes the param (and a vector's
-// variance); the new factors are stored last. The math is src/math/adafactor_math.h.
+// The step (src/core/factored_step.h, RunFactoredStep) runs over tiles (src/core/tiles.h): the
+// stats pass gives Σp² and each matrix's row and column sums of g² (a vector: Σp² and ΣU²),
+// FinishStats lerps the small factors on the host and computes alpha, the norm pass gives ΣU² of a
+// matrix from the new factors, FinishNorm the clipping, and the update pass writes the param (and a
+// vector's variance); the new factors are stored last. The math is src/math/adafactor_math.h.
 #pragma once
 
 #include <array>
@@ -23,17 +23,45 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+// Adafactor's coefficients of one tensor. The factors and neg_alpha are set between the passes (by
+// Adafactor::FinishStats and FinishNorm), from the sums of the passes before.
+struct AdafactorScalars {
+  float grad_mul;          // −grad_scale with maximize, else grad_scale
+  LerpCoef variance_lerp;  // variance.lerp_(grad * grad, t^beta2_decay) (vectors)
+  float eps1_sq;           // clamp_(min=eps1 * eps1): the double product, rounded once
+  float decay_mul;         // param.mul_(1 − lr·wd): rounded once; 1 when wd = 0
+  float neg_alpha;         // −alpha / denom, set after the ‖U‖ pass
+  std::size_t rows;        // Segment::rows (size(-2)); 0: a vector (variance)
+  std::size_t cols;        // Segment::cols (size(-1))
+  const float* row_var;    // batch·rows: the row factors after this step's lerp
+  const float* col_var;    // batch·cols: the column factors after this step's lerp
+  const float* row_mean;   // batch: row_var.mean(dim=-2).clamp_(min=eps1)
+  bool decay;              // weight_decay != 0
+};
+
+// Its kernel (src/cpu/adafactor.cc), which runs src/math/adafactor_math.h (src/core/kernels.h says
+// what the entry points do). A factored algorithm runs over tiles (src/core/tiles.h): one pass over
+// tiles [tile_begin, tile_end), writing each reduction pass's sums at sums + tile.out.
+void RunAdafactorTiles(const TilePlan<AdafactorScalars>& plan, TilePass pass,
+                       std::size_t tile_begin, std::size_t tile_end, double* sums);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Adafactor {
   using Hyper = AdafactorHyper;
   using Scalars = AdafactorScalars;
   static constexpr const char* kName = "adafactor";
+  static constexpr const char* kTorchName = "Adafactor";
   static constexpr const char* kStepName = "AdafactorStep";
   static constexpr StateNames kStates = {"row_var", "col_var", "variance"};
   static constexpr auto kFields =
       Fields(Field{"lr", &Hyper::lr}, Field{"beta2_decay", &Hyper::beta2_decay},
-             Field{"eps1", &Hyper::eps1}, Field{"eps2", &Hyper::eps2}, Field{"d", &Hyper::d},
+             Field{"eps1", &Hyper::eps1, "eps", 0}.Nullable(),
+             Field{"eps2", &Hyper::eps2, "eps", 1}, Field{"d", &Hyper::d},
              Field{"weight_decay", &Hyper::weight_decay}, Field{"maximize", &Hyper::maximize});
 
   // Every slot may be needed: row_var and col_var by a param with more than one dimension,
@@ -54,8 +82,10 @@ struct Adafactor {
     c.AtLeast("weight_decay", h.weight_decay, 0.0);
   }
 
-  // A factored algorithm (RunFactoredStep in src/core/step.cc instead of the chunk passes).
+  // A factored algorithm (RunFactoredStep in src/core/factored_step.h instead of the chunk passes).
   static constexpr bool kFactored = true;
+  static constexpr int kRowFactorSlot = kAdafactorRowVar;  // a matrix's factors
+  static constexpr int kColFactorSlot = kAdafactorColVar;
   static constexpr auto kRunTiles = RunAdafactorTiles;
 
   static Scalars MakeScalars(const Hyper& h, const Segment& s) {

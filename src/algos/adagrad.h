@@ -8,12 +8,30 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+struct AdagradScalars {
+  float grad_mul;
+  float weight_decay;
+  float eps;
+  float neg_clr;  // −lr / (1 + (step − 1)·lr_decay)
+  bool has_weight_decay;
+};
+
+// Its kernel (src/cpu/adagrad.cc), which runs src/math/adagrad_math.h (src/core/kernels.h says what
+// the entry points do).
+void RunAdagradChunks(const StepPlan<AdagradScalars>& plan, std::size_t chunk_begin,
+                      std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Adagrad {
   using Hyper = AdagradHyper;
   using Scalars = AdagradScalars;
   static constexpr const char* kName = "adagrad";
+  static constexpr const char* kTorchName = "Adagrad";
   static constexpr const char* kStepName = "AdagradStep";
   static constexpr StateNames kStates = {"sum", "", ""};
   static constexpr auto kFields =

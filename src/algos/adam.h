@@ -10,19 +10,44 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+struct AdamScalars {
+  float grad_mul;
+  float weight_decay;   // coupled (Adam) L2 term, used when coupled_weight_decay
+  float decay_mul;      // decoupled (AdamW) factor f32(1 − lr·wd); exactly 1 when off
+  LerpCoef beta1_lerp;  // exp_avg.lerp_(grad, 1 − beta1)
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction2_sqrt;
+  float eps;
+  float neg_step_size;  // −lr / (1 − beta1^step)
+  bool coupled_weight_decay;
+  bool amsgrad;
+};
+
+// Its kernel (src/cpu/adam.cc), which runs src/math/adam_math.h (src/core/kernels.h says what the
+// entry points do).
+void RunAdamChunks(const StepPlan<AdamScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Adam {
   using Hyper = AdamHyper;
   using Scalars = AdamScalars;
   static constexpr const char* kName = "adam";
+  static constexpr const char* kTorchName = "Adam";
   static constexpr const char* kStepName = "AdamStep";
   static constexpr StateNames kStates = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   static constexpr auto kFields =
-      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1}, Field{"beta2", &Hyper::beta2},
-             Field{"eps", &Hyper::eps}, Field{"weight_decay", &Hyper::weight_decay},
-             Field{"amsgrad", &Hyper::amsgrad}, Field{"maximize", &Hyper::maximize},
-             Field{"decoupled_weight_decay", &Hyper::decoupled_weight_decay});
+      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},
+             Field{"beta2", &Hyper::beta2, "betas", 1}, Field{"eps", &Hyper::eps},
+             Field{"weight_decay", &Hyper::weight_decay}, Field{"amsgrad", &Hyper::amsgrad},
+             Field{"maximize", &Hyper::maximize},
+             Field{"decoupled_weight_decay", &Hyper::decoupled_weight_decay}.Optional());
 
   static unsigned RequiredStates(const Hyper& h) { return h.amsgrad ? 0b111u : 0b011u; }
   static float InitialState(const Hyper& /*h*/, int /*slot*/) { return 0.0f; }
@@ -99,12 +124,14 @@ struct AdamW {
   using Hyper = AdamWHyper;
   using Scalars = AdamScalars;
   static constexpr const char* kName = "adamw";
+  static constexpr const char* kTorchName = "AdamW";
   static constexpr const char* kStepName = "AdamWStep";
   static constexpr StateNames kStates = Adam::kStates;
   static constexpr auto kFields =
-      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1}, Field{"beta2", &Hyper::beta2},
-             Field{"eps", &Hyper::eps}, Field{"weight_decay", &Hyper::weight_decay},
-             Field{"amsgrad", &Hyper::amsgrad}, Field{"maximize", &Hyper::maximize});
+      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},
+             Field{"beta2", &Hyper::beta2, "betas", 1}, Field{"eps", &Hyper::eps},
+             Field{"weight_decay", &Hyper::weight_decay}, Field{"amsgrad", &Hyper::amsgrad},
+             Field{"maximize", &Hyper::maximize});
 
   static unsigned RequiredStates(const Hyper& h) { return Adam::RequiredStates(h.ToAdam()); }
   static float InitialState(const Hyper& /*h*/, int /*slot*/) { return 0.0f; }

@@ -10,18 +10,38 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+struct AdamaxScalars {
+  float grad_mul;
+  float weight_decay;
+  LerpCoef beta1_lerp;  // exp_avg.lerp_(grad, 1 − beta1)
+  float beta2;
+  float eps;
+  float neg_clr;  // −lr / (1 − beta1^step)
+  bool has_weight_decay;
+};
+
+// Its kernel (src/cpu/adamax.cc), which runs src/math/adamax_math.h (src/core/kernels.h says what
+// the entry points do).
+void RunAdamaxChunks(const StepPlan<AdamaxScalars>& plan, std::size_t chunk_begin,
+                     std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Adamax {
   using Hyper = AdamaxHyper;
   using Scalars = AdamaxScalars;
   static constexpr const char* kName = "adamax";
+  static constexpr const char* kTorchName = "Adamax";
   static constexpr const char* kStepName = "AdamaxStep";
   static constexpr StateNames kStates = {"exp_avg", "exp_inf", ""};
   static constexpr auto kFields =
-      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1}, Field{"beta2", &Hyper::beta2},
-             Field{"eps", &Hyper::eps}, Field{"weight_decay", &Hyper::weight_decay},
-             Field{"maximize", &Hyper::maximize});
+      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},
+             Field{"beta2", &Hyper::beta2, "betas", 1}, Field{"eps", &Hyper::eps},
+             Field{"weight_decay", &Hyper::weight_decay}, Field{"maximize", &Hyper::maximize});
 
   static unsigned RequiredStates(const Hyper& /*h*/) { return 0b011u; }
   static float InitialState(const Hyper& /*h*/, int /*slot*/) { return 0.0f; }

@@ -20,19 +20,50 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+// AdamP's first pass reduces, per channel row of a param with more than one dimension, Σg·p, Σg²,
+// Σp² and Σp·u (g the raw gradient, u the perturbation before the projection); Adamp::Finish picks
+// the projection and fills its per-row values and the decay in between.
+struct AdampScalars {
+  float grad_mul;  // grad_scale: the loss-scale and clip factors, applied as the gradient is read
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction2_sqrt;  // math.sqrt(1 − β2^t)
+  float eps;
+  float neg_step_size;  // −lr / (1 − β1^t)
+  float decay_mul;  // 1 − lr·wd·wd_ratio (wd_ratio 1 unprojected), set after the reduction pass
+  std::size_t reduce_row_length;   // numel / Segment::rows; 0: at most one dimension (no sums)
+  std::size_t project_row_length;  // set by Finish: the channel row length, numel (the layer), 0
+  const float* row_values;         // set by Finish: per projected row ‖p_r‖ + eps and Σ p̂·u
+  bool nesterov;
+  bool decay;  // weight_decay > 0
+};
+
+// Its kernel (src/cpu/adamp.cc), which runs src/math/adamp_math.h (src/core/kernels.h says what the
+// entry points do).
+void RunAdampReduceChunk(const StepPlan<AdampScalars>& plan, std::size_t chunk, double* sums);
+void RunAdampChunks(const StepPlan<AdampScalars>& plan, std::size_t chunk_begin,
+                    std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Adamp {
   using Hyper = AdampHyper;
   using Scalars = AdampScalars;
   static constexpr const char* kName = "adamp";
+  static constexpr const char* kTorchName = "AdamP";
   static constexpr const char* kStepName = "AdampStep";
   static constexpr StateNames kStates = {"exp_avg", "exp_avg_sq", ""};
   static constexpr auto kFields =
-      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1}, Field{"beta2", &Hyper::beta2},
-             Field{"eps", &Hyper::eps}, Field{"weight_decay", &Hyper::weight_decay},
-             Field{"delta", &Hyper::delta}, Field{"wd_ratio", &Hyper::wd_ratio},
-             Field{"nesterov", &Hyper::nesterov});
+      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},
+             Field{"beta2", &Hyper::beta2, "betas", 1}, Field{"eps", &Hyper::eps},
+             Field{"weight_decay", &Hyper::weight_decay}, Field{"delta", &Hyper::delta},
+             Field{"wd_ratio", &Hyper::wd_ratio}, Field{"nesterov", &Hyper::nesterov});
 
   static unsigned RequiredStates(const Hyper& /*h*/) { return 0b011u; }
   static float InitialState(const Hyper& /*h*/, int /*slot*/) { return 0.0f; }

@@ -12,12 +12,37 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+// ASGD's coefficients come from the eta and mu the previous step left (Segment::scalars).
+struct AsgdScalars {
+  float grad_mul;
+  float weight_decay;  // L2 term, used when has_weight_decay
+  float decay_mul;     // f32(1 − lambd·eta)
+  float neg_eta;       // −eta
+  float mu;            // the averaging weight, used when average
+  bool has_weight_decay;
+  bool average;  // mu != 1: ax += mu·(p − ax); else ax = p
+};
+
+// Its kernel (src/cpu/asgd.cc), which runs src/math/asgd_math.h (src/core/kernels.h says what the
+// entry points do).
+void RunAsgdChunks(const StepPlan<AsgdScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Asgd {
   using Hyper = AsgdHyper;
   using Scalars = AsgdScalars;
   static constexpr const char* kName = "asgd";
+  static constexpr const char* kTorchName = "ASGD";
+  // `fusedopt bench` and the doctor: t0 -1, so that ax averages (reads and writes ax) from step 2
+  // on. With torch's t0 1e6, ax is a copy of the param for the first million steps, which the fused
+  // step writes without reading it (4/5 of the bytes).
+  static Hyper BenchHyper() { return {.t0 = -1.0}; }
   static constexpr const char* kStepName = "AsgdStep";
   static constexpr StateNames kStates = {"ax", "", ""};
   static constexpr std::array<const char*, 2> kScalarStates = {"eta", "mu"};

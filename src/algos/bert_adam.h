@@ -22,6 +22,31 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+// BertAdam: the first pass reduces Σ(g·grad_scale)² per tensor, FinishAll sets `clip` from the
+// norm of each (group, param dtype); the second pass updates. No bias correction.
+struct BertAdamScalars {
+  float grad_mul;  // grad_scale (the loss scale's inverse), as the gradient is read
+  float clip;      // max_grad_norm / (‖g‖ + 1e-6) of the tensor's buffer when below 1, else 1
+  float b1;
+  float one_minus_b1;
+  float b2;
+  float one_minus_b2;
+  float e;
+  float weight_decay;
+  float lr_scheduled;     // lr · schedule(s / t_total, warmup), rounded once
+  bool has_weight_decay;  // weight_decay > 0 (the reference's test: a negative one is ignored)
+};
+
+// Its kernel (src/cpu/bert_adam.cc), which runs src/math/bert_adam_math.h (src/core/kernels.h says
+// what the entry points do).
+void RunBertAdamReduceChunk(const StepPlan<BertAdamScalars>& plan, std::size_t chunk, double* sums);
+void RunBertAdamChunks(const StepPlan<BertAdamScalars>& plan, std::size_t chunk_begin,
+                       std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 // The reference's schedule names, indexed by BertAdamSchedule code.
@@ -68,12 +93,13 @@ struct BertAdam {
   using Hyper = BertAdamHyper;
   using Scalars = BertAdamScalars;
   static constexpr const char* kName = "bert_adam";
+  static constexpr const char* kTorchName = "BertAdam";
   static constexpr const char* kStepName = "BertAdamStep";
   static constexpr StateNames kStates = {"exp_avg", "exp_avg_sq", ""};
   static constexpr auto kFields = Fields(
       Field{"lr", &Hyper::lr}, Field{"warmup", &Hyper::warmup}, Field{"t_total", &Hyper::t_total},
-      Field{"schedule", &Hyper::schedule}, Field{"b1", &Hyper::b1}, Field{"b2", &Hyper::b2},
-      Field{"e", &Hyper::e}, Field{"weight_decay", &Hyper::weight_decay},
+      Field{"schedule", &Hyper::schedule}.Choices(kBertAdamScheduleNames), Field{"b1", &Hyper::b1},
+      Field{"b2", &Hyper::b2}, Field{"e", &Hyper::e}, Field{"weight_decay", &Hyper::weight_decay},
       Field{"max_grad_norm", &Hyper::max_grad_norm});
 
   static unsigned RequiredStates(const Hyper& /*h*/) { return 0b011u; }

@@ -6,7 +6,13 @@
 //   kName, kStepName    "lion" (CLI, Python) and "LionStep" (error messages)
 //   kStates             torch's state_dict key of each Segment::state slot
 //   kCountsSteps        optional, false where torch's state has no "step" (CountsSteps<A>())
-//   kFields             every Hyper field with its name, for the bindings
+//   CountsBufferSteps(h)  optional: Segment::step counts the momentum buffer's steps (below)
+//   kTorchName          "RMSprop": the class name its reference gives it (torch.optim's, apex's
+//                       LAMB, lion-pytorch's Lion; tests/golden/<lowercase>.json, fusedopt::pt::)
+//   kFields             every Hyper field: its name and torch's param_group key (Field, below:
+//                       the one group-key mapping)
+//   BenchHyper()        optional: the hyper-parameters `fusedopt bench` and the doctor time, where
+//                       the Hyper's defaults would leave typical work out (SGD's momentum buffer)
 //   RequiredStates(h)   which state slots the hyper-parameters need (bit i: state[i])
 //   InitialState(h, k)  the value a fresh state slot k starts from
 //   Validate(check, h)  the rules of the hyper-parameters
@@ -48,11 +54,12 @@
 //
 // and, for a factored algorithm (Adafactor: state buffers not shaped like the param; a param of
 // more than one dimension is Segment::rows × Segment::cols matrices), instead of the chunk passes:
-//   kFactored           true; the step is RunFactoredStep (src/core/step.cc) over tiles
+//   kFactored           true; the step is RunFactoredStep (src/core/factored_step.h) over tiles
 //                       (src/core/tiles.h), each pass a call of kRunTiles
 //   SegmentStates(s)    which state slots a segment needs (by its shape; RequiredStates(h) says
 //                       which ones any segment may need)
 //   Alpha, Factors, NegAlpha  the host work between the passes (see src/algos/adafactor.h)
+//   kRowFactorSlot, kColFactorSlot  the state slots of a matrix's row and column factors
 //   kStateShapes        the Shape (below) of each state slot's tensor in StandardStep: row_var
 //                       kRows, col_var kCols, variance kParam
 //
@@ -60,8 +67,8 @@
 // and the tools loop over that list.
 //
 // StandardStep is a template over its visitor `step`, so one op sequence serves two readers: the
-// `standard` baseline (bench/standard.cc) runs every op as one full pass over memory, and the
-// doctor (src/doctor/doctor.cc) counts the tensors each op reads and writes. It calls
+// `standard` baseline (src/baselines/standard.cc) runs every op as one full pass over memory, and
+// the doctor (src/doctor/op_count.cc) counts the tensors each op reads and writes. It calls
 // step.ForEachTensor(f), and f(t) issues one tensor's ops on t. A handle (`auto`) names the
 // tensor's param(), grad() or state(slot), or a temporary of the param's shape and dtype that an
 // out-of-place op returns; a temporary is freed with its last handle, as Python frees it.
@@ -106,11 +113,14 @@
 
 #include <array>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
+#include <span>
 #include <string_view>
 #include <tuple>
 
 #include "fusedopt/step.h"
+#include "src/core/step_traits.h"
 #include "src/core/validate.h"
 #include "src/math/scalars.h"
 
@@ -167,36 +177,8 @@ struct StandardOptions {
   double max_grad_norm = 1.0;
 };
 
-// A two-phase algorithm: a per-tensor reduction pass before the update (kReductions, kReduce,
-// Finish).
-template <class A>
-concept TwoPhase = requires {
-  A::kReductions;
-};
-
-// A two-phase algorithm that finishes all segments' coefficients at once (FinishAll).
-template <class A>
-concept FinishesAll = TwoPhase<A> && requires {
-  &A::FinishAll;
-};
-
-// A two-phase algorithm whose sums are per channel row (kRowValues; Segment::rows).
-template <class A>
-concept RowReductions = TwoPhase<A> && requires {
-  A::kRowValues;
-};
-
-// A factored algorithm (kFactored: Adafactor), stepped over tiles by RunFactoredStep.
-template <class A>
-concept Factored = requires {
-  A::kFactored;
-};
-
-// An algorithm with per-tensor scalar states (kScalarStates, InitialScalar, NextScalars).
-template <class A>
-concept HasScalarStates = requires {
-  A::kScalarStates;
-};
+// TwoPhase, FinishesAll, RowReductions, Factored, HasScalarStates, NumScalarStates: in
+// src/core/step_traits.h, which the engine's step templates read.
 
 // Whether torch's state of A keeps a per-param step count ("step"): all but SGD, Lion and LARS,
 // whose descriptors say kCountsSteps = false (their updates read only whether a momentum buffer is
@@ -210,25 +192,87 @@ constexpr bool CountsSteps() {
   }
 }
 
-// How many Segment::scalars entries A keeps (0 for most).
+// An algorithm whose momentum buffer starts as a copy of the gradient on the buffer's own first
+// step (SGD, LARS: torch's `momentum_buffer is None`), also when momentum is switched on later:
+// where its CountsBufferSteps(h) holds, Segment::step counts the steps the tensor's buffer has
+// existed, not the tensor's, and the stateful layers keep that count beside the step count.
 template <class A>
-constexpr std::size_t NumScalarStates() {
-  if constexpr (HasScalarStates<A>) {
-    return A::kScalarStates.size();
+concept HasBufferSteps = requires(const typename A::Hyper& h) {
+  { A::CountsBufferSteps(h) } -> std::convertible_to<bool>;
+};
+template <class A>
+bool CountsBufferSteps(const typename A::Hyper& h) {
+  if constexpr (HasBufferSteps<A>) {
+    return A::CountsBufferSteps(h);
   } else {
-    return 0;
+    return false;
   }
 }
 
-// A named field of a Hyper struct.
+// A field of a Hyper struct and where torch keeps it: THE one mapping between the Hyper fields and
+// torch's param_group keys (checkpoints, the Python classes, the libtorch adapter and the golden
+// tests read it; none keeps a table of its own). Spelled in a descriptor's kFields as
+//   Field{"lr", &Hyper::lr}                     group["lr"]: the key is the field's name
+//   Field{"beta2", &Hyper::beta2, "betas", 1}   group["betas"][1]: a part of a tuple-valued key
+//   Field{"maximize", &Hyper::maximize}.Optional()
+//                                               the reference's groups may lack the key (a
+//                                               fusedopt extension, or a key a later torch added):
+//                                               absent, the Hyper's default stands
+//   Field{"eps1", &Hyper::eps1, "eps", 0}.Nullable()
+//                                               the group may hold None, torch's "the dtype's
+//                                               default" (Adafactor's eps1: finfo(dtype).eps; the
+//                                               Hyper's default is float32's)
+//   Field{"schedule", &Hyper::schedule}.Choices(kNames)
+//                                               an int the group holds by name: kNames[value]
+// A field in every group of the reference, under its own name, needs none of these.
 template <class Hyper, class T>
 struct Field {
-  const char* name;
-  T Hyper::*member;
+  const char* name;           // the Hyper member's name (C++, the Python keyword, the CLI)
+  T Hyper::*member;           // h.*member
+  const char* key = nullptr;  // torch's param_group key; nullptr: `name`
+  int index = -1;             // the part of a tuple-valued key (betas[1]: 1); -1: the whole value
+  bool optional = false;      // the reference's groups may lack the key
+  bool nullable = false;      // the group may hold None: the Hyper's default
+  std::span<const std::string_view> choices = {};  // an int held by name: choices[value]
+
+  // torch's param_group key (betas for beta1).
+  constexpr std::string_view GroupKey() const { return key != nullptr ? key : name; }
+  constexpr bool InTuple() const { return index >= 0; }
+  constexpr Field Optional() const {
+    Field f = *this;
+    f.optional = true;
+    return f;
+  }
+  constexpr Field Nullable() const {
+    Field f = *this;
+    f.nullable = true;
+    return f;
+  }
+  constexpr Field Choices(std::span<const std::string_view> names) const {
+    Field f = *this;
+    f.choices = names;
+    return f;
+  }
+  // The value of an enumerated field's name, or -1 (choices only).
+  constexpr int ChoiceCode(std::string_view choice) const {
+    for (std::size_t i = 0; i < choices.size(); ++i) {
+      if (choices[i] == choice) return static_cast<int>(i);
+    }
+    return -1;
+  }
 };
+template <class Hyper, class T>
+Field(const char*, T Hyper::*) -> Field<Hyper, T>;
+template <class Hyper, class T>
+Field(const char*, T Hyper::*, const char*, int) -> Field<Hyper, T>;
 template <class... F>
 constexpr auto Fields(F... fields) {
   return std::tuple<F...>(fields...);
+}
+// f(field) for each of descriptor A's kFields, in order.
+template <class A, class F>
+constexpr void ForEachField(F&& f) {
+  std::apply([&](const auto&... field) { (f(field), ...); }, A::kFields);
 }
 
 // fl(g·scale) then negation is exact, so folding the sign into the multiplier changes nothing.

@@ -14,17 +14,46 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+// The first pass of LAMB reduces ‖p‖² and ‖u‖² per tensor; the second applies p −= ratio·u with
+// ratio from those norms (Lamb::Finish fills neg_ratio in between).
+struct LambScalars {
+  float grad_mul;  // grad_scale: the loss-scale and clip factors, applied as the gradient is read
+  float weight_decay;
+  float beta1;
+  float beta3;  // 1 − beta1 with grad_averaging, else 1
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction1;  // 1 with bias_correction off
+  float bias_correction2;
+  float eps;
+  float neg_ratio;  // −lr·‖p‖/‖u‖ (trust ratio) or −lr, set after the reduction pass
+  bool l2_weight_decay;         // wd added to the gradient (adam_w_mode off, wd != 0)
+  bool decoupled_weight_decay;  // wd·p added to the update (adam_w_mode on, wd != 0)
+};
+
+// Its kernel (src/cpu/lamb.cc), which runs src/math/lamb_math.h (src/core/kernels.h says what the
+// entry points do).
+void RunLambReduceChunk(const StepPlan<LambScalars>& plan, std::size_t chunk, double* sums);
+void RunLambChunks(const StepPlan<LambScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Lamb {
   using Hyper = LambHyper;
   using Scalars = LambScalars;
   static constexpr const char* kName = "lamb";
+  static constexpr const char* kTorchName = "LAMB";
   static constexpr const char* kStepName = "LambStep";
   static constexpr StateNames kStates = {"exp_avg", "exp_avg_sq", ""};
   static constexpr auto kFields = Fields(
-      Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1}, Field{"beta2", &Hyper::beta2},
-      Field{"eps", &Hyper::eps}, Field{"weight_decay", &Hyper::weight_decay},
+      Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},
+      Field{"beta2", &Hyper::beta2, "betas", 1}, Field{"eps", &Hyper::eps},
+      Field{"weight_decay", &Hyper::weight_decay},
       Field{"bias_correction", &Hyper::bias_correction}, Field{"adam_w_mode", &Hyper::adam_w_mode},
       Field{"grad_averaging", &Hyper::grad_averaging}, Field{"use_nvlamb", &Hyper::use_nvlamb});
 

@@ -14,12 +14,41 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+// The first pass of LARS reduces ‖p‖² and ‖g‖² per tensor (g unscaled); Lars::Finish sets the
+// trust ratio and whether it applies, then the second pass runs SGD on (g + λθ)·ratio or on g.
+struct LarsScalars {
+  float grad_mul;  // grad_scale: the loss-scale and clip factors, applied as the gradient is read
+  float weight_decay;
+  float ratio;  // LARC's adaptive_lr (clipped to ≤ 1 in clip mode), set after the reduction pass
+  float momentum;
+  float one_minus_dampening;
+  float neg_lr;
+  bool trust;  // both norms non-zero: g = (g + λθ)·ratio; else g as it is (and no weight decay)
+  bool has_momentum;
+  bool nesterov;
+  bool first_step;  // momentum buffer starts as a copy of the gradient (no dampening), as torch
+};
+
+// Its kernel (src/cpu/lars.cc), which runs src/math/lars_math.h (src/core/kernels.h says what the
+// entry points do).
+void RunLarsReduceChunk(const StepPlan<LarsScalars>& plan, std::size_t chunk, double* sums);
+void RunLarsChunks(const StepPlan<LarsScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Lars {
   using Hyper = LarsHyper;
   using Scalars = LarsScalars;
   static constexpr const char* kName = "lars";
+  static constexpr const char* kTorchName = "LARS";
+  // `fusedopt bench` and the doctor: SGD's lr 1e-2 and momentum 0.9 (LARC's trust coefficient 0.02
+  // and clip mode).
+  static Hyper BenchHyper() { return {.lr = 1e-2, .momentum = 0.9}; }
   static constexpr const char* kStepName = "LarsStep";
   // torch's state keeps no step count for it, nor do checkpoints (descriptor.h: CountsSteps).
   static constexpr bool kCountsSteps = false;
@@ -31,6 +60,8 @@ struct Lars {
              Field{"nesterov", &Hyper::nesterov}, Field{"clip", &Hyper::clip});
 
   static unsigned RequiredStates(const Hyper& h) { return h.momentum != 0.0 ? 1u : 0u; }
+  // A tensor's Segment::step counts its momentum buffer's steps (HasBufferSteps).
+  static bool CountsBufferSteps(const Hyper& h) { return h.momentum != 0.0; }
   static float InitialState(const Hyper& /*h*/, int /*slot*/) { return 0.0f; }
 
   // torch.optim.SGD's rules, and trust_coefficient, eps >= 0 (LARC checks nothing; torchlars

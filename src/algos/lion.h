@@ -8,19 +8,43 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+struct LionScalars {
+  float grad_mul;
+  float decay_mul;  // f32(1 − lr·wd): lion-pytorch multiplies even when wd = 0 (exactly 1 then)
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float neg_lr;
+};
+
+// Its kernel (src/cpu/lion.cc), which runs src/math/lion_math.h (src/core/kernels.h says what the
+// entry points do).
+void RunLionChunks(const StepPlan<LionScalars>& plan, std::size_t chunk_begin,
+                   std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Lion {
   using Hyper = LionHyper;
   using Scalars = LionScalars;
   static constexpr const char* kName = "lion";
+  static constexpr const char* kTorchName = "Lion";
+  // `fusedopt bench` and the doctor: lion-pytorch's lr 1e-4 and betas, decoupled weight decay 0.1
+  // (lion-pytorch's default is 0; the Lion paper uses 3-10x AdamW's decay at a 3-10x smaller lr).
+  static Hyper BenchHyper() { return {.weight_decay = 0.1}; }
   static constexpr const char* kStepName = "LionStep";
   // torch's state keeps no step count for it, nor do checkpoints (descriptor.h: CountsSteps).
   static constexpr bool kCountsSteps = false;
   static constexpr StateNames kStates = {"exp_avg", "", ""};
   static constexpr auto kFields =
-      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1}, Field{"beta2", &Hyper::beta2},
-             Field{"weight_decay", &Hyper::weight_decay}, Field{"maximize", &Hyper::maximize});
+      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},
+             Field{"beta2", &Hyper::beta2, "betas", 1}, Field{"weight_decay", &Hyper::weight_decay},
+             Field{"maximize", &Hyper::maximize}.Optional());
 
   static unsigned RequiredStates(const Hyper& /*h*/) { return 1u; }
   static float InitialState(const Hyper& /*h*/, int /*slot*/) { return 0.0f; }

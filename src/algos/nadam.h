@@ -12,21 +12,45 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+struct NadamScalars {
+  float grad_mul;
+  float weight_decay;   // coupled (L2) term, used when coupled_weight_decay
+  float decay_mul;      // decoupled factor f32(1 − lr·wd); exactly 1 when off
+  LerpCoef beta1_lerp;  // exp_avg.lerp_(grad, 1 − beta1)
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction2;  // 1 − beta2^step
+  float eps;
+  float grad_coef;     // c1 = −lr·(1 − mu) / (1 − mu_product)
+  float exp_avg_coef;  // c2 = −lr·mu_next / (1 − mu_product·mu_next)
+  bool coupled_weight_decay;
+};
+
+// Its kernel (src/cpu/nadam.cc), which runs src/math/nadam_math.h (src/core/kernels.h says what the
+// entry points do).
+void RunNadamChunks(const StepPlan<NadamScalars>& plan, std::size_t chunk_begin,
+                    std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Nadam {
   using Hyper = NadamHyper;
   using Scalars = NadamScalars;
   static constexpr const char* kName = "nadam";
+  static constexpr const char* kTorchName = "NAdam";
   static constexpr const char* kStepName = "NadamStep";
   static constexpr StateNames kStates = {"exp_avg", "exp_avg_sq", ""};
   static constexpr std::array<const char*, 1> kScalarStates = {"mu_product"};
-  static constexpr auto kFields =
-      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1}, Field{"beta2", &Hyper::beta2},
-             Field{"eps", &Hyper::eps}, Field{"weight_decay", &Hyper::weight_decay},
-             Field{"momentum_decay", &Hyper::momentum_decay},
-             Field{"decoupled_weight_decay", &Hyper::decoupled_weight_decay},
-             Field{"maximize", &Hyper::maximize});
+  static constexpr auto kFields = Fields(
+      Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},
+      Field{"beta2", &Hyper::beta2, "betas", 1}, Field{"eps", &Hyper::eps},
+      Field{"weight_decay", &Hyper::weight_decay}, Field{"momentum_decay", &Hyper::momentum_decay},
+      Field{"decoupled_weight_decay", &Hyper::decoupled_weight_decay}.Optional(),
+      Field{"maximize", &Hyper::maximize});
 
   static unsigned RequiredStates(const Hyper& /*h*/) { return 0b011u; }
   static float InitialState(const Hyper& /*h*/, int /*slot*/) { return 0.0f; }

@@ -10,18 +10,45 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+struct RadamScalars {
+  float grad_mul;
+  float weight_decay;   // coupled (L2) term, used when coupled_weight_decay
+  float decay_mul;      // decoupled factor f32(1 − lr·wd); exactly 1 when off
+  LerpCoef beta1_lerp;  // exp_avg.lerp_(grad, 1 − beta1)
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction1;  // 1 − beta1^step
+  float lr;
+  float bias_correction2_sqrt;  // (1 − beta2^step)**0.5
+  float eps;
+  float rect;  // the rectification term (rectified steps only)
+  bool coupled_weight_decay;
+  bool rectified;  // rho_t > 5: the adaptive, rectified step; else p −= lr·m̂
+};
+
+// Its kernel (src/cpu/radam.cc), which runs src/math/radam_math.h (src/core/kernels.h says what the
+// entry points do).
+void RunRadamChunks(const StepPlan<RadamScalars>& plan, std::size_t chunk_begin,
+                    std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Radam {
   using Hyper = RadamHyper;
   using Scalars = RadamScalars;
   static constexpr const char* kName = "radam";
+  static constexpr const char* kTorchName = "RAdam";
   static constexpr const char* kStepName = "RadamStep";
   static constexpr StateNames kStates = {"exp_avg", "exp_avg_sq", ""};
   static constexpr auto kFields =
-      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1}, Field{"beta2", &Hyper::beta2},
-             Field{"eps", &Hyper::eps}, Field{"weight_decay", &Hyper::weight_decay},
-             Field{"decoupled_weight_decay", &Hyper::decoupled_weight_decay},
+      Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},
+             Field{"beta2", &Hyper::beta2, "betas", 1}, Field{"eps", &Hyper::eps},
+             Field{"weight_decay", &Hyper::weight_decay},
+             Field{"decoupled_weight_decay", &Hyper::decoupled_weight_decay}.Optional(),
              Field{"maximize", &Hyper::maximize});
 
   static unsigned RequiredStates(const Hyper& /*h*/) { return 0b011u; }

@@ -1,5 +1,6 @@
 // Every algorithm of the engine, one descriptor each (src/algos/descriptor.h says what one holds).
-// Adding an optimizer: write its descriptor, math body and kernel file, and list it here.
+// Adding an optimizer: write its descriptor, math body and kernel file, include the descriptor here
+// and add its line to FUSEDOPT_FOR_EACH_ALGORITHM (include/fusedopt/hyper.h).
 #pragma once
 
 #include <cstddef>
@@ -7,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "fusedopt/hyper.h"
 #include "src/algos/adadelta.h"
 #include "src/algos/adafactor.h"
 #include "src/algos/adagrad.h"
@@ -58,37 +60,25 @@ struct List {
   }
 };
 
-using All = List<Sgd, Adam, AdamW, Rmsprop, Adagrad, Lion, Lamb, Adamax, Adadelta, Radam, Nadam,
-                 Asgd, Lars, Rprop, Rmsproptf, Adamp, BertAdam, Adafactor>;
+// The descriptors in the order of the public list (include/fusedopt/hyper.h), which names each
+// algorithm once: the descriptor of X(Stem, Alias) is algos::Stem.
+template <class First, class... A>
+struct DropFirst {
+  using type = List<A...>;
+};
+#define FOPT_DESCRIPTOR_ENTRY(Stem, Alias) , Stem
+using All = DropFirst<void FUSEDOPT_FOR_EACH_ALGORITHM(FOPT_DESCRIPTOR_ENTRY)>::type;
+#undef FOPT_DESCRIPTOR_ENTRY
 
-// The same list for explicit template instantiations (X(Sgd) X(Adam) ...), which a type list cannot
-// drive: step.cc and training_step.cc expand it.
-#define FOPT_FOR_EACH_ALGORITHM(X) \
-  X(Sgd)                           \
-  X(Adam)                          \
-  X(AdamW)                         \
-  X(Rmsprop)                       \
-  X(Adagrad)                       \
-  X(Lion)                          \
-  X(Lamb)                          \
-  X(Adamax)                        \
-  X(Adadelta)                      \
-  X(Radam)                         \
-  X(Nadam)                         \
-  X(Asgd)                          \
-  X(Lars)                          \
-  X(Rprop)                         \
-  X(Rmsproptf)                     \
-  X(Adamp)                         \
-  X(BertAdam)                      \
-  X(Adafactor)
-#define FOPT_CHECK_LISTED(A) \
-  static_assert(All::IndexOf<A::Hyper>() < All::kSize, #A " is not in All");
-FOPT_FOR_EACH_ALGORITHM(FOPT_CHECK_LISTED)
-#undef FOPT_CHECK_LISTED
-#define FOPT_COUNT(A) +1
-static_assert(0 FOPT_FOR_EACH_ALGORITHM(FOPT_COUNT) == All::kSize, "All lists an algorithm more");
-#undef FOPT_COUNT
+// The same list for explicit template instantiations, which a type list cannot drive: X(Stem) for
+// the descriptor algos::Stem (the checkpoint and distributed layers expand it).
+#define FOPT_APPLY_STEM(X, Stem, Alias) X(Stem)
+#define FOPT_FOR_EACH_ALGORITHM(X) FUSEDOPT_ALGORITHM_LIST_(FOPT_APPLY_STEM, X)
+// Each descriptor steps the Hyper struct of its name (algos::Sgd steps SgdHyper).
+#define FOPT_CHECK_HYPER(A) \
+  static_assert(std::is_same_v<A::Hyper, A##Hyper>, #A "'s Hyper is not " #A "Hyper");
+FOPT_FOR_EACH_ALGORITHM(FOPT_CHECK_HYPER)
+#undef FOPT_CHECK_HYPER
 
 template <class Hyper>
 using DescriptorOf = All::Of<Hyper>;

@@ -9,12 +9,36 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+struct RmspropScalars {
+  float grad_mul;
+  float weight_decay;
+  float alpha;
+  float one_minus_alpha;
+  LerpCoef grad_avg_lerp;  // grad_avg.lerp_(grad, 1 − alpha)
+  float eps;
+  float momentum;
+  float neg_lr;
+  bool has_weight_decay;
+  bool centered;
+  bool has_momentum;
+};
+
+// Its kernel (src/cpu/rmsprop.cc), which runs src/math/rmsprop_math.h (src/core/kernels.h says what
+// the entry points do).
+void RunRmspropChunks(const StepPlan<RmspropScalars>& plan, std::size_t chunk_begin,
+                      std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Rmsprop {
   using Hyper = RmspropHyper;
   using Scalars = RmspropScalars;
   static constexpr const char* kName = "rmsprop";
+  static constexpr const char* kTorchName = "RMSprop";
   static constexpr const char* kStepName = "RmspropStep";
   static constexpr StateNames kStates = {"square_avg", "momentum_buffer", "grad_avg"};
   static constexpr auto kFields =

@@ -9,12 +9,43 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+// Weight decay of RMSpropTF: none, added to the gradient, or multiplying the param.
+enum class RmsproptfDecay : unsigned char { kNone, kCoupled, kDecoupled };
+
+struct RmsproptfScalars {
+  float grad_mul;      // grad_scale (no maximize in the reference)
+  float weight_decay;  // coupled: g = g + wd·p
+  float neg_decay;     // decoupled: p = p + (−wd)·p, f32(−wd)
+  float one_minus_alpha;
+  float eps;
+  float momentum;
+  // Momentum: buf = μ·buf + (grad_coef·g)/avg, p = p + neg_buf_coef·buf, with (lr, −1) under
+  // lr_in_momentum and (1, −lr) without: the products by 1 and −1 are exact, so one body rounds as
+  // either reference line.
+  float grad_coef;
+  float neg_buf_coef;
+  float neg_lr;  // no momentum: p = p + (−lr·g)/avg
+  RmsproptfDecay decay;
+  bool centered;
+  bool has_momentum;
+};
+
+// Its kernel (src/cpu/rmsproptf.cc), which runs src/math/rmsproptf_math.h (src/core/kernels.h says
+// what the entry points do).
+void RunRmsproptfChunks(const StepPlan<RmsproptfScalars>& plan, std::size_t chunk_begin,
+                        std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Rmsproptf {
   using Hyper = RmsproptfHyper;
   using Scalars = RmsproptfScalars;
   static constexpr const char* kName = "rmsproptf";
+  static constexpr const char* kTorchName = "RMSpropTF";
   static constexpr const char* kStepName = "RmsproptfStep";
   static constexpr StateNames kStates = {"square_avg", "momentum_buffer", "grad_avg"};
   static constexpr auto kFields =

@@ -8,18 +8,40 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+// Rprop's factors and bounds, each a Python float rounded to f32 as torch's masked fills and clamp_
+// round it.
+struct RpropScalars {
+  float grad_mul;
+  float etaminus;
+  float etaplus;
+  float step_size_min;
+  float step_size_max;
+};
+
+// Its kernel (src/cpu/rprop.cc), which runs src/math/rprop_math.h (src/core/kernels.h says what the
+// entry points do).
+void RunRpropChunks(const StepPlan<RpropScalars>& plan, std::size_t chunk_begin,
+                    std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Rprop {
   using Hyper = RpropHyper;
   using Scalars = RpropScalars;
   static constexpr const char* kName = "rprop";
+  static constexpr const char* kTorchName = "Rprop";
   static constexpr const char* kStepName = "RpropStep";
   static constexpr StateNames kStates = {"prev", "step_size", ""};
   static constexpr auto kFields =
-      Fields(Field{"lr", &Hyper::lr}, Field{"etaminus", &Hyper::etaminus},
-             Field{"etaplus", &Hyper::etaplus}, Field{"step_size_min", &Hyper::step_size_min},
-             Field{"step_size_max", &Hyper::step_size_max}, Field{"maximize", &Hyper::maximize});
+      Fields(Field{"lr", &Hyper::lr}, Field{"etaminus", &Hyper::etaminus, "etas", 0},
+             Field{"etaplus", &Hyper::etaplus, "etas", 1},
+             Field{"step_size_min", &Hyper::step_size_min, "step_sizes", 0},
+             Field{"step_size_max", &Hyper::step_size_max, "step_sizes", 1},
+             Field{"maximize", &Hyper::maximize});
 
   static unsigned RequiredStates(const Hyper& /*h*/) { return 0b011u; }
   // torch: state['prev'] = zeros_like(p), state['step_size'] = full_like(grad, lr)

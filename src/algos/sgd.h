@@ -8,12 +8,35 @@
 #include "src/core/kernels.h"
 #include "src/math/scalars.h"
 
+namespace fusedopt {
+
+struct SgdScalars {
+  float grad_mul;  // -1 with maximize, else 1 (exact either way)
+  float weight_decay;
+  float momentum;
+  float one_minus_dampening;
+  float neg_lr;
+  bool has_weight_decay;
+  bool has_momentum;
+  bool nesterov;
+  bool first_step;  // momentum buffer starts as a copy of the gradient (no dampening), as torch
+};
+
+// Its kernel (src/cpu/sgd.cc), which runs src/math/sgd_math.h (src/core/kernels.h says what the
+// entry points do).
+void RunSgdChunks(const StepPlan<SgdScalars>& plan, std::size_t chunk_begin, std::size_t chunk_end);
+
+}  // namespace fusedopt
+
 namespace fusedopt::algos {
 
 struct Sgd {
   using Hyper = SgdHyper;
   using Scalars = SgdScalars;
   static constexpr const char* kName = "sgd";
+  static constexpr const char* kTorchName = "SGD";
+  // `fusedopt bench` and the doctor: lr 1e-2 and momentum 0.9 (a buffer to read and write).
+  static Hyper BenchHyper() { return {.lr = 1e-2, .momentum = 0.9}; }
   static constexpr const char* kStepName = "SgdStep";
   // torch's state keeps no step count for it, nor do checkpoints (descriptor.h: CountsSteps).
   static constexpr bool kCountsSteps = false;
@@ -24,6 +47,8 @@ struct Sgd {
              Field{"nesterov", &Hyper::nesterov}, Field{"maximize", &Hyper::maximize});
 
   static unsigned RequiredStates(const Hyper& h) { return h.momentum != 0.0 ? 1u : 0u; }
+  // A tensor's Segment::step counts its momentum buffer's steps (HasBufferSteps).
+  static bool CountsBufferSteps(const Hyper& h) { return h.momentum != 0.0; }
   static float InitialState(const Hyper& /*h*/, int /*slot*/) { return 0.0f; }
 
   static void Validate(const HyperCheck& c, const Hyper& h) {

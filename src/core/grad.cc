@@ -124,7 +124,7 @@ float ClipCoefficient(double norm, double max_norm) {
   return coef > 1.0f ? 1.0f : coef;
 }
 
-float LambClipCoefficient(double norm, double max_norm) {
+float MaxNormRatioCoefficient(double norm, double max_norm) {
   if (!(norm > max_norm)) return std::isnan(norm) ? static_cast<float>(norm) : 1.0f;
   const float coef = static_cast<float>(max_norm) / static_cast<float>(norm);
   // Both rounded to Inf (or to 0) in f32: their ratio, in (0, 1), still has a value.
@@ -211,7 +211,7 @@ std::vector<NormPartial> GradPrePassPartials(std::span<const Segment> segments,
   constexpr std::string_view fn = "GradPrePass";
   CheckNormType(fn, options.norm_type);
   CheckMaxNorm(fn, options.max_norm);
-  if (options.clip_rule != ClipRule::kTorch && options.clip_rule != ClipRule::kLamb)
+  if (options.clip_rule != ClipRule::kTorch && options.clip_rule != ClipRule::kMaxNormRatio)
     Fail(fn, "invalid clip rule code ", static_cast<int>(options.clip_rule));
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
@@ -232,8 +232,8 @@ PrePassResult FinishGradPrePass(std::span<const NormPartial> partials, std::span
   const GradStats stats = CombineNorm(partials, options.norm_type);
   PrePassResult result{.non_finite = stats.non_finite, .norm = stats.norm};
   if (stats.non_finite) return result;
-  result.clip_coef = options.clip_rule == ClipRule::kLamb
-                         ? LambClipCoefficient(stats.norm, options.max_norm)
+  result.clip_coef = options.clip_rule == ClipRule::kMaxNormRatio
+                         ? MaxNormRatioCoefficient(stats.norm, options.max_norm)
                          : ClipCoefficient(stats.norm, options.max_norm);
   if (result.clip_coef != 1.0f) {
     for (Segment& s : segments) s.grad_scale *= result.clip_coef;

@@ -141,7 +141,7 @@ std::string ActiveTargetName() {
 }
 
 std::string TargetDescription(const std::string& name) {
-  // Highway numbers its x86 levels; the README and CPU vendors say AVX-512.
+  // Highway numbers its x86 levels; the docs and CPU vendors say AVX-512.
   if (name.starts_with("AVX3")) return name + " (AVX-512)";
   return name;
 }

@@ -1,9 +1,9 @@
-// How a factored algorithm's step (Adafactor) cuts its work: each param into tiles, rectangles of
-// one of its matrices (rows [row_begin, row_end) × columns [col_begin, col_end) of a row-major
-// matrix of `stride` columns), so that a tile's column sums of g² are sums over its rows and a
-// matrix's come from its tiles in a fixed order. A vector param is one row of numel columns. Tile
-// edges depend only on the shapes, never on the thread count, so every sum is the same on any
-// number of threads.
+// How a factored algorithm's step (a descriptor with kFactored) cuts its work: each param into
+// tiles, rectangles of one of its matrices (rows [row_begin, row_end) × columns [col_begin,
+// col_end) of a row-major matrix of `stride` columns), so that a tile's column sums of g² are sums
+// over its rows and a matrix's come from its tiles in a fixed order. A vector param is one row of
+// numel columns. Tile edges depend only on the shapes, never on the thread count, so every sum is
+// the same on any number of threads.
 #pragma once
 
 #include <algorithm>

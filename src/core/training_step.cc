@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "fusedopt/error.h"
-#include "src/algos/registry.h"
 #include "src/core/validate.h"
 
 namespace fusedopt {
@@ -125,11 +124,11 @@ StepResult TrainingStep(std::span<const Hyper> groups, std::span<Segment> segmen
   return result;
 }
 
-// The algorithms of src/algos/registry.h.
-#define FOPT_INSTANTIATE(A)                                                              \
-  template StepResult TrainingStep(std::span<const algos::A::Hyper>, std::span<Segment>, \
+// Every algorithm of hyper.h's list.
+#define FOPT_INSTANTIATE(Stem, Alias)                                                \
+  template StepResult TrainingStep(std::span<const Stem##Hyper>, std::span<Segment>, \
                                    const TrainingStepOptions&, Runtime&);
-FOPT_FOR_EACH_ALGORITHM(FOPT_INSTANTIATE)
+FUSEDOPT_FOR_EACH_ALGORITHM(FOPT_INSTANTIATE)
 #undef FOPT_INSTANTIATE
 
 }  // namespace fusedopt

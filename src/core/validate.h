@@ -1,5 +1,5 @@
 // Argument checks of the public step functions (the hyper-parameter rules are in each algorithm's
-// descriptor, src/algos/). They run before any buffer is touched, so a rejected call changes
+// descriptor). They run before any buffer is touched, so a rejected call changes
 // nothing; each message names the function, the group or segment, the field and its value.
 #pragma once
 

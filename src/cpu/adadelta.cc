@@ -1,6 +1,6 @@
 // Adadelta kernel: Io + AdadeltaMath for every dtype combination, compiled for every SIMD target.
 
-#include "src/core/kernels.h"
+#include "src/algos/adadelta.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

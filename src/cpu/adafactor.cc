@@ -6,10 +6,10 @@
 // the norm pass ΣU² of a factored param from the new factors; the update pass writes the param and
 // a vector's variance, rounded stochastically where the segment asks (docs/numerics.md).
 
+#include "src/algos/adafactor.h"
+
 #include <algorithm>
 #include <cstddef>
-
-#include "src/core/kernels.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -40,7 +40,7 @@ HWY_INLINE void AddSquares(DF df, hn::Vec<DF> x, double* acc) {
 }
 
 // Where a tile's rows lie. A tile's row r is row r % rows of matrix t.batch + r / rows
-// (src/core/step.cc groups small matrices into one tile): its row factor is
+// (src/core/factored_step.cc groups small matrices into one tile): its row factor is
 // row_var[t.batch·rows + r], its column factors start at col_var[(t.batch + r / rows)·cols], its
 // row mean is row_mean[t.batch + r / rows]. 1×1 matrices (AdafactorPointwiseUpdate) run as a
 // vector: one row of numel columns, the factors element-wise in state[kAdafactorRowVar] and

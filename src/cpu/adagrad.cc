@@ -1,6 +1,6 @@
 // Adagrad kernel: Io + AdagradMath for every dtype combination and SIMD target.
 
-#include "src/core/kernels.h"
+#include "src/algos/adagrad.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

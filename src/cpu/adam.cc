@@ -1,6 +1,6 @@
 // Adam / AdamW kernel: Io + AdamMath for every dtype combination, compiled for every SIMD target.
 
-#include "src/core/kernels.h"
+#include "src/algos/adam.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

@@ -1,6 +1,6 @@
 // Adamax kernel: Io + AdamaxMath for every dtype combination, compiled for every SIMD target.
 
-#include "src/core/kernels.h"
+#include "src/algos/adamax.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

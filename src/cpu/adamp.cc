@@ -3,10 +3,10 @@
 // per channel row Σg·p, Σg², Σp² and Σp·u (u: the perturbation before the projection); the update
 // pass recomputes the same u and applies the projection Adamp::Finish chose.
 
+#include "src/algos/adamp.h"
+
 #include <algorithm>
 #include <cstddef>
-
-#include "src/core/kernels.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

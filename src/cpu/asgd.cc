@@ -1,7 +1,7 @@
 // ASGD kernel: Io + AsgdMath for every dtype combination, compiled for every SIMD target. Before
 // averaging starts (mu == 1) the average is a copy of the param and is not read.
 
-#include "src/core/kernels.h"
+#include "src/algos/asgd.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

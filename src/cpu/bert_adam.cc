@@ -2,9 +2,9 @@
 // compiled for every SIMD target. The reduction pass reads the gradient and writes nothing; the
 // update pass reads it through the same BertAdamGrad, then clips and steps.
 
-#include <cstddef>
+#include "src/algos/bert_adam.h"
 
-#include "src/core/kernels.h"
+#include <cstddef>
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

@@ -40,7 +40,7 @@ struct HwyOps {
     return hn::IfThenElse(hn::Or(hn::IsNaN(a), hn::IsNaN(b)), hn::Add(a, b), hn::Min(a, b));
   }
   // Lane-wise a > b, a < b, a == b (false where either is NaN), for IfThenElse: torch's masked
-  // fills `x[c.gt(t)] = v` (Rprop).
+  // fills `x[c.gt(t)] = v`.
   HWY_INLINE auto Gt(V a, V b) const { return hn::Gt(a, b); }
   HWY_INLINE auto Lt(V a, V b) const { return hn::Lt(a, b); }
   HWY_INLINE auto Eq(V a, V b) const { return hn::Eq(a, b); }

@@ -2,9 +2,9 @@
 // target. The reduction pass writes nothing; the update pass recomputes the same u (same inputs,
 // same ops) and applies it.
 
-#include <cstddef>
+#include "src/algos/lamb.h"
 
-#include "src/core/kernels.h"
+#include <cstddef>
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

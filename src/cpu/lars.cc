@@ -2,9 +2,9 @@
 // SIMD target. The reduction pass reads the param and the gradient and writes nothing; the update
 // pass reads the gradient through the same LarsGrad and applies LARC's scaling and SGD's step.
 
-#include <cstddef>
+#include "src/algos/lars.h"
 
-#include "src/core/kernels.h"
+#include <cstddef>
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

@@ -1,6 +1,6 @@
 // Lion kernel: Io + LionMath for every dtype combination, compiled for every SIMD target.
 
-#include "src/core/kernels.h"
+#include "src/algos/lion.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

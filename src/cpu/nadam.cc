@@ -1,6 +1,6 @@
 // NAdam kernel: Io + NadamMath for every dtype combination, compiled for every SIMD target.
 
-#include "src/core/kernels.h"
+#include "src/algos/nadam.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

@@ -1,6 +1,6 @@
 // RAdam kernel: Io + RadamMath for every dtype combination, compiled for every SIMD target.
 
-#include "src/core/kernels.h"
+#include "src/algos/radam.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

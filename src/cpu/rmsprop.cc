@@ -1,7 +1,7 @@
 // RMSprop kernel (centered, momentum): Io + RmspropMath for every dtype combination and SIMD
 // target.
 
-#include "src/core/kernels.h"
+#include "src/algos/rmsprop.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

@@ -1,7 +1,7 @@
 // RMSpropTF kernel (weight decay coupled or decoupled, centered, momentum): Io + RmsproptfMath for
 // every dtype combination and SIMD target.
 
-#include "src/core/kernels.h"
+#include "src/algos/rmsproptf.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

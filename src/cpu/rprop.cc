@@ -1,6 +1,6 @@
 // Rprop kernel: Io + RpropMath for every dtype combination, compiled for every SIMD target.
 
-#include "src/core/kernels.h"
+#include "src/algos/rprop.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

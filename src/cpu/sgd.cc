@@ -1,7 +1,7 @@
 // SGD kernel (momentum, dampening, Nesterov): Io + SgdMath for every dtype combination and SIMD
 // target.
 
-#include "src/core/kernels.h"
+#include "src/algos/sgd.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE

@@ -10,15 +10,15 @@
 #include "fusedopt/distributed.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/runtime.h"
-#include "src/doctor/report_util.h"
+#include "src/doctor/checks.h"
+#include "src/tool_util/report_util.h"
 
-namespace fusedopt::bench {
+namespace fusedopt::doctor {
+
+using tools::Fixed;
+using tools::Num;
+
 namespace {
-
-[[noreturn]] void Bad(const std::string& field, const std::string& option,
-                      const std::string& what) {
-  throw std::invalid_argument(field + " (" + option + "): " + what);
-}
 
 // The engine reduces gradients in f32 whatever the param dtype (DistributedOptimizer requires f32
 // grads: MPI has no 16-bit float type), so buckets are sized, held and sent in f32.
@@ -199,4 +199,4 @@ nlohmann::json DistributedModelJson(const DoctorOptions& o) {
           {"grad_bytes", kGradBytes}, {"shard_multiple", kGrainElements}};
 }
 
-}  // namespace fusedopt::bench
+}  // namespace fusedopt::doctor

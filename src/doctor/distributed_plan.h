@@ -16,7 +16,7 @@
 
 #include "src/doctor/doctor.h"
 
-namespace fusedopt::bench {
+namespace fusedopt::doctor {
 
 inline constexpr int kMaxPlanRanks = 1024;
 
@@ -61,4 +61,4 @@ void PrintDistributedPlan(std::ostream& out, const DoctorOptions& options,
 nlohmann::json DistributedJson(const std::vector<DistributedRow>& plan);
 nlohmann::json DistributedModelJson(const DoctorOptions& options);
 
-}  // namespace fusedopt::bench
+}  // namespace fusedopt::doctor

@@ -14,21 +14,20 @@
 #include <string>
 #include <vector>
 
-namespace fusedopt::bench {
+namespace fusedopt::doctor {
 
 struct DoctorOptions {
-  // sgd, adam, adamw, rmsprop, adagrad, lion, lamb, adamax, adadelta, radam, nadam, lars or
-  // adamp (registry)
+  // A descriptor's kName (src/tool_util/algorithm.h: AlgorithmNames lists the registry's).
   std::string optimizer = "adamw";
   std::vector<std::size_t> numels;  // element count of every parameter tensor, optimizer order
   std::string dtype = "f32";        // params, grads and states (as torch keeps them)
-  // NaN: the reference's default for the optimizer (AdamW and LAMB 1e-2, the others 0).
+  // NaN: the reference's default for the optimizer (its Hyper struct's; 0 where it has none).
   double weight_decay = std::numeric_limits<double>::quiet_NaN();
   double momentum = 0.0;       // sgd and rmsprop
   bool nesterov = false;       // sgd
   std::optional<double> clip;  // clip_grad_norm_(max_norm) before the step; unset: no clipping
   double step_ms = 0.0;        // the measured training step (median), > 0
-  // The standard optimizer's time within that step; unset: timed here (bench/standard.cc).
+  // The standard optimizer's time within that step; unset: timed here (src/baselines/standard.cc).
   std::optional<double> optimizer_ms;
   int threads = 0;  // 0: OpenMP's default
   int rounds = 15;
@@ -59,10 +58,10 @@ struct OpCount {
 
 // The reference's single-tensor (for-loop, foreach=False) step in steady state (not the first
 // step), as its descriptor's StandardStep writes it (src/algos/descriptor.h; the step
-// bench/standard.cc times), with clip_grad_norm_ before it when options.clip is set. Each op is one
-// launch and moves (distinct tensors read + tensors written) × numel × element size; a norm reads
-// its tensor and writes nothing. Throws std::invalid_argument for an unknown optimizer or dtype, no
-// tensors, a zero numel or a clip that is not > 0.
+// src/baselines/standard.cc times), with clip_grad_norm_ before it when options.clip is set. Each
+// op is one launch and moves (distinct tensors read + tensors written) × numel × element size; a
+// norm reads its tensor and writes nothing. Throws std::invalid_argument for an unknown optimizer
+// or dtype, no tensors, a zero numel or a clip that is not > 0.
 OpCount CountStandardOps(const DoctorOptions& options);
 
 // fusedopt: one fused pass over all tensors (param r+w, grad read, each state r+w; the bytes
@@ -80,8 +79,8 @@ struct FusedFootprint {
   std::size_t param = 0;  // bytes per element
   std::size_t grad = 0;
   std::size_t state = 0;  // all states together
-  // The update reads only its own element (no sums over whole tensors, which shards would cut):
-  // ZeRO-1 can shard it (not AdamP, BertAdam, Adafactor).
+  // ZeRO-1 can shard the step (tools::ShardsWithZeroOne, the engine's own rule: an update that
+  // reads only its own element, or whose whole-tensor sums the shards add up).
   bool shardable = true;
 };
 FusedFootprint FusedFootprintOf(const DoctorOptions& options);
@@ -99,4 +98,4 @@ nlohmann::json Diagnose(const DoctorOptions& options, std::ostream& report, std:
 // spans of those steps. Throws std::invalid_argument naming what is missing or malformed.
 DoctorOptions DoctorOptionsFromTrace(const nlohmann::json& trace);
 
-}  // namespace fusedopt::bench
+}  // namespace fusedopt::doctor

@@ -2,7 +2,7 @@
 // count exceeds what one MPI call takes), and one MpiRequest owns their requests; the
 // reduce-scatter is blocking (DoReduceScatter says why).
 
-#include "src/mpi/mpi_communicator.h"
+#include "fusedopt/mpi_communicator.h"
 
 #include <mpi.h>
 

@@ -32,8 +32,10 @@ namespace py = pybind11;
 
 namespace fusedopt {
 
-void BindSchedules(py::module_& m);   // schedule_bindings.cc
-void BindCheckpoint(py::module_& m);  // checkpoint_bindings.cc
+void BindSchedules(py::module_& m);    // schedule_bindings.cc
+void BindCheckpoint(py::module_& m);   // checkpoint_bindings.cc
+void BindDistributed(py::module_& m);  // distributed_bindings.cc
+void BindRegistry(py::module_& m);     // registry_bindings.cc
 
 namespace {
 
@@ -205,6 +207,7 @@ PYBIND11_MODULE(_C, m) {
   algos::All::ForEach(
       [&](auto descriptor) { BindAlgorithm<typename decltype(descriptor)::type>(m, algorithms); });
   m.attr("algorithms") = algorithms;
+  BindRegistry(m);  // each entry's fields, reference name, step counting; Hyper.initial_state
 
   m.def(
       "grad_norm",
@@ -216,7 +219,14 @@ PYBIND11_MODULE(_C, m) {
         return std::make_pair(stats.non_finite, stats.norm);
       },
       "(non_finite, norm) of all gradients times scale, in one read; norm_type 2, 1 or 0 (inf).");
-  m.def("clip_coefficient", &ClipCoefficient, "torch's min(1, max_norm / (norm + 1e-6)) in f32.");
+  m.def(
+      "clip_coefficient",
+      [](double norm, double max_norm, int rule) {
+        return rule == 1 ? LambClipCoefficient(norm, max_norm) : ClipCoefficient(norm, max_norm);
+      },
+      py::arg("norm"), py::arg("max_norm"), py::arg("rule") = 0,
+      "The factor max_grad_norm scales the gradients by, in f32: rule 0 torch's min(1, max_norm / "
+      "(norm + 1e-6)), rule 1 apex FusedLAMB's max_norm / norm when norm > max_norm.");
   m.def(
       "clip_grad_value",
       [](const std::vector<GradTuple>& grads, double clip_value, int threads) {
@@ -265,6 +275,7 @@ PYBIND11_MODULE(_C, m) {
   BindSegmentTable(m);
   BindSchedules(m);
   BindCheckpoint(m);
+  BindDistributed(m);
 
   m.def("active_target", &ActiveTargetName);
   m.def("available_targets", &AvailableTargets);

@@ -1,5 +1,5 @@
 // fusedopt/pt/checkpoint.h: a libtorch optimizer, model and scaler in the checkpoint format of
-// python/fusedopt/checkpoint.py (the metadata encoding is src/core/checkpoint_meta.h). Each
+// python/fusedopt/checkpoint.py (the metadata encoding is src/checkpoint/checkpoint_meta.h). Each
 // optimizer class is read through its Traits (src/torch/optim_traits.h): its options as the core's
 // hyper struct, its param state as the descriptor's slots, step count and scalar states.
 
@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "src/core/checkpoint_meta.h"
+#include "src/checkpoint/checkpoint_meta.h"
 #include "src/torch/optim_traits.h"
 
 namespace fusedopt::pt {
@@ -169,11 +169,12 @@ struct ClassCheckpoint {
   using State = typename Traits::State;
   using Hyper = typename Traits::Hyper;
   using D = algos::DescriptorOf<Hyper>;
-  static constexpr bool kLamb = std::is_same_v<Traits, detail::LambTraits>;
+  // apex's global clipping threshold (LAMB) lives in the options, not the hyper.
+  static constexpr bool kClipsGlobally = detail::ClipsGlobally<Hyper>;
 
   static Json Group(const Options& o, const std::vector<std::size_t>& members) {
     Json group = checkpoint_meta::EncodeGroup(Traits::ToHyper(o), members);
-    if constexpr (kLamb) {  // apex's global clipping threshold lives in the options, not the hyper
+    if constexpr (kClipsGlobally) {
       group["dict"].push_back(
           Json::array({"max_grad_norm", checkpoint_meta::EncodeFloat(o.max_grad_norm())}));
     }
@@ -196,7 +197,7 @@ struct ClassCheckpoint {
     } catch (const Error& e) {
       Refuse(path, std::string("its hyper-parameters: ") + e.what());
     }
-    if constexpr (kLamb) {
+    if constexpr (kClipsGlobally) {
       if (const Json* v = checkpoint_meta::DictGet(saved, "max_grad_norm")) {
         const double max_norm = checkpoint_meta::DecodeFloat(*v, path, "max_grad_norm");
         if (!(max_norm >= 0.0)) Refuse(path, "max_grad_norm " + v->dump() + " is not >= 0");
@@ -309,38 +310,16 @@ struct ClassCheckpoint {
   }
 };
 
-// The ClassOps of the optimizer's class; none for a class without Traits. The generic
+// The ClassOps of the optimizer's class (a torch::optim twin's too: a plain torch::optim::Adam
+// saves as fusedopt::pt::Adam does); none for a class without Traits. The generic
 // FusedOptimizer<Hyper> of an algorithm with a class of its own (FusedOptimizer<AdamWHyper>) is
-// not one: optim.h's aliases name the others.
+// not one.
 std::optional<ClassOps> OpsOf(const torch::optim::Optimizer& optimizer) {
-  const auto is = [&](auto* typed) { return dynamic_cast<decltype(typed)>(&optimizer) != nullptr; };
-  if (is(static_cast<const torch::optim::AdamW*>(nullptr))) {
-    return ClassCheckpoint<detail::AdamWTraits>::Ops(optimizer);
-  }
-  if (is(static_cast<const torch::optim::Adam*>(nullptr))) {
-    return ClassCheckpoint<detail::AdamTraits>::Ops(optimizer);
-  }
-  if (is(static_cast<const torch::optim::SGD*>(nullptr))) {
-    return ClassCheckpoint<detail::SgdTraits>::Ops(optimizer);
-  }
-  if (is(static_cast<const torch::optim::RMSprop*>(nullptr))) {
-    return ClassCheckpoint<detail::RmspropTraits>::Ops(optimizer);
-  }
-  if (is(static_cast<const torch::optim::Adagrad*>(nullptr))) {
-    return ClassCheckpoint<detail::AdagradTraits>::Ops(optimizer);
-  }
-  if (is(static_cast<const Lion*>(nullptr)))
-    return ClassCheckpoint<detail::LionTraits>::Ops(optimizer);
-  if (is(static_cast<const LAMB*>(nullptr)))
-    return ClassCheckpoint<detail::LambTraits>::Ops(optimizer);
   std::optional<ClassOps> ops;
-  using Generic = algos::List<algos::Adamax, algos::Adadelta, algos::Radam, algos::Nadam,
-                              algos::Asgd, algos::Lars, algos::Rprop, algos::Rmsproptf,
-                              algos::Adamp, algos::BertAdam, algos::Adafactor>;
-  Generic::ForEach([&](auto d) {
-    using Hyper = typename decltype(d)::type::Hyper;
-    if (!ops && is(static_cast<const FusedOptimizer<Hyper>*>(nullptr))) {
-      ops = ClassCheckpoint<detail::GenericTraits<Hyper>>::Ops(optimizer);
+  algos::All::ForEach([&](auto descriptor) {
+    using Traits = detail::TraitsOf<typename decltype(descriptor)::type::Hyper>;
+    if (!ops && dynamic_cast<const typename Traits::Class*>(&optimizer) != nullptr) {
+      ops = ClassCheckpoint<Traits>::Ops(optimizer);
     }
   });
   return ops;

@@ -2,8 +2,9 @@
 // over all param groups, into fusedopt::Segments and run the core's TrainingStep once.
 //
 // An optimizer plugs in through a Traits struct (optim.cc):
-//   Options, State, Hyper        the options and param-state classes (torch's, or ours for Lion
-//                                and LAMB), the core's hyper struct
+//   Options, State, Hyper        the options and param-state classes (torch's, or the generic
+//                                HyperOptions / HyperParamState), the core's hyper struct
+//   Class                        the optimizer class the Traits read (checkpoint.cc's dynamic_cast)
 //   kName                        "fusedopt::pt::Adam", for messages
 //   ToHyper(options)             one Hyper per param group, re-read on every step (schedulers edit
 //                                the options in place)

@@ -1,9 +1,8 @@
-// The fusedopt::pt optimizers: how each maps its options and param state (torch::optim's, our own
-// for Lion and LAMB, the generic HyperOptions / HyperParamState for the others) onto the core's
-// hyper struct and Segment::state slots (the loop itself is fused_step.h; state keys, fields and
-// initial values come from the algorithm's descriptor, src/algos/). Also the option and state
-// classes of Lion and LAMB, written as libtorch writes Adam's, and the generic ones, written from
-// the descriptors' field and state lists.
+// The fusedopt::pt optimizers' step(), and the generic classes (FusedOptimizer<Hyper> with its
+// HyperOptions and HyperParamState) written from the descriptors' field and state lists: the
+// reference's group keys (algos::Field), state keys and rules. How each class maps its options and
+// param state onto the core's hyper struct and Segment::state slots is optim_traits.h; the loop is
+// fused_step.h.
 
 #include "fusedopt/pt/optim.h"
 
@@ -15,10 +14,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <memory>
-#include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -26,9 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "fusedopt/grad.h"
+#include "fusedopt/error.h"
 #include "fusedopt/hyper.h"
-#include "fusedopt/step.h"
 #include "src/algos/registry.h"
 #include "src/torch/fused_step.h"
 #include "src/torch/optim_traits.h"
@@ -40,63 +35,42 @@ using detail::AdagradTraits;
 using detail::AdamTraits;
 using detail::AdamWTraits;
 using detail::CheckLambMaxGradNorm;
-using detail::GenericName;
+using detail::ClipsGlobally;
 using detail::GenericTraits;
-using detail::kInf;
-using detail::LambTraits;
-using detail::LionTraits;
 using detail::RmspropTraits;
 using detail::SgdTraits;
 
-// libtorch 2.13's rule for a param group given its own options (its optimizers'
-// _merge_by_comparison): a field that differs from its constructor default is the group's, the
-// others come from the optimizer's defaults.
-LionOptions Merged(const LionOptions& group, const LionOptions& defaults) {
-  const LionOptions fresh;
-  LionOptions merged = defaults;
-  if (group.lr() != fresh.lr()) merged.lr(group.lr());
-  if (group.betas() != fresh.betas()) merged.betas(group.betas());
-  if (group.weight_decay() != fresh.weight_decay()) merged.weight_decay(group.weight_decay());
-  return merged;
-}
-
-LambOptions Merged(const LambOptions& group, const LambOptions& defaults) {
-  const LambOptions fresh;
-  LambOptions merged = defaults;
-  if (group.lr() != fresh.lr()) merged.lr(group.lr());
-  if (group.betas() != fresh.betas()) merged.betas(group.betas());
-  if (group.eps() != fresh.eps()) merged.eps(group.eps());
-  if (group.weight_decay() != fresh.weight_decay()) merged.weight_decay(group.weight_decay());
-  if (group.bias_correction() != fresh.bias_correction()) {
-    merged.bias_correction(group.bias_correction());
-  }
-  if (group.adam_w_mode() != fresh.adam_w_mode()) merged.adam_w_mode(group.adam_w_mode());
-  if (group.grad_averaging() != fresh.grad_averaging()) {
-    merged.grad_averaging(group.grad_averaging());
-  }
-  if (group.max_grad_norm() != fresh.max_grad_norm()) merged.max_grad_norm(group.max_grad_norm());
-  if (group.use_nvlamb() != fresh.use_nvlamb()) merged.use_nvlamb(group.use_nvlamb());
-  return merged;
-}
-
-// ---- The generic classes: FusedOptimizer<Hyper> -------------------------------------------------
-
-// f(field) for each field of the descriptor's kFields (name, member pointer).
+// f(field) for each field of the descriptor of Hyper (algos::Field: name, member, group key).
 template <class Hyper, class F>
 void ForEachField(F&& f) {
-  std::apply([&](const auto&... field) { (f(field), ...); }, algos::DescriptorOf<Hyper>::kFields);
+  algos::ForEachField<algos::DescriptorOf<Hyper>>(std::forward<F>(f));
 }
 
-// libtorch's group merge (as Merged above), field by field.
+// Whether a and b differ in a field kept under torch's group key `key` (both parts of betas).
+template <class Hyper>
+bool KeyDiffers(std::string_view key, const Hyper& a, const Hyper& b) {
+  bool differs = false;
+  ForEachField<Hyper>([&](const auto& field) {
+    differs = differs || (field.GroupKey() == key && a.*field.member != b.*field.member);
+  });
+  return differs;
+}
+
+// libtorch 2.13's rule for a param group given its own options (its optimizers'
+// _merge_by_comparison): a key that differs from its constructor default is the group's (betas as
+// a pair, as torch compares its tuples), the others come from the optimizer's defaults.
 template <class Hyper>
 HyperOptions<Hyper> Merged(const HyperOptions<Hyper>& group, const HyperOptions<Hyper>& defaults) {
-  const Hyper fresh;
+  const HyperOptions<Hyper> fresh;
   HyperOptions<Hyper> merged = defaults;
   ForEachField<Hyper>([&](const auto& field) {
-    if (group.hyper().*field.member != fresh.*field.member) {
+    if (KeyDiffers(field.GroupKey(), group.hyper(), fresh.hyper())) {
       merged.hyper().*field.member = group.hyper().*field.member;
     }
   });
+  if constexpr (ClipsGlobally<Hyper>) {
+    if (group.max_grad_norm() != fresh.max_grad_norm()) merged.max_grad_norm(group.max_grad_norm());
+  }
   return merged;
 }
 
@@ -107,6 +81,42 @@ void CheckHyper(const Hyper& hyper, std::size_t group) {
     algos::DescriptorOf<Hyper>::Validate({GenericTraits<Hyper>::kName, group}, hyper);
   } catch (const fusedopt::Error& e) {
     TORCH_CHECK(false, e.what());
+  }
+}
+
+void CheckBetas(const std::string& name, const std::tuple<double, double>& betas,
+                bool one_allowed) {
+  const double values[] = {std::get<0>(betas), std::get<1>(betas)};
+  for (int i = 0; i < 2; ++i) {
+    const double beta = values[i];
+    TORCH_CHECK(0.0 <= beta && (one_allowed ? beta <= 1.0 : beta < 1.0), name,
+                ": Invalid beta parameter at index ", i, ": ", beta,
+                one_allowed ? " (must be in [0, 1])" : " (must be in [0, 1))");
+  }
+}
+
+// What the constructor checks of its defaults: the reference constructor's own rules and messages
+// where it has them (lion-pytorch asserts lr > 0, which a schedule may reach later; apex FusedLAMB
+// checks its arguments; the Python fusedopt.FusedLion and FusedLAMB raise the same), else the
+// engine's rules for the algorithm.
+template <class Hyper>
+void CheckDefaults(const HyperOptions<Hyper>& defaults) {
+  const std::string& name = GenericTraits<Hyper>::kName;
+  if constexpr (std::is_same_v<Hyper, LionHyper>) {
+    TORCH_CHECK(defaults.lr() > 0.0, name, ": Invalid learning rate: ", defaults.lr(),
+                " (Lion requires lr > 0)");
+    CheckBetas(name, defaults.betas(), /*one_allowed=*/true);
+    TORCH_CHECK(defaults.weight_decay() >= 0.0, name,
+                ": Invalid weight_decay value: ", defaults.weight_decay());
+  } else if constexpr (std::is_same_v<Hyper, LambHyper>) {
+    TORCH_CHECK(defaults.lr() >= 0.0, name, ": Invalid learning rate: ", defaults.lr());
+    TORCH_CHECK(defaults.eps() >= 0.0, name, ": Invalid epsilon value: ", defaults.eps());
+    CheckBetas(name, defaults.betas(), /*one_allowed=*/false);
+    TORCH_CHECK(defaults.weight_decay() >= 0.0, name,
+                ": Invalid weight_decay value: ", defaults.weight_decay());
+    CheckLambMaxGradNorm(defaults.max_grad_norm(), "");
+  } else {
+    CheckHyper(defaults.hyper(), 0);
   }
 }
 
@@ -131,13 +141,23 @@ void AddParamGroup(torch::optim::Optimizer& optimizer,
   }
 }
 
-void CheckBetas(const char* name, const std::tuple<double, double>& betas, bool one_allowed) {
-  const double values[] = {std::get<0>(betas), std::get<1>(betas)};
-  for (int i = 0; i < 2; ++i) {
-    const double beta = values[i];
-    TORCH_CHECK(0.0 <= beta && (one_allowed ? beta <= 1.0 : beta < 1.0), name,
-                ": Invalid beta parameter at index ", i, ": ", beta,
-                one_allowed ? " (must be in [0, 1])" : " (must be in [0, 1))");
+// A field's value as the archive holds it, and back.
+template <class T>
+c10::IValue ToIValue(const T& value) {
+  if constexpr (std::is_same_v<T, bool> || std::is_floating_point_v<T>) {
+    return c10::IValue(value);
+  } else {
+    return c10::IValue(static_cast<std::int64_t>(value));  // an enum code (BertAdam's schedule)
+  }
+}
+template <class T>
+T FromIValue(const c10::IValue& value) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return value.toBool();
+  } else if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(value.toInt());
+  } else {
+    return static_cast<T>(value.toDouble());
   }
 }
 
@@ -159,185 +179,53 @@ torch::Tensor Adagrad::step(LossClosure closure) {
   return detail::FusedStep<AdagradTraits>(*this, closure, training_, last_step_, last_pre_pass_);
 }
 
-// ---- Lion ---------------------------------------------------------------------------------------
-
-LionOptions::LionOptions(double lr) : lr_(lr) {}
-
-bool operator==(const LionOptions& lhs, const LionOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() &&
-         lhs.weight_decay() == rhs.weight_decay();
-}
-
-void LionOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-}
-
-void LionOptions::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-}
-
-double LionOptions::get_lr() const { return lr(); }
-void LionOptions::set_lr(double lr) { this->lr(lr); }
-
-bool operator==(const LionParamState& lhs, const LionParamState& rhs) {
-  return torch::equal_if_defined(lhs.exp_avg(), rhs.exp_avg());
-}
-
-void LionParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
-}
-
-void LionParamState::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
-}
-
-Lion::Lion(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LionOptions defaults)
-    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
-                              std::make_unique<LionOptions>(defaults)) {
-  // lion-pytorch asserts these (and its Python twin fusedopt.FusedLion raises ValueError).
-  TORCH_CHECK(defaults.lr() > 0.0, LionTraits::kName, ": Invalid learning rate: ", defaults.lr(),
-              " (Lion requires lr > 0)");
-  CheckBetas(LionTraits::kName, defaults.betas(), /*one_allowed=*/true);
-  TORCH_CHECK(defaults.weight_decay() >= 0.0, LionTraits::kName,
-              ": Invalid weight_decay value: ", defaults.weight_decay());
-  for (const auto& group : param_groups) add_param_group(group);
-}
-
-Lion::Lion(std::vector<torch::Tensor> params, LionOptions defaults)
-    : Lion({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
-
-void Lion::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  AddParamGroup<LionTraits>(*this, param_group);
-}
-
-torch::Tensor Lion::step(LossClosure closure) {
-  return detail::FusedStep<LionTraits>(*this, closure, training_, last_step_, last_pre_pass_);
-}
-
-void Lion::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
-}
-
-void Lion::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
-}
-
-// ---- LAMB ---------------------------------------------------------------------------------------
-
-LambOptions::LambOptions(double lr) : lr_(lr) {}
-
-bool operator==(const LambOptions& lhs, const LambOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
-         lhs.weight_decay() == rhs.weight_decay() &&
-         lhs.bias_correction() == rhs.bias_correction() && lhs.adam_w_mode() == rhs.adam_w_mode() &&
-         lhs.grad_averaging() == rhs.grad_averaging() &&
-         lhs.max_grad_norm() == rhs.max_grad_norm() && lhs.use_nvlamb() == rhs.use_nvlamb();
-}
-
-void LambOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(bias_correction);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(adam_w_mode);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(grad_averaging);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(use_nvlamb);
-}
-
-void LambOptions::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, bias_correction);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, adam_w_mode);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, grad_averaging);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, max_grad_norm);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, use_nvlamb);
-}
-
-double LambOptions::get_lr() const { return lr(); }
-void LambOptions::set_lr(double lr) { this->lr(lr); }
-
-bool operator==(const LambParamState& lhs, const LambParamState& rhs) {
-  return lhs.step() == rhs.step() && torch::equal_if_defined(lhs.exp_avg(), rhs.exp_avg()) &&
-         torch::equal_if_defined(lhs.exp_avg_sq(), rhs.exp_avg_sq());
-}
-
-void LambParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
-}
-
-void LambParamState::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(std::int64_t, step);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_sq);
-}
-
-LAMB::LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LambOptions defaults)
-    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
-                              std::make_unique<LambOptions>(defaults)) {
-  // apex FusedLAMB's checks (and fusedopt.FusedLAMB's), plus its max_grad_norm's.
-  TORCH_CHECK(defaults.lr() >= 0.0, LambTraits::kName, ": Invalid learning rate: ", defaults.lr());
-  TORCH_CHECK(defaults.eps() >= 0.0, LambTraits::kName,
-              ": Invalid epsilon value: ", defaults.eps());
-  CheckBetas(LambTraits::kName, defaults.betas(), /*one_allowed=*/false);
-  TORCH_CHECK(defaults.weight_decay() >= 0.0, LambTraits::kName,
-              ": Invalid weight_decay value: ", defaults.weight_decay());
-  CheckLambMaxGradNorm(defaults.max_grad_norm(), "");
-  for (const auto& group : param_groups) add_param_group(group);
-}
-
-LAMB::LAMB(std::vector<torch::Tensor> params, LambOptions defaults)
-    : LAMB({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
-
-void LAMB::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  AddParamGroup<LambTraits>(*this, param_group);
-}
-
-torch::Tensor LAMB::step(LossClosure closure) {
-  return detail::FusedStep<LambTraits>(*this, closure, training_, last_step_, last_pre_pass_);
-}
-
-void LAMB::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<LambParamState, LambOptions>(archive, *this);
-}
-
-void LAMB::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<LambParamState, LambOptions>(archive, *this);
-}
-
 // ---- The generic classes ------------------------------------------------------------------------
 
+// Under the reference's group keys, as torch's own options write theirs: a tuple-valued key
+// (betas) once, its parts in order; LAMB's max_grad_norm beside them.
 template <class Hyper>
 void HyperOptions<Hyper>::serialize(torch::serialize::OutputArchive& archive) const {
-  ForEachField<Hyper>(
-      [&](const auto& field) { archive.write(field.name, c10::IValue(hyper_.*field.member)); });
+  ForEachField<Hyper>([&](const auto& field) {
+    if (!field.InTuple()) {
+      archive.write(std::string(field.GroupKey()), ToIValue(hyper_.*field.member));
+      return;
+    }
+    if (field.index != 0) return;  // written with part 0
+    std::vector<c10::IValue> parts;
+    ForEachField<Hyper>([&](const auto& part) {
+      if (part.GroupKey() != field.GroupKey()) return;
+      if (parts.size() <= static_cast<std::size_t>(part.index)) parts.resize(part.index + 1);
+      parts[part.index] = ToIValue(hyper_.*part.member);
+    });
+    archive.write(std::string(field.GroupKey()), c10::ivalue::Tuple::create(std::move(parts)));
+  });
+  if constexpr (ClipsGlobally<Hyper>) {
+    archive.write("max_grad_norm", c10::IValue(extra_.max_grad_norm));
+  }
 }
 
+// Also reads archives written before the group keys, which held each field under its name (beta1,
+// beta2), and an optional field's absence (Lion's maximize, which lion-pytorch lacks) as its
+// default.
 template <class Hyper>
 void HyperOptions<Hyper>::serialize(torch::serialize::InputArchive& archive) {
   ForEachField<Hyper>([&](const auto& field) {
+    const std::string key(field.GroupKey());
     c10::IValue value;
-    archive.read(field.name, value);
-    auto& member = hyper_.*field.member;
-    using T = std::remove_reference_t<decltype(member)>;
-    if constexpr (std::is_same_v<T, bool>) {
-      member = value.toBool();
-    } else if constexpr (std::is_integral_v<T>) {  // an enum code (BertAdam's schedule)
-      member = static_cast<T>(value.toInt());
-    } else {
-      member = value.toDouble();
+    if (archive.try_read(key, value)) {
+      if (field.InTuple()) value = value.toTupleRef().elements().at(field.index);
+    } else if (!archive.try_read(field.name, value)) {
+      if (field.optional) return;
+      archive.read(key, value);  // torch's error naming the missing key
     }
+    auto& member = hyper_.*field.member;
+    member = FromIValue<std::remove_reference_t<decltype(member)>>(value);
   });
+  if constexpr (ClipsGlobally<Hyper>) {
+    c10::IValue value;
+    archive.read("max_grad_norm", value);
+    extra_.max_grad_norm = value.toDouble();
+  }
 }
 
 template <class Hyper>
@@ -346,6 +234,9 @@ bool HyperOptions<Hyper>::operator==(const HyperOptions& other) const {
   ForEachField<Hyper>([&](const auto& field) {
     equal = equal && hyper_.*field.member == other.hyper_.*field.member;
   });
+  if constexpr (ClipsGlobally<Hyper>) {
+    equal = equal && extra_.max_grad_norm == other.extra_.max_grad_norm;
+  }
   return equal;
 }
 
@@ -362,7 +253,7 @@ bool HyperParamState<Hyper>::operator==(const HyperParamState& other) const {
 }
 
 template <class Hyper>
-torch::Tensor& HyperParamState<Hyper>::state(std::string_view key) {
+const torch::Tensor& HyperParamState<Hyper>::state(std::string_view key) const {
   using D = algos::DescriptorOf<Hyper>;
   for (int k = 0; k < kMaxStates; ++k) {
     if (key == D::kStates[k] && !key.empty()) return tensors[k];
@@ -373,6 +264,11 @@ torch::Tensor& HyperParamState<Hyper>::state(std::string_view key) {
     }
   }
   TORCH_CHECK(false, GenericTraits<Hyper>::kName, " has no state '", key, "'");
+}
+
+template <class Hyper>
+torch::Tensor& HyperParamState<Hyper>::state(std::string_view key) {
+  return const_cast<torch::Tensor&>(std::as_const(*this).state(key));
 }
 
 // Each state under its torch key (what the algorithm has not created yet is not written).
@@ -393,9 +289,8 @@ void HyperParamState<Hyper>::serialize(torch::serialize::OutputArchive& archive)
 template <class Hyper>
 void HyperParamState<Hyper>::serialize(torch::serialize::InputArchive& archive) {
   using D = algos::DescriptorOf<Hyper>;
-  c10::IValue step_value;
-  archive.read("step", step_value);
-  step(step_value.toInt());
+  c10::IValue step_value;  // absent in the archives of Lion's own class (lion-pytorch counts none)
+  step(archive.try_read("step", step_value) ? step_value.toInt() : 0);
   for (int k = 0; k < kMaxStates; ++k) {
     tensors[k] = torch::Tensor();
     if (*D::kStates[k] != '\0') archive.try_read(D::kStates[k], tensors[k]);
@@ -413,7 +308,7 @@ FusedOptimizer<Hyper>::FusedOptimizer(
     const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults)
     : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
                               std::make_unique<Options>(defaults)) {
-  CheckHyper(defaults.hyper(), 0);
+  CheckDefaults(defaults);
   for (const auto& group : param_groups) add_param_group(group);
 }
 
@@ -454,12 +349,12 @@ void FusedOptimizer<Hyper>::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<ParamState, Options>(archive, *this);
 }
 
-// Every algorithm's generic class (optim.h names those without a class of their own).
-#define FOPT_INSTANTIATE(A)                         \
-  template class HyperOptions<algos::A::Hyper>;     \
-  template struct HyperParamState<algos::A::Hyper>; \
-  template class FusedOptimizer<algos::A::Hyper>;
-FOPT_FOR_EACH_ALGORITHM(FOPT_INSTANTIATE)
+// Every algorithm's generic class (optim.h's ClassOf names those without a class of their own).
+#define FOPT_INSTANTIATE(Stem, Alias)           \
+  template class HyperOptions<Stem##Hyper>;     \
+  template struct HyperParamState<Stem##Hyper>; \
+  template class FusedOptimizer<Stem##Hyper>;
+FUSEDOPT_FOR_EACH_ALGORITHM(FOPT_INSTANTIATE)
 #undef FOPT_INSTANTIATE
 
 }  // namespace fusedopt::pt

@@ -1,8 +1,8 @@
 // How each fusedopt::pt optimizer maps its options and param state onto the core's hyper struct
 // and Segment::state slots (fused_step.h says what a Traits struct holds): torch::optim's classes
-// for SGD, Adam, AdamW, RMSprop and Adagrad, ours for Lion and LAMB, and the generic HyperOptions /
-// HyperParamState for the others. The step (optim.cc) and checkpoints (checkpoint.cc) read them;
-// FromHyper is ToHyper's inverse for the fields the options have.
+// for SGD, Adam, AdamW, RMSprop and Adagrad, and the generic HyperOptions / HyperParamState for the
+// others, whose fields and state keys are the descriptor's. The step (optim.cc) and checkpoints
+// (checkpoint.cc) read them; FromHyper is ToHyper's inverse for the fields the options have.
 #pragma once
 
 #include <c10/util/Exception.h>
@@ -13,12 +13,14 @@
 #include <torch/optim/sgd.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
-#include <utility>
+#include <type_traits>
 
 #include "fusedopt/hyper.h"
 #include "fusedopt/pt/optim.h"
@@ -30,25 +32,94 @@ namespace fusedopt::pt::detail {
 
 using StateSlots = std::array<at::Tensor*, kMaxStates>;
 
+// torch's options classes (SGDOptions, AdamOptions, ...) name each accessor after its param_group
+// key, so the descriptor's fields (algos::Field: the group key and the part of a pair) map a
+// twin's options onto its Hyper and back. The keys libtorch's options have; a field whose key
+// they lack (maximize) keeps its Hyper default.
+// clang-format off
+#define FOPT_TORCH_OPTION_KEYS(X) \
+  X(lr)                           \
+  X(momentum)                     \
+  X(dampening)                    \
+  X(weight_decay)                 \
+  X(nesterov)                     \
+  X(betas)                        \
+  X(eps)                          \
+  X(amsgrad)                      \
+  X(alpha)                        \
+  X(centered)                     \
+  X(lr_decay)                     \
+  X(initial_accumulator_value)
+// clang-format on
+
+// f(o.key(), set) for the accessor named `key` (set(v) calls o.key(v)); nothing where o has none.
+template <class Options, class F>
+void WithTorchOption(Options& o, std::string_view key, F&& f) {
+#define FOPT_VISIT_OPTION(name)                                                      \
+  if constexpr (requires { o.name(); }) {                                            \
+    if (key == #name) return f(o.name(), [&](const auto& value) { o.name(value); }); \
+  }
+  FOPT_TORCH_OPTION_KEYS(FOPT_VISIT_OPTION)
+#undef FOPT_VISIT_OPTION
+}
+
+template <class V>
+constexpr bool kIsPair = false;
+template <class A, class B>
+constexpr bool kIsPair<std::tuple<A, B>> = true;
+
+// A field of Hyper from torch's options value of its key (a pair's part `index`), and back.
+template <class T, class V>
+T FieldValue(const V& value, int index) {
+  if constexpr (kIsPair<V>) {
+    return static_cast<T>(index == 0 ? std::get<0>(value) : std::get<1>(value));
+  } else {
+    return static_cast<T>(value);
+  }
+}
+template <class V, class T>
+V WithField(V value, int index, const T& field) {
+  if constexpr (kIsPair<V>) {
+    auto& part = index == 0 ? std::get<0>(value) : std::get<1>(value);
+    part = static_cast<std::decay_t<decltype(part)>>(field);
+  } else {
+    value = static_cast<V>(field);
+  }
+  return value;
+}
+
+template <class Hyper, class Options>
+Hyper HyperOfTorchOptions(const Options& o) {
+  Hyper h;
+  algos::ForEachField<algos::DescriptorOf<Hyper>>([&](const auto& field) {
+    WithTorchOption(o, field.GroupKey(), [&](const auto& value, const auto& /*set*/) {
+      auto& member = h.*field.member;
+      member = FieldValue<std::decay_t<decltype(member)>>(value, field.index);
+    });
+  });
+  return h;
+}
+
+template <class Hyper, class Options>
+void SetTorchOptions(const Hyper& h, Options& o) {
+  algos::ForEachField<algos::DescriptorOf<Hyper>>([&](const auto& field) {
+    WithTorchOption(o, field.GroupKey(), [&](const auto& value, const auto& set) {
+      set(WithField(std::decay_t<decltype(value)>(value), field.index, h.*field.member));
+    });
+  });
+}
+
 struct SgdTraits {
   using Options = torch::optim::SGDOptions;
   using State = torch::optim::SGDParamState;
   using Hyper = SgdHyper;
   using Twin = torch::optim::SGD;
+  using Class = Twin;
   static constexpr bool kTakesSparse = true;
   static constexpr const char* kName = "fusedopt::pt::SGD";
 
-  static Hyper ToHyper(const Options& o) {
-    return {.lr = o.lr(),
-            .momentum = o.momentum(),
-            .dampening = o.dampening(),
-            .weight_decay = o.weight_decay(),
-            .nesterov = o.nesterov()};
-  }
-  static void FromHyper(const Hyper& h, Options& o) {
-    o.lr(h.lr).momentum(h.momentum).dampening(h.dampening).weight_decay(h.weight_decay);
-    o.nesterov(h.nesterov);
-  }
+  static Hyper ToHyper(const Options& o) { return HyperOfTorchOptions<Hyper>(o); }
+  static void FromHyper(const Hyper& h, Options& o) { SetTorchOptions(h, o); }
   static StateSlots Slots(State& s) { return {&s.momentum_buffer(), nullptr, nullptr}; }
   // SGD keeps no step count: torch starts the momentum buffer as a copy of the update direction
   // when it has none, which the core does for step 1.
@@ -63,20 +134,8 @@ struct AdamFamilyTraits {
   using State = StateT;
   using Hyper = HyperT;
 
-  static Hyper ToHyper(const Options& o) {
-    Hyper h;
-    h.lr = o.lr();
-    h.beta1 = std::get<0>(o.betas());
-    h.beta2 = std::get<1>(o.betas());
-    h.eps = o.eps();
-    h.weight_decay = o.weight_decay();
-    h.amsgrad = o.amsgrad();
-    return h;
-  }
-  static void FromHyper(const Hyper& h, Options& o) {
-    o.lr(h.lr).betas({h.beta1, h.beta2}).eps(h.eps).weight_decay(h.weight_decay);
-    o.amsgrad(h.amsgrad);
-  }
+  static Hyper ToHyper(const Options& o) { return HyperOfTorchOptions<Hyper>(o); }
+  static void FromHyper(const Hyper& h, Options& o) { SetTorchOptions(h, o); }
   static StateSlots Slots(State& s) { return {&s.exp_avg(), &s.exp_avg_sq(), &s.max_exp_avg_sq()}; }
   static std::int64_t NextStep(const State& s) { return s.step() + 1; }
   static void SetStep(State& s, std::int64_t step) { s.step(step); }
@@ -85,6 +144,7 @@ struct AdamFamilyTraits {
 struct AdamTraits
     : AdamFamilyTraits<torch::optim::AdamOptions, torch::optim::AdamParamState, AdamHyper> {
   using Twin = torch::optim::Adam;
+  using Class = Twin;
   static constexpr bool kTakesSparse = false;
   static constexpr const char* kName = "fusedopt::pt::Adam";
 };
@@ -92,6 +152,7 @@ struct AdamTraits
 struct AdamWTraits
     : AdamFamilyTraits<torch::optim::AdamWOptions, torch::optim::AdamWParamState, AdamWHyper> {
   using Twin = torch::optim::AdamW;
+  using Class = Twin;
   static constexpr bool kTakesSparse = false;
   static constexpr const char* kName = "fusedopt::pt::AdamW";
 };
@@ -101,21 +162,12 @@ struct RmspropTraits {
   using State = torch::optim::RMSpropParamState;
   using Hyper = RmspropHyper;
   using Twin = torch::optim::RMSprop;
+  using Class = Twin;
   static constexpr bool kTakesSparse = false;
   static constexpr const char* kName = "fusedopt::pt::RMSprop";
 
-  static Hyper ToHyper(const Options& o) {
-    return {.lr = o.lr(),
-            .alpha = o.alpha(),
-            .eps = o.eps(),
-            .weight_decay = o.weight_decay(),
-            .momentum = o.momentum(),
-            .centered = o.centered()};
-  }
-  static void FromHyper(const Hyper& h, Options& o) {
-    o.lr(h.lr).alpha(h.alpha).eps(h.eps).weight_decay(h.weight_decay).momentum(h.momentum);
-    o.centered(h.centered);
-  }
+  static Hyper ToHyper(const Options& o) { return HyperOfTorchOptions<Hyper>(o); }
+  static void FromHyper(const Hyper& h, Options& o) { SetTorchOptions(h, o); }
   static StateSlots Slots(State& s) {
     return {&s.square_avg(), &s.momentum_buffer(), &s.grad_avg()};
   }
@@ -128,46 +180,15 @@ struct AdagradTraits {
   using State = torch::optim::AdagradParamState;
   using Hyper = AdagradHyper;
   using Twin = torch::optim::Adagrad;
+  using Class = Twin;
   static constexpr bool kTakesSparse = true;
   static constexpr const char* kName = "fusedopt::pt::Adagrad";
 
-  static Hyper ToHyper(const Options& o) {
-    return {.lr = o.lr(),
-            .lr_decay = o.lr_decay(),
-            .weight_decay = o.weight_decay(),
-            .initial_accumulator_value = o.initial_accumulator_value(),
-            .eps = o.eps()};
-  }
-  static void FromHyper(const Hyper& h, Options& o) {
-    o.lr(h.lr).lr_decay(h.lr_decay).weight_decay(h.weight_decay);
-    o.initial_accumulator_value(h.initial_accumulator_value).eps(h.eps);
-  }
+  static Hyper ToHyper(const Options& o) { return HyperOfTorchOptions<Hyper>(o); }
+  static void FromHyper(const Hyper& h, Options& o) { SetTorchOptions(h, o); }
   static StateSlots Slots(State& s) { return {&s.sum(), nullptr, nullptr}; }
   static std::int64_t NextStep(const State& s) { return s.step() + 1; }
   static void SetStep(State& s, std::int64_t step) { s.step(step); }
-};
-
-struct LionTraits {
-  using Options = LionOptions;
-  using State = LionParamState;
-  using Hyper = LionHyper;
-  static constexpr const char* kName = "fusedopt::pt::Lion";
-  static constexpr const char* kOptionsName = "fusedopt::pt::LionOptions";
-
-  static Hyper ToHyper(const Options& o) {
-    return {.lr = o.lr(),
-            .beta1 = std::get<0>(o.betas()),
-            .beta2 = std::get<1>(o.betas()),
-            .weight_decay = o.weight_decay()};
-  }
-  static void FromHyper(const Hyper& h, Options& o) {
-    o.lr(h.lr).betas({h.beta1, h.beta2}).weight_decay(h.weight_decay);
-  }
-  static StateSlots Slots(State& s) { return {&s.exp_avg(), nullptr, nullptr}; }
-  // lion-pytorch keeps no step count and Lion's update reads none; as the Python class, 1 for a
-  // new exp_avg and 2 after.
-  static std::int64_t NextStep(const State& s) { return s.exp_avg().defined() ? 2 : 1; }
-  static void SetStep(State& /*s*/, std::int64_t /*step*/) {}
 };
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -178,37 +199,49 @@ inline void CheckLambMaxGradNorm(double max_grad_norm, const std::string& where)
               max_grad_norm, " (must be >= 0; inf: no clipping)");
 }
 
-struct LambTraits {
-  using Options = LambOptions;
-  using State = LambParamState;
-  using Hyper = LambHyper;
-  static constexpr const char* kName = "fusedopt::pt::LAMB";
-  static constexpr const char* kOptionsName = "fusedopt::pt::LambOptions";
+// An algorithm whose reference clips every gradient by a max_grad_norm of its options (LAMB:
+// ExtraOptions, optim.h) in place of training()'s torch-rule clipping.
+template <class Hyper>
+concept ClipsGlobally = requires(const ExtraOptions<Hyper>& e) {
+  e.max_grad_norm;
+};
 
-  static Hyper ToHyper(const Options& o) {
-    return {.lr = o.lr(),
-            .beta1 = std::get<0>(o.betas()),
-            .beta2 = std::get<1>(o.betas()),
-            .eps = o.eps(),
-            .weight_decay = o.weight_decay(),
-            .bias_correction = o.bias_correction(),
-            .adam_w_mode = o.adam_w_mode(),
-            .grad_averaging = o.grad_averaging(),
-            .use_nvlamb = o.use_nvlamb()};
+// "fusedopt::pt::NAdam": the class name its reference gives the algorithm (the descriptor's).
+template <class Hyper>
+std::string GenericName() {
+  return "fusedopt::pt::" + std::string(algos::DescriptorOf<Hyper>::kTorchName);
+}
+
+template <class H>
+struct GenericTraits {
+  using Class = FusedOptimizer<H>;
+  using Options = HyperOptions<H>;
+  using State = HyperParamState<H>;
+  using Hyper = H;
+  static inline const std::string kName = GenericName<H>();
+  // LAMB's as its users have written it since it was a class of its own (LAMBOptions is an alias).
+  static inline const std::string kOptionsName =
+      std::is_same_v<H, LambHyper> ? "fusedopt::pt::LambOptions" : kName + "Options";
+
+  static Hyper ToHyper(const Options& o) { return o.hyper(); }
+  static void FromHyper(const Hyper& h, Options& o) { o.hyper() = h; }
+  static StateSlots Slots(State& s) {
+    StateSlots slots{};
+    for (int k = 0; k < kMaxStates; ++k) slots[k] = &s.tensors[k];
+    return slots;
   }
-  static void FromHyper(const Hyper& h, Options& o) {
-    o.lr(h.lr).betas({h.beta1, h.beta2}).eps(h.eps).weight_decay(h.weight_decay);
-    o.bias_correction(h.bias_correction).adam_w_mode(h.adam_w_mode);
-    o.grad_averaging(h.grad_averaging).use_nvlamb(h.use_nvlamb);
+  static std::array<at::Tensor*, kMaxScalars> Scalars(State& s) {
+    std::array<at::Tensor*, kMaxScalars> scalars{};
+    for (int k = 0; k < kMaxScalars; ++k) scalars[k] = &s.scalars[k];
+    return scalars;
   }
-  static StateSlots Slots(State& s) { return {&s.exp_avg(), &s.exp_avg_sq(), nullptr}; }
   static std::int64_t NextStep(const State& s) { return s.step() + 1; }
   static void SetStep(State& s, std::int64_t step) { s.step(step); }
 
   // apex FusedLAMB's global clipping: the groups' max_grad_norm (one value) with ClipRule::kLamb,
   // in place of training()'s torch-rule clipping.
   static PrePassOptions Clipping(const torch::optim::Optimizer& optimizer,
-                                 const TrainingOptions& training) {
+                                 const TrainingOptions& training) requires ClipsGlobally<H> {
     TORCH_CHECK(training.max_grad_norm == kInf, kName, ": training().max_grad_norm is ",
                 training.max_grad_norm,
                 ", but LAMB clips with LambOptions::max_grad_norm (apex FusedLAMB's rule): leave "
@@ -236,44 +269,32 @@ struct LambTraits {
   }
 };
 
-// "fusedopt::pt::Adamax": torch.optim's class name (the descriptor's step name without "Step",
-// spelled as torch spells it).
+// The Traits of the algorithm of Hyper: its class's (optim.h's ClassOf).
 template <class Hyper>
-std::string GenericName() {
-  using D = algos::DescriptorOf<Hyper>;
-  static constexpr std::pair<std::string_view, std::string_view> kTorchSpelling[] = {
-      {"sgd", "SGD"},     {"rmsprop", "RMSprop"},     {"lamb", "LAMB"},
-      {"radam", "RAdam"}, {"nadam", "NAdam"},         {"asgd", "ASGD"},
-      {"lars", "LARS"},   {"rmsproptf", "RMSpropTF"}, {"adamp", "AdamP"}};
-  for (const auto& [engine, torch_name] : kTorchSpelling) {
-    if (D::kName == engine) return "fusedopt::pt::" + std::string(torch_name);
-  }
-  const std::string_view step = D::kStepName;
-  return "fusedopt::pt::" + std::string(step.substr(0, step.size() - 4));
-}
-
-template <class H>
-struct GenericTraits {
-  using Options = HyperOptions<H>;
-  using State = HyperParamState<H>;
-  using Hyper = H;
-  static inline const std::string kName = GenericName<H>();
-  static inline const std::string kOptionsName = kName + "Options";
-
-  static Hyper ToHyper(const Options& o) { return o.hyper(); }
-  static void FromHyper(const Hyper& h, Options& o) { o.hyper() = h; }
-  static StateSlots Slots(State& s) {
-    StateSlots slots{};
-    for (int k = 0; k < kMaxStates; ++k) slots[k] = &s.tensors[k];
-    return slots;
-  }
-  static std::array<at::Tensor*, kMaxScalars> Scalars(State& s) {
-    std::array<at::Tensor*, kMaxScalars> scalars{};
-    for (int k = 0; k < kMaxScalars; ++k) scalars[k] = &s.scalars[k];
-    return scalars;
-  }
-  static std::int64_t NextStep(const State& s) { return s.step() + 1; }
-  static void SetStep(State& s, std::int64_t step) { s.step(step); }
+struct TraitsOfT {
+  using type = GenericTraits<Hyper>;
 };
+template <>
+struct TraitsOfT<SgdHyper> {
+  using type = SgdTraits;
+};
+template <>
+struct TraitsOfT<AdamHyper> {
+  using type = AdamTraits;
+};
+template <>
+struct TraitsOfT<AdamWHyper> {
+  using type = AdamWTraits;
+};
+template <>
+struct TraitsOfT<RmspropHyper> {
+  using type = RmspropTraits;
+};
+template <>
+struct TraitsOfT<AdagradHyper> {
+  using type = AdagradTraits;
+};
+template <class Hyper>
+using TraitsOf = typename TraitsOfT<Hyper>::type;
 
 }  // namespace fusedopt::pt::detail

@@ -77,7 +77,7 @@ expect_exit(2 "FOPT_DISABLE_TARGETS.*NOT_A_TARGET" ${CMAKE_COMMAND} -E env
             FOPT_DISABLE_TARGETS=AVX2,NOT_A_TARGET ${FUSEDOPT} ${tiny_bench})
 expect_exit(0 "" ${CMAKE_COMMAND} -E env FOPT_DISABLE_TARGETS=AVX2 ${FUSEDOPT} info)
 
-# The human-readable target names say what AVX3 is (the README's AVX-512).
+# The human-readable target names say what AVX3 is (docs/cli.md's AVX-512).
 expect_exit(0 "" ${FUSEDOPT} info)
 if(out MATCHES "AVX3" AND NOT out MATCHES "AVX3 \\(AVX-512\\)")
   message(FATAL_ERROR "fusedopt info prints AVX3 without (AVX-512):\n${out}")

@@ -20,7 +20,7 @@
 #include "src/doctor/doctor.h"
 #include "tests/doctor/expect_invalid.h"
 
-namespace fusedopt::bench {
+namespace fusedopt::doctor {
 namespace {
 
 // AdamW (exp_avg and exp_avg_sq: 2 states) on one tensor of `numel` elements.
@@ -274,4 +274,4 @@ TEST(DistributedPlan, DiagnoseAppendsThePlan) {
 }
 
 }  // namespace
-}  // namespace fusedopt::bench
+}  // namespace fusedopt::doctor

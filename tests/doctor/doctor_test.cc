@@ -16,7 +16,7 @@
 
 #include "tests/doctor/expect_invalid.h"
 
-namespace fusedopt::bench {
+namespace fusedopt::doctor {
 namespace {
 
 DoctorOptions Tiny(const std::string& optimizer, const std::string& dtype = "f32") {
@@ -495,4 +495,4 @@ TEST(DoctorTrace, ImpossibleSizesAreErrors) {
 }
 
 }  // namespace
-}  // namespace fusedopt::bench
+}  // namespace fusedopt::doctor

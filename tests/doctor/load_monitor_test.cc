@@ -1,9 +1,9 @@
-// The load monitor of `fusedopt bench` (src/doctor/load_monitor.h) against a real disturbance: a
+// The load monitor of `fusedopt bench` (src/tool_util/load_monitor.h) against a real disturbance: a
 // round with a busy-looping child process beside it is flagged, and its count of other processes'
 // CPU time holds the child's. Flags are asserted, never timings. (tests/python/test_bench_load.py
 // checks the same rule in Python against an independent per-process count, quiet rounds too.)
 
-#include "src/doctor/load_monitor.h"
+#include "src/tool_util/load_monitor.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -14,7 +14,7 @@
 #include <fstream>
 #include <stdexcept>
 
-namespace fusedopt::bench {
+namespace fusedopt::tools {
 namespace {
 
 void BusyFor(std::chrono::milliseconds duration) {
@@ -58,4 +58,4 @@ TEST(LoadMonitor, RefusesAShareOutsideZeroToOne) {
 }
 
 }  // namespace
-}  // namespace fusedopt::bench
+}  // namespace fusedopt::tools

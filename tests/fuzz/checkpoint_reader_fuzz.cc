@@ -44,7 +44,7 @@
 
 namespace {
 
-// As in src/core/checkpoint_file.cc: the reader takes the 16 hex digits that follow the first
+// As in src/checkpoint/checkpoint_file.cc: the reader takes the 16 hex digits that follow the first
 // occurrence of this key in the header.
 constexpr std::string_view kChecksumKey = R"("checksum":"xxh3-64:)";
 constexpr std::size_t kDigits = 16;

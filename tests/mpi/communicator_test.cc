@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "fusedopt/error.h"
+#include "fusedopt/mpi_communicator.h"
 #include "fusedopt/runtime.h"
-#include "src/mpi/mpi_communicator.h"
 
 namespace fusedopt::mpi {
 namespace {

@@ -27,9 +27,9 @@
 #include "fusedopt/checkpoint.h"
 #include "fusedopt/convert.h"
 #include "fusedopt/error.h"
+#include "fusedopt/mpi_communicator.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/scaler.h"
-#include "src/mpi/mpi_communicator.h"
 
 namespace fusedopt {
 namespace {

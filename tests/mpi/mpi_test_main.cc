@@ -10,7 +10,7 @@
 #include <string>
 
 #include "fusedopt/communicator.h"
-#include "src/mpi/mpi_communicator.h"
+#include "fusedopt/mpi_communicator.h"
 
 namespace fusedopt::mpi {
 namespace {

@@ -48,7 +48,7 @@ def _bert_adam(self, params, lr=required, warmup=-1, t_total=-1, schedule="warmu
 
 REFERENCES = {**{n: c.__init__ for n, c in TWINS.items()}, "Lion": _lion, "LAMB": _lamb, "LARS": _lars,
               "RMSpropTF": _rmsproptf, "AdamP": _adamp, "BertAdam": _bert_adam}
-# fusedopt's own keyword-only options and their defaults (README, optim.py).
+# fusedopt's own keyword-only options and their defaults (docs/pytorch.md, optim.py).
 OPTIONS = {"master_weights": False, "flatten": False, "max_grad_norm": None, "norm_type": 2.0, "accumulation_steps": 1,
            "state_dtype": None, "stochastic_rounding": False, "seed": 0, "strict": False}
 

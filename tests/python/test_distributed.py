@@ -183,7 +183,8 @@ def _rank_errors(rank: int) -> dict:
         fusedopt.distributed.DistributedOptimizer(_fused("AdamW", model))
     except ValueError as e:
         errors["layout"] = str(e)
-    for why, make, zero in (("sliceable", lambda m: fusedopt.FusedLAMB(m.parameters()), 1),
+    # AdamP's sums run per row (LAMB's and LARS's per tensor, which zero=1 completes over the ranks).
+    for why, make, zero in (("sliceable", lambda m: fusedopt.FusedAdamP(m.parameters()), 1),
                             ("flatten", lambda m: _fused("AdamW", m, flatten=True), 0),
                             ("device", lambda m: _fused("AdamW", m.to("meta")), 0)):
         try:
@@ -283,7 +284,7 @@ def test_errors_across_ranks(ranks):
     for rank in ranks:
         assert "rank 1 holds other params than rank 0" in rank["errors"]["layout"]
         assert "added to the optimizer after" in rank["errors"]["added"]
-        assert "FusedLAMB reads whole tensors" in rank["errors"]["sliceable"]
+        assert "FusedAdamP reads whole tensors" in rank["errors"]["sliceable"]
         assert "flatten=True" in rank["errors"]["flatten"]
         assert "is on meta" in rank["errors"]["device"]
 

@@ -14,6 +14,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import unicodedata
 
 import pytest
 
@@ -92,3 +93,99 @@ _REFERRING = [*doc_blocks.doc_files(), ROOT / "tests" / "CMakeLists.txt", ROOT /
 def test_named_paths_exist(doc):
     missing = sorted({ref for ref in _mentions(doc.read_text()) if not _exists(ref, doc)})
     assert not missing, f"{doc.relative_to(ROOT)} names paths that do not exist: {missing}"
+
+
+# Markdown links between the pages: every relative link points to a file that exists and, with a
+# #fragment into a Markdown page, to one of its headings (GitHub's anchors). Links inside code are
+# not links, and web addresses are not checked (the tests run offline).
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def _prose_lines(text: str):
+    """The lines outside fenced blocks, with inline code spans blanked."""
+    fenced = False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            yield re.sub(r"(`+).*?\1", "", line)
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: its text lower-cased, punctuation but - and _ dropped, spaces as -."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()  # a link's text only
+    kept = "".join(c for c in text if c.isalnum() or c in " -_" or unicodedata.category(c).startswith("M"))
+    return kept.replace(" ", "-")
+
+
+def _anchors(page: pathlib.Path) -> set[str]:
+    seen: dict[str, int] = {}
+    found = set()
+    fenced = False
+    for line in page.read_text().splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        m = None if fenced else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            base = _anchor(m.group(1))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            found.add(base if n == 0 else f"{base}-{n}")  # a repeated heading gets -1, -2, ...
+    return found
+
+
+def _broken_links(doc: pathlib.Path) -> list[str]:
+    broken = []
+    for line in _prose_lines(doc.read_text()):
+        for m in _LINK.finditer(line):
+            target = m.group(1)
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            path, _, fragment = target.partition("#")
+            page = (doc.parent / path).resolve() if path else doc
+            if not page.exists():
+                broken.append(f"{target} (no such file)")
+            elif fragment and page.suffix == ".md" and fragment not in _anchors(page):
+                broken.append(f"{target} (no heading with that anchor in {page.name})")
+    return broken
+
+
+@pytest.mark.parametrize("doc", doc_blocks.doc_files(), ids=[str(p.relative_to(ROOT)) for p in doc_blocks.doc_files()])
+def test_relative_links_resolve(doc):
+    broken = _broken_links(doc)
+    assert not broken, f"{doc.relative_to(ROOT)} links to what does not exist: {broken}"
+
+
+def test_link_checker_catches_a_broken_link(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# A `title`: *here*\n\n[ok](#a-title-here) [ok](page.md) `[code](nowhere.md)`\n"
+                    "[bad](missing.md) [bad](#nowhere) [web](https://example.com/x.md)\n")
+    assert _broken_links(page) == ["missing.md (no such file)", "#nowhere (no heading with that anchor in page.md)"]
+
+
+def _linked_pages(doc: pathlib.Path) -> set[pathlib.Path]:
+    pages = set()
+    for line in _prose_lines(doc.read_text()):
+        for m in _LINK.finditer(line):
+            path = m.group(1).partition("#")[0]
+            if path.endswith(".md") and not re.match(r"^[a-z][a-z0-9+.-]*:", path):
+                pages.add((doc.parent / path).resolve())
+    return pages
+
+
+def test_readme_is_a_front_page():
+    """README.md stays a front page (the details live in docs/), and every page of docs/ can be reached
+    from it by following links."""
+    readme = ROOT / "README.md"
+    assert len(readme.read_bytes()) <= 12_000, "README.md is over 12,000 bytes: move the details into docs/"
+    reached, todo = {readme.resolve()}, [readme.resolve()]
+    while todo:
+        for page in _linked_pages(todo.pop()) - reached:
+            if page.exists():
+                reached.add(page)
+                todo.append(page)
+    unreached = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.resolve() not in reached)
+    assert not unreached, f"docs pages no link from README.md leads to: {unreached}"

@@ -57,9 +57,12 @@ def test_golden_vectors_regenerate_from_torch(tmp_path):
 
 
 def test_model_shapes_regenerate_identically(tmp_path):
-    out = tmp_path / "model_shapes.cc"
-    run("tools/gen_model_shapes.py", "--out", str(out))
-    assert out.read_text() == (ROOT / "src" / "doctor" / "model_shapes.cc").read_text()
+    run("tools/gen_model_shapes.py", "--out-dir", str(tmp_path))
+    committed = sorted((ROOT / "src" / "tool_util").glob("model_shapes*.cc"))
+    assert committed, "no generated model shapes"
+    assert sorted(p.name for p in tmp_path.glob("*.cc")) == [p.name for p in committed]
+    for path in committed:
+        assert (tmp_path / path.name).read_text() == path.read_text(), path.name
 
 
 def test_schedule_goldens_regenerate_from_torch(tmp_path):

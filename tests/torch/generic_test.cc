@@ -1,13 +1,9 @@
-// fusedopt::pt's generic classes (FusedOptimizer<Hyper>: Adamax, Adadelta, Adafactor, RAdam, NAdam,
-// ASGD, Rprop, LARS, RMSpropTF, AdamP, BertAdam), which libtorch has no twin of (the suite names
-// are the ones ctest runs; Adafactor's factored states also in adafactor_test.cc):
-//   TorchGenericGolden  tests/golden/<algo>.json (torch.optim 2.13's single-tensor step; for LARS
-//                       tools/lars_reference.py, for RMSpropTF tools/rmsproptf_reference.py, for
-//                       AdamP clovaai's adamp.AdamP, its matrices projected per row or layer;
-//                       for Adafactor torch.optim.Adafactor, matrices, a batch of matrices and
-//                       vectors; for
-//                       BertAdam tools/bert_adam_reference.py, clipped per (group, dtype);
-//                       written by tools/make_golden.py) replayed through each class
+// fusedopt::pt's generic classes (FusedOptimizer<Hyper>: every algorithm without a torch::optim
+// twin), which libtorch has no twin of (the suite names are the ones ctest runs; Lion's and LAMB's
+// numerics against the oracle also in lion_lamb_parity_test.cc, Adafactor's factored states in
+// adafactor_test.cc):
+//   TorchGenericGolden  typed over the registry's generic classes: tests/golden/<algo>.json
+//                       (written by tools/make_golden.py) replayed through each class
 //                       (golden_replay.h)
 //   TorchGeneric        typed over the classes: torch::save mid-run and torch::load into an
 //                       optimizer built with other defaults (options and state, scalar states too,
@@ -22,56 +18,67 @@
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fusedopt/hyper.h"
 #include "fusedopt/pt/optim.h"
 #include "fusedopt/scaler.h"
+#include "src/algos/registry.h"
 #include "tests/torch/golden_replay.h"
 #include "tests/torch/test_util.h"
 
 namespace fusedopt::pt::test {
 namespace {
 
-TEST(TorchGenericGolden, Adamax) {
-  ReplayGoldens<Adamax, AdamaxOptions, Adamax::ParamState>("adamax.json");
-}
-TEST(TorchGenericGolden, Adadelta) {
-  ReplayGoldens<Adadelta, AdadeltaOptions, Adadelta::ParamState>("adadelta.json");
-}
-TEST(TorchGenericGolden, RAdam) {
-  ReplayGoldens<RAdam, RAdamOptions, RAdam::ParamState>("radam.json");
-}
-TEST(TorchGenericGolden, NAdam) {
-  ReplayGoldens<NAdam, NAdamOptions, NAdam::ParamState>("nadam.json");
-}
-// tools/rmsproptf_reference.py's goldens (torch_npu NpuFusedRMSpropTF's formulas), all 18 modes.
-TEST(TorchGenericGolden, RMSpropTF) {
-  ReplayGoldens<RMSpropTF, RMSpropTFOptions, RMSpropTF::ParamState>("rmsproptf.json");
-}
-TEST(TorchGenericGolden, ASGD) { ReplayGoldens<ASGD, ASGDOptions, ASGD::ParamState>("asgd.json"); }
-TEST(TorchGenericGolden, Rprop) {
-  ReplayGoldens<Rprop, RpropOptions, Rprop::ParamState>("rprop.json");
-}
-TEST(TorchGenericGolden, LARS) { ReplayGoldens<LARS, LARSOptions, LARS::ParamState>("lars.json"); }
-TEST(TorchGenericGolden, AdamP) {
-  ReplayGoldens<AdamP, AdamPOptions, AdamP::ParamState>("adamp.json");
-}
-// torch.optim.Adafactor's goldens: matrices ([6, 11]), a batch of matrices ([3, 4, 5]) and vectors,
-// row_var, col_var and variance.
-TEST(TorchGenericGolden, Adafactor) {
-  ReplayGoldens<Adafactor, AdafactorOptions, Adafactor::ParamState>("adafactor.json");
-}
-// tools/bert_adam_reference.py's goldens (torch_npu NpuFusedBertAdam's formulas): the schedules and
-// the clipping per (group, dtype), which the class's one step over all groups does.
-TEST(TorchGenericGolden, BertAdam) {
-  ReplayGoldens<BertAdam, BertAdamOptions, BertAdam::ParamState>("bertadam.json");
+// Every algorithm whose class is the generic FusedOptimizer<Hyper> (those without a torch::optim
+// twin, Lion and LAMB included), from the registry: the hypers of algos::All whose ClassOf is it.
+template <class Kept, class... Hypers>
+struct GenericHypers {
+  using type = Kept;
+};
+template <class... Kept, class H, class... Rest>
+struct GenericHypers<::testing::Types<Kept...>, H, Rest...>
+    : GenericHypers<std::conditional_t<std::is_same_v<typename ClassOf<H>::type, FusedOptimizer<H>>,
+                                       ::testing::Types<Kept..., H>, ::testing::Types<Kept...>>,
+                    Rest...> {};
+template <class Descriptors>
+struct GenericOf;
+template <class... A>
+struct GenericOf<algos::List<A...>> : GenericHypers<::testing::Types<>, typename A::Hyper...> {};
+
+// The reference's class name (tests/golden/<it, lowercase>.json), as the tests' names.
+struct ReferenceName {
+  template <class Hyper>
+  static std::string GetName(int /*index*/) {
+    return algos::DescriptorOf<Hyper>::kTorchName;
+  }
+};
+
+// Each generic class replays its goldens (golden_replay.h): torch.optim 2.13's single-tensor step,
+// or the reference tools/make_golden.py runs for the algorithm (lion-pytorch; apex FusedLAMB's
+// formulas with its global max_grad_norm; tools/lars_reference.py, tools/rmsproptf_reference.py
+// in all 18 modes, clovaai's adamp.AdamP with its matrices projected per row or layer,
+// tools/bert_adam_reference.py clipped per (group, dtype), which the class's one step over all
+// groups does; torch.optim.Adafactor's matrices, a batch of matrices and vectors).
+template <class Hyper>
+class TorchGenericGolden : public ::testing::Test {};
+TYPED_TEST_SUITE(TorchGenericGolden, GenericOf<algos::All>::type, ReferenceName);
+
+TYPED_TEST(TorchGenericGolden, ReplaysTheReference) {
+  using Hyper = TypeParam;
+  std::string file = algos::DescriptorOf<Hyper>::kTorchName;
+  std::transform(file.begin(), file.end(), file.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  ReplayGoldens<FusedOptimizer<Hyper>, HyperOptions<Hyper>, HyperParamState<Hyper>>(file + ".json");
 }
 
 // Options away from the defaults (weight decay on, and each algorithm's own knob).

@@ -97,57 +97,26 @@ inline LambOptions ParseOptions(const json& g, const json& c, LambOptions /*tag*
       .max_grad_norm(c.at("max_grad_norm").get<double>());
 }
 
-inline const torch::Tensor* StateTensor(const LionParamState& s, const std::string& key) {
-  return key == "exp_avg" ? &s.exp_avg() : nullptr;
-}
-inline const torch::Tensor* StateTensor(const LambParamState& s, const std::string& key) {
-  if (key == "exp_avg") return &s.exp_avg();
-  if (key == "exp_avg_sq") return &s.exp_avg_sq();
-  return nullptr;
-}
-inline std::optional<std::int64_t> StateStep(const LionParamState& /*s*/) { return std::nullopt; }
-inline std::optional<std::int64_t> StateStep(const LambParamState& s) { return s.step(); }
-
 // A generic class's options (optim.h, HyperOptions) from torch's group dict: each field of the
-// descriptor under its torch name, the pairs (beta1, beta2), (etaminus, etaplus),
-// (step_size_min, step_size_max) and (eps1, eps2) from betas, etas, step_sizes and eps.
+// descriptor under its torch group key (algos::Field: betas[1] for beta2, a name for BertAdam's
+// schedule), absent or None where the field says the reference may leave it so.
 template <class Hyper>
 HyperOptions<Hyper> ParseOptions(const json& g, const json& /*c*/, HyperOptions<Hyper> /*tag*/) {
   Hyper h;
-  std::apply(
-      [&](const auto&... field) {
-        const auto parse = [&](const auto& f) {
-          const std::string name = f.name;
-          using T = std::remove_reference_t<decltype(h.*f.member)>;
-          struct Pair {
-            const char* first;
-            const char* second;
-            const char* key;
-          };
-          static constexpr Pair kPairs[] = {{"beta1", "beta2", "betas"},
-                                            {"etaminus", "etaplus", "etas"},
-                                            {"step_size_min", "step_size_max", "step_sizes"},
-                                            {"eps1", "eps2", "eps"}};
-          for (const Pair& pair : kPairs) {
-            if (name == pair.first || name == pair.second) {
-              const json& value = g.at(pair.key).at(name == pair.first ? 0 : 1);
-              // Adafactor's eps1 None: finfo(float32).eps for the goldens' f32 params, the
-              // default.
-              if (!value.is_null()) h.*f.member = value.template get<T>();
-              return;
-            }
-          }
-          if constexpr (std::is_same_v<T, int>) {  // BertAdam's schedule, by name
-            if (g.at(name).is_string()) {
-              h.*f.member = algos::BertAdamScheduleCode(g.at(name).template get<std::string>());
-              return;
-            }
-          }
-          h.*f.member = g.at(name).template get<T>();
-        };
-        (parse(field), ...);
-      },
-      algos::DescriptorOf<Hyper>::kFields);
+  algos::ForEachField<algos::DescriptorOf<Hyper>>([&](const auto& field) {
+    using T = std::remove_reference_t<decltype(h.*field.member)>;
+    const std::string key(field.GroupKey());
+    if (field.optional && !g.contains(key)) return;
+    const json& value = field.InTuple() ? g.at(key).at(field.index) : g.at(key);
+    if (field.nullable && value.is_null()) return;  // Adafactor's eps1 None: the default
+    if constexpr (std::is_same_v<T, int>) {
+      if (!field.choices.empty() && value.is_string()) {
+        h.*field.member = field.ChoiceCode(value.template get<std::string>());
+        return;
+      }
+    }
+    h.*field.member = value.template get<T>();
+  });
   return h;
 }
 

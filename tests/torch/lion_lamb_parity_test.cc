@@ -17,11 +17,10 @@
 //    2·lr. Those elements' params (a handful in a run, counted and bounded) are left out of the
 //    comparison; their exp_avg is not.
 //
-//  - TorchLionLambGolden: the golden trajectories tests/golden/lion.json (lion-pytorch 0.2.5) and
-//    tests/golden/lamb.json (tools/lamb_reference.py: apex FusedLAMB's formulas in torch ops, with
-//    its global max_grad_norm), every case replayed through the classes for 20 steps and compared
-//    after steps 1, 5 and 20 as tests/golden_test.cc compares the core: |a − r| <= 1e-6·max|r| per
-//    buffer, and the step counts.
+//  - the golden trajectories tests/golden/lion.json (lion-pytorch 0.2.5) and tests/golden/lamb.json
+//    (tools/lamb_reference.py: apex FusedLAMB's formulas in torch ops, with its global
+//    max_grad_norm), replayed through the classes as every generic class's are
+//    (TorchGenericGolden, generic_test.cc).
 
 #include <gtest/gtest.h>
 
@@ -328,13 +327,6 @@ TEST(TorchLionLambParity, LambGroupsDiffer) {
 // and the params shrink by the weight decay's trust-ratio step.
 TEST(TorchLionLambParity, LambZeroMaxGradNorm) {
   ExpectLambMatchesOracle(LrScaled(LambOptions(1e-2).max_grad_norm(0.0)), true);
-}
-
-TEST(TorchLionLambGolden, LionPytorch) {
-  ReplayGoldens<Lion, LionOptions, LionParamState>("lion.json");
-}
-TEST(TorchLionLambGolden, ApexFusedLamb) {
-  ReplayGoldens<LAMB, LambOptions, LambParamState>("lamb.json");
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 //   TorchLionLambSerialize  torch::save mid-run, torch::load into an optimizer built with other
 //                           defaults: options and state compare equal, and both continue bit for
 //                           bit like the uninterrupted run (TorchLionLambSerializeOptions: every
-//                           LAMB option survives the archive)
+//                           LAMB option survives the archive; archives in the layout of Lion's and
+//                           LAMB's former classes, and of the generic ones' field names, load)
 //   TorchLionLambErrors     construction checks naming the option, group options (kept, merged
 //                           with the defaults, of the wrong type), a param given twice, LAMB's
 //                           clipping rules, invalid live options: c10::Error, and nothing changed
@@ -23,6 +24,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fusedopt/pt/optim.h"
@@ -156,6 +158,77 @@ TEST(TorchLionLambSerializeOptions, LambOptionsRoundTrip) {
   const auto& back = static_cast<const LambOptions&>(loaded.param_groups()[0].options());
   EXPECT_TRUE(back == options);
   EXPECT_EQ(back.max_grad_norm(), kInf);
+}
+
+// An archive written by `write`, read back.
+torch::serialize::InputArchive Written(
+    const std::function<void(torch::serialize::OutputArchive&)>& write) {
+  torch::serialize::OutputArchive out;
+  write(out);
+  std::stringstream buffer;
+  out.save_to(buffer);
+  torch::serialize::InputArchive in;
+  in.load_from(buffer);
+  return in;
+}
+
+// Lion's and LAMB's options and states as their own classes wrote them (betas a pair, Lion's state
+// without a step count), and the generic classes' options under their field names (beta1, beta2),
+// load into today's classes.
+TEST(TorchLionLambSerializeOptions, EarlierLayoutsLoad) {
+  auto lion_in = Written([](torch::serialize::OutputArchive& a) {
+    a.write("lr", c10::IValue(1e-3));
+    a.write("betas", c10::IValue(std::make_tuple(0.95, 0.98)));
+    a.write("weight_decay", c10::IValue(0.1));
+  });
+  LionOptions lion;
+  lion.serialize(lion_in);
+  EXPECT_TRUE(lion == LionOptions(1e-3).betas({0.95, 0.98}).weight_decay(0.1));
+
+  const torch::Tensor m = torch::randn({4});
+  auto state_in = Written([&](torch::serialize::OutputArchive& a) { a.write("exp_avg", m); });
+  LionParamState state;
+  state.serialize(state_in);
+  EXPECT_EQ(state.step(), 0);
+  EXPECT_TRUE(torch::equal(state.exp_avg(), m));
+
+  auto lamb_in = Written([](torch::serialize::OutputArchive& a) {
+    a.write("lr", c10::IValue(3e-3));
+    a.write("betas", c10::IValue(std::make_tuple(0.8, 0.95)));
+    a.write("eps", c10::IValue(1e-7));
+    a.write("weight_decay", c10::IValue(0.2));
+    a.write("bias_correction", c10::IValue(false));
+    a.write("adam_w_mode", c10::IValue(false));
+    a.write("grad_averaging", c10::IValue(true));
+    a.write("max_grad_norm", c10::IValue(2.0));
+    a.write("use_nvlamb", c10::IValue(true));
+  });
+  LambOptions lamb;
+  lamb.serialize(lamb_in);
+  EXPECT_TRUE(lamb == LambOptions(3e-3)
+                          .betas({0.8, 0.95})
+                          .eps(1e-7)
+                          .weight_decay(0.2)
+                          .bias_correction(false)
+                          .adam_w_mode(false)
+                          .max_grad_norm(2.0)
+                          .use_nvlamb(true));
+
+  NAdamOptions want(NadamHyper{.lr = 2e-3, .beta1 = 0.8, .beta2 = 0.99});
+  auto nadam_in = Written([&](torch::serialize::OutputArchive& a) {
+    const NadamHyper& h = want.hyper();
+    a.write("lr", c10::IValue(h.lr));
+    a.write("beta1", c10::IValue(h.beta1));
+    a.write("beta2", c10::IValue(h.beta2));
+    a.write("eps", c10::IValue(h.eps));
+    a.write("weight_decay", c10::IValue(h.weight_decay));
+    a.write("momentum_decay", c10::IValue(h.momentum_decay));
+    a.write("decoupled_weight_decay", c10::IValue(h.decoupled_weight_decay));
+    a.write("maximize", c10::IValue(h.maximize));
+  });
+  NAdamOptions nadam;
+  nadam.serialize(nadam_in);
+  EXPECT_TRUE(nadam == want);
 }
 
 // ---- Errors -------------------------------------------------------------------------------------

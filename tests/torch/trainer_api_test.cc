@@ -71,7 +71,7 @@ void ExpectTrainerMatchesHandLoop(LossArg loss_arg) {
       });
 
   fusedopt::pt::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  // As the README writes it: the holder itself, and the loss as it is.
+  // As docs/train.md writes it: the holder itself, and the loss as it is.
   fusedopt::pt::Trainer trainer(
       model, [&](const torch::Tensor& x) { return model->forward(x); }, loss_arg, optimizer);
   const std::vector<Batch> batches = Batches();

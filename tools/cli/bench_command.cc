@@ -5,28 +5,65 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bench/runner.h"
 #include "src/algos/registry.h"
+#include "src/baselines/standard.h"
+#include "src/tool_util/report_util.h"
 #include "tools/cli/command.h"
 
 namespace fusedopt::cli {
 
-std::vector<std::string> AlgorithmNames() {
-  std::vector<std::string> names;
-  algos::All::ForEach([&](auto d) { names.emplace_back(decltype(d)::type::kName); });
-  return names;
+namespace {
+
+// A field's value for the help text: a number as ostream writes it, a flag as true or false.
+template <class T>
+std::string HelpValue(T value) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return value ? "true" : "false";
+  } else {
+    return tools::Num(static_cast<double>(value));
+  }
 }
 
-void AddShapesOrNumelOptions(CLI::App& parser, std::string& shapes, std::size_t& numel) {
-  CLI::Option* shapes_option =
-      parser.add_option("--shapes", shapes, "Real per-tensor shapes of a model")
-          ->check(CLI::IsMember({"mobilenet_v1", "resnet50", "bert_base", "gpt2_small"}));
-  CLI::Option* numel_option =
-      parser.add_option("--numel", numel, "One flat tensor of N elements")->check(ElementCount());
-  shapes_option->excludes(numel_option);
+// --optimizer's help, from the registry: every descriptor's kName, with the hyper-parameters the
+// benchmark sets apart from the Hyper struct's defaults (baselines::BenchHyper) and the passes of
+// a step that is not one pass (a two-phase or factored descriptor).
+std::string OptimizerHelp() {
+  const baselines::BenchHyper bench_hyper;
+  std::vector<std::string> entries;
+  algos::All::ForEach([&](auto d) {
+    using A = typename decltype(d)::type;
+    using Hyper = typename A::Hyper;
+    std::vector<std::string> notes;
+    const Hyper defaults{};
+    const Hyper& chosen = bench_hyper.Of<Hyper>();
+    algos::ForEachField<A>([&](const auto& field) {
+      if (chosen.*field.member != defaults.*field.member)
+        notes.push_back(std::string(field.name) + " " + HelpValue(chosen.*field.member));
+    });
+    if constexpr (algos::Factored<A>) {
+      notes.emplace_back("factored, three passes");
+    } else if constexpr (algos::TwoPhase<A>) {
+      notes.emplace_back("two-phase");
+    }
+    std::string entry = A::kName;
+    for (std::size_t i = 0; i < notes.size(); ++i) entry += (i == 0 ? " (" : ", ") + notes[i];
+    entries.push_back(notes.empty() ? entry : entry + ")");
+  });
+  std::string help =
+      "An optimizer of the registry (in parentheses: the hyper-parameters the benchmark sets apart "
+      "from the defaults, and the passes of a step that is not one): ";
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (i > 0) help += i + 1 == entries.size() ? " or " : ", ";
+    help += entries[i];
+  }
+  return help;
 }
+
+}  // namespace
 
 Command AddBenchCommand(CLI::App& app) {
   // The parsed values outlive this function: the parser writes into them, run() reads them.
@@ -42,15 +79,7 @@ Command AddBenchCommand(CLI::App& app) {
       "Time fused, standard (for-loop) and same_traffic steps, interleaved; with --loss-scale or "
       "--clip, a training-loop step, plus standard_pipeline (GradScaler + clip_grad_norm_ + "
       "for-loop step as separate passes)");
-  parser
-      ->add_option("--optimizer", options.optimizer,
-                   "sgd (momentum 0.9), adam, adamw, rmsprop, adagrad, lion (lr 1e-4, weight "
-                   "decay 0.1), lamb (two-phase; standard includes its global grad norm), "
-                   "adamax, adadelta, radam, nadam, asgd (t0 -1: ax averages from step 2), rprop, "
-                   "lars (two-phase, momentum 0.9), rmsproptf (torch_npu NpuFusedRMSpropTF), "
-                   "adamp (two-phase, per channel row), bert_adam (two-phase: the gradient "
-                   "norm per (group, dtype), torch_npu NpuFusedBertAdam) or adafactor "
-                   "(factored second moments, three passes)")
+  parser->add_option("--optimizer", options.optimizer, OptimizerHelp())
       ->check(CLI::IsMember(AlgorithmNames()))
       ->capture_default_str();
   AddShapesOrNumelOptions(*parser, options.shapes, options.numel);
@@ -89,7 +118,7 @@ Command AddBenchCommand(CLI::App& app) {
               bench::BenchOptions& run_options = values->options;
               if (run_options.shapes.empty() && run_options.numel == 0)
                 run_options.shapes = "mobilenet_v1";
-              if (clip->count() > 0) run_options.clip = bench::ParseClip(values->clip_text);
+              if (clip->count() > 0) run_options.clip = ParseClip(values->clip_text);
               if (!values->json_path.empty()) CheckWritable(values->json_path);  // before timing
               const nlohmann::json report = bench::RunBench(run_options, std::cout, std::cerr);
               if (!values->json_path.empty()) {

@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "fusedopt/distributed.h"
+#include "fusedopt/mpi_communicator.h"
 #include "fusedopt/runtime.h"
 #include "src/algos/registry.h"
 #include "src/core/step_hooks.h"
-#include "src/doctor/model_shapes.h"
-#include "src/mpi/mpi_communicator.h"
+#include "src/tool_util/model_shapes.h"
 #include "tools/cli/command.h"
 
 namespace fusedopt::cli {
@@ -51,7 +51,7 @@ template <class A>
 std::vector<TensorSpec> Specs(const DistBenchOptions& o) {
   if (o.numel > 0) return {{.numel = o.numel}};
   std::vector<TensorSpec> specs;
-  for (const bench::TensorShape& t : bench::GetModelShapes(o.shapes).tensors) {
+  for (const tools::TensorShape& t : tools::GetModelShapes(o.shapes).tensors) {
     TensorSpec s{.numel = t.numel};
     const std::size_t n = t.dims.size();
     if (n > 1 && algos::Factored<A>) {
@@ -89,7 +89,7 @@ nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, const ThreadCh
     opts.push_back(std::make_unique<DistributedOptimizer<Hyper>>(
         std::vector<Hyper>{Hyper{}}, specs, StorageOptions{}, comm, impl.options));
     for (std::size_t t = 0; t < specs.size(); ++t) {
-      bench::Fill(opts.back()->template params<float>(t).data(), DType::kF32, specs[t].numel, 1.0f,
+      tools::Fill(opts.back()->template params<float>(t).data(), DType::kF32, specs[t].numel, 1.0f,
                   static_cast<std::uint32_t>(t));
     }
     impl.state_bytes = opts.back()->state_bytes();
@@ -106,7 +106,7 @@ nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, const ThreadCh
       // Fresh gradients (the reduction overwrote the last ones with their sums), then every rank
       // starts the timed step together.
       for (std::size_t t = 0; t < specs.size(); ++t) {
-        bench::Fill(opts[i]->grads(t).data(), DType::kF32, specs[t].numel, 1e-3f,
+        tools::Fill(opts[i]->grads(t).data(), DType::kF32, specs[t].numel, 1e-3f,
                     static_cast<std::uint32_t>(1000 * comm.rank() + t));
       }
       MaxOverRanks(comm, 0.0);
@@ -137,25 +137,25 @@ nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, const ThreadCh
                            {"bucket_mb", o.bucket_mb},
                            {"rounds", o.rounds},
                            {"impls", nlohmann::json::object()}};
-  const double baseline = bench::Median(impls[0].ms);
+  const double baseline = tools::Median(impls[0].ms);
   std::ostringstream table;
-  table << "fusedopt bench-dist: " << o.optimizer << ", " << bench::FormatCount(numel)
+  table << "fusedopt bench-dist: " << o.optimizer << ", " << tools::FormatCount(numel)
         << " params in " << specs.size() << " tensors, " << comm.size() << " ranks, buckets of "
-        << bench::Num(o.bucket_mb) << " MiB; median of " << o.rounds
+        << tools::Num(o.bucket_mb) << " MiB; median of " << o.rounds
         << " rounds (the slowest rank's step)\n"
         << "threads per rank: " << threads.threads << " (" << threads.reason << ")\n\n"
         << "| impl | step ms | vs allreduce_then_step | exposed comm ms | bytes sent/rank | state "
            "bytes/rank |\n|---|---|---|---|---|---|\n";
   for (const Impl& impl : impls) {
-    const double median = bench::Median(impl.ms);
-    const double exposed = bench::Median(impl.exposed_ms);
+    const double median = tools::Median(impl.ms);
+    const double exposed = tools::Median(impl.exposed_ms);
     report["impls"][impl.name] = {{"median_ms", median},
                                   {"bytes_sent_per_rank", impl.bytes_sent},
                                   {"state_bytes_per_rank", impl.state_bytes},
                                   {"exposed_comm_ms", exposed}};
-    table << "| " << impl.name << " | " << bench::Fixed(median, 2) << " | "
-          << bench::Fixed(median / baseline, 2) << " | " << bench::Fixed(exposed, 2) << " | "
-          << bench::FormatCount(impl.bytes_sent) << " | " << bench::FormatCount(impl.state_bytes)
+    table << "| " << impl.name << " | " << tools::Fixed(median, 2) << " | "
+          << tools::Fixed(median / baseline, 2) << " | " << tools::Fixed(exposed, 2) << " | "
+          << tools::FormatCount(impl.bytes_sent) << " | " << tools::FormatCount(impl.state_bytes)
           << " |\n";
   }
   if (leader) out << table.str();

@@ -11,9 +11,10 @@
 #include <iostream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "src/doctor/report_util.h"
+#include "src/tool_util/report_util.h"
 
 namespace fusedopt::cli {
 
@@ -23,8 +24,8 @@ struct Command {
   std::function<int()> run;
 };
 
-using bench::CheckWritable;
-using bench::WriteTextFile;
+using tools::CheckWritable;
+using tools::WriteTextFile;
 
 // Runs a command's body and returns the exit status: 0; 2 for a bad argument
 // (std::invalid_argument, fusedopt::Error included), like CLI11's usage errors in main.cc; 1 for
@@ -68,21 +69,31 @@ inline CLI::Validator ElementCount() {
       "N>0");
 }
 
-// Every algorithm of the registry (src/algos/registry.h), by its name (bench_command.cc).
+// Every algorithm of the registry (src/algos/registry.h), by its name (options.cc).
 std::vector<std::string> AlgorithmNames();
 
 // Adds bench's and bench-dist's --shapes MODEL (real per-tensor shapes) and --numel N (one flat
 // tensor), which exclude each other; the command picks its default when neither is given
-// (bench_command.cc).
+// (options.cc).
 void AddShapesOrNumelOptions(CLI::App& parser, std::string& shapes, std::size_t& numel);
 
+// Parses the value of --clip (bench, doctor): a finite number > 0. Throws std::invalid_argument
+// naming --clip and the text otherwise (options.cc).
+double ParseClip(std::string_view text);
+
+// The models whose real per-tensor shapes the tools know (src/tool_util/model_shapes.h), for
+// --shapes (options.cc).
+std::vector<std::string> ModelNames();
+
+// Only in a build with the benchmark runner (FOPT_CLI_WITH_BENCH).
 Command AddBenchCommand(CLI::App& app);
 Command AddDoctorCommand(CLI::App& app);
 Command AddCkptCommand(CLI::App& app);  // ckpt_command.cc
 Command AddInfoCommand(CLI::App& app);
 // Only in a build with the libtorch adapter (FOPT_CLI_WITH_TRAIN).
 Command AddTrainCommand(CLI::App& app);
-// Only in a build with the MPI communicator (FOPT_CLI_WITH_MPI).
+// Only in a build with the benchmark runner and the MPI communicator (FOPT_CLI_WITH_BENCH and
+// FOPT_CLI_WITH_MPI).
 Command AddBenchDistCommand(CLI::App& app);
 
 }  // namespace fusedopt::cli

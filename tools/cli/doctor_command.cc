@@ -13,17 +13,16 @@
 #include <string>
 #include <vector>
 
-#include "bench/runner.h"
-#include "bench/standard.h"
 #include "src/doctor/doctor.h"
-#include "src/doctor/model_shapes.h"
+#include "src/tool_util/algorithm.h"
+#include "src/tool_util/model_shapes.h"
 #include "tools/cli/command.h"
 
 namespace fusedopt::cli {
 namespace {
 
 struct Values {
-  bench::DoctorOptions options;
+  doctor::DoctorOptions options;
   std::string shapes;
   std::vector<std::size_t> numels;
   std::string trace_path;
@@ -61,16 +60,16 @@ nlohmann::json ReadTrace(const std::string& path) {
 
 std::vector<std::size_t> ModelNumels(const std::string& model) {
   std::vector<std::size_t> numels;
-  for (const bench::TensorShape& t : bench::GetModelShapes(model).tensors)
+  for (const tools::TensorShape& t : tools::GetModelShapes(model).tensors)
     numels.push_back(t.numel);
   return numels;
 }
 
 // The options the doctor runs with: the trace's values (if any), then the flags given on top.
-bench::DoctorOptions Resolve(Values& v, const Given& given) {
-  bench::DoctorOptions o = v.options;
+doctor::DoctorOptions Resolve(Values& v, const Given& given) {
+  doctor::DoctorOptions o = v.options;
   if (!v.trace_path.empty()) {
-    o = bench::DoctorOptionsFromTrace(ReadTrace(v.trace_path));
+    o = doctor::DoctorOptionsFromTrace(ReadTrace(v.trace_path));
     o.rounds = v.options.rounds;
     if (given.optimizer->count() > 0) {
       o.optimizer = v.options.optimizer;
@@ -79,7 +78,7 @@ bench::DoctorOptions Resolve(Values& v, const Given& given) {
       // A trace of an optimizer the doctor does not time (the Python Trainer writes any class's
       // name): say where the name came from, and how to go on.
       throw std::invalid_argument("--trace: otherData.optimizer is '" + o.optimizer +
-                                  "', not one of " + bench::AlgorithmNames() +
+                                  "', not one of " + tools::AlgorithmNames() +
                                   ": give --optimizer NAME for the closest one");
     }
     if (given.dtype->count() > 0) o.dtype = v.options.dtype;
@@ -98,7 +97,7 @@ bench::DoctorOptions Resolve(Values& v, const Given& given) {
     throw std::invalid_argument("--weight-decay: must be a finite number >= 0, got nan");
   if (given.shapes->count() > 0) o.numels = ModelNumels(v.shapes);
   if (given.numels->count() > 0) o.numels = v.numels;
-  if (given.clip->count() > 0) o.clip = bench::ParseClip(v.clip_text);
+  if (given.clip->count() > 0) o.clip = ParseClip(v.clip_text);
   if (given.optimizer_ms->count() > 0) {
     o.optimizer_ms = v.optimizer_ms;
     o.optimizer_ms_source = "given";
@@ -117,7 +116,7 @@ bench::DoctorOptions Resolve(Values& v, const Given& given) {
 Command AddDoctorCommand(CLI::App& app) {
   // The parsed values outlive this function: the parser writes into them, run() reads them.
   auto values = std::make_shared<Values>();
-  bench::DoctorOptions& options = values->options;
+  doctor::DoctorOptions& options = values->options;
   CLI::App* parser = app.add_subcommand(
       "doctor",
       "Is the optimizer worth fusing here? Its share of the step, the ops and memory passes of a "
@@ -130,9 +129,8 @@ Command AddDoctorCommand(CLI::App& app) {
                         // with the list before a trace is read or anything is timed.
                         ->check(CLI::IsMember(AlgorithmNames()))
                         ->capture_default_str();
-  given.shapes =
-      parser->add_option("--shapes", values->shapes, "Real per-tensor shapes of a model")
-          ->check(CLI::IsMember({"mobilenet_v1", "resnet50", "bert_base", "gpt2_small"}));
+  given.shapes = parser->add_option("--shapes", values->shapes, "Real per-tensor shapes of a model")
+                     ->check(CLI::IsMember(ModelNames()));
   given.numels = parser
                      ->add_option("--numels", values->numels,
                                   "Element count of every parameter tensor: N,N,...")
@@ -191,9 +189,9 @@ Command AddDoctorCommand(CLI::App& app) {
 
   return {parser, [values, given] {
             return RunCommand("doctor", [&] {
-              const bench::DoctorOptions resolved = Resolve(*values, given);
+              const doctor::DoctorOptions resolved = Resolve(*values, given);
               if (!values->json_path.empty()) CheckWritable(values->json_path);  // before timing
-              const nlohmann::json report = bench::Diagnose(resolved, std::cout, std::cerr);
+              const nlohmann::json report = doctor::Diagnose(resolved, std::cout, std::cerr);
               if (!values->json_path.empty()) {
                 WriteTextFile(values->json_path, report.dump(2) + "\n");
                 std::cout << "wrote " << values->json_path << "\n";

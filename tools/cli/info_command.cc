@@ -1,6 +1,6 @@
 // `fusedopt info`: the SIMD targets and the thread count this machine runs; with --bandwidth, the
-// machine's STREAM-style read, write and copy bandwidth (bench/same_traffic.h), the numbers the
-// benchmark's same_traffic ceiling is to be read against.
+// machine's STREAM-style read, write and copy bandwidth (src/baselines/same_traffic.h), the numbers
+// the benchmark's same_traffic ceiling is to be read against.
 
 #include <cstddef>
 #include <iomanip>
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/same_traffic.h"
 #include "fusedopt/runtime.h"
+#include "src/baselines/same_traffic.h"
 #include "tools/cli/command.h"
 
 namespace fusedopt::cli {
@@ -22,12 +22,12 @@ constexpr std::size_t kDefaultBandwidthMiB = 256;
 constexpr int kBandwidthRounds = 5;
 
 void PrintBandwidth(std::size_t mib) {
-  bench::CheckFitsInMemory(2 * (mib << 20), "--bandwidth-mib " + std::to_string(mib));
+  tools::CheckFitsInMemory(2 * (mib << 20), "--bandwidth-mib " + std::to_string(mib));
   const Runtime& runtime = DefaultRuntime();
-  const bench::StreamBandwidth bw =
-      bench::MeasureStreamBandwidth(mib << 20, kBandwidthRounds, runtime);
-  const auto regular = static_cast<std::size_t>(bench::TrafficStores::kRegular);
-  const auto stream = static_cast<std::size_t>(bench::TrafficStores::kStream);
+  const baselines::StreamBandwidth bw =
+      baselines::MeasureStreamBandwidth(mib << 20, kBandwidthRounds, runtime);
+  const auto regular = static_cast<std::size_t>(baselines::TrafficStores::kRegular);
+  const auto stream = static_cast<std::size_t>(baselines::TrafficStores::kStream);
   std::cout << "bandwidth: STREAM-style, " << (bw.array_bytes >> 20) << " MiB f32 arrays, "
             << bw.threads << " threads, best of " << bw.rounds << " (GB/s = 1e9 bytes/s)\n"
             << std::fixed << std::setprecision(1);
@@ -35,8 +35,9 @@ void PrintBandwidth(std::size_t mib) {
   const auto print = [&](const char* name, const double* gbps, const char* what) {
     const std::size_t best = gbps[stream] > gbps[regular] ? stream : regular;
     std::cout << "  " << name << std::setw(7) << gbps[best] << " GB/s  (" << what << "; "
-              << bench::TrafficStoresName(bench::TrafficStores::kRegular) << " " << gbps[regular]
-              << ", " << bench::TrafficStoresName(bench::TrafficStores::kStream) << " "
+              << baselines::TrafficStoresName(baselines::TrafficStores::kRegular) << " "
+              << gbps[regular] << ", "
+              << baselines::TrafficStoresName(baselines::TrafficStores::kStream) << " "
               << gbps[stream] << ")\n";
   };
   print("write  ", bw.write_gb_per_s, "fill of one array");

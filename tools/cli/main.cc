@@ -1,6 +1,7 @@
 // The fusedopt command line: `train` (a real libtorch training loop, torch::optim vs fused, with a
 // timeline), `doctor` (what fusing can save for a model's shapes and step time), `bench` (the
-// optimizer step alone: fused vs standard vs the bandwidth ceiling), `info` and `ckpt`.
+// optimizer step alone: fused vs standard vs the bandwidth ceiling; in a build with the benchmark
+// runner), `info` and `ckpt`.
 
 #include <iostream>
 #include <vector>
@@ -15,8 +16,10 @@ int main(int argc, char** argv) {
   commands.push_back(fusedopt::cli::AddTrainCommand(app));
 #endif
   commands.push_back(fusedopt::cli::AddDoctorCommand(app));
+#ifdef FOPT_CLI_WITH_BENCH
   commands.push_back(fusedopt::cli::AddBenchCommand(app));
-#ifdef FOPT_CLI_WITH_MPI
+#endif
+#if defined(FOPT_CLI_WITH_BENCH) && defined(FOPT_CLI_WITH_MPI)
   commands.push_back(fusedopt::cli::AddBenchDistCommand(app));
 #endif
   commands.push_back(fusedopt::cli::AddInfoCommand(app));

@@ -1,4 +1,4 @@
-// tools/train/run.h: build the impls, train them in turn, summarize, print.
+// tools/train/run.h: build the impls and train them in turn; report.h summarizes and prints.
 
 #include "tools/train/run.h"
 
@@ -8,7 +8,6 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -28,23 +27,28 @@
 #include "fusedopt/runtime.h"
 #include "src/algos/registry.h"
 #include "src/doctor/doctor.h"
-#include "src/doctor/report_util.h"
+#include "src/tool_util/report_util.h"
+#include "tools/train/report.h"
 #include "tools/train/standard_optimizer.h"
 
 namespace fusedopt::train {
 namespace {
 
-using bench::Fixed;
-using bench::TrimmedMean;
+using tools::Fixed;
+
+// The algorithms libtorch has a torch::optim class of (the others' torch impl is the reference's
+// for-loop in ATen ops, standard_optimizer.h).
+constexpr std::string_view kTorchTwins[] = {"adamw", "adam", "sgd", "rmsprop", "adagrad"};
+
+bool HasTorchTwin(std::string_view name) {
+  return std::find(std::begin(kTorchTwins), std::end(kTorchTwins), name) != std::end(kTorchTwins);
+}
 
 // The algorithms without a torch::optim class: `f(std::type_identity<Descriptor>{})` for the one
 // named `name`; false when it is none of them.
 template <class F>
 bool WithOtherAlgorithm(const std::string& name, F&& f) {
-  static constexpr std::string_view kTorchTwins[] = {"adamw", "adam", "sgd", "rmsprop", "adagrad"};
-  if (std::find(std::begin(kTorchTwins), std::end(kTorchTwins), name) != std::end(kTorchTwins)) {
-    return false;
-  }
+  if (HasTorchTwin(name)) return false;
   bool found = false;
   algos::All::ForEach([&](auto d) {
     if (name == decltype(d)::type::kName) {
@@ -136,16 +140,10 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& name, 
     Algo hyper;
     hyper.lr = h.lr;
     if constexpr (requires { hyper.weight_decay; }) hyper.weight_decay = h.weight_decay;
-    if (!fused) {
-      made = std::make_unique<StandardOptimizer<Algo>>(params, hyper);
-    } else if constexpr (std::is_same_v<Algo, LionHyper>) {
-      made = std::make_unique<pt::Lion>(params,
-                                        pt::LionOptions(hyper.lr).weight_decay(hyper.weight_decay));
-    } else if constexpr (std::is_same_v<Algo, LambHyper>) {
-      made = std::make_unique<pt::LAMB>(params,
-                                        pt::LambOptions(hyper.lr).weight_decay(hyper.weight_decay));
-    } else {
+    if (fused) {
       made = std::make_unique<pt::FusedOptimizer<Algo>>(params, pt::HyperOptions<Algo>(hyper));
+    } else {
+      made = std::make_unique<StandardOptimizer<Algo>>(params, hyper);
     }
   });
   return made;
@@ -156,24 +154,17 @@ namespace {
 // What the run is called in the table: torch::optim's class or its fusedopt::pt subclass; for the
 // others, fusedopt::pt's class or the reference's for-loop in ATen ops (standard_optimizer.h).
 std::string Label(const std::string& optimizer, bool fused) {
-  static constexpr std::pair<std::string_view, std::string_view> kTwins[] = {
-      {"adamw", "AdamW"},
-      {"adam", "Adam"},
-      {"sgd", "SGD"},
-      {"rmsprop", "RMSprop"},
-      {"adagrad", "Adagrad"}};
-  for (const auto& [name, torch_class] : kTwins) {
-    if (optimizer == name)
-      return (fused ? "fusedopt::pt::" : "torch::optim::") + std::string(torch_class);
-  }
-  const std::string fused_class = optimizer == "lion"   ? "fusedopt::pt::Lion"
-                                  : optimizer == "lamb" ? "fusedopt::pt::LAMB"
-                                                        : std::string();
-  std::string name = fused_class;
-  WithOtherAlgorithm(optimizer, [&](auto d) {
-    if (name.empty()) name = pt::FusedOptimizer<typename decltype(d)::type::Hyper>::class_name();
+  std::string label = "ATen for-loop (" + optimizer + "'s reference ops)";
+  algos::All::ForEach([&](auto d) {
+    using A = typename decltype(d)::type;
+    if (optimizer != A::kName) return;
+    if (HasTorchTwin(optimizer)) {
+      label = (fused ? "fusedopt::pt::" : "torch::optim::") + std::string(A::kTorchName);
+    } else if (fused) {
+      label = pt::FusedOptimizer<typename A::Hyper>::class_name();
+    }
   });
-  return fused ? name : "ATen for-loop (" + optimizer + "'s reference ops)";
+  return label;
 }
 
 // One implementation: its own model copy, optimizer and trainer, and what its updates took.
@@ -186,36 +177,6 @@ struct Run {
   std::vector<pt::UpdateStats> timed;
   std::vector<double> losses;
 };
-
-nlohmann::json Summarize(const Run& run, std::int64_t samples_per_update) {
-  std::vector<double> step, data, forward, backward, optimizer, zero_grad;
-  double total_ms = 0.0;
-  for (const pt::UpdateStats& s : run.timed) {
-    step.push_back(s.step_ms);
-    data.push_back(s.data_ms);
-    forward.push_back(s.forward_ms);
-    backward.push_back(s.backward_ms);
-    optimizer.push_back(s.optimizer_ms);
-    zero_grad.push_back(s.zero_grad_ms);
-    total_ms += s.step_ms;
-  }
-  const double step_ms = TrimmedMean(step);
-  const double optimizer_ms = TrimmedMean(optimizer);
-  return {{"label", run.label},
-          {"samples_per_s", static_cast<double>(samples_per_update) / (step_ms / 1000.0)},
-          {"step_ms", step_ms},
-          {"optimizer_ms", optimizer_ms},
-          {"optimizer_share", optimizer_ms / step_ms},
-          {"total_s", total_ms / 1000.0},
-          {"phases_ms",
-           {{"data", TrimmedMean(data)},
-            {"forward", TrimmedMean(forward)},
-            {"backward", TrimmedMean(backward)},
-            {"optimizer", optimizer_ms},
-            {"zero_grad", TrimmedMean(zero_grad)}}},
-          {"losses", run.losses},
-          {"final_loss", run.losses.empty() ? 0.0 : run.losses.back()}};
-}
 
 }  // namespace
 
@@ -253,7 +214,7 @@ void Validate(const TrainOptions& o) {
   // Given hyper-parameters: finite and >= 0 (NaN would otherwise slip through every comparison).
   const auto hyper = [&](const std::string& option, const std::optional<double>& value) {
     if (value && !(std::isfinite(*value) && *value >= 0.0))
-      bad(option, bench::Num(*value), "must be a finite number >= 0");
+      bad(option, tools::Num(*value), "must be a finite number >= 0");
   };
   hyper("--lr", o.lr);
   hyper("--weight-decay", o.weight_decay);
@@ -261,120 +222,6 @@ void Validate(const TrainOptions& o) {
     bad("--checkpoint-dir", o.checkpoint_dir, "takes one --impl, not --compare");
   }
   ValidateCheckpointOptions(o);
-}
-
-// A one-line bar on a terminal; on a pipe, a line every 10 %.
-class Progress {
- public:
-  Progress(std::ostream& out, bool enabled, int total)
-      : out_(out), enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0), total_(total) {}
-  void Update(int done, const std::vector<Run>& runs) {
-    if (!enabled_) return;
-    if (!tty_ && done != total_ && done % std::max(1, total_ / 10) != 0) return;
-    constexpr int kWidth = 24;
-    const int filled = kWidth * done / total_;
-    std::ostringstream line;
-    line << "[" << std::string(filled, '#') << std::string(kWidth - filled, '.') << "] " << done
-         << "/" << total_;
-    for (const Run& run : runs) {
-      const pt::UpdateStats* last = run.timed.empty() ? nullptr : &run.timed.back();
-      if (last != nullptr) {
-        line << "  " << run.impl << " " << std::fixed << std::setprecision(1) << last->step_ms
-             << " ms/step loss " << std::setprecision(4) << last->loss;
-      }
-    }
-    out_ << (tty_ ? "\r" : "") << line.str() << (tty_ && done != total_ ? "" : "\n") << std::flush;
-  }
-
- private:
-  std::ostream& out_;
-  bool enabled_, tty_;
-  int total_;
-};
-
-std::string Percent(double fraction) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(1) << 100.0 * fraction << " %";
-  return s.str();
-}
-
-// Rows of the seeds' table: metric, then one cell per impl, then the change (fused vs torch).
-std::vector<std::vector<std::string>> TableRows(const nlohmann::json& report) {
-  std::vector<std::string> impls;
-  for (const auto& [impl, _] : report["impls"].items()) impls.push_back(impl);
-  // torch first: the "before" column.
-  std::sort(impls.begin(), impls.end(), [](const std::string& a, const std::string& b) {
-    return (a == "torch") > (b == "torch");
-  });
-  const bool compare = report.contains("speedup");
-  std::vector<std::vector<std::string>> rows;
-  std::vector<std::string> header = {"metric"};
-  for (const std::string& impl : impls) header.push_back(report["impls"][impl]["label"]);
-  if (compare) header.push_back("change");
-  rows.push_back(header);
-  const auto row = [&](const std::string& metric, const std::string& key, int digits, bool percent,
-                       const std::string& change) {
-    std::vector<std::string> r = {metric};
-    for (const std::string& impl : impls) {
-      const double v = report["impls"][impl][key];
-      r.push_back(percent ? Percent(v) : Fixed(v, digits));
-    }
-    if (compare) r.push_back(change);
-    rows.push_back(r);
-  };
-  const auto rel = [&](const std::string& key) {
-    if (!compare) return std::string();
-    const double t = report["impls"]["torch"][key], f = report["impls"]["fused"][key];
-    return (f >= t ? "+" : "") + Percent(f / t - 1.0);
-  };
-  row("throughput (samples/s)", "samples_per_s", 1, false, rel("samples_per_s"));
-  row("step (ms)", "step_ms", 2, false, rel("step_ms"));
-  row("optimizer (ms)", "optimizer_ms", 2, false, rel("optimizer_ms"));
-  std::string share_change;
-  if (compare) {
-    const double t = report["impls"]["torch"]["optimizer_share"];
-    const double f = report["impls"]["fused"]["optimizer_share"];
-    share_change = Fixed(100.0 * (f - t), 1) + " points";
-  }
-  row("optimizer share of the step", "optimizer_share", 1, true, share_change);
-  row("training time (s, " + std::to_string(report["steps"].get<int>()) + " steps)", "total_s", 2,
-      false, rel("total_s"));
-  row("loss after the last step", "final_loss", 4, false, "");
-  if (compare) {
-    // With both impls the columns are: metric, torch, fused, change.
-    const std::vector<std::string> speedup = {"speedup (step time)", "1.000x",
-                                              Fixed(report["speedup"], 3) + "x", ""};
-    rows.push_back(speedup);
-    std::vector<std::string> bound(rows[0].size(), "");
-    bound[0] = "Amdahl bound (optimizer -> 0 ms)";
-    bound.back() = Fixed(report["amdahl_bound"], 3) + "x, " +
-                   Percent(report["bound_gain_captured"]) + " of its gain captured";
-    rows.push_back(bound);
-    rows.push_back({"speedup from the optimizer phase alone", "1.000x",
-                    Fixed(report["phase_speedup"], 3) + "x",
-                    Percent(report["phase_gain_captured"]) + " of the bound's gain"});
-  }
-  return rows;
-}
-
-void PrintTable(const nlohmann::json& report, std::ostream& out) {
-  const std::vector<std::vector<std::string>> rows = TableRows(report);
-  std::vector<std::size_t> width(rows[0].size(), 0);
-  for (const auto& r : rows) {
-    for (std::size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
-  }
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    for (std::size_t c = 0; c < rows[i].size(); ++c) {
-      out << (c == 0 ? std::left : std::right) << std::setw(static_cast<int>(width[c]))
-          << rows[i][c] << (c + 1 < rows[i].size() ? "  " : "\n");
-    }
-    if (i == 0) {
-      std::size_t total = 0;
-      for (const std::size_t w : width) total += w + 2;
-      out << std::string(total - 2, '-') << "\n";
-    }
-  }
-  out << std::left;
 }
 
 }  // namespace
@@ -386,26 +233,6 @@ std::string OtherOptimizers() {
     WithOtherAlgorithm(name, [&](auto /*same*/) { names += (names.empty() ? "" : ", ") + name; });
   });
   return names;
-}
-
-std::string MarkdownTable(const nlohmann::json& report) {
-  const std::vector<std::vector<std::string>> rows = TableRows(report);
-  std::ostringstream md;
-  md << "**" << report["model"].get<std::string>() << "**, "
-     << report["optimizer"].get<std::string>() << ", batch " << report["batch_size"] << ", "
-     << report["threads"] << " threads, " << report["dtype"].get<std::string>()
-     << ", trimmed means of " << report["steps"] << " steps\n\n";
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    md << "|";
-    for (const std::string& cell : rows[i]) md << " " << cell << " |";
-    md << "\n";
-    if (i == 0) {
-      md << "|---|";
-      for (std::size_t c = 1; c < rows[i].size(); ++c) md << "--:|";
-      md << "\n";
-    }
-  }
-  return md.str();
 }
 
 nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::ostream& progress) {
@@ -477,7 +304,10 @@ nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::
       run.losses.push_back(stats.loss);
       if (i >= options.warmup) run.timed.push_back(stats);
     }
-    bar.Update(i + 1, runs);
+    std::vector<ImplProgress> lines;
+    for (const Run& run : runs)
+      lines.push_back({run.impl, run.timed.empty() ? nullptr : &run.timed.back()});
+    bar.Update(i + 1, lines);
   }
 
   std::vector<std::int64_t> numels;
@@ -503,7 +333,8 @@ nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::
       {"num_tensors", numels.size()},
       {"numel", std::accumulate(numels.begin(), numels.end(), std::int64_t{0})},
       {"target", ActiveTargetName()}};
-  for (const Run& run : runs) report["impls"][run.impl] = Summarize(run, samples);
+  for (const Run& run : runs)
+    report["impls"][run.impl] = Summarize(run.label, run.timed, run.losses, samples);
 
   if (report["impls"].contains("torch") && report["impls"].contains("fused")) {
     const nlohmann::json& t = report["impls"]["torch"];
@@ -539,7 +370,7 @@ nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::
     if (options.predict) {
       // What the doctor predicts from the torch run alone (its step and optimizer time), by
       // timing fusedopt's step on these shapes outside the training loop.
-      bench::DoctorOptions doctor;
+      doctor::DoctorOptions doctor;
       doctor.optimizer = options.optimizer;
       doctor.numels.assign(numels.begin(), numels.end());
       doctor.weight_decay = hyper.weight_decay;
@@ -551,7 +382,7 @@ nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::
       doctor.threads = threads;
       if (options.progress) progress << "doctor: timing fusedopt's step on these shapes\n";
       std::ostringstream ignored;  // its report and progress: the table below says what matters
-      nlohmann::json diagnosis = bench::Diagnose(doctor, ignored, ignored);
+      nlohmann::json diagnosis = doctor::Diagnose(doctor, ignored, ignored);
       report["doctor"] = {{"predicted_speedup", diagnosis["predicted_speedup"]},
                           {"predicted_fused_optimizer_ms", diagnosis["measured"]["fused_ms"]},
                           {"verdict", diagnosis["verdict"]}};
@@ -592,7 +423,7 @@ nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::
                             {"nesterov", hyper.nesterov},
                             {"max_grad_norm", report["max_grad_norm"]}};
     // Checked and atomic: a failed write is an error, and leaves no partial trace behind.
-    bench::WriteTextFile(options.trace_path, timeline.ToJson(other.dump()));
+    tools::WriteTextFile(options.trace_path, timeline.ToJson(other.dump()));
     report["trace"] = options.trace_path;
   }
   return report;

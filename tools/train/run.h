@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tools/train/models.h"
+#include "tools/train/report.h"  // MarkdownTable
 
 namespace fusedopt::train {
 
@@ -60,12 +61,10 @@ struct TrainOptions {
 //  and its value.
 nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::ostream& progress);
 
-// The --optimizer choices without a torch::optim class ("lion, lamb, adamax, ..."): the fused impl
-// is fusedopt::pt's class, the torch impl the reference's for-loop step in ATen ops.
+// The --optimizer choices without a torch::optim class (the registry's other kNames, comma-
+// separated): the fused impl is fusedopt::pt's class, the torch impl the reference's for-loop step
+// in ATen ops.
 std::string OtherOptimizers();
-
-// The table as Markdown (for --markdown / the --compare report file).
-std::string MarkdownTable(const nlohmann::json& report);
 
 // The optimizer's hyper-parameters: the options' values, else the optimizer's defaults here.
 // Throws std::invalid_argument for an unknown optimizer or a weight decay it does not have.

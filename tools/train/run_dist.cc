@@ -24,11 +24,11 @@
 
 #include "fusedopt/checkpoint.h"
 #include "fusedopt/distributed.h"
+#include "fusedopt/mpi_communicator.h"
 #include "fusedopt/pt/timeline.h"
 #include "fusedopt/runtime.h"
 #include "src/algos/registry.h"
-#include "src/doctor/report_util.h"
-#include "src/mpi/mpi_communicator.h"
+#include "src/tool_util/report_util.h"
 #include "src/torch/checkpoint_dir.h"
 #include "tools/train/run.h"
 
@@ -273,7 +273,7 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
   const auto median = [&](double StepTimes::*field) {
     std::vector<double> v;
     for (const StepTimes& s : timed) v.push_back(s.*field);
-    return bench::Median(v);
+    return tools::Median(v);
   };
   const double step_ms = median(&StepTimes::step_ms);
   std::size_t numel = 0;
@@ -315,29 +315,29 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
   if (!leader) return nullptr;
 
   out << "fusedopt train --dist: " << o.model.name << ", " << o.optimizer << " ("
-      << bench::FormatCount(numel) << " params), " << comm.size() << " ranks × " << slice
-      << " samples, zero " << d.zero << ", buckets of " << bench::Num(d.bucket_mb)
+      << tools::FormatCount(numel) << " params), " << comm.size() << " ranks × " << slice
+      << " samples, zero " << d.zero << ", buckets of " << tools::Num(d.bucket_mb)
       << " MiB; medians of " << o.steps << " steps (the slowest rank's)\n\n"
       << "| metric | value |\n|---|--:|\n"
       << "| threads per rank | " << threads.threads << " (" << threads.reason << ") |\n"
-      << "| samples/s | " << bench::Fixed(report["samples_per_s"], 1) << " |\n"
-      << "| step ms | " << bench::Fixed(step_ms, 2) << " |\n"
-      << "| forward ms | " << bench::Fixed(report["phases_ms"]["forward"], 2) << " |\n"
-      << "| backward ms | " << bench::Fixed(report["phases_ms"]["backward"], 2) << " |\n"
-      << "| grads to buckets ms | " << bench::Fixed(report["phases_ms"]["grads_to_buckets"], 2)
+      << "| samples/s | " << tools::Fixed(report["samples_per_s"], 1) << " |\n"
+      << "| step ms | " << tools::Fixed(step_ms, 2) << " |\n"
+      << "| forward ms | " << tools::Fixed(report["phases_ms"]["forward"], 2) << " |\n"
+      << "| backward ms | " << tools::Fixed(report["phases_ms"]["backward"], 2) << " |\n"
+      << "| grads to buckets ms | " << tools::Fixed(report["phases_ms"]["grads_to_buckets"], 2)
       << " |\n"
       << "| optimizer ms (reduction + update) | "
-      << bench::Fixed(report["phases_ms"]["optimizer"], 2) << " |\n"
-      << "| exposed communication ms | " << bench::Fixed(report["exposed_comm_ms"], 2) << " |\n"
-      << "| bytes sent per rank and step | " << bench::FormatCount(bytes_sent) << " |\n"
-      << "| optimizer state bytes per rank | " << bench::FormatCount(opt.state_bytes()) << " |\n"
-      << "| final loss | " << bench::Fixed(losses.back(), 4) << " |\n";
+      << tools::Fixed(report["phases_ms"]["optimizer"], 2) << " |\n"
+      << "| exposed communication ms | " << tools::Fixed(report["exposed_comm_ms"], 2) << " |\n"
+      << "| bytes sent per rank and step | " << tools::FormatCount(bytes_sent) << " |\n"
+      << "| optimizer state bytes per rank | " << tools::FormatCount(opt.state_bytes()) << " |\n"
+      << "| final loss | " << tools::Fixed(losses.back(), 4) << " |\n";
   if (report.contains("max_loss_rel_diff_vs_one_process")) {
     out << "| losses vs one process, max relative difference | "
-        << bench::Num(report["max_loss_rel_diff_vs_one_process"]) << " |\n";
+        << tools::Num(report["max_loss_rel_diff_vs_one_process"]) << " |\n";
   }
   if (!o.trace_path.empty()) {
-    bench::WriteTextFile(o.trace_path, all.ToJson(nlohmann::json{{"ranks", comm.size()}}.dump()));
+    tools::WriteTextFile(o.trace_path, all.ToJson(nlohmann::json{{"ranks", comm.size()}}.dump()));
     report["trace"] = o.trace_path;
   }
   return report;
@@ -354,7 +354,7 @@ nlohmann::json RunDistributedTraining(const TrainOptions& o, const DistTrainOpti
         "1 only");
   Check(!o.schedule, "--lr-warmup", std::to_string(o.lr_warmup), "no schedule yet");
   Check(d.zero == 0 || d.zero == 1, "--zero", std::to_string(d.zero), "0 or 1");
-  Check(d.bucket_mb > 0.0, "--bucket-mb", bench::Num(d.bucket_mb), "must be > 0");
+  Check(d.bucket_mb > 0.0, "--bucket-mb", tools::Num(d.bucket_mb), "must be > 0");
   Check(o.steps >= 1, "--steps", std::to_string(o.steps), "must be >= 1");
   ValidateCheckpointOptions(o);
   Check(!(d.reference && o.resume), "--reference", "",

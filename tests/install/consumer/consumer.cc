@@ -1,6 +1,6 @@
-// Uses the installed core as the README shows: one AdamW step, checked against the update written
-// out in double. On step 1 the bias-corrected moments are g and g^2, so torch's AdamW update is
-// p <- p (1 - lr wd) - lr g / (|g| + eps).
+// Uses the installed core as docs/cpp-api.md shows: one AdamW step, checked against the update
+// written out in double. On step 1 the bias-corrected moments are g and g^2, so torch's AdamW
+// update is p <- p (1 - lr wd) - lr g / (|g| + eps).
 #include <cmath>
 #include <cstdio>
 #include <span>

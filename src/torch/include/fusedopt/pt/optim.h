@@ -12,14 +12,14 @@
 //   loss.backward();
 //   opt.step();
 //
-// Lion and LAMB have no torch::optim twin, so they are not drop-ins: they are
-// torch::optim::Optimizer subclasses of their own, written as libtorch writes its optimizers
-// (LionOptions / LambOptions, LionParamState / LambParamState, the same constructors, get_lr/set_lr
-// for schedulers, and torch::save / torch::load of their state). They follow their references, as
-// the Python fusedopt.FusedLion and fusedopt.FusedLAMB do: Lion lucidrains' lion-pytorch
-// (arguments, defaults, update; state exp_avg only, no step count), LAMB apex's FusedLAMB
-// (arguments, defaults, formulas, the trust ratio, and its global gradient clipping by
-// max_grad_norm), with torch's per-param step count where apex keeps one per group.
+// The other algorithms have no torch::optim twin, so they are not drop-ins: each is the generic
+// FusedOptimizer<Hyper> below, a torch::optim::Optimizer written as libtorch writes its optimizers
+// (options, param state, the same constructors, get_lr/set_lr for schedulers, torch::save /
+// torch::load). Lion and LAMB follow their references, as the Python fusedopt.FusedLion and
+// fusedopt.FusedLAMB do: Lion lucidrains' lion-pytorch (arguments, defaults, update, its
+// constructor's checks; state exp_avg), LAMB apex's FusedLAMB (arguments, defaults, formulas, the
+// trust ratio, its constructor's checks and its global gradient clipping by max_grad_norm), with
+// torch's per-param step count where apex keeps one per group.
 //
 // Requirements on stepped params (checked with TORCH_CHECK before anything is written; the message
 // names the param as param_groups[g].params[i]): CPU, strided and contiguous, dtype float32,
@@ -164,158 +164,132 @@ class Adagrad : public torch::optim::Adagrad, public FusedStepOptions {
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
 
-// ---- Lion and LAMB: optimizers of their own (no torch::optim twin) ------------------------------
-//
-// Both are built like libtorch's optimizers: options deriving from OptimizerCloneableOptions (with
-// TORCH_ARG fields, get_lr/set_lr, serialize and operator==), a param state deriving from
-// OptimizerCloneableParamState, constructors taking param groups or a vector of tensors plus the
-// defaults (checked as the reference checks its arguments: c10::Error naming the option), and
-// save/load, so torch::save / torch::load round-trip them. A group given with its own options keeps
-// the fields set away from their constructor defaults and takes the others from the optimizer's
-// defaults, as libtorch 2.13 merges its own optimizers' groups. libtorch's add_param_group cannot
-// merge options types it does not know (it keeps the defaults), so call add_param_group on the Lion
-// / LAMB itself, not through a torch::optim::Optimizer&.
-
-// lion-pytorch's Lion(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0). weight_decay multiplies lr
-// (θ *= 1 − lr·weight_decay), lion-pytorch's default; for its decoupled_weight_decay=True, pass
-// weight_decay / lr of the constructor.
-struct LionOptions : public torch::optim::OptimizerCloneableOptions<LionOptions> {
-  using betas_t = std::tuple<double, double>;
-  LionOptions(double lr = 1e-4);  // NOLINT(google-explicit-constructor): as torch's options
-  TORCH_ARG(double, lr) = 1e-4;
-  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.99);
-  TORCH_ARG(double, weight_decay) = 0.0;
-
- public:
-  void serialize(torch::serialize::InputArchive& archive) override;
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  friend bool operator==(const LionOptions& lhs, const LionOptions& rhs);
-  double get_lr() const override;
-  void set_lr(double lr) override;
-};
-
-// lion-pytorch's state: the momentum exp_avg, in the param's dtype; no step count.
-struct LionParamState : public torch::optim::OptimizerCloneableParamState<LionParamState> {
-  TORCH_ARG(torch::Tensor, exp_avg);
-
- public:
-  void serialize(torch::serialize::InputArchive& archive) override;
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  friend bool operator==(const LionParamState& lhs, const LionParamState& rhs);
-};
-
-// Lion: θ *= 1 − lr·λ; θ −= lr·sign(β1·m + (1 − β1)·g); m = β2·m + (1 − β2)·g. The constructor
-// checks lion-pytorch's rules (lr > 0, betas in [0, 1]) and weight_decay >= 0.
-class Lion : public torch::optim::Optimizer, public FusedStepOptions {
- public:
-  explicit Lion(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
-                LionOptions defaults = {});
-  explicit Lion(std::vector<torch::Tensor> params, LionOptions defaults = {});
-
-  // Optimizer::add_param_group, keeping the group's LionOptions (merged with the defaults).
-  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
-  torch::Tensor step(LossClosure closure = nullptr) override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
-};
-
-// apex FusedLAMB(lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
-// adam_w_mode=True, grad_averaging=True, max_grad_norm=1.0, use_nvlamb=False). There is no amsgrad
-// field (apex rejects amsgrad=True) and no set_grad_none (zero_grad() sets grads to none already).
-//
-// max_grad_norm is apex's global clipping: before the update, every gradient is scaled by
-// max_grad_norm / ‖all gradients‖₂ when that norm exceeds it (apex divides by the inverse ratio:
-// at most 1 ulp apart). It is one threshold for the whole step, so every param group must hold the
-// same value (apex reads it from its defaults); inf: no clipping; 0 zeroes every non-zero gradient,
-// as apex's division by an infinite ratio does; it must be >= 0. This clipping takes the place of
-// training().max_grad_norm, which must stay inf for LAMB (and norm_type kL2; a Trainer's
-// max_grad_norm is training()'s); the norm and the factor are reported in last_step(). With a loss
-// scaler the norm is that of the unscaled gradients.
-struct LambOptions : public torch::optim::OptimizerCloneableOptions<LambOptions> {
-  using betas_t = std::tuple<double, double>;
-  LambOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): as torch's options
-  TORCH_ARG(double, lr) = 1e-3;
-  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
-  TORCH_ARG(double, eps) = 1e-6;
-  TORCH_ARG(double, weight_decay) = 0.01;
-  TORCH_ARG(bool, bias_correction) = true;
-  TORCH_ARG(bool, adam_w_mode) = true;     // weight decay added to the update (else to the grad)
-  TORCH_ARG(bool, grad_averaging) = true;  // exp_avg takes (1 − β1)·g (else g)
-  TORCH_ARG(double, max_grad_norm) = 1.0;
-  TORCH_ARG(bool, use_nvlamb) = false;  // the trust ratio also where weight_decay == 0
-
- public:
-  void serialize(torch::serialize::InputArchive& archive) override;
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  friend bool operator==(const LambOptions& lhs, const LambOptions& rhs);
-  double get_lr() const override;
-  void set_lr(double lr) override;
-};
-
-// torch-style per-param state: the step count (of the steps this param had a grad) and Adam's
-// moments, in the param's dtype.
-struct LambParamState : public torch::optim::OptimizerCloneableParamState<LambParamState> {
-  TORCH_ARG(std::int64_t, step) = 0;
-  TORCH_ARG(torch::Tensor, exp_avg);
-  TORCH_ARG(torch::Tensor, exp_avg_sq);
-
- public:
-  void serialize(torch::serialize::InputArchive& archive) override;
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  friend bool operator==(const LambParamState& lhs, const LambParamState& rhs);
-};
-
-// LAMB: Adam's moments, the update u = m̂ / (√v̂ + eps) (+ λθ in adam_w_mode), then per tensor
-// θ −= lr·(‖θ‖ / ‖u‖)·u where weight_decay != 0 or use_nvlamb and both norms are non-zero (else
-// θ −= lr·u). The constructor checks apex's rules (lr, eps, weight_decay >= 0; betas in [0, 1))
-// and max_grad_norm >= 0.
-class LAMB : public torch::optim::Optimizer, public FusedStepOptions {
- public:
-  explicit LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
-                LambOptions defaults = {});
-  explicit LAMB(std::vector<torch::Tensor> params, LambOptions defaults = {});
-
-  // Optimizer::add_param_group, keeping the group's LambOptions (merged with the defaults).
-  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
-  torch::Tensor step(LossClosure closure = nullptr) override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
-};
-
 // ---- The other algorithms of the engine: one generic class each ---------------------------------
 //
-// Adamax, Adadelta, Adafactor, RAdam, NAdam, ASGD and Rprop (torch.optim's, which libtorch lacks)
-// and LARS (apex LARC around SGD, as fusedopt.FusedLARS) are one template, FusedOptimizer<Hyper>,
-// over the core's hyper struct: the options are that struct (its fields are torch.optim's argument
-// names, with betas as beta1/beta2 and Adafactor's eps as eps1/eps2, and its defaults), the param
-// state is torch's state keys of the algorithm (state(key): "exp_avg", "exp_inf", ... and the 0-d
-// f32 scalar states such as NAdam's "mu_product") with the step count. Built as libtorch builds its
-// optimizers: constructors taking param groups or tensors plus the defaults (checked by the
-// engine's rules for the algorithm, as fusedopt.Fused<Algo> checks them: c10::Error naming the
-// option), get_lr/set_lr for schedulers, torch::save / torch::load of options and state. Numerics
-// are torch.optim's single-tensor step's (the engine's, see docs/numerics.md). There is no
-// torch::optim twin to take the params the engine cannot (float64, non-CPU, non-contiguous): those
-// are errors, as for Lion and LAMB.
+// Every other algorithm (those of torch.optim that libtorch lacks, such as NAdam and Adafactor;
+// Lion, LAMB, LARS (apex LARC around SGD, as fusedopt.FusedLARS), RMSpropTF, AdamP, BertAdam) is
+// one template, FusedOptimizer<Hyper>, over the core's hyper struct: the options are that struct
+// (its fields are the reference's argument names, with betas as beta1/beta2 and Adafactor's eps as
+// eps1/eps2, and its defaults), the param state is the reference's state keys of the algorithm
+// (state(key): "exp_avg", "exp_inf", ... and the 0-d f32 scalar states such as NAdam's
+// "mu_product") with the step count. Built as libtorch builds its optimizers: constructors taking
+// param groups or tensors plus the defaults (checked as the reference checks its arguments for Lion
+// and LAMB, by the engine's rules for the algorithm, as fusedopt.Fused<Algo> checks them, for the
+// others: c10::Error naming the option; a rejected group is not kept), get_lr/set_lr for
+// schedulers, torch::save / torch::load of options (under the reference's group keys: "betas" a
+// pair) and state. A group given with its own options keeps the keys set away from their
+// constructor defaults and takes the others from the optimizer's defaults, as libtorch 2.13 merges
+// its own optimizers' groups; libtorch's add_param_group cannot merge options types it does not
+// know (it keeps the defaults), so call add_param_group on the class itself, not through a
+// torch::optim::Optimizer&. Numerics are the reference's (the engine's, see docs/numerics.md).
+// There is no torch::optim twin to take the params the engine cannot (float64, non-CPU,
+// non-contiguous): those are errors.
 //
 //   fusedopt::pt::NAdam opt(model->parameters(), fusedopt::NadamHyper{.lr = 2e-3});
-//   opt.step();
+//   fusedopt::pt::Lion lion(model->parameters(),
+//   fusedopt::pt::LionOptions(1e-4).weight_decay(0.1)); opt.step();
+//
+// Lion: lion-pytorch's Lion(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0); θ *= 1 − lr·λ;
+// θ −= lr·sign(β1·m + (1 − β1)·g); m = β2·m + (1 − β2)·g. weight_decay multiplies lr,
+// lion-pytorch's default; for its decoupled_weight_decay=True, pass weight_decay / lr of the
+// constructor. The constructor checks lion-pytorch's rules (lr > 0, betas in [0, 1]) and
+// weight_decay >= 0. State: exp_avg, in the param's dtype (lion-pytorch keeps no step count; the
+// class counts its steps).
+//
+// LAMB: apex FusedLAMB(lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-6,
+// weight_decay=0.01, adam_w_mode=True, grad_averaging=True, max_grad_norm=1.0, use_nvlamb=False).
+// There is no amsgrad field (apex rejects amsgrad=True) and no set_grad_none (zero_grad() sets
+// grads to none already). Adam's moments, the update u = m̂ / (√v̂ + eps) (+ λθ in adam_w_mode),
+// then per tensor θ −= lr·(‖θ‖ / ‖u‖)·u where weight_decay != 0 or use_nvlamb and both norms are
+// non-zero (else θ −= lr·u). The constructor checks apex's rules (lr, eps, weight_decay >= 0; betas
+// in [0, 1)) and max_grad_norm >= 0. State: step, exp_avg, exp_avg_sq.
+//
+// LAMB's max_grad_norm (ExtraOptions) is apex's global clipping: before the update, every gradient
+// is scaled by max_grad_norm / ‖all gradients‖₂ when that norm exceeds it (apex divides by the
+// inverse ratio: at most 1 ulp apart). It is one threshold for the whole step, so every param
+// group must hold the same value (apex reads it from its defaults); inf: no clipping; 0 zeroes
+// every non-zero gradient, as apex's division by an infinite ratio does; it must be >= 0. This
+// clipping takes the place of training().max_grad_norm, which must stay inf for LAMB (and
+// norm_type kL2; a Trainer's max_grad_norm is training()'s); the norm and the factor are reported
+// in last_step(). With a loss scaler the norm is that of the unscaled gradients.
+
+// What a reference keeps in its param groups beyond the algorithm's hyper-parameters: apex
+// FusedLAMB's max_grad_norm (the step's clipping, not the engine's update).
+template <class Hyper>
+struct ExtraOptions {};
+template <>
+struct ExtraOptions<LambHyper> {
+  double max_grad_norm = 1.0;
+};
 
 template <class Hyper>
 class HyperOptions : public torch::optim::OptimizerCloneableOptions<HyperOptions<Hyper>> {
  public:
   HyperOptions(const Hyper& hyper = {})  // NOLINT(google-explicit-constructor): as torch's options
       : hyper_(hyper) {}
-  explicit HyperOptions(double lr) { hyper_.lr = lr; }  // the other fields at their defaults
+  HyperOptions(double lr) {  // NOLINT(google-explicit-constructor): the other fields at defaults
+    hyper_.lr = lr;
+  }
   Hyper& hyper() { return hyper_; }
   const Hyper& hyper() const { return hyper_; }
+  ExtraOptions<Hyper>& extra() { return extra_; }
+  const ExtraOptions<Hyper>& extra() const { return extra_; }
   double get_lr() const override { return hyper_.lr; }
   void set_lr(double lr) override { hyper_.lr = lr; }
+
+  // Builders under the reference's names, as torch's options have them (LionOptions(1e-4)
+  // .betas({0.9, 0.99}).weight_decay(0.1)), for the fields the algorithm has: a getter and a
+  // setter returning *this each. hyper() reaches every field.
+#define FUSEDOPT_PT_OPTION_(T, name)                                        \
+  T name() const requires requires(const Hyper& h) { h.name; }              \
+  { return hyper_.name; }                                                   \
+  HyperOptions& name(T value) requires requires(const Hyper& h) { h.name; } \
+  {                                                                         \
+    hyper_.name = value;                                                    \
+    return *this;                                                           \
+  }
+  FUSEDOPT_PT_OPTION_(double, lr)
+  FUSEDOPT_PT_OPTION_(double, eps)
+  FUSEDOPT_PT_OPTION_(double, weight_decay)
+  FUSEDOPT_PT_OPTION_(double, momentum)
+  FUSEDOPT_PT_OPTION_(double, dampening)
+  FUSEDOPT_PT_OPTION_(bool, nesterov)
+  FUSEDOPT_PT_OPTION_(bool, maximize)
+  FUSEDOPT_PT_OPTION_(bool, amsgrad)
+  FUSEDOPT_PT_OPTION_(bool, bias_correction)
+  FUSEDOPT_PT_OPTION_(bool, adam_w_mode)
+  FUSEDOPT_PT_OPTION_(bool, grad_averaging)
+  FUSEDOPT_PT_OPTION_(bool, use_nvlamb)
+#undef FUSEDOPT_PT_OPTION_
+  // torch's betas pair: (beta1, beta2).
+  std::tuple<double, double> betas() const requires requires(const Hyper& h) { h.beta1 + h.beta2; }
+  { return {hyper_.beta1, hyper_.beta2}; }
+  HyperOptions& betas(const std::tuple<double, double>& betas) requires requires(const Hyper& h) {
+    h.beta1 + h.beta2;
+  }
+  {
+    hyper_.beta1 = std::get<0>(betas);
+    hyper_.beta2 = std::get<1>(betas);
+    return *this;
+  }
+  // LAMB's global clipping threshold (ExtraOptions).
+  double max_grad_norm() const requires requires(const ExtraOptions<Hyper>& e) { e.max_grad_norm; }
+  { return extra_.max_grad_norm; }
+  HyperOptions& max_grad_norm(double value) requires requires(const ExtraOptions<Hyper>& e) {
+    e.max_grad_norm;
+  }
+  {
+    extra_.max_grad_norm = value;
+    return *this;
+  }
+
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
   bool operator==(const HyperOptions& other) const;  // field by field
 
  private:
   Hyper hyper_;
+  ExtraOptions<Hyper> extra_;
 };
 
 template <class Hyper>
@@ -331,6 +305,19 @@ struct HyperParamState : public torch::optim::OptimizerCloneableParamState<Hyper
   // The tensor of torch's state key `key` (a slot or a scalar state); c10::Error for a key the
   // algorithm does not have.
   torch::Tensor& state(std::string_view key);
+  const torch::Tensor& state(std::string_view key) const;
+  // Accessors under the keys Adam-like states have, as torch's param states have them (state(key);
+  // c10::Error for an algorithm without the key).
+  const torch::Tensor& exp_avg() const { return state("exp_avg"); }
+  HyperParamState& exp_avg(const torch::Tensor& t) {
+    state("exp_avg") = t;
+    return *this;
+  }
+  const torch::Tensor& exp_avg_sq() const { return state("exp_avg_sq"); }
+  HyperParamState& exp_avg_sq(const torch::Tensor& t) {
+    state("exp_avg_sq") = t;
+    return *this;
+  }
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
   bool operator==(const HyperParamState& other) const;  // step and tensor values
@@ -355,43 +342,70 @@ class FusedOptimizer : public torch::optim::Optimizer, public FusedStepOptions {
   static std::string class_name();
 };
 
-// The template exists for every algorithm of the engine; these are the ones without a class of
-// their own above.
-using Adamax = FusedOptimizer<AdamaxHyper>;
-using AdamaxOptions = HyperOptions<AdamaxHyper>;
-using Adadelta = FusedOptimizer<AdadeltaHyper>;
-using AdadeltaOptions = HyperOptions<AdadeltaHyper>;
-using RAdam = FusedOptimizer<RadamHyper>;
-using RAdamOptions = HyperOptions<RadamHyper>;
-using NAdam = FusedOptimizer<NadamHyper>;
-using NAdamOptions = HyperOptions<NadamHyper>;
-using ASGD = FusedOptimizer<AsgdHyper>;
-using ASGDOptions = HyperOptions<AsgdHyper>;
-using Rprop = FusedOptimizer<RpropHyper>;
-using RpropOptions = HyperOptions<RpropHyper>;
-// apex LARC around SGD (fusedopt.FusedLARS): momentum_buffer, and a step count SGD does not keep.
-using LARS = FusedOptimizer<LarsHyper>;
-using LARSOptions = HyperOptions<LarsHyper>;
-using RMSpropTF = FusedOptimizer<RmsproptfHyper>;
-using RMSpropTFOptions = HyperOptions<RmsproptfHyper>;
-// clovaai's AdamP (fusedopt.FusedAdamP): a param of more than one dimension is projected per
-// channel row (its size(0)) or as a whole, as the reference decides each step.
-using AdamP = FusedOptimizer<AdampHyper>;
-using AdamPOptions = HyperOptions<AdampHyper>;
-// torch_npu NpuFusedBertAdam / HF BertAdam (fusedopt.FusedBertAdam): no bias correction, the lr
-// schedules, and max_grad_norm clipping per (group, param dtype) inside the step.
-using BertAdam = FusedOptimizer<BertAdamHyper>;
-using BertAdamOptions = HyperOptions<BertAdamHyper>;
-// torch.optim.Adafactor (fusedopt.FusedAdafactor): lr 1e-2, beta2_decay -0.8, eps1 and eps2
-// (torch's eps tuple, 1e-3 for eps2), d 1.0, weight_decay 0.0, maximize false. A param of more than
-// one dimension keeps state "row_var" [..., R, 1] and "col_var" [..., 1, C] (its last two
-// dimensions factored, the leading ones a batch), any other "variance" of its own shape, each in
-// the param's dtype, with the step count; a loaded factor of another shape is an error naming param
-// and key. torch's eps1 None is finfo(dtype).eps of the group's first param with a grad: the
-// default eps1 is finfo(float32).eps, torch's None for float32 params; for a float16 or bfloat16
-// model pass finfo of that dtype (9.765625e-4, 7.8125e-3) to match torch's default. A param of no
-// elements is an error (torch's step divides by its numel).
-using Adafactor = FusedOptimizer<AdafactorHyper>;
-using AdafactorOptions = HyperOptions<AdafactorHyper>;
+// ---- Every algorithm's class, by the public list (fusedopt/hyper.h) -----------------------------
+//
+// ClassOf<Hyper>: the class of the algorithm of Hyper, its options and its param state: the
+// torch::optim drop-ins above, the generic classes for the others. The names
+// users write (fusedopt::pt::NAdam, NAdamOptions, NAdamParamState; SGDOptions is
+// torch::optim::SGDOptions) are FUSEDOPT_FOR_EACH_ALGORITHM's aliases of it, so a new algorithm's
+// class needs no line here. The generic ones, beyond what their section above says:
+//   LARS         apex LARC around SGD (fusedopt.FusedLARS): momentum_buffer, and a step count SGD
+//                does not keep.
+//   AdamP        clovaai's AdamP (fusedopt.FusedAdamP): a param of more than one dimension is
+//                projected per channel row (its size(0)) or as a whole, as the reference decides
+//                each step.
+//   BertAdam     torch_npu NpuFusedBertAdam / HF BertAdam (fusedopt.FusedBertAdam): no bias
+//                correction, the lr schedules, and max_grad_norm clipping per (group, param dtype)
+//                inside the step.
+//   Adafactor    torch.optim.Adafactor (fusedopt.FusedAdafactor): lr 1e-2, beta2_decay -0.8, eps1
+//                and eps2 (torch's eps tuple, 1e-3 for eps2), d 1.0, weight_decay 0.0, maximize
+//                false. A param of more than one dimension keeps state "row_var" [..., R, 1] and
+//                "col_var" [..., 1, C] (its last two dimensions factored, the leading ones a
+//                batch), any other "variance" of its own shape, each in the param's dtype, with the
+//                step count; a loaded factor of another shape is an error naming param and key.
+//                torch's eps1 None is finfo(dtype).eps of the group's first param with a grad: the
+//                default eps1 is finfo(float32).eps, torch's None for float32 params; for a float16
+//                or bfloat16 model pass finfo of that dtype (9.765625e-4, 7.8125e-3) to match
+//                torch's default. A param of no elements is an error (torch's step divides by its
+//                numel).
+template <class Hyper>
+struct ClassOf {
+  using type = FusedOptimizer<Hyper>;
+  using Options = HyperOptions<Hyper>;
+  using ParamState = HyperParamState<Hyper>;
+};
+// The classes of their own: the drop-ins keep torch's options and param states.
+template <class Class, class OptionsT, class ParamStateT>
+struct OwnClass {
+  using type = Class;
+  using Options = OptionsT;
+  using ParamState = ParamStateT;
+};
+template <>
+struct ClassOf<SgdHyper> : OwnClass<SGD, torch::optim::SGDOptions, torch::optim::SGDParamState> {};
+template <>
+struct ClassOf<AdamHyper>
+    : OwnClass<Adam, torch::optim::AdamOptions, torch::optim::AdamParamState> {};
+template <>
+struct ClassOf<AdamWHyper>
+    : OwnClass<AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState> {};
+template <>
+struct ClassOf<RmspropHyper>
+    : OwnClass<RMSprop, torch::optim::RMSpropOptions, torch::optim::RMSpropParamState> {};
+template <>
+struct ClassOf<AdagradHyper>
+    : OwnClass<Adagrad, torch::optim::AdagradOptions, torch::optim::AdagradParamState> {};
+
+// An alias that names a class of its own (SGD, Adam) redeclares that class's name as itself, which
+// C++ allows ([dcl.typedef]).
+#define FUSEDOPT_PT_ALIASES_(Stem, Alias)               \
+  using Alias = ClassOf<Stem##Hyper>::type;             \
+  using Alias##Options = ClassOf<Stem##Hyper>::Options; \
+  using Alias##ParamState = ClassOf<Stem##Hyper>::ParamState;
+FUSEDOPT_FOR_EACH_ALGORITHM(FUSEDOPT_PT_ALIASES_)
+#undef FUSEDOPT_PT_ALIASES_
+// LAMB's options and state under the names they had when LAMB was a class of its own.
+using LambOptions = LAMBOptions;
+using LambParamState = LAMBParamState;
 
 }  // namespace fusedopt::pt

@@ -1,0 +1,348 @@
+"""Segments and packing: each param with a gradient as one _C.SegmentRow (its param, states, master copy and step
+counter addresses), the step's arguments packed param by param or, when nothing changed, reused in bulk from the
+last step, and overlapping params put into waves."""
+
+from __future__ import annotations
+
+import math
+import operator
+from itertools import chain
+
+import torch
+
+from . import _C
+from ._hypers import _BadNumber
+from ._signals import _Relaid
+from ._state import _ABSENT
+from ._tensors import DTYPE_CODES, first_overlap, grad_shape_error, number_error
+
+_ITEM_SIZES = {0: 4, 1: 2, 2: 2}  # bytes per element of each engine dtype code
+_ENGINE_CODES = {**DTYPE_CODES, torch.complex64: 0}  # a complex64 tensor is read as its f32 real view
+_SPAN = operator.attrgetter("param", "numel", "param_dtype")  # of a _C.SegmentRow
+# Bound C methods, mapped over lists of tensors by the packing fast path (_pack_unchanged).
+_PARAMS = operator.itemgetter("params")
+_GRAD = operator.attrgetter("grad")
+_DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
+_VERSION = operator.attrgetter("_version")
+_DATA_PTR = torch.Tensor.data_ptr
+_REQUIRED_STATES = operator.methodcaller("required_states")
+_IS_CONTIGUOUS = torch.Tensor.is_contiguous
+
+
+class SegmentPacking:
+    """The FusedOptimizerMixin part that turns params, grads and states into the engine's segment table."""
+
+    def _waves(self, segments) -> tuple[list[int], list[int]] | None:
+        """None when no two segments share memory (the common case: one parallel pass). Otherwise
+        (order, wave_ends): the segments in the order of the waves the engine runs one after the
+        other, and where each wave ends (see RunStep in src/python/module.cc). Recomputed only when
+        the params' addresses, sizes or dtypes change."""
+        if self._overlap_free:
+            return None
+        if not self._duplicates and first_overlap([p for g in self.param_groups for p in g["params"]]) is None:
+            self._overlap_free = True  # until a param moves (_segment_slow) or joins (add_param_group)
+            return None
+        key = list(map(_SPAN, segments))
+        if key != self._wave_key:
+            self._wave_key, self._wave_plan = key, _plan_waves(key)
+        return self._wave_plan
+
+    def _group_hypers(self) -> list:
+        hypers = []
+        for gi, group in enumerate(self.param_groups):
+            try:
+                hypers.append(self._hyper(group))
+            except _BadNumber as e:
+                raise number_error(f"param_groups[{gi}]{e.field}", e.value, e.index) from None
+        return hypers
+
+    def _pack(self, hypers: list, undo: list, grads: dict | None = None) -> _Packed:
+        """The engine's arguments for every param with a gradient (p.grad, or grads[p] when given),
+        param by param. A param listed twice gets the same segment twice: the engine counts its step
+        once per occurrence (torch's for-loop: SGD's occurrences on a first step each start from a
+        fresh momentum buffer, since torch gathers the buffers before the loop)."""
+        packed = _Packed(hypers)
+        seen: dict | None = {} if self._duplicates else None
+        index = -1  # of the param in all groups' params
+        for gi, group in enumerate(self.param_groups):
+            slots = hypers[gi].required_states()
+            needed = tuple(bool(slots >> k & 1) for k in range(len(self._slot_keys)))
+            for j, p in enumerate(group["params"]):
+                g = p.grad if grads is None else grads.get(p)
+                index += 1
+                if g is None:
+                    packed.none_at.append(index)
+                    continue
+                mine = self._needed_states(p, needed) if self._factored else needed
+                if seen is None:  # the common case, kept as lean as it was
+                    segment = self._segment(p, g, gi, j, mine, undo, grads is None, hypers[gi])
+                else:
+                    if p not in seen:
+                        seen[p] = self._segment(p, g, gi, j, mine, undo, grads is None, hypers[gi])
+                    segment = seen[p]
+                row, grad_ptr, code = segment
+                if row is None:  # (grad_ptr is why)
+                    packed.routed[p] = f"parameter {self._name(gi, j)}: {grad_ptr}"
+                    continue
+                packed.params.append(p)
+                packed.rows.append(row)
+                packed.grads.append(grad_ptr)
+                packed.codes.append(code)
+        return packed
+
+    def _pack_unchanged(self, hypers: list) -> _Packed | None:
+        """The common step, in bulk: when the same params hold gradients as at the last step() and
+        nothing its packing depended on has changed (the checks of _segment's cache, each mapped
+        over all params at once), the last step's segment table with this step's gradients.
+        Otherwise None: pack param by param."""
+        last = self._last
+        if last is None or list(map(_REQUIRED_STATES, hypers)) != last.needed:
+            return None
+        lists = list(map(_PARAMS, self.param_groups))  # (user code may edit them in place)
+        all_params = list(chain.from_iterable(lists))
+        if (list(map(len, lists)) != last.group_sizes
+                or not all(map(operator.is_, all_params, last.all_params))):
+            return None
+        grads = list(map(_GRAD, all_params))
+        if [i for i, g in enumerate(grads) if g is None] != last.packed.none_at:
+            return None
+        if last.packed.none_at:
+            grads = [g for g in grads if g is not None]
+        params = last.packed.params
+        try:
+            grad_ptrs = list(map(_DATA_PTR, grads))
+            if not all(map(_IS_CONTIGUOUS, grads)):
+                return None
+        except RuntimeError:  # a sparse gradient: the param-by-param path names it
+            return None
+        codes = list(map(DTYPE_CODES.get, map(_DTYPE, grads)))
+        if (None in codes or list(map(_SHAPE, grads)) != last.shapes
+                or list(map(_DATA_PTR, params)) != last.param_ptrs
+                or not all(map(operator.is_, map(self.state.get, params), last.states))
+                or not all(map(operator.is_, map(dict.get, last.entry_dicts, last.entry_keys), last.entry_tensors))
+                or list(map(_DATA_PTR, last.entry_tensors)) != last.entry_ptrs
+                or list(map(_VERSION, last.masters)) != last.versions):
+            return None
+        if last.grad_slots is not None and grad_ptrs != last.grad_slots:  # flatten=True, new p.grad
+            for i, (address, slot) in enumerate(zip(grad_ptrs, last.grad_slots)):
+                if address != slot:
+                    g = self._flat.place_grad(params[i])
+                    grad_ptrs[i], codes[i] = g.data_ptr(), DTYPE_CODES[g.dtype]
+        packed = _Packed(hypers)
+        packed.params, packed.none_at, packed.table = params, last.packed.none_at, last.packed.table
+        packed.grads, packed.codes = grad_ptrs, codes
+        return packed
+
+    def _remember(self, packed: _Packed) -> None:
+        """After a step packed param by param: what _pack_unchanged checks at the next one. Not
+        with a param listed twice or params that overlap (their segments run in waves)."""
+        if self._duplicates or not self._overlap_free:
+            return
+        cached = [self._segment_cache[p] for p in packed.params]
+        last = _LastStep()
+        lists = list(map(_PARAMS, self.param_groups))
+        last.all_params, last.group_sizes = list(chain.from_iterable(lists)), list(map(len, lists))
+        last.needed = list(map(_REQUIRED_STATES, packed.hypers))
+        last.shapes = [c.shape for c in cached]
+        last.param_ptrs = [c.param_ptr for c in cached]
+        last.states = [c.state for c in cached]
+        entries = [(c.state, key, t, address) for c in cached for key, t, address in c.tensors]
+        last.entry_dicts, last.entry_keys, last.entry_tensors, last.entry_ptrs = (
+            [e[k] for e in entries] for k in range(4))
+        with_master = [(p, c.version) for p, c in zip(packed.params, cached) if c.version is not None]
+        last.masters, last.versions = [m for m, _ in with_master], [v for _, v in with_master]
+        last.grad_slots = [c.grad_slot for c in cached] if self._flat is not None else None
+        # The table of the next steps: the cached rows. They are this step's, except where SGD's
+        # first step counted from a fresh buffer (the next ones count from the buffer it made).
+        last.packed = _Packed(packed.hypers)
+        last.packed.params, last.packed.none_at = packed.params, packed.none_at
+        rows = [c.row for c in cached]
+        same = packed.table is not None and all(map(operator.is_, rows, packed.rows))
+        last.packed.table = packed.table if same else _C.SegmentTable(rows)
+        self._last = last
+
+    def _segment(self, p, g, gi, j, needed, undo, own_grad, hyper) -> tuple:
+        """One parameter as (its _C.SegmentRow, its gradient's address, the gradient's dtype code),
+        creating its state on its first step like torch does. Every change to a dict (a state entry
+        created, converted or dropped, a param mark) goes into the `undo` log first (see
+        _roll_back).
+
+        This runs for every param on every step that _pack_unchanged cannot take, so it first tries
+        the entry cached by the last step: valid while the param's memory, its state tensors
+        (objects and memory) and the group's needs are the same (the grad may be new each step: its
+        dtype, shape and layout are checked). `own_grad`: g is p.grad (with flatten=True, it goes into
+        its slot), not an accumulator."""
+        c = self._segment_cache.get(p)
+        if c is not None and c.needed == needed and c.group == gi and c.param_ptr == p.data_ptr() and (
+                c.version is None or c.version == p._version):
+            state = self.state.get(p)
+            intact = state is c.state
+            for key, t, address in c.tensors:
+                intact = intact and state.get(key) is t and t.data_ptr() == address
+            if intact and not g.is_sparse and g.is_contiguous() and g.shape == c.shape:
+                gcode = DTYPE_CODES.get(g.dtype)
+                grad_ptr = g.data_ptr()
+                if gcode is not None:
+                    if own_grad and c.grad_slot is not None and grad_ptr != c.grad_slot:  # flatten, new p.grad
+                        g = self._flat.place_grad(p)
+                        grad_ptr, gcode = g.data_ptr(), DTYPE_CODES[g.dtype]
+                    return c.row, grad_ptr, gcode
+        return self._segment_slow(p, g, gi, j, needed, undo, own_grad, hyper)
+
+    def _segment_slow(self, p, g, gi, j, needed, undo, own_grad, hyper) -> tuple:
+        self._overlap_free = False  # p may have moved: _waves checks the addresses again
+        if g.shape != p.shape:  # (also before flatten=True moves the grad into a slot)
+            raise grad_shape_error(self._name(gi, j), g, p)
+        route = self._route(p, g, gi, j)
+        if route is not None:
+            return None, route, None
+        if self._flat is not None:
+            # Re-combine a param or grad replaced since the last step. If that needs a new layout,
+            # the segments packed so far point into the old one.
+            if self._flat.place(p):
+                raise _Relaid
+            if own_grad:
+                g = p.grad
+        # (a complex64 param, and its grad and states, are read as their f32 real views)
+        pcode, gcode = _ENGINE_CODES[p.dtype], _ENGINE_CODES[g.dtype]
+        # A param that needs no state (SGD without momentum) gets no entry, as in torch.
+        attached = self.state.get(p)
+        state = {} if attached is None else attached
+        sdtype = self._state_dtype(p)
+        ptrs = [0, 0, 0]
+        fresh_buffer = False
+        for slot, (key, need) in enumerate(zip(self._slot_keys, needed)):
+            if need:
+                t, fresh = self._ensure_state(p, state, key, sdtype, gi, j, undo, hyper)
+                ptrs[slot] = t.data_ptr()
+                fresh_buffer |= fresh
+        step_ptr, step = 0, 0
+        if self._counts_steps:
+            s = state.get("step")
+            count = 0.0 if s is None else self._step_count(s, gi, j)
+            if not (isinstance(s, torch.Tensor) and s.dtype == torch.float32 and s.device.type == "cpu"
+                    and s.numel() == 1):
+                undo.append((state, "step", _ABSENT if s is None else s))
+                s = torch.tensor(count, dtype=torch.float32)
+                state["step"] = s
+            step_ptr = s.data_ptr()
+        else:
+            step = 1 if fresh_buffer else 2  # SGD: a new momentum buffer starts as a copy of d
+        scalar_ptrs = [0, 0]
+        for k, key in enumerate(self._scalar_keys):
+            scalar_ptrs[k] = self._ensure_scalar(state, key, gi, j, k, undo).data_ptr()
+        master = 0
+        if self._has_master(p):
+            mark = self._param_marks.get(p, _ABSENT)
+            if mark != (p.data_ptr(), p._version):
+                # First step, or the param was changed outside the optimizer (a model checkpoint
+                # loaded into it, p.data = ...): the master copy restarts from the param.
+                if "master_param" in state:
+                    undo.append((state, "master_param", state.pop("master_param")))
+                undo.append((self._param_marks, p, mark))
+            self._param_marks[p] = (p.data_ptr(), p._version)  # our raw writes leave both as they are
+            master = self._ensure_state(p, state, "master_param", torch.float32, gi, j, undo)[0].data_ptr()
+        def row(step):
+            return _C.SegmentRow(param=p.data_ptr(), states=ptrs, master=master,
+                                 numel=p.numel() * (2 if p.is_complex() else 1), param_dtype=pcode,
+                                 state_dtype=_ENGINE_CODES[sdtype], group=gi, step_counter=step_ptr, step=step,
+                                 stochastic_rounding=self._rounding[0], rounding_seed=self._rounding[1],
+                                 global_offset=self._global_offset(p), scalars=scalar_ptrs,
+                                 rows=(p.shape[-2] if self._factored else p.shape[0])
+                                 if (self._row_reductions or self._factored) and p.dim() > 1 else 0,
+                                 cols=p.shape[-1] if self._factored and p.dim() > 1 else 0)
+
+        now = row(step)
+        keys = [k for k, need in zip(self._slot_keys, needed) if need]
+        keys += ["step"] if self._counts_steps else []
+        keys += self._scalar_keys
+        keys += ["master_param"] if master else []
+        tensors = tuple((k, state[k], state[k].data_ptr()) for k in keys)
+        if state and attached is None:
+            undo.append((self.state, p, _ABSENT))
+            self.state[p] = attached = state
+        grad_slot = self._flat.grad_slot_address(p) if self._flat is not None else None
+        # SGD's next steps find the buffer made by this one.
+        self._segment_cache[p] = _Cached(needed, gi, p.data_ptr(), attached, tensors, p._version if master else None,
+                                         now if step != 1 else row(2), p.shape, grad_slot)
+        return now, g.data_ptr(), gcode
+
+    def _global_offset(self, p: torch.Tensor) -> int:
+        """Index of p's first element in all params of all groups laid end to end: the element index
+        that keys stochastic rounding, independent of which params have grads this step."""
+        if self._offsets is None:
+            self._offsets, total = {}, 0
+            for group in self.param_groups:
+                for q in group["params"]:
+                    self._offsets.setdefault(q, total)
+                    total += q.numel()
+        return self._offsets[p]
+
+
+class _Packed:
+    """One step call's arguments: the groups' hypers and, per segment, its param, its SegmentRow
+    and its gradient's address and dtype code; `table`, the _C.SegmentTable of the rows once made;
+    `none_at`, the indices (in all groups' params) of the params without a gradient."""
+
+    __slots__ = ("hypers", "params", "rows", "grads", "codes", "table", "none_at", "routed")
+
+    def __init__(self, hypers: list):
+        self.hypers, self.table = hypers, None
+        self.params, self.rows, self.grads, self.codes, self.none_at = [], [], [], [], []
+        self.routed: dict[torch.Tensor, str] = {}  # params that take torch's step: their name and reason
+
+
+
+class _Cached:
+    """_segment's cache entry of a param: valid while it is in group `group`, which still needs the
+    same state slots (`needed`), the param's memory is at param_ptr (with a master copy: its version counter is
+    `version`), its state dict is `state` and holds the same (key, tensor, address) `tensors`. Then
+    `row` is its segment, and its grad must have `shape`; with flatten=True, grad_slot is where its
+    grad belongs."""
+
+    __slots__ = ("needed", "group", "param_ptr", "state", "tensors", "version", "row", "shape", "grad_slot")
+
+    def __init__(self, needed, group, param_ptr, state, tensors, version, row, shape, grad_slot):
+        self.needed, self.group, self.param_ptr, self.state, self.tensors = needed, group, param_ptr, state, tensors
+        self.version, self.row, self.shape, self.grad_slot = version, row, shape, grad_slot
+
+
+class _LastStep:
+    """What _pack_unchanged compares with: the cache entries of the last step's params, as lists
+    (one check maps over all of them at once), and that step's packing with its table."""
+
+    __slots__ = ("all_params", "group_sizes", "needed", "shapes", "param_ptrs", "states", "entry_dicts", "entry_keys",
+                 "entry_tensors", "entry_ptrs", "masters", "versions", "grad_slots", "packed")
+
+
+
+def _plan_waves(spans: list[tuple[int, int, int]]):
+    """_waves' plan for segments given as (address, numel, dtype code). A segment's wave is one
+    more than the latest wave of the earlier segments it overlaps (0 if none), so overlapping
+    segments run in their packing order, torch's for-loop order. None if nothing overlaps."""
+    ranges = sorted((ptr, ptr + numel * _ITEM_SIZES.get(code, 4), i)
+                    for i, (ptr, numel, code) in enumerate(spans) if numel)
+    wave = [0] * len(spans)
+    cluster: list = []  # ranges that overlap, transitively
+    cluster_end = -1
+    for r in ranges + [(math.inf, math.inf, -1)]:  # a sentinel settles the last cluster
+        if r[0] < cluster_end:
+            cluster.append(r)
+            cluster_end = max(cluster_end, r[1])
+            continue
+        if len(cluster) > 1:
+            cluster.sort(key=lambda c: c[2])
+            for k, (start, end, i) in enumerate(cluster):
+                wave[i] = 1 + max((wave[o] for s, e, o in cluster[:k] if s < end and start < e), default=-1)
+        cluster, cluster_end = [r], r[1]
+    last = max(wave, default=0)
+    if last == 0:
+        return None
+    order = sorted(range(len(spans)), key=wave.__getitem__)
+    ends = [0] * (last + 1)
+    for w in wave:
+        ends[w] += 1
+    for k in range(1, last + 1):
+        ends[k] += ends[k - 1]
+    return order, ends

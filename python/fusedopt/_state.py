@@ -1,0 +1,136 @@
+"""State creation with its undo log: each param's state tensors as the engine needs them (dtype, size, layout,
+flat slot), created on a param's first step as torch creates them; every dict change a step makes is logged first,
+so that a failed or skipped step leaves no trace (_roll_back)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._tensors import number_error
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+# The largest state['step'] the engine takes (src/python/module.cc): every f32 below it is an exact
+# int64, with room to count on.
+_MAX_STEP = 2.0**62
+_ABSENT = object()  # in an undo log: the key was not there
+
+
+class StateCreation:
+    """The FusedOptimizerMixin part that creates and converts per-param state."""
+
+    def _has_master(self, p: torch.Tensor) -> bool:
+        return self._master_weights and p.dtype in _LOW_PRECISION
+
+    def _state_dtype(self, p: torch.Tensor) -> torch.dtype:
+        if p.is_complex():  # states of p's dtype, as torch keeps them
+            return p.dtype
+        if self._state_dtype_option is not None:
+            return self._state_dtype_option
+        return torch.float32 if self._has_master(p) else p.dtype
+
+    def _step_count(self, s, gi: int, j: int) -> float:
+        """The value of a state['step'] (e.g. loaded from a state_dict), checked before the engine
+        converts it to an integer."""
+        what = f"state['step'] of parameter {self._name(gi, j)}"
+        try:
+            count = float(s)
+        except (TypeError, ValueError, RuntimeError):
+            raise number_error(what, s) from None
+        if not 0.0 <= count < _MAX_STEP:
+            raise ValueError(f"fusedopt: {what} is {count:g}; it must be a finite count in [0, 2**62)")
+        return count
+
+    def _ensure_scalar(self, state, key, gi, j, k, undo) -> torch.Tensor:
+        """state[key], a scalar state the engine reads and advances in place (NAdam's mu_product), as
+        torch creates it: a 0-d f32 CPU tensor, filled with the algorithm's initial value when missing.
+        A loaded value of another kind (a Python float, another dtype, e.g. bf16 after torch's
+        load_state_dict cast it to a bf16 param's dtype) is converted, keeping its value."""
+        t = state.get(key)
+        if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu" and t.dim() == 0:
+            return t
+        if t is None:
+            value = self._hyper(self.param_groups[gi]).initial_scalars()[k]
+        else:
+            try:
+                value = float(t)
+            except (TypeError, ValueError, RuntimeError):
+                raise number_error(f"state['{key}'] of parameter {self._name(gi, j)}", t) from None
+        undo.append((state, key, _ABSENT if t is None else t))
+        new = torch.tensor(value, dtype=torch.float32)
+        state[key] = new
+        return new
+
+    def _ensure_state(self, p, state, key, dtype, gi, j, undo, hyper=None):
+        """state[key] as the engine needs it: dtype, size, p's memory layout and, with flatten=True,
+        its slot in the flat buffer. A loaded or replaced tensor is converted or moved; a missing one
+        is created (the slot's initial value under `hyper`, the group's Hyper, or the param itself for
+        master_param, with hyper None).
+        Returns (tensor, whether it was created)."""
+        shape = self._state_shape(p, key)
+        if shape is not None:
+            return self._ensure_shaped_state(p, state, key, dtype, shape, gi, j, undo)
+        t = state.get(key)
+        if t is not None and t.dtype == dtype and t.numel() == p.numel() and (
+                t.stride() == p.stride() or (t.is_contiguous() and p.is_contiguous())) and (
+                self._flat is None or self._flat.in_slot(p, key, t)):
+            return t, False
+        if t is not None and t.numel() != p.numel():
+            raise ValueError(f"fusedopt: state '{key}' of parameter {self._name(gi, j)} has "
+                             f"{t.numel()} elements but the parameter has {p.numel()}")
+        fill = self._initial_state_value(key, self.param_groups[gi], p, hyper)
+        new = self._flat.state_slot(p, key, dtype, fill) if self._flat is not None else None
+        if new is None:
+            new = torch.empty_like(p, dtype=dtype, memory_format=torch.preserve_format)
+        if t is not None:
+            new.copy_(t.reshape(p.shape))
+        elif key == "master_param":
+            new.copy_(p.detach())
+        elif not (key == "momentum_buffer" and not self._counts_steps):  # SGD's is filled by the step
+            new.fill_(fill)
+        undo.append((state, key, _ABSENT if t is None else t))  # a failed step puts a loaded tensor back
+        state[key] = new
+        return new, t is None
+
+    def _ensure_shaped_state(self, p, state, key, dtype, shape, gi, j, undo):
+        """As _ensure_state, for a state of another shape than p's (Adafactor's row_var and col_var): contiguous,
+        created with zeros; a loaded one of the same number of elements is converted or reshaped."""
+        t = state.get(key)
+        if t is not None and t.dtype == dtype and t.shape == shape and t.is_contiguous() and t.device == p.device:
+            return t, False
+        if t is not None and t.numel() != math.prod(shape):
+            raise ValueError(f"fusedopt: state '{key}' of parameter {self._name(gi, j)} has shape {tuple(t.shape)} "
+                             f"but the parameter's shape {tuple(p.shape)} needs {tuple(shape)}")
+        new = torch.zeros(shape, dtype=dtype, device=p.device)
+        if t is not None:
+            new.copy_(t.reshape(shape))
+        undo.append((state, key, _ABSENT if t is None else t))  # a failed step puts a loaded tensor back
+        state[key] = new
+        return new, t is None
+
+    def _f32_states_to_keep(self, state_dict: dict) -> dict:
+        if not self._master_weights:
+            return {}
+        params = [p for g in self.param_groups for p in g["params"]]
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        keep = {}
+        for pid, sid in enumerate(saved_ids):
+            if pid >= len(params) or params[pid].dtype not in _LOW_PRECISION:
+                continue
+            entry = state_dict["state"].get(sid, {})
+            kept = {k: v.detach().to(torch.float32, copy=True) for k, v in entry.items()
+                    if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point()}
+            if kept:
+                keep[pid] = kept
+        return keep
+
+
+def _roll_back(undo: list) -> None:
+    """Undoes the dict changes of a failed or skipped step, newest first: entries it created are
+    removed, tensors it replaced (e.g. a loaded f32 state converted to state_dtype) put back."""
+    for d, key, old in reversed(undo):
+        if old is _ABSENT:
+            d.pop(key, None)
+        else:
+            d[key] = old

@@ -1,0 +1,162 @@
+// The step of one algorithm, generic over its descriptor (the members descriptor.h lists): validate
+// everything, compute each segment's coefficients in double, run the reduction pass of a two-phase
+// algorithm and finish its coefficients, then run the kernel over all chunks in one parallel
+// region. The algorithms' layer instantiates it once per algorithm (steps.cc there).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/runtime.h"
+#include "fusedopt/step.h"
+#include "src/core/factored_step.h"
+#include "src/core/parallel.h"
+#include "src/core/plan.h"
+#include "src/core/step_hooks.h"
+#include "src/core/step_traits.h"
+#include "src/core/validate_step.h"
+
+namespace fusedopt {
+
+// Elements per reduction row of a segment: numel (one row), or numel / rows for an algorithm with
+// per-row sums and a segment with rows.
+template <class A>
+std::size_t RowLength(const Segment& s) {
+  if constexpr (algos::RowReductions<A>) {
+    if (s.rows > 0) return s.numel / s.rows;
+  }
+  return s.numel;
+}
+
+// The rows a piece [begin, end) of a segment covers (at least one element each): its first row and
+// how many (1 without per-row sums).
+template <class A>
+std::pair<std::size_t, std::size_t> PieceRows(const Segment& s, std::size_t begin,
+                                              std::size_t end) {
+  const std::size_t length = RowLength<A>(s);
+  if (length == s.numel) return {0, 1};
+  return {begin / length, (end - 1) / length - begin / length + 1};
+}
+
+// The reduction pass of a two-phase algorithm: every chunk's piece sums (per row part, for
+// per-row sums) in parallel, then each segment's (row's) sums added up in chunk order (so they do
+// not depend on the thread count), then the segment's coefficients finished from them; a per-row
+// algorithm's Finish also writes its rows' values into `row_values`.
+template <algos::TwoPhase A>
+void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scalars>& plan,
+            Runtime& runtime, std::vector<float>& row_values, const SegmentSumsHook* hook) {
+  constexpr std::size_t k = A::kReductions;
+  const std::size_t num_chunks = plan.chunks.num_chunks();
+  const std::span<const Segment> segments = plan.chunks.segments();
+  std::vector<std::size_t> first_part(num_chunks + 1, 0);
+  for (std::size_t c = 0; c < num_chunks; ++c) {
+    std::size_t parts = 0;
+    plan.chunks.ForEachPiece(c, c + 1, [&](std::size_t s, std::size_t begin, std::size_t end) {
+      parts += PieceRows<A>(segments[s], begin, end).second;
+    });
+    first_part[c + 1] = first_part[c] + parts;
+  }
+  std::vector<double> part_sums(first_part.back() * k);
+  ParallelForChunks(num_chunks, runtime.num_threads(), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t c = begin; c < end; ++c) A::kReduce(plan, c, &part_sums[first_part[c] * k]);
+  });
+  // Each segment's sums: max(rows, 1) rows of k from first_sum[s].
+  std::vector<std::size_t> first_sum(segments.size() + 1, 0);
+  for (std::size_t s = 0; s < segments.size(); ++s) {
+    const std::size_t length = RowLength<A>(segments[s]);
+    const std::size_t rows = length == segments[s].numel ? 1 : segments[s].numel / length;
+    first_sum[s + 1] = first_sum[s] + k * rows;
+  }
+  std::vector<double> sums(first_sum.back(), 0.0);
+  std::size_t part = 0;
+  for (std::size_t c = 0; c < num_chunks; ++c) {
+    plan.chunks.ForEachPiece(c, c + 1, [&](std::size_t s, std::size_t begin, std::size_t end) {
+      const auto [row, rows] = PieceRows<A>(segments[s], begin, end);
+      for (std::size_t r = 0; r < rows; ++r, ++part) {
+        for (std::size_t j = 0; j < k; ++j) {
+          sums[first_sum[s] + (row + r) * k + j] += part_sums[part * k + j];
+        }
+      }
+    });
+  }
+  if constexpr (kSegmentSums<A>) {
+    if (hook != nullptr) (*hook)(std::span<double>(sums), k);
+  }
+  if constexpr (algos::FinishesAll<A>) {
+    A::FinishAll(groups, segments, std::span<const double>(sums), std::span(plan.scalars));
+  } else if constexpr (algos::RowReductions<A>) {
+    std::vector<std::size_t> first_value(segments.size() + 1, 0);
+    for (std::size_t s = 0; s < segments.size(); ++s) {
+      first_value[s + 1] = first_value[s] + segments[s].rows * A::kRowValues;
+    }
+    row_values.assign(first_value.back(), 0.0f);
+    for (std::size_t s = 0; s < segments.size(); ++s) {
+      A::Finish(groups[segments[s].group], segments[s],
+                std::span<const double>(&sums[first_sum[s]], first_sum[s + 1] - first_sum[s]),
+                plan.scalars[s],
+                std::span<float>(row_values.data() + first_value[s],
+                                 first_value[s + 1] - first_value[s]));
+    }
+  } else {
+    for (std::size_t s = 0; s < segments.size(); ++s) {
+      A::Finish(groups[segments[s].group], segments[s],
+                std::span<const double, k>(&sums[first_sum[s]], k), plan.scalars[s]);
+    }
+  }
+}
+
+template <class A>
+void RunStepChunks(std::span<const typename A::Hyper> groups, std::span<const Segment> segments,
+                   Runtime& runtime, const SegmentSumsHook* hook) {
+  ValidateStep<A>(groups, segments);
+  StepPlan<typename A::Scalars> plan{ChunkPlan(segments), {}};
+  plan.scalars.reserve(segments.size());
+  constexpr std::size_t kScalars = algos::NumScalarStates<A>();
+  // Per segment, the scalar states this step leaves (stored only once the update has run).
+  std::vector<float> next(segments.size() * kScalars);
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    if constexpr (kScalars > 0) {
+      const std::span<float, kScalars> mine(&next[i * kScalars], kScalars);
+      A::NextScalars(groups[s.group], s, mine);
+      plan.scalars.push_back(
+          A::MakeScalars(groups[s.group], s, std::span<const float, kScalars>(mine)));
+    } else {
+      plan.scalars.push_back(A::MakeScalars(groups[s.group], s));
+    }
+  }
+  std::vector<float> row_values;  // a per-row algorithm's, read by the update pass
+  if constexpr (algos::TwoPhase<A>) {
+    // An algorithm whose sums some groups do not use skips the pass when none does
+    // (NeedsReduction).
+    bool reduce = true;
+    if constexpr (requires { A::NeedsReduction(groups[0]); }) {
+      reduce = std::any_of(groups.begin(), groups.end(),
+                           [](const typename A::Hyper& h) { return A::NeedsReduction(h); });
+    }
+    if (reduce) Reduce<A>(groups, plan, runtime, row_values, hook);
+  }
+  ParallelForChunks(plan.chunks.num_chunks(), runtime.num_threads(),
+                    [&](std::size_t begin, std::size_t end) { A::kRun(plan, begin, end); });
+  if constexpr (kScalars > 0) {
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      for (std::size_t k = 0; k < kScalars; ++k) *segments[i].scalars[k] = next[i * kScalars + k];
+    }
+  }
+}
+
+template <class A>
+void RunStep(std::span<const typename A::Hyper> groups, std::span<const Segment> segments,
+             Runtime& runtime, const SegmentSumsHook* hook = nullptr) {
+  if constexpr (algos::Factored<A>) {
+    RunFactoredStep<A>(groups, segments, runtime);
+    return;
+  } else {
+    RunStepChunks<A>(groups, segments, runtime, hook);
+  }
+}
+
+}  // namespace fusedopt

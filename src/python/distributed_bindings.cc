@@ -1,0 +1,133 @@
+// What python/fusedopt/distributed.py takes from the C++ data-parallel layer, so that one policy
+// serves both: _C.ShardLayout (include/fusedopt/distributed.h: where tensors, buckets and shards
+// lie for P ranks) and, per algorithm, whether ZeRO-1 can shard it and, for those whose norms run
+// over whole tensors (LAMB, LARS), the step whose per-segment sums a Python callable completes
+// across ranks (src/core/step_hooks.h: the hook DistributedOptimizer's own ZeRO-1 step uses).
+
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fusedopt/distributed.h"
+#include "fusedopt/error.h"
+#include "fusedopt/runtime.h"
+#include "src/algos/registry.h"
+#include "src/core/step_hooks.h"
+#include "src/python/segment_table.h"
+
+namespace py = pybind11;
+
+namespace fusedopt {
+namespace {
+
+using SpecTuple = std::tuple<std::size_t, std::uint32_t, std::size_t, std::size_t>;  // TensorSpec
+// What Python's hook gets and gives back: every segment's k sums, in segment order.
+using PySumsHook = std::function<std::vector<double>(std::vector<double>, std::size_t)>;
+
+ShardLayout MakeLayout(const std::vector<SpecTuple>& specs, std::size_t num_groups, int ranks,
+                       std::size_t bucket_bytes, std::size_t align) {
+  std::vector<TensorSpec> tensors;
+  tensors.reserve(specs.size());
+  for (const auto& [numel, group, rows, cols] : specs) {
+    tensors.push_back({.numel = numel, .group = group, .rows = rows, .cols = cols});
+  }
+  // Buckets hold bucket_bytes of f32 gradient, as DistributedOptimizer's constructor counts them.
+  return ShardLayout(tensors, num_groups, ranks, (bucket_bytes + sizeof(float) - 1) / sizeof(float),
+                     align);
+}
+
+// The step over `table` (no pre-pass: the caller clipped and checked), with `hook` called between
+// the sums and the coefficients; the counters advance after it.
+template <class Hyper>
+void StepWithSums(const std::vector<Hyper>& groups, const SegmentTable& table,
+                  const std::vector<std::uintptr_t>& grads, const std::vector<int>& grad_dtypes,
+                  float grad_scale, int num_threads, const PySumsHook& hook) {
+  py::gil_scoped_release release;
+  const std::vector<Segment> segments = table.ForCall(grads, grad_dtypes, grad_scale);
+  Runtime runtime(num_threads);
+  const SegmentSumsHook sums_hook = [&](std::span<double> sums, std::size_t k) {
+    std::vector<double> total;
+    {
+      py::gil_scoped_acquire acquire;
+      total = hook(std::vector<double>(sums.begin(), sums.end()), k);
+    }
+    if (total.size() != sums.size()) {
+      throw Error("step_with_sums: the hook returned " + std::to_string(total.size()) +
+                  " sums for " + std::to_string(sums.size()));
+    }
+    std::copy(total.begin(), total.end(), sums.begin());
+  };
+  FusedStepWithSums(std::span<const Hyper>(groups), std::span<const Segment>(segments), runtime,
+                    sums_hook);
+  table.StoreSteps(segments);
+}
+
+template <class A>
+void BindZeroOne(py::module_& m, py::dict& zero_one) {
+  py::dict entry;
+  // ZeRO-1 can shard it: element-wise, or with sums a hook completes (not per row, across tensors
+  // or factored).
+  entry["shards"] = kZeroOneShards<A>;
+  entry["step_with_sums"] = py::none();
+  entry["reductions"] = 0;  // the sums per segment the hook sees
+  if constexpr (kSegmentSums<A>) {
+    entry["reductions"] = A::kReductions;
+    const std::string name = std::string(A::kName) + "_step_with_sums";
+    m.def(name.c_str(), &StepWithSums<typename A::Hyper>, py::arg("groups"), py::arg("table"),
+          py::arg("grads"), py::arg("grad_dtypes"), py::arg("grad_scale"), py::arg("num_threads"),
+          py::arg("hook"));
+    entry["step_with_sums"] = m.attr(name.c_str());
+  }
+  zero_one[A::kName] = entry;
+}
+
+}  // namespace
+
+void BindDistributed(py::module_& m) {
+  using Bucket = ShardLayout::Bucket;
+  py::class_<ShardLayout>(m, "ShardLayout",
+                          "fusedopt::ShardLayout (include/fusedopt/distributed.h): specs are "
+                          "(numel, group, rows, cols) per tensor")
+      .def(py::init(&MakeLayout), py::arg("specs"), py::arg("num_groups"), py::arg("ranks"),
+           py::arg("bucket_bytes"), py::arg("align") = 0)
+      .def_readonly("ranks", &ShardLayout::ranks)
+      .def_readonly("align", &ShardLayout::align)
+      .def_readonly("offsets", &ShardLayout::offsets)
+      .def_readonly("numel", &ShardLayout::numel)
+      .def_readonly("padded", &ShardLayout::padded)
+      .def_readonly("shard_total", &ShardLayout::shard_total)
+      .def_property_readonly(
+          "buckets",
+          [](const ShardLayout& l) {
+            std::vector<std::tuple<std::size_t, std::size_t, std::size_t>> out;
+            for (const Bucket& b : l.buckets) out.emplace_back(b.begin, b.shard, b.local);
+            return out;
+          },
+          "(begin, shard, local) per bucket")
+      .def(
+          "slices_in",
+          [](const ShardLayout& l, std::size_t begin, std::size_t end) {
+            std::vector<std::tuple<std::size_t, std::size_t, std::size_t>> out;
+            for (const ShardLayout::Slice& s : l.SlicesIn(begin, end)) {
+              out.emplace_back(s.tensor, s.first, s.numel);
+            }
+            return out;
+          },
+          py::arg("begin"), py::arg("end"), "(tensor, first, numel) of each piece, in flat order")
+      .def("hash", &ShardLayout::Hash);
+  py::dict zero_one;
+  algos::All::ForEach(
+      [&](auto descriptor) { BindZeroOne<typename decltype(descriptor)::type>(m, zero_one); });
+  m.attr("zero_one") = zero_one;
+}
+
+}  // namespace fusedopt

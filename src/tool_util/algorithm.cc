@@ -1,0 +1,60 @@
+#include "src/tool_util/algorithm.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "src/core/step_hooks.h"
+
+namespace fusedopt::tools {
+
+Algorithm ParseAlgorithm(std::string_view name) {
+  std::size_t found = algos::All::kSize;
+  std::size_t i = 0;
+  algos::All::ForEach([&](auto d) {
+    if (name == decltype(d)::type::kName) found = i;
+    ++i;
+  });
+  if (found == algos::All::kSize) {
+    throw std::invalid_argument("unknown optimizer '" + std::string(name) +
+                                "'; known: " + AlgorithmNames());
+  }
+  return Algorithm{found};
+}
+
+std::string_view AlgorithmName(Algorithm a) {
+  return WithDescriptor(a, [](auto d) -> std::string_view { return decltype(d)::type::kName; });
+}
+
+std::string AlgorithmNames() {
+  std::string names;
+  algos::All::ForEach([&](auto d) {
+    if (!names.empty()) names += ", ";
+    names += decltype(d)::type::kName;
+  });
+  return names;
+}
+
+bool HasReductionPass(Algorithm a) {
+  return WithDescriptor(a, [](auto d) { return algos::TwoPhase<typename decltype(d)::type>; });
+}
+
+bool ReductionReadsGradOnly(Algorithm a) {
+  return WithDescriptor(a, [](auto d) {
+    using A = typename decltype(d)::type;
+    if constexpr (requires { A::kReducesGradOnly; }) {
+      return A::kReducesGradOnly;
+    } else {
+      return false;
+    }
+  });
+}
+
+bool IsFactored(Algorithm a) {
+  return WithDescriptor(a, [](auto d) { return algos::Factored<typename decltype(d)::type>; });
+}
+
+bool ShardsWithZeroOne(Algorithm a) {
+  return WithDescriptor(a, [](auto d) { return kZeroOneShards<typename decltype(d)::type>; });
+}
+
+}  // namespace fusedopt::tools

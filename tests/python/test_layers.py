@@ -1,0 +1,80 @@
+"""The folders of src/ are layers, each depending only on those below it, and the engine (src/core)
+special-cases no algorithm: what differs between algorithms is a descriptor trait (src/algos/).
+
+Read from the #include lines of the C++ sources, so a new include that points upwards, or an
+algorithm named in the engine, fails here rather than in a review.
+"""
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SRC = ROOT / "src"
+
+# Each folder of src/ and its layer: a file may include its own folder and folders of a lower
+# layer only (folders of one layer are independent of each other). The public headers
+# (include/fusedopt/) are below all of them.
+LAYERS = {
+    "math": 0,  # the math bodies, scalar and SIMD alike
+    "core": 1,  # the engine: plan, loop dispatch, generic step templates, training step, runtime
+    "algos": 2,  # the descriptors, and the step functions instantiated from the registry
+    "cpu": 3,  # the per-target kernels each descriptor declares
+    "optimizer": 3,  # Optimizer<Hyper>: the stateful API
+    "distributed": 4,  # DistributedOptimizer: data parallel and ZeRO-1 over a Communicator
+    "checkpoint": 5,  # checkpoints of Optimizer and DistributedOptimizer
+    "mpi": 5,  # the MPI Communicator
+    "python": 6,  # the Python bindings
+    "torch": 6,  # the libtorch adapter
+    "tool_util": 6,  # what the tools share
+    "baselines": 7,  # the for-loop step and traffic ceiling the fused step is timed against
+    "doctor": 8,  # `fusedopt doctor`
+}
+
+INCLUDE = re.compile(r'^\s*#\s*include\s+"src/([a-z_]+)/', re.MULTILINE)
+
+# Any algorithm's name (its descriptor, Hyper struct, state enum, step function) or an include of
+# the algorithms' folder.
+ALGORITHM_NAME = re.compile(
+    r"src/algos|Sgd|Adam|Lars|Lamb|Lion|Rprop|Asgd|Adamax|Adadelta|Adagrad|Rmsprop|Radam|Nadam"
+    r"|BertAdam|Adafactor|Adamp"
+)
+
+
+def sources(folder):
+    return sorted(p for p in folder.rglob("*") if p.suffix in {".h", ".cc"})
+
+
+def test_every_folder_has_a_layer():
+    folders = {p.name for p in SRC.iterdir() if p.is_dir() and sources(p)}
+    assert folders <= set(LAYERS), f"folders without a layer in LAYERS: {folders - set(LAYERS)}"
+
+
+def test_folders_include_only_lower_layers():
+    upward = []
+    for folder in sorted(p for p in SRC.iterdir() if p.is_dir() and p.name in LAYERS):
+        for path in sources(folder):
+            for target in INCLUDE.findall(path.read_text(encoding="utf-8")):
+                if target == folder.name:
+                    continue
+                if target not in LAYERS or LAYERS[target] >= LAYERS[folder.name]:
+                    upward.append(f"{path.relative_to(ROOT)} includes src/{target}/")
+    assert not upward, "includes that do not point to a lower layer:\n" + "\n".join(upward)
+
+
+def test_public_headers_include_only_public_headers():
+    wrong = []
+    for path in sources(ROOT / "include" / "fusedopt"):
+        for target in INCLUDE.findall(path.read_text(encoding="utf-8")):
+            wrong.append(f"{path.relative_to(ROOT)} includes src/{target}/")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_core_names_no_algorithm():
+    named = []
+    for path in sources(SRC / "core"):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if ALGORITHM_NAME.search(line):
+                named.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not named, "src/core names an algorithm (make it a descriptor trait):\n" + "\n".join(
+        named
+    )
