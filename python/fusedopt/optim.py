@@ -4,7 +4,9 @@ state['step'], torch's state keys and dtypes) and exchanges state_dicts with tor
 step() is replaced by one fused pass over all parameters (see _base.py). FusedLion, FusedLAMB, FusedLARS,
 FusedRMSpropTF, FusedAdamP and FusedBertAdam take the arguments of their references (lion-pytorch's Lion, apex's
 FusedLAMB, apex's LARC around torch.optim.SGD, torch_npu's NpuFusedRMSpropTF, clovaai's AdamP, torch_npu's
-NpuFusedBertAdam) in the same way, and step the params the engine cannot take with _references.py.
+NpuFusedBertAdam) in the same way, and step the params the engine cannot take with _references. FusedRMSpropTF,
+FusedLARS, FusedAdamP and FusedBertAdam subclass their reference of _references (the mixin's step comes first): its
+constructor makes and checks their param groups, and _check_defaults adds what the fused class checks beyond it.
 
 A class says little of its algorithm: the Hyper and its group keys come from the C++ descriptor
 (_hypers.py), what is left here is where the reference differs. Every class's signature (inspect.signature)
@@ -25,7 +27,6 @@ from . import _C, _references
 from ._base import FusedOptimizerMixin
 from ._fallback import _grad_norm
 from ._generic import generic_class
-from ._hypers import group_fields
 from ._hypers import group_number as _f  # hyper-parameters may be 1-element tensors (lr, betas)
 from ._signals import _Skipped
 from ._signature import _publish_signature, _twin
@@ -103,6 +104,19 @@ class FusedLion(FusedOptimizerMixin, _LionGroups):
     _reference_step = _references.lion_step
 
 
+def _check_adam(lr, eps, betas, weight_decay) -> None:
+    """torch.optim.Adam's checks of these, with its texts, as apex FusedLAMB makes them (FusedAdamP too)."""
+    if not lr >= 0.0:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    if not eps >= 0.0:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    for i, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+
+
 class _LambGroups(torch.optim.Optimizer):
     """apex FusedLAMB's constructor (arguments, defaults, checks, param groups); FusedLAMB supplies the step."""
 
@@ -112,15 +126,7 @@ class _LambGroups(torch.optim.Optimizer):
                  use_nvlamb: bool = False):
         if amsgrad:
             raise RuntimeError("FusedLAMB does not support the AMSGrad variant.")
-        if not lr >= 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not eps >= 0.0:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        for i, beta in enumerate(betas):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
-        if not weight_decay >= 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        _check_adam(lr, eps, betas, weight_decay)
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps, weight_decay=weight_decay,
                         grad_averaging=grad_averaging, adam_w_mode=adam_w_mode, max_grad_norm=max_grad_norm,
                         use_nvlamb=use_nvlamb)
@@ -195,29 +201,7 @@ class FusedNAdam(FusedOptimizerMixin, torch.optim.NAdam):
     _sparse_message = "NAdam does not support sparse gradients"
 
 
-class _RMSpropTFGroups(torch.optim.Optimizer):
-    """torch_npu NpuFusedRMSpropTF's constructor (arguments, defaults, checks and their texts, param groups);
-    FusedRMSpropTF supplies the step."""
-
-    def __init__(self, params, lr: float = 1e-2, alpha: float = 0.9, eps: float = 1e-10, weight_decay: float = 0,
-                 momentum: float = 0.0, centered: bool = False, decoupled_decay: bool = False,
-                 lr_in_momentum: bool = True):
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= momentum:
-            raise ValueError(f"Invalid momentum value: {momentum}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if not 0.0 <= alpha:
-            raise ValueError(f"Invalid alpha value: {alpha}")
-        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                                      centered=centered, decoupled_decay=decoupled_decay,
-                                      lr_in_momentum=lr_in_momentum))
-
-
-class FusedRMSpropTF(FusedOptimizerMixin, _RMSpropTFGroups):
+class FusedRMSpropTF(FusedOptimizerMixin, _references.rmsproptf.RMSpropTFReference):
     """RMSpropTF (TensorFlow's RMSprop) with torch_npu NpuFusedRMSpropTF's arguments, defaults and formulas (the
     old timm RMSpropTF), fused: eps inside the sqrt, square_avg starting at ones, sq += (1 - alpha)(g² - sq);
     weight decay added to the gradient, or with decoupled_decay p *= 1 - weight_decay (not scaled by lr, as
@@ -242,34 +226,7 @@ class FusedASGD(FusedOptimizerMixin, torch.optim.ASGD):
     _sparse_message = "ASGD does not support sparse gradients"
 
 
-class _LarsGroups(torch.optim.Optimizer):
-    """LARC(SGD(...))'s constructor as one (arguments, defaults, checks, param groups); FusedLARS supplies the step.
-    SGD's arguments come first with torch.optim.SGD's defaults and checks (texts included), then LARC's, per group."""
-
-    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, trust_coefficient: float = 0.02,
-                 clip: bool = True, eps: float = 1e-8):
-        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
-        if lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if momentum < 0.0:
-            raise ValueError(f"Invalid momentum value: {momentum}")
-        if weight_decay < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        # apex LARC checks nothing; a negative trust coefficient or eps would turn the step uphill.
-        if not trust_coefficient >= 0.0:
-            raise ValueError(f"Invalid trust_coefficient value: {trust_coefficient}")
-        if not eps >= 0.0:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
-                        trust_coefficient=trust_coefficient, clip=clip, eps=eps)
-        super().__init__(params, defaults)
-
-
-class FusedLARS(FusedOptimizerMixin, _LarsGroups):
+class FusedLARS(FusedOptimizerMixin, _references.lars.LarsReference):
     """LARS with NVIDIA apex LARC's semantics around torch.optim.SGD, fused: one pass for every tensor's ‖p‖ and
     ‖g‖, then SGD's momentum step on g scaled by LARC's trust ratio tc·‖p‖/(‖g‖ + ‖p‖·wd + eps) with the weight
     decay added first, where both norms are non-zero (else g as it is, without decay). clip=True (LARC's default)
@@ -279,6 +236,17 @@ class FusedLARS(FusedOptimizerMixin, _LarsGroups):
 
     _algorithm = "lars"
     _sparse_message = "fusedopt: FusedLARS does not support sparse gradients"
+
+    def _check_defaults(self, trust_coefficient, eps, **others):
+        """LarsReference's checks (torch.optim.SGD's), after SGD's check of a tensor lr and before two of its own."""
+        if isinstance(others["lr"], torch.Tensor) and others["lr"].numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        super()._check_defaults(trust_coefficient=trust_coefficient, eps=eps, **others)
+        # apex LARC checks nothing; a negative trust coefficient or eps would turn the step uphill.
+        if not trust_coefficient >= 0.0:
+            raise ValueError(f"Invalid trust_coefficient value: {trust_coefficient}")
+        if not eps >= 0.0:
+            raise ValueError(f"Invalid epsilon value: {eps}")
 
     _reference_step = _references.lars_step
 
@@ -298,31 +266,9 @@ class FusedRprop(FusedOptimizerMixin, torch.optim.Rprop):
             return 0.0
         lr = _f(group, "lr")
         return complex(lr, lr) if p.is_complex() else lr
-class _AdampGroups(torch.optim.Optimizer):
-    """clovaai AdamP's constructor (arguments, defaults, param groups), with torch.optim.Adam's checks (clovaai
-    checks nothing); FusedAdamP supplies the step."""
-
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0,
-                 delta: float = 0.1, wd_ratio: float = 0.1, nesterov: bool = False):
-        if not lr >= 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not eps >= 0.0:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        for i, beta in enumerate(betas):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
-        if not weight_decay >= 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if not delta >= 0.0:
-            raise ValueError(f"Invalid delta value: {delta}")
-        if not (wd_ratio >= 0.0 and math.isfinite(wd_ratio)):
-            raise ValueError(f"Invalid wd_ratio value: {wd_ratio}")
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, delta=delta, wd_ratio=wd_ratio,
-                        nesterov=nesterov)
-        super().__init__(params, defaults)
 
 
-class FusedAdamP(FusedOptimizerMixin, _AdampGroups):
+class FusedAdamP(FusedOptimizerMixin, _references.adamp.AdampReference):
     """AdamP (Heo et al. 2021) with clovaai's adamp.AdamP arguments, defaults and update (the one torch_npu's
     NpuFusedAdamP ports), fused: Adam's moments and u = m / (sqrt(v) / sqrt(1 - b2^t) + eps) (Nesterov: b1 m +
     (1 - b1) g over the same denominator); for each param of more than one dimension, when the raw gradient is
@@ -335,6 +281,14 @@ class FusedAdamP(FusedOptimizerMixin, _AdampGroups):
 
     _algorithm = "adamp"
     _sparse_message = "fusedopt: FusedAdamP does not support sparse gradients"
+
+    def _check_defaults(self, lr, betas, eps, weight_decay, delta, wd_ratio, **_):
+        """torch.optim.Adam's checks, then delta's and wd_ratio's (clovaai's AdamP checks nothing)."""
+        _check_adam(lr, eps, betas, weight_decay)
+        if not delta >= 0.0:
+            raise ValueError(f"Invalid delta value: {delta}")
+        if not (wd_ratio >= 0.0 and math.isfinite(wd_ratio)):
+            raise ValueError(f"Invalid wd_ratio value: {wd_ratio}")
 
     def _route(self, p, g, gi, j):
         route = super()._route(p, g, gi, j)
@@ -349,38 +303,7 @@ class FusedAdamP(FusedOptimizerMixin, _AdampGroups):
     _reference_step = _references.adamp_step
 
 
-# NpuFusedBertAdam's schedule names, by the engine's code (the descriptor's choices of its schedule field).
-_BERT_SCHEDULES = next(f.choices for f in group_fields(_C.algorithms["bert_adam"]) if f.name == "schedule")
-
-
-class _BertAdamGroups(torch.optim.Optimizer):
-    """torch_npu NpuFusedBertAdam's constructor (arguments, defaults, checks and their texts, param groups; HF
-    pytorch-pretrained-bert's BertAdam has the same); FusedBertAdam supplies the step."""
-
-    def __init__(self, params, lr=required, warmup=-1, t_total=-1, schedule="warmup_linear", b1=0.9, b2=0.999,
-                 e=1e-6, weight_decay=0.01, max_grad_norm=1.0):
-        if lr is not required and lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if (warmup < 0.0 and warmup != -1) or warmup >= 1.0:
-            raise ValueError(f"Invalid warmup: {warmup}")
-        if schedule not in _BERT_SCHEDULES:
-            raise ValueError(f"Invalid schedule parameter: {schedule}")
-        if b1 < 0.0 or b1 >= 1.0:
-            raise ValueError(f"Invalid b1 parameter: {b1}")
-        if b2 < 0.0 or b2 >= 1.0:
-            raise ValueError(f"Invalid b2 parameter: {b2}")
-        if e < 0.0:
-            raise ValueError(f"Invalid epsilon value: {e}")
-        # The reference leaves t_total unchecked: 0 divides by zero at the first step.
-        if not (t_total == -1 or t_total > 0):
-            raise ValueError(f"Invalid t_total: {t_total} (must be -1 or > 0)")
-        defaults = dict(lr=lr, schedule=schedule, warmup=warmup, t_total=t_total, b1=b1, b2=b2, e=e,
-                        weight_decay=weight_decay, max_grad_norm=max_grad_norm)
-        self.max_grad_norm = max_grad_norm
-        super().__init__(params, defaults)
-
-
-class FusedBertAdam(FusedOptimizerMixin, _BertAdamGroups):
+class FusedBertAdam(FusedOptimizerMixin, _references.bert_adam.BertAdamReference):
     """BertAdam (HF pytorch-pretrained-bert's, as torch_npu's NpuFusedBertAdam runs it) with the reference's
     arguments, defaults and update, fused: Adam's moments without bias correction, u = m / (sqrt(v) + e), plus
     weight_decay * p when weight_decay > 0, p -= lr_s * u with lr_s = lr * schedule(s / t_total, warmup) (s: the
@@ -414,6 +337,14 @@ class FusedBertAdam(FusedOptimizerMixin, _BertAdamGroups):
                             "not taken")
         # Positional: max_grad_norm goes to the reference's constructor, not to the mixin's global clipping.
         super().__init__(params, lr, warmup, t_total, schedule, b1, b2, e, weight_decay, max_grad_norm, **kwargs)
+        self.max_grad_norm = max_grad_norm  # the NPU class's attribute (the step reads each group's)
+
+    def _check_defaults(self, t_total, **others):
+        """BertAdamReference's checks (the NPU class's), then one of its own."""
+        super()._check_defaults(t_total=t_total, **others)
+        # The reference leaves t_total unchecked: 0 divides by zero at the first step.
+        if not (t_total == -1 or t_total > 0):
+            raise ValueError(f"Invalid t_total: {t_total} (must be -1 or > 0)")
 
     def _step_with_torch(self, packed, grad_scale, found_out):
         """Some params take the reference's step: every param does, in this step (see the class docstring)."""

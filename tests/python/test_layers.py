@@ -2,9 +2,11 @@
 special-cases no algorithm: what differs between algorithms is a descriptor trait (src/algos/).
 
 Read from the #include lines of the C++ sources, so a new include that points upwards, or an
-algorithm named in the engine, fails here rather than in a review.
+algorithm named in the engine, fails here rather than in a review; and the Python package's modules
+import each other without a cycle.
 """
 
+import ast
 import pathlib
 import re
 
@@ -78,3 +80,58 @@ def test_core_names_no_algorithm():
     assert not named, "src/core names an algorithm (make it a descriptor trait):\n" + "\n".join(
         named
     )
+
+
+def python_imports(package):
+    """{module: the package's modules it imports}, every import (top-level or inside a function)
+    included: an import deferred into a function to dodge a cycle is still the cycle."""
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = here.split(".")[: len(here.split(".")) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                targets |= {module} | {f"{module}.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+        # A module may import its own package's __init__ (the public names); the package is the root.
+        graph[name] = {t for t in targets if t in modules and t != name and t != package.name}
+    return graph
+
+
+def import_cycle(graph):
+    """One cycle of the graph as [a, b, ..., a], or None."""
+    state, path = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                return path[path.index(target):] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_python_package_has_no_import_cycle():
+    cycle = import_cycle(python_imports(ROOT / "python" / "fusedopt"))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_cycle_check_finds_a_cycle():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b"}, "b": set()}) is None

@@ -34,13 +34,18 @@ __all__ = ["AdampReference", "update"]
 
 
 class AdampReference(torch.optim.Optimizer):
-    """AdamP as clovaai's adamp.AdamP computes it, in torch ops (see the module docstring)."""
+    """AdamP as clovaai's adamp.AdamP computes it, in torch ops (see the module docstring). Its constructor is
+    FusedAdamP's too (the fused class supplies the step and checks the arguments: _check_defaults)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, delta=0.1, wd_ratio=0.1,
-                 nesterov=False):
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0,
+                 delta: float = 0.1, wd_ratio: float = 0.1, nesterov: bool = False):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, delta=delta, wd_ratio=wd_ratio,
                         nesterov=nesterov)
+        self._check_defaults(**defaults)
         super().__init__(params, defaults)
+
+    def _check_defaults(self, **defaults):
+        """clovaai's AdamP checks nothing."""
 
     @staticmethod
     def _channel_view(x):

@@ -65,11 +65,18 @@ def schedule_factor(schedule: str, x: float, warmup: float) -> float:
 
 
 class BertAdamReference(torch.optim.Optimizer):
-    """BertAdam as torch_npu's NpuFusedBertAdam computes it, in float32 torch ops (see the module docstring)."""
+    """BertAdam as torch_npu's NpuFusedBertAdam computes it, in float32 torch ops (see the module docstring). Its
+    constructor is FusedBertAdam's too (the fused class supplies the step and checks more: _check_defaults)."""
 
     def __init__(self, params, lr=required, warmup=-1, t_total=-1, schedule="warmup_linear", b1=0.9, b2=0.999,
                  e=1e-6, weight_decay=0.01, max_grad_norm=1.0):
-        # The NPU class's checks and texts (without its error-code suffix).
+        defaults = dict(lr=lr, schedule=schedule, warmup=warmup, t_total=t_total, b1=b1, b2=b2, e=e,
+                        weight_decay=weight_decay, max_grad_norm=max_grad_norm)
+        self._check_defaults(**defaults)
+        super().__init__(params, defaults)
+
+    def _check_defaults(self, lr, warmup, schedule, b1, b2, e, **_):
+        """The NPU class's checks and texts (without its error-code suffix)."""
         if lr is not required and lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if (warmup < 0.0 and warmup != -1) or warmup >= 1.0:
@@ -82,9 +89,6 @@ class BertAdamReference(torch.optim.Optimizer):
             raise ValueError(f"Invalid b2 parameter: {b2}")
         if e < 0.0:
             raise ValueError(f"Invalid epsilon value: {e}")
-        defaults = dict(lr=lr, schedule=schedule, warmup=warmup, t_total=t_total, b1=b1, b2=b2, e=e,
-                        weight_decay=weight_decay, max_grad_norm=max_grad_norm)
-        super().__init__(params, defaults)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -43,21 +43,19 @@ __all__ = ["LarcSGD", "LarsReference", "update"]
 
 
 class LarsReference(torch.optim.Optimizer):
-    """LARS as apex LARC around torch.optim.SGD computes it, in float32 torch ops (see the module docstring)."""
+    """LARS as apex LARC around torch.optim.SGD computes it, in float32 torch ops (see the module docstring). Its
+    constructor is FusedLARS's too (the fused class supplies the step and checks more: _check_defaults)."""
 
-    def __init__(
-        self,
-        params,
-        lr=1e-3,
-        momentum=0.0,
-        dampening=0.0,
-        weight_decay=0.0,
-        nesterov=False,
-        trust_coefficient=0.02,
-        clip=True,
-        eps=1e-8,
-    ):
-        # torch.optim.SGD's checks and texts; LARC checks nothing.
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, trust_coefficient: float = 0.02,
+                 clip: bool = True, eps: float = 1e-8):
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
+                        trust_coefficient=trust_coefficient, clip=clip, eps=eps)
+        self._check_defaults(**defaults)
+        super().__init__(params, defaults)
+
+    def _check_defaults(self, lr, momentum, dampening, weight_decay, nesterov, **_):
+        """torch.optim.SGD's checks and texts; LARC checks nothing."""
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if momentum < 0.0:
@@ -66,17 +64,6 @@ class LarsReference(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        defaults = dict(
-            lr=lr,
-            momentum=momentum,
-            dampening=dampening,
-            weight_decay=weight_decay,
-            nesterov=nesterov,
-            trust_coefficient=trust_coefficient,
-            clip=clip,
-            eps=eps,
-        )
-        super().__init__(params, defaults)
 
     @torch.no_grad()
     def step(self, closure=None):

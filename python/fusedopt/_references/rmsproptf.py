@@ -37,20 +37,12 @@ __all__ = ["RMSpropTFReference", "update"]
 
 
 class RMSpropTFReference(torch.optim.Optimizer):
-    """RMSpropTF as torch_npu's NpuFusedRMSpropTF computes it, in float32 torch ops (see the module docstring)."""
+    """RMSpropTF as torch_npu's NpuFusedRMSpropTF computes it, in float32 torch ops (see the module docstring). Its
+    constructor is FusedRMSpropTF's too (the fused class supplies the step)."""
 
-    def __init__(
-        self,
-        params,
-        lr=1e-2,
-        alpha=0.9,
-        eps=1e-10,
-        weight_decay=0,
-        momentum=0.0,
-        centered=False,
-        decoupled_decay=False,
-        lr_in_momentum=True,
-    ):
+    def __init__(self, params, lr: float = 1e-2, alpha: float = 0.9, eps: float = 1e-10, weight_decay: float = 0,
+                 momentum: float = 0.0, centered: bool = False, decoupled_decay: bool = False,
+                 lr_in_momentum: bool = True):
         # The NPU class's checks and texts (without its error-code suffix).
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
@@ -62,16 +54,8 @@ class RMSpropTFReference(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if not 0.0 <= alpha:
             raise ValueError(f"Invalid alpha value: {alpha}")
-        defaults = dict(
-            lr=lr,
-            alpha=alpha,
-            eps=eps,
-            weight_decay=weight_decay,
-            momentum=momentum,
-            centered=centered,
-            decoupled_decay=decoupled_decay,
-            lr_in_momentum=lr_in_momentum,
-        )
+        defaults = dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum, centered=centered,
+                        decoupled_decay=decoupled_decay, lr_in_momentum=lr_in_momentum)
         super().__init__(params, defaults)
 
     @torch.no_grad()
