@@ -120,7 +120,7 @@ StepReport RunStep(const std::vector<Hyper>& groups, const SegmentTable& table,
 // fusedopt::Error surfaces as ValueError; norm_type 2, 1, or 0 for inf; clip_rule 0 torch, 1
 // LAMB). algorithms[name] = {"hyper": class, "step": function, "state_names": torch's keys of the
 // state slots, "scalar_names": torch's keys of the scalar states (Segment::scalars),
-// "row_reductions": whether its step reads Segment::rows (AdamP), "factored", "sliceable"}; a
+// "row_reductions": whether its step reads Segment::rows (AdamP), "factored"}; a
 // Hyper's initial_scalars() are the values fresh scalar states start from.
 template <class A>
 void BindAlgorithm(py::module_& m, py::dict& algorithms) {
@@ -183,7 +183,6 @@ void BindAlgorithm(py::module_& m, py::dict& algorithms) {
   entry["factored"] = algos::Factored<A>;
   // Its step over a slice of a tensor updates that slice as the step over the whole tensor does
   // (no per-tensor reduction): ZeRO-1 may cut tensors anywhere (fusedopt.distributed).
-  entry["sliceable"] = !(algos::TwoPhase<A> || algos::Factored<A>);
   algorithms[A::kName] = entry;
 }
 

@@ -30,10 +30,12 @@ import torch.nn.functional as F
 
 import torch
 
+from ._per_param import PerParamReference
+
 __all__ = ["AdampReference", "update"]
 
 
-class AdampReference(torch.optim.Optimizer):
+class AdampReference(PerParamReference):
     """AdamP as clovaai's adamp.AdamP computes it, in torch ops (see the module docstring). Its constructor is
     FusedAdamP's too (the fused class supplies the step and checks the arguments: _check_defaults)."""
 
@@ -66,20 +68,8 @@ class AdampReference(torch.optim.Optimizer):
                 return perturb, wd_ratio
         return perturb, 1
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("AdampReference does not support sparse gradients")
-                update(p, p.grad, self.state[p], group)
-        return loss
+    def _update_param(self, p, group):
+        update(p, p.grad, self.state[p], group)
 
 
 def update(p: torch.Tensor, grad: torch.Tensor, state: dict, group) -> None:

@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import torch
 
+from ._per_param import PerParamReference
+
 __all__ = ["LarcSGD", "LarsReference", "update"]
 
 
-class LarsReference(torch.optim.Optimizer):
+class LarsReference(PerParamReference):
     """LARS as apex LARC around torch.optim.SGD computes it, in float32 torch ops (see the module docstring). Its
     constructor is FusedLARS's too (the fused class supplies the step and checks more: _check_defaults)."""
 
@@ -65,21 +67,8 @@ class LarsReference(torch.optim.Optimizer):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("LarsReference does not support sparse gradients")
-                update(p, p.grad, self.state, group)
-        return loss
+    def _update_param(self, p, group):
+        update(p, p.grad, self.state, group)
 
 
 def _norm(t: torch.Tensor) -> torch.Tensor:

@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import torch
 
+from ._per_param import PerParamReference
+
 __all__ = ["RMSpropTFReference", "update"]
 
 
-class RMSpropTFReference(torch.optim.Optimizer):
+class RMSpropTFReference(PerParamReference):
     """RMSpropTF as torch_npu's NpuFusedRMSpropTF computes it, in float32 torch ops (see the module docstring). Its
     constructor is FusedRMSpropTF's too (the fused class supplies the step)."""
 
@@ -58,20 +60,8 @@ class RMSpropTFReference(torch.optim.Optimizer):
                         decoupled_decay=decoupled_decay, lr_in_momentum=lr_in_momentum)
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("RMSpropTFReference does not support sparse gradients")
-                update(p, p.grad, self.state[p], group)
-        return loss
+    def _update_param(self, p, group):
+        update(p, p.grad, self.state[p], group)
 
 
 def update(p: torch.Tensor, grad: torch.Tensor, state: dict, group) -> None:
