@@ -3,15 +3,15 @@ algorithm's reference (the first, which the others are checked against) and the 
 people install for it, plus DeepSpeed's CPU Adam. Each constructor list imports its packages when it is
 asked for, so the bench runs without those it does not time. tools/ is on sys.path (torch_bench.py)."""
 
+from fusedopt import _C
+
 LR = 1e-3
-# Arguments beyond lr where the bench departs from the class's defaults (torch's or the reference's).
-BENCH_KWARGS = {
-    "sgd": {"momentum": 0.9},
-    "asgd": {"t0": -1.0},  # as `fusedopt bench`: ax averages from step 2 on (t0=1e6 only copies)
-    "lion": {"weight_decay": 0.1},  # lion-pytorch's defaults otherwise (betas 0.9, 0.99)
-    "lamb": {"weight_decay": 0.01, "max_grad_norm": 1.0},  # apex FusedLAMB's defaults
-    "lars": {"momentum": 0.9},  # LARC's defaults otherwise (trust_coefficient 0.02, clip=True, eps 1e-8)
-}
+# Arguments beyond lr where the bench departs from the class's defaults (torch's or the reference's):
+# `fusedopt bench`'s own (each descriptor's BenchHyper(), e.g. a momentum buffer in use), and LAMB's
+# weight decay and clipping at apex FusedLAMB's defaults, which its references take.
+BENCH_KWARGS = {name: {key: value for key, value in entry["bench_changes"].items() if key != "lr"}
+                for name, entry in _C.algorithms.items()}
+BENCH_KWARGS["lamb"] = {"weight_decay": 0.01, "max_grad_norm": 1.0}
 LION_KW, LAMB_KW, LARS_KW = BENCH_KWARGS["lion"], BENCH_KWARGS["lamb"], BENCH_KWARGS["lars"]
 
 

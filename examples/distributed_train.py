@@ -40,4 +40,5 @@ for step in range(args.steps):
 state = opt.consolidate_state_dict(to=0)  # every rank takes part; rank 0 gets torch's format
 print(f"rank {rank}: {opt.state_bytes():,} bytes of optimizer state"
       + (f"; consolidated state of {len(state['state'])} params" if rank == 0 else ""))
+dist.barrier()  # no rank tears the group down while another still talks on it (gloo can abort at exit)
 dist.destroy_process_group()

@@ -1,8 +1,9 @@
 // fusedopt/checkpoint.h: SaveCheckpoint / LoadCheckpoint of the core Optimizer. For every
-// algorithm of the registry: train, save, load into an optimizer built with other params and
-// hyper-parameters, train on == the uninterrupted run, bit for bit (f32; bf16 params with f32
-// masters, bf16 states rounded stochastically, a loss scaler and clipping; mid accumulation
-// window). And every refusal leaves the optimizer and the scaler bit-identical.
+// algorithm of the registry, and every test-only one (tests/algos/registry.h): train, save, load
+// into an optimizer built with other params and hyper-parameters, train on == the uninterrupted
+// run, bit for bit (f32; bf16 params with f32 masters, bf16 states rounded stochastically, a loss
+// scaler and clipping; mid accumulation window). And every refusal leaves the optimizer and the
+// scaler bit-identical.
 
 #include "fusedopt/checkpoint.h"
 
@@ -14,11 +15,14 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "src/algos/registry.h"
+#include "tests/hyper_types.h"
 #include "tests/test_support.h"
+#ifdef FOPT_TEST_ALGORITHMS_DIR
+#  include "tests/algos/registry.h"
+#endif
 
 namespace fusedopt {
 namespace {
@@ -27,13 +31,15 @@ namespace fs = std::filesystem;
 
 float Value(unsigned seed, std::size_t i) { return test::HashedValue(seed, i); }
 
-// Two groups; numel 0 and a matrix for AdamP's rows and Adafactor's factors.
+// Two groups; numel 0, and a matrix where the algorithm reads its rows (per-row sums) or factors
+// it.
 template <class Hyper>
 std::vector<TensorSpec> Tensors() {
+  using Descriptor = algos::DescriptorOf<Hyper>;
   std::vector<TensorSpec> t = {{.numel = 300}, {.numel = 0}, {.numel = 7, .group = 1}};
   t.push_back({.numel = 240, .group = 1});
-  if constexpr (std::is_same_v<Hyper, AdampHyper>) t[3].rows = 12;
-  if constexpr (std::is_same_v<Hyper, AdafactorHyper>) {
+  if constexpr (algos::RowReductions<Descriptor>) t[3].rows = 12;
+  if constexpr (algos::Factored<Descriptor>) {
     t[3].rows = 12;
     t[3].cols = 10;  // two 12 × 10 matrices
   }
@@ -141,15 +147,23 @@ class TempDir {
   fs::path path_;
 };
 
+// The Hyper structs of the registry's algorithms and of the test-only ones, each test named after
+// its algorithm (CheckpointEveryAlgorithm/<kTorchName>).
+#ifdef FOPT_TEST_ALGORITHMS_DIR
+using Algorithms = test::HyperTypes<algos::All, test_algos::All>;
+#else
+using Algorithms = test::HyperTypes<algos::All>;
+#endif
+struct AlgorithmName {
+  template <class Hyper>
+  static std::string GetName(int /*index*/) {
+    return algos::DescriptorOf<Hyper>::kTorchName;
+  }
+};
+
 template <class T>
 class CheckpointEveryAlgorithm : public ::testing::Test {};
-template <class L>
-struct ToTypes;
-template <class... A>
-struct ToTypes<algos::List<A...>> {
-  using type = ::testing::Types<typename A::Hyper...>;
-};
-TYPED_TEST_SUITE(CheckpointEveryAlgorithm, ToTypes<algos::All>::type);
+TYPED_TEST_SUITE(CheckpointEveryAlgorithm, Algorithms, AlgorithmName);
 
 TYPED_TEST(CheckpointEveryAlgorithm, ResumesBitForBit) {
   using Hyper = TypeParam;

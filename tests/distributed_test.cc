@@ -22,6 +22,7 @@
 #include "fusedopt/scaler.h"
 #include "src/algos/registry.h"
 #include "src/core/step_hooks.h"
+#include "tests/hyper_types.h"
 #include "tests/test_support.h"
 
 namespace fusedopt {
@@ -237,13 +238,7 @@ void ExpectSameAsOptimizer(const Setup& setup, Communicator& comm, DistributedOp
 
 template <class T>
 class DistributedEveryAlgorithm : public ::testing::Test {};
-template <class L>
-struct ToTypes;
-template <class... A>
-struct ToTypes<algos::List<A...>> {
-  using type = ::testing::Types<typename A::Hyper...>;
-};
-TYPED_TEST_SUITE(DistributedEveryAlgorithm, ToTypes<algos::All>::type);
+TYPED_TEST_SUITE(DistributedEveryAlgorithm, test::HyperTypes<algos::All>);
 
 // One process: zero 0 (pipelined and not) and zero 1 equal the Optimizer bit for bit, with f32
 // and with bf16 params and states rounded stochastically, with and without scaler and clipping.

@@ -11,7 +11,11 @@
 //                  combos (skipped when FOPT_TEST_SMALL is set), with Runtime(2);
 //   KernelSpecial  zero, huge, eps-dominated and NaN/Inf gradients; zero-size segments;
 //   Determinism    Runtime(1) vs Runtime(2) vs Runtime(3), bit for bit, over several 32768-element
-//                  chunks; for Lion and LAMB also across targets (DeterminismAcrossTargets).
+//                  chunks; for the algorithms whose cases say so also across targets
+//                  (DeterminismAcrossTargets).
+// Each algorithm of the registry's list runs them with its cases, ref::KernelCases in
+// tests/reference/<algo>.h (Algo below says what they hold): this file names no algorithm. An
+// algorithm with factored states runs the shaped sweep instead (KernelSweep and Determinism).
 //
 // Pass rules. f32 storage: |k − r| ≤ max(rtol·|r|, atol), with rtol 2e-6 after one step and 1e-5
 // after 20, atol = 8·FLT_EPSILON·max|r| (max over the buffer's oracle values before and after the
@@ -35,13 +39,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
-#include <map>
 #include <optional>
 #include <span>
 #include <sstream>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -83,12 +86,7 @@ using test::Rng;
 // ------------------------------------------------------------------------------------------------
 // Dtype combos and buffers
 
-struct Combo {
-  DType param;
-  DType grad;
-  DType state;
-  bool master = false;
-};
+using ref::Combo;
 
 std::string ComboName(const Combo& c) {
   std::string s = std::string(DTypeName(c.param)) + "/" + std::string(DTypeName(c.grad)) + "/" +
@@ -332,16 +330,16 @@ std::string CompareMasterRounding(const Buffer& param, const Buffer& master) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Algorithms: the public step, the oracle, the states in use, the option sweep and initial states.
+// Algorithms: the public step and the descriptor's data, with the algorithm's cases.
 
-using StateSpans = std::array<std::span<double>, kMaxStates>;
+using ref::StateSpans;
 
-// What a test algorithm below takes from its descriptor (src/algos/): the Hyper struct, torch's
-// state keys, the state slots the hyper-parameters need (RequiredStates, which the golden tests
-// hold to torch's state), the public step, and a Hyper as text for the failure messages. The
-// algorithm adds the oracle (Ref), its option sweep and its initial states.
+// What a test algorithm takes from its descriptor (src/algos/): the Hyper struct, torch's state
+// keys, the state slots the hyper-parameters need (RequiredStates, which the golden tests hold to
+// torch's state), the public step, and a Hyper as text for the failure messages.
 template <class D>
 struct FromDescriptor {
+  using Descriptor = D;
   using Hyper = typename D::Hyper;
   static constexpr const auto& kStateNames = D::kStates;
   static void Step(std::span<const Hyper> g, std::span<const Segment> s, Runtime& rt) {
@@ -361,725 +359,31 @@ struct FromDescriptor {
   }
 };
 
-struct SgdAlgo : FromDescriptor<algos::Sgd> {
-  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
-                  const StateSpans& st) {
-    ref::SgdStep(h, t, p, g, st[0]);
-  }
-  // {momentum 0, 0.9} × {dampening 0, 0.1, nesterov} × weight_decay × maximize; the last has every
-  // feature.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (double momentum : {0.0, 0.9}) {
-      for (int mode = 0; mode < 3; ++mode) {  // dampening 0, dampening 0.1, nesterov
-        if (mode == 2 && momentum == 0.0) continue;
-        for (double wd : {0.0, 0.01}) {
-          for (bool maximize : {false, true}) {
-            out.push_back({.lr = 0.05,
-                           .momentum = momentum,
-                           .dampening = mode == 1 ? 0.1 : 0.0,
-                           .weight_decay = wd,
-                           .nesterov = mode == 2,
-                           .maximize = maximize});
-          }
-        }
-      }
-    }
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.maximize = !h.maximize;
-    return h;
-  }
-  // Initial state of a tensor about to take step `step`. At step 1 the buffer is not read: fill it
-  // with NaN.
-  static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
-    return step == 1 ? std::numeric_limits<double>::quiet_NaN() : rng.Uniform(-0.5, 0.5);
-  }
-};
-
-template <bool kDecoupled>
-struct AdamAlgoT : FromDescriptor<std::conditional_t<kDecoupled, algos::AdamW, algos::Adam>> {
-  using Hyper = std::conditional_t<kDecoupled, AdamWHyper, AdamHyper>;
-  // Written out here rather than with AdamWHyper::ToAdam, so that the conversion is tested too.
-  static AdamHyper AsAdam(const Hyper& h) {
-    return {.lr = h.lr,
-            .beta1 = h.beta1,
-            .beta2 = h.beta2,
-            .eps = h.eps,
-            .weight_decay = h.weight_decay,
-            .amsgrad = h.amsgrad,
-            .maximize = h.maximize,
-            .decoupled_weight_decay = kDecoupled};
-  }
-  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
-                  const StateSpans& st) {
-    ref::AdamStep(AsAdam(h), t, p, g, st[0], st[1], st[2]);
-  }
-  // amsgrad × weight_decay {0, 0.05} × maximize.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (bool amsgrad : {false, true}) {
-      for (double wd : {0.0, 0.05}) {
-        for (bool maximize : {false, true}) {
-          Hyper h;
-          h.lr = 0.01;
-          h.weight_decay = wd;
-          h.amsgrad = amsgrad;
-          h.maximize = maximize;
-          out.push_back(h);
-        }
-      }
-    }
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.maximize = !h.maximize;
-    h.beta1 = 0.8;
-    return h;
-  }
-  // Zero at step 1 (as torch); later a plausible state with max_exp_avg_sq ≥ exp_avg_sq.
-  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
-    if (step == 1) return 0.0;
-    if (slot == kExpAvg) return rng.Uniform(-0.3, 0.3);
-    return rng.Uniform(0.01, 0.5);  // exp_avg_sq; max_exp_avg_sq is raised to it in MakeSegment
-  }
-};
-using AdamAlgo = AdamAlgoT<false>;
-using AdamWAlgo = AdamAlgoT<true>;
-
-struct RmspropAlgo : FromDescriptor<algos::Rmsprop> {
-  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
-                  const StateSpans& st) {
-    ref::RmspropStep(h, t, p, g, st[0], st[1], st[2]);
-  }
-  // centered × momentum {0, 0.9} × weight_decay × maximize.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (bool centered : {false, true}) {
-      for (double momentum : {0.0, 0.9}) {
-        for (double wd : {0.0, 0.01}) {
-          for (bool maximize : {false, true}) {
-            out.push_back({.lr = 0.01,
-                           .weight_decay = wd,
-                           .momentum = momentum,
-                           .centered = centered,
-                           .maximize = maximize});
-          }
-        }
-      }
-    }
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.maximize = !h.maximize;
-    h.alpha = 0.9;
-    return h;
-  }
-  // Zero at step 1; later square_avg > 0 and grad_avg² ≤ square_avg / 4 (as any running average
-  // keeps it).
-  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
-    if (step == 1) return 0.0;
-    if (slot == kSquareAvg) return rng.Uniform(0.05, 1.0);
-    return rng.Uniform(-0.5,
-                       0.5);  // momentum_buffer; grad_avg is scaled by √square_avg in MakeSegment
-  }
-};
-
-struct AdagradAlgo : FromDescriptor<algos::Adagrad> {
-  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
-                  const StateSpans& st) {
-    ref::AdagradStep(h, t, p, g, st[0]);
-  }
-  // lr_decay {0, 0.01} × weight_decay × initial_accumulator_value {0, 0.1} × maximize.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (double lr_decay : {0.0, 0.01}) {
-      for (double wd : {0.0, 0.01}) {
-        for (double init : {0.0, 0.1}) {
-          for (bool maximize : {false, true}) {
-            out.push_back({.lr = 0.05,
-                           .lr_decay = lr_decay,
-                           .weight_decay = wd,
-                           .initial_accumulator_value = init,
-                           .maximize = maximize});
-          }
-        }
-      }
-    }
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.maximize = !h.maximize;
-    h.lr_decay = h.lr_decay == 0.0 ? 0.05 : 0.0;
-    return h;
-  }
-  // initial_accumulator_value at step 1 (the caller fills it, as torch's constructor); later more.
-  static double InitState(const Hyper& h, int /*slot*/, std::int64_t step, Rng& rng) {
-    return h.initial_accumulator_value + (step == 1 ? 0.0 : rng.Uniform(0.0, 2.0));
-  }
-};
-
-struct AdamaxAlgo : FromDescriptor<algos::Adamax> {
-  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
-                  const StateSpans& st) {
-    ref::AdamaxStep(h, t, p, g, st[0], st[1]);
-  }
-  // weight_decay {0, 0.05} × maximize.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (double wd : {0.0, 0.05}) {
-      for (bool maximize : {false, true}) {
-        out.push_back({.lr = 0.01, .weight_decay = wd, .maximize = maximize});
-      }
-    }
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.maximize = !h.maximize;
-    h.beta1 = 0.8;
-    h.beta2 = 0.99;
-    return h;
-  }
-  // Zero at step 1 (as torch); later a plausible state: exp_inf is a decayed max of |g| + eps.
-  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
-    if (step == 1) return 0.0;
-    if (slot == kAdamaxExpAvg) return rng.Uniform(-0.3, 0.3);
-    return rng.Uniform(0.05, 1.0);
-  }
-};
-
-struct AdadeltaAlgo : FromDescriptor<algos::Adadelta> {
-  static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
-                  std::span<const double> g, const StateSpans& st) {
-    ref::AdadeltaStep(h, p, g, st[0], st[1]);
-  }
-  // weight_decay {0, 0.05} × maximize.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (double wd : {0.0, 0.05}) {
-      for (bool maximize : {false, true}) {
-        out.push_back({.lr = 0.5, .weight_decay = wd, .maximize = maximize});
-      }
-    }
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.0;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.maximize = !h.maximize;
-    h.rho = 0.8;
-    h.eps = 1e-4;
-    return h;
-  }
-  // Zero at step 1 (as torch); later running means of g² and of the (smaller) squared steps.
-  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
-    if (step == 1) return 0.0;
-    if (slot == kAdadeltaSquareAvg) return rng.Uniform(0.05, 1.0);
-    return rng.Uniform(1e-3, 0.1);
-  }
-};
-
-struct RadamAlgo : FromDescriptor<algos::Radam> {
-  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
-                  const StateSpans& st) {
-    ref::RadamStep(h, t, p, g, st[0], st[1]);
-  }
-  // decoupled_weight_decay × weight_decay {0, 0.05} × maximize. With beta2 = 0.999 steps 1-5 are
-  // not rectified and later ones are: the sweep's tensors start at steps 1, 2 and 7, and its
-  // 20-step cases cross step 6.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (bool decoupled : {false, true}) {
-      for (double wd : {0.0, 0.05}) {
-        for (bool maximize : {false, true}) {
-          out.push_back({.lr = 0.01,
-                         .weight_decay = wd,
-                         .decoupled_weight_decay = decoupled,
-                         .maximize = maximize});
-        }
-      }
-    }
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.maximize = !h.maximize;
-    h.beta1 = 0.8;
-    h.beta2 = 0.99;
-    return h;
-  }
-  // Zero at step 1 (as torch); later a plausible state.
-  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
-    if (step == 1) return 0.0;
-    if (slot == kRadamExpAvg) return rng.Uniform(-0.3, 0.3);
-    return rng.Uniform(0.01, 0.5);
-  }
-};
-
-struct NadamAlgo : FromDescriptor<algos::Nadam> {
-  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
-                  const StateSpans& st) {
-    ref::NadamStep(h, t, p, g, st[0], st[1]);
-  }
-  // decoupled_weight_decay × weight_decay {0, 0.05} × maximize, and a momentum_decay of 0 (mu
-  // constant) besides torch's default.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (bool decoupled : {false, true}) {
-      for (double wd : {0.0, 0.05}) {
-        for (bool maximize : {false, true}) {
-          out.push_back({.lr = 0.01,
-                         .weight_decay = wd,
-                         .decoupled_weight_decay = decoupled,
-                         .maximize = maximize});
-        }
-      }
-    }
-    out.push_back({.lr = 0.01, .momentum_decay = 0.0});
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.maximize = !h.maximize;
-    h.beta1 = 0.8;
-    h.beta2 = 0.99;
-    h.momentum_decay = 0.01;
-    return h;
-  }
-  // Zero at step 1 (as torch); later a plausible state.
-  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
-    if (step == 1) return 0.0;
-    if (slot == kNadamExpAvg) return rng.Uniform(-0.3, 0.3);
-    return rng.Uniform(0.01, 0.5);
-  }
-  // mu_product before step `step`: the product of mu_1 .. mu_{step-1}, in f32 as torch keeps it.
-  static void InitScalars(const Hyper& h, std::int64_t step, std::span<float, kMaxScalars> out) {
-    float product = 1.0f;
-    for (std::int64_t i = 1; i < step; ++i)
-      product *= static_cast<float>(ref::NadamMu(h, static_cast<double>(i)));
-    out[kNadamMuProduct] = product;
-  }
-};
-
-struct RmsproptfAlgo : FromDescriptor<algos::Rmsproptf> {
-  static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
-                  std::span<const double> g, const StateSpans& st) {
-    ref::RmsproptfStep(h, p, g, st[0], st[1], st[2]);
-  }
-  // All 18 modes: weight decay {none, coupled, decoupled} × centered × momentum {none, lr in the
-  // buffer, lr on the step}.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (int decay = 0; decay < 3; ++decay) {
-      for (bool centered : {false, true}) {
-        for (int mode = 0; mode < 3; ++mode) {
-          out.push_back({.lr = 0.01,
-                         .weight_decay = decay == 0 ? 0.0 : 0.05,
-                         .momentum = mode == 0 ? 0.0 : 0.9,
-                         .centered = centered,
-                         .decoupled_decay = decay == 2,
-                         .lr_in_momentum = mode != 2});
-        }
-      }
-    }
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.alpha = 0.8;
-    h.eps = 1e-6;
-    return h;
-  }
-  // square_avg is 1 at step 1 (as the reference), the others 0; later square_avg > 0 and
-  // grad_avg² ≤ square_avg / 4 (MakeSegment scales grad_avg).
-  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
-    if (step == 1) return slot == kRmsproptfSquareAvg ? 1.0 : 0.0;
-    if (slot == kRmsproptfSquareAvg) return rng.Uniform(0.05, 1.0);
-    return rng.Uniform(-0.5, 0.5);
-  }
-};
-
-struct AsgdAlgo : FromDescriptor<algos::Asgd> {
-  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
-                  const StateSpans& st) {
-    ref::AsgdStep(h, t, p, g, st[0]);
-  }
-  // weight_decay {0, 0.05} × maximize × t0 {torch's 1e6: ax a copy of the param; 2: averaging from
-  // step 5 on, so the sweep's tensors starting at step 7 average and its 20-step cases cross into
-  // it}; the last has every feature and a larger lambd, another alpha.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (double t0 : {1e6, 2.0}) {
-      for (double wd : {0.0, 0.05}) {
-        for (bool maximize : {false, true}) {
-          out.push_back({.lr = 0.05, .t0 = t0, .weight_decay = wd, .maximize = maximize});
-        }
-      }
-    }
-    out.push_back({.lr = 0.05,
-                   .lambd = 0.1,
-                   .alpha = 0.5,
-                   .t0 = 2.0,
-                   .weight_decay = 0.05,
-                   .maximize = true});
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.maximize = !h.maximize;
-    h.lambd = 0.01;
-    h.alpha = 0.6;
-    h.t0 = h.t0 == 2.0 ? 1e6 : 3.0;
-    return h;
-  }
-  // Zero at step 1 (as torch); later an average near the params.
-  static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
-    return step == 1 ? 0.0 : rng.Uniform(-1.0, 1.0);
-  }
-  // eta and mu before step `step`, as step - 1 left them (torch's f32 0-d tensors): lr / (1 +
-  // lambd·lr·(step − 1))^alpha and 1 / max(1, step − 1 − t0), each rounded once.
-  static void InitScalars(const Hyper& h, std::int64_t step, std::span<float, kMaxScalars> out) {
-    const auto before = static_cast<double>(step - 1);
-    out[kAsgdEta] = static_cast<float>(h.lr / std::pow(1.0 + h.lambd * h.lr * before, h.alpha));
-    out[kAsgdMu] = static_cast<float>(1.0 / std::max(1.0, before - h.t0));
-  }
-};
-
-struct RpropAlgo : FromDescriptor<algos::Rprop> {
-  static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
-                  std::span<const double> g, const StateSpans& st) {
-    ref::RpropStep(h, p, g, st[0], st[1]);
-  }
-  // maximize × {torch's etas and step sizes, other etas, step sizes that clamp (the sweep's step
-  // sizes start in [1e-4, 0.05] and grow or shrink by 1.5 or 0.25 a step)}.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (bool maximize : {false, true}) {
-      out.push_back({.lr = 0.01, .maximize = maximize});
-      out.push_back({.lr = 0.01, .etaminus = 0.25, .etaplus = 1.5, .maximize = maximize});
-      out.push_back({.lr = 0.01,
-                     .etaminus = 0.25,
-                     .etaplus = 1.5,
-                     .step_size_min = 1e-3,
-                     .step_size_max = 0.02,
-                     .maximize = maximize});
-    }
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.maximize = !h.maximize;
-    h.etaminus = 0.4;
-    h.etaplus = 1.3;
-    return h;
-  }
-  // At step 1 as torch: prev 0, step_size lr. Later a previous gradient of either sign (or 0) and
-  // a step size within the bounds.
-  static double InitState(const Hyper& h, int slot, std::int64_t step, Rng& rng) {
-    if (step == 1) return slot == kRpropStepSize ? h.lr : 0.0;
-    if (slot == kRpropStepSize)
-      return rng.Uniform(h.step_size_min, std::min(h.step_size_max, 0.05));
-    const double u = rng.Uniform(-1.0, 1.0);
-    return std::abs(u) < 0.1 ? 0.0 : u;
-  }
-};
-
-// BertAdam: the oracle clips per (group, param dtype) as the reference's flat buffers
-// (ScaleGrads, before Ref). With these inputs (|g| < 1, 0-65 elements a segment) a group's norm is
-// a few units: max_grad_norm 1 clips on every step, 5 on some, -1 never. The schedules run past
-// t_total (first steps 1, 7, 2 and 20 steps).
-struct BertAdamAlgo : FromDescriptor<algos::BertAdam> {
-  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
-                  const StateSpans& st) {
-    ref::BertAdamStep(h, t, 1.0, p, g, st[0], st[1]);  // g: clipped by ScaleGrads
-  }
-  // Each (group, param dtype)'s factor from its Σg², applied to its segments' oracle gradients.
-  template <class Seg>
-  static void ScaleGrads(std::span<const Hyper> groups, const std::vector<Seg>& segs,
-                         std::vector<std::vector<double>>& grads) {
-    std::map<std::pair<std::uint32_t, DType>, double> sums;
-    for (std::size_t i = 0; i < segs.size(); ++i) {
-      double& sum = sums[{segs[i].spec.group, segs[i].spec.combo.param}];
-      for (double x : grads[i]) sum += x * x;
-    }
-    for (std::size_t i = 0; i < segs.size(); ++i) {
-      const double clip = ref::BertAdamClip(groups[segs[i].spec.group].max_grad_norm,
-                                            sums[{segs[i].spec.group, segs[i].spec.combo.param}]);
-      for (double& x : grads[i]) x *= clip;
-    }
-  }
-  // Constant lr with clipping and weight decay (the reference's defaults), neither, and each
-  // schedule with a warmup (cosine: none), clipped at 1, 5 or 2.
-  static std::vector<Hyper> Options() {
-    return {
-        {.lr = 0.01},
-        {.lr = 0.01, .weight_decay = 0.0, .max_grad_norm = -1.0},
-        {.lr = 0.01, .warmup = 0.2, .t_total = 10, .max_grad_norm = 5.0},
-        {.lr = 0.01, .warmup = 0.1, .t_total = 30, .schedule = kBertAdamWarmupConstant},
-        {.lr = 0.01, .t_total = 25, .schedule = kBertAdamWarmupCosine, .weight_decay = 0.05},
-        {.lr = 0.01,
-         .warmup = 0.3,
-         .t_total = 15,
-         .schedule = kBertAdamWarmupPoly,
-         .max_grad_norm = 2.0},
-    };
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.b1 = 0.8;
-    h.e = 1e-4;
-    h.max_grad_norm = h.max_grad_norm == 1.0 ? 3.0 : 1.0;
-    return h;
-  }
-  // Zero at step 1; later a plausible state.
-  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
-    if (step == 1) return 0.0;
-    if (slot == kBertAdamExpAvg) return rng.Uniform(-0.3, 0.3);
-    return rng.Uniform(0.01, 0.5);
-  }
-};
-
-// A fixed sign for element index i, mixed by a hash so that SIMD lanes and tails see both: Lion's
-// and LAMB's inputs keep it on every step (see LionAlgo and LambAlgo).
-int ElementSign(std::size_t i) {
-  return ((static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ull) >> 40 & 1u) != 0 ? -1 : 1;
-}
-
-// Lion's update is ±lr·sign(c), c = β1·m + (1 − β1)·g: where |c| is tiny next to its terms, f32
-// and the double oracle may disagree on the sign, and the param then differs by 2·lr. Lion's inputs
-// therefore keep c far from 0: element i has the sign s_i = ElementSign(i) and a class k_i, the
-// same on every step, so its gradients never change sign and its momentum does not cross 0 within
-// a case (20 steps, β1 >= 0.8, β2 = 0.99):
-//   k = 0: g = s·[0.2, 1],  m = s'·[0, 0.5]: c has the sign of g, |c| < 1;
-//   k = 1: g = s·[50, 100], m = s'·[0, 0.5]: c has the sign of g, |c| >= 5;
-//   k = 2: g = s·[0.2, 1],  m = −s'·[3, 6]:  c has the sign of m, against g; |c| ~ 1.6 to 5.4;
-// s' = s, or −s with maximize. Fresh tensors start from m = 0, so there k = 2 acts as k = 0. A sign
-// that is right only for |c| in [2, 4), as DeepSpeed's AVX Lion computes it (its mask keeps the
-// exponent bits of −1), fails on classes 0 and 1; sign(g) or sign(m) alone fails on class 2 or on
-// fresh tensors.
-int LionElementClass(std::size_t i) {
-  return static_cast<int>(((static_cast<std::uint64_t>(i) * 0xC2B2AE3D27D4EB4Full) >> 33) % 3u);
-}
-
-struct LionAlgo : FromDescriptor<algos::Lion> {
-  static void Ref(const Hyper& h, std::int64_t /*t*/, std::span<double> p,
-                  std::span<const double> g, const StateSpans& st) {
-    ref::LionStep(h, p, g, st[0]);
-  }
-  // weight_decay {0, 0.5} × maximize.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (double wd : {0.0, 0.5}) {
-      for (bool maximize : {false, true}) {
-        out.push_back({.lr = 0.01, .weight_decay = wd, .maximize = maximize});
-      }
-    }
-    return out;
-  }
-  // β2 stays 0.99: the class-2 momentum must not decay through 0 within 20 steps.
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.2 : 0.0;
-    h.maximize = !h.maximize;
-    h.beta1 = 0.8;
-    return h;
-  }
-  // Zero at step 1 (as lion-pytorch); later the magnitude of the class's momentum, to which
-  // MakeSegment gives its sign.
-  static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
-    return step == 1 ? 0.0 : rng.Uniform(0.0, 1.0);
-  }
-  // Element i's momentum from InitState's u in [0, 1) (see the classes above).
-  static double Momentum(const Hyper& h, std::size_t i, double u) {
-    const double s = ElementSign(i) * (h.maximize ? -1.0 : 1.0);
-    return LionElementClass(i) == 2 ? -s * (3.0 + 3.0 * u) : s * 0.5 * u;
-  }
-};
-
-// LAMB moves a one-element tensor by lr·|θ|·sign(u) (the trust ratio is lr·|θ|/|u|), so there a u
-// that cancels to near 0 (m = β1·m + β3·g with m against g, or u + λθ against u) may take another
-// sign in f32 than in double, as Lion's c. LAMB's inputs therefore give element i's gradients the
-// sign ElementSign(i) on every step, and its momentum and param that sign at the start: m never
-// cancels, and u + λθ adds terms of one sign until θ crosses 0, which a one-element θ never does
-// (it shrinks by lr·|θ|). In longer tensors a near-zero u costs only its own tiny share of the
-// update.
-struct LambAlgo : FromDescriptor<algos::Lamb> {
-  // The oracle computes its own ‖θ‖ and ‖u‖ of the whole tensor in double.
-  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
-                  const StateSpans& st) {
-    ref::LambStep(h, t, p, g, st[0], st[1]);
-  }
-  // Weight decay {0.02, 0, 0 with use_nvlamb} × adam_w_mode, each with two of the four
-  // (bias_correction, grad_averaging) pairs, so that every pair meets both modes and all three
-  // decays. The first has FusedLAMB's default modes; first and last have a trust ratio.
-  static std::vector<Hyper> Options() {
-    struct Row {
-      double wd;
-      bool nvlamb, adam_w_mode, bias_correction, grad_averaging;
-    };
-    constexpr Row kRows[] = {
-        {0.02, false, true, true, true},   {0.02, false, true, false, false},
-        {0.0, false, true, true, false},   {0.0, false, true, false, true},
-        {0.0, true, true, true, true},     {0.0, true, true, false, false},
-        {0.0, false, false, true, true},   {0.0, false, false, false, false},
-        {0.0, true, false, true, false},   {0.0, true, false, false, true},
-        {0.02, false, false, true, false}, {0.02, false, false, false, true},
-    };
-    std::vector<Hyper> out;
-    for (const Row& r : kRows) {
-      out.push_back({.lr = 0.01,
-                     .weight_decay = r.wd,
-                     .bias_correction = r.bias_correction,
-                     .adam_w_mode = r.adam_w_mode,
-                     .grad_averaging = r.grad_averaging,
-                     .use_nvlamb = r.nvlamb});
-    }
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.05 : 0.0;
-    h.use_nvlamb = !h.use_nvlamb;
-    h.beta1 = 0.8;
-    return h;
-  }
-  // Zero at step 1 (as apex); later a plausible state.
-  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
-    if (step == 1) return 0.0;
-    if (slot == kLambExpAvg) return rng.Uniform(-0.3, 0.3);
-    return rng.Uniform(0.01, 0.5);
-  }
-};
-
-// LARS: LARC's trust ratio from ‖θ‖ and ‖g‖ (the oracle computes its own, in double), then SGD's
-// momentum modes. With these inputs LARC's rate tc·‖θ‖/(‖g‖ + λ‖θ‖ + ε) is about 0.02·0.58/0.6:
-// lr 0.005 puts clip mode's min(rate / lr, 1) at 1 (and OtherGroup's 0.0125 too), lr 0.05 below 1,
-// so both sides of the min are swept; |g| >= 0.2 keeps g + λθ away from 0.
-struct LarsAlgo : FromDescriptor<algos::Lars> {
-  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
-                  const StateSpans& st) {
-    ref::LarsStep(h, t, p, g, st[0]);
-  }
-  // {no momentum, momentum 0.9, with dampening 0.1, nesterov} × weight_decay {0, 0.01} ×
-  // {clip at lr 0.005 (ratio 1), clip at lr 0.05 (ratio < 1), scale mode}; the last has every
-  // feature.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (int mode = 0; mode < 4; ++mode) {
-      for (double wd : {0.0, 0.01}) {
-        for (int clip = 0; clip < 3; ++clip) {
-          out.push_back({.lr = clip == 0 ? 0.005 : 0.05,
-                         .momentum = mode == 0 ? 0.0 : 0.9,
-                         .dampening = mode == 2 ? 0.1 : 0.0,
-                         .weight_decay = wd,
-                         .nesterov = mode == 3,
-                         .clip = clip != 2});
-        }
-      }
-    }
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.trust_coefficient = 0.05;
-    h.eps = 1e-4;
-    return h;
-  }
-  // As SGD's: at step 1 the buffer is not read (NaN).
-  static double InitState(const Hyper& /*h*/, int /*slot*/, std::int64_t step, Rng& rng) {
-    return step == 1 ? std::numeric_limits<double>::quiet_NaN() : rng.Uniform(-0.5, 0.5);
-  }
-};
-
-// AdamP: the oracle decides the projection from its own double sums. Segments of the sweep's and
-// the determinism workload's sizes get channel rows (Rows): a (1, 1) param, 2-8 rows of 4-13
-// elements, rows spanning ATen's grain and chunks; the others are 1-D. delta 10 projects every
-// channel view (|cos| ≤ 1 < 10 / √13), delta 1 some channel and many layer views, 0.1 few.
-struct AdampAlgo : FromDescriptor<algos::Adamp> {
-  static std::size_t Rows(std::size_t n) {
-    switch (n) {
-      case 1:
-        return 1;
-      case 8:
-        return 2;
-      case 9:
-      case 33333:
-        return 3;
-      case 63:
-        return 7;
-      case 64:
-        return 8;
-      case 65:
-        return 5;
-      case 40000:
-        return 16;
-      default:
-        return 0;
-    }
-  }
-  static void Ref(const Hyper& h, std::int64_t t, std::span<double> p, std::span<const double> g,
-                  const StateSpans& st) {
-    ref::AdampStep(h, t, Rows(p.size()), p, g, st[0], st[1]);
-  }
-  // delta {10, 1, 0.1} × nesterov × weight_decay {0, 0.05}; the first projects every channel view.
-  static std::vector<Hyper> Options() {
-    std::vector<Hyper> out;
-    for (double delta : {10.0, 1.0, 0.1}) {
-      for (bool nesterov : {false, true}) {
-        for (double wd : {0.05, 0.0}) {
-          out.push_back({.lr = 0.01, .weight_decay = wd, .delta = delta, .nesterov = nesterov});
-        }
-      }
-    }
-    return out;
-  }
-  static Hyper OtherGroup(Hyper h) {
-    h.lr *= 2.5;
-    h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-    h.wd_ratio = 0.5;
-    h.beta1 = 0.8;
-    return h;
-  }
-  static double InitState(const Hyper& /*h*/, int slot, std::int64_t step, Rng& rng) {
-    if (step == 1) return 0.0;
-    if (slot == kAdampExpAvg) return rng.Uniform(-0.3, 0.3);
-    return rng.Uniform(0.01, 0.5);
-  }
-};
-
-#ifdef FOPT_TEST_ALGORITHMS_DIR
-// A test-only algorithm (tests/algos/): its descriptor's data and its sweep's (oracle, options,
-// initial states), as Stem##Algo.
-template <class D, class Sweep>
-struct TestAlgorithm : FromDescriptor<D>, Sweep {
+// An algorithm of the sweep: its descriptor's data and its cases (ref::KernelCases<Hyper> in
+// tests/reference/<algo>.h, or a test-only algorithm's Stem##Sweep in tests/algos/). The cases
+// hold
+//   Ref(h, step, p, g, states)           the oracle's step of one tensor (on clipped gradients);
+//   Options()                            the option sweep (KernelLarge takes its first and last);
+//   OtherGroup(h)                        a second group's options beside h;
+//   InitState(h, slot, step, rng)        a state element of a tensor about to take `step`;
+// and where the algorithm needs them
+//   InitScalars(h, step, scalars)        the per-tensor scalar states before `step`;
+//   Rows(n)                              the channel rows of a segment of n elements;
+//   Start(h, i, step, p, states, rng)    element i's param and states made consistent (signs,
+//                                        cross-state invariants of a real run);
+//   Grad(kind, i, rng, default_grad)     element i's gradient of a kind, if not default_grad();
+//   ScaleGrads(groups, segs, grads)      clipping across segments, on the oracle's gradients;
+//   TargetRuns()                         the DeterminismAcrossTargets runs.
+template <class D, class Cases>
+struct Algo : FromDescriptor<D>, Cases {
   using Hyper = typename D::Hyper;
-  using Sweep::InitState;
-  using Sweep::Options;
-  using Sweep::OtherGroup;
-  using Sweep::Ref;
 };
-#  define FOPT_TEST_ALGORITHM(Stem) \
-    using Stem##Algo = TestAlgorithm<test_algos::Stem, test_algos::Stem##Sweep>;
-FOPT_FOR_EACH_TEST_ALGORITHM(FOPT_TEST_ALGORITHM)
-#  undef FOPT_TEST_ALGORITHM
-#endif
+
+// The algorithms that run the generic sweep: those whose cases have the oracle of a flat tensor.
+template <class Cases>
+concept FlatCases = requires {
+  &Cases::Ref;
+};
 
 // ------------------------------------------------------------------------------------------------
 // Test cases: segments with their buffers, the oracle's copy, and one driver
@@ -1118,9 +422,9 @@ struct SegData {
   Buffer grad;
   std::optional<Buffer> master;
   std::array<std::optional<Buffer>, kMaxStates> state;
-  // Segment::scalars (NAdam's mu_product), advanced by the step itself.
+  // Segment::scalars (per-tensor scalar states), advanced by the step itself.
   std::array<float, kMaxScalars> scalars{};
-  std::size_t rows = 0;  // Segment::rows (AdamP's channel rows)
+  std::size_t rows = 0;  // Segment::rows (channel rows, where the cases give Rows)
   // True when every persistent buffer is f32: the oracle then runs free for all steps.
   bool free_running;
   std::vector<double> ref_p;
@@ -1192,46 +496,22 @@ SegData MakeSegment(const SegSpec& spec, const typename A::Hyper& h, Rng& rng) {
     for (std::size_t i = 0; i < spec.n; ++i)
       s.state[k]->Set(i, A::InitState(h, k, spec.first_step, rng));
   }
-  if constexpr (std::is_same_v<A, LambAlgo>) {
-    for (std::size_t i = 0; i < spec.n; ++i) {  // the element's sign, see LambAlgo
-      const double sign = ElementSign(i);
+  if constexpr (requires { &A::template Start<Rng>; }) {
+    for (std::size_t i = 0; i < spec.n; ++i) {
+      double p = s.master ? s.master->Get(i) : s.param.Get(i);
+      std::array<double, kMaxStates> st{};
+      for (int k = 0; k < kMaxStates; ++k) {
+        if (s.state[k]) st[k] = s.state[k]->Get(i);
+      }
+      A::Start(h, i, spec.first_step, p, st, rng);
       if (s.master) {
-        s.master->Set(i, sign * std::abs(s.master->Get(i)));
+        s.master->Set(i, p);
         s.param.Set(i, s.master->Get(i));
       } else {
-        s.param.Set(i, sign * std::abs(s.param.Get(i)));
+        s.param.Set(i, p);
       }
-      s.state[kLambExpAvg]->Set(i, sign * std::abs(s.state[kLambExpAvg]->Get(i)));
-    }
-  }
-  if (spec.first_step > 1) {
-    // Cross-state invariants of a real run.
-    if constexpr (std::is_same_v<A, AdamAlgo> || std::is_same_v<A, AdamWAlgo>) {
-      if (s.state[kMaxExpAvgSq]) {
-        for (std::size_t i = 0; i < spec.n; ++i) {
-          s.state[kMaxExpAvgSq]->Set(i, s.state[kExpAvgSq]->Get(i) + rng.Uniform(0.0, 0.2));
-        }
-      }
-    }
-    if constexpr (std::is_same_v<A, LionAlgo>) {
-      for (std::size_t i = 0; i < spec.n; ++i) {
-        s.state[kLionExpAvg]->Set(i, LionAlgo::Momentum(h, i, s.state[kLionExpAvg]->Get(i)));
-      }
-    }
-    if constexpr (std::is_same_v<A, RmspropAlgo>) {
-      if (s.state[kGradAvg]) {
-        for (std::size_t i = 0; i < spec.n; ++i) {
-          s.state[kGradAvg]->Set(i,
-                                 rng.Uniform(-0.5, 0.5) * std::sqrt(s.state[kSquareAvg]->Get(i)));
-        }
-      }
-    }
-    if constexpr (std::is_same_v<A, RmsproptfAlgo>) {
-      if (s.state[kRmsproptfGradAvg]) {
-        for (std::size_t i = 0; i < spec.n; ++i) {
-          s.state[kRmsproptfGradAvg]->Set(
-              i, rng.Uniform(-0.5, 0.5) * std::sqrt(s.state[kRmsproptfSquareAvg]->Get(i)));
-        }
+      for (int k = 0; k < kMaxStates; ++k) {
+        if (s.state[k]) s.state[k]->Set(i, st[k]);
       }
     }
   }
@@ -1239,20 +519,20 @@ SegData MakeSegment(const SegSpec& spec, const typename A::Hyper& h, Rng& rng) {
   return s;
 }
 
-// Lion's gradient of element i: the sign s_i on every step and, for random gradients, the class's
-// magnitude (see the comment above LionElementClass).
-double LionGrad(GradKind kind, std::size_t i, Rng& rng) {
-  const double s = ElementSign(i);
+double DefaultGrad(GradKind kind, Rng& rng) {
   switch (kind) {
     case GradKind::kRandom:
     case GradKind::kNonFinite:
-      return s * (LionElementClass(i) == 1 ? rng.Uniform(50.0, 100.0) : rng.Uniform(0.2, 1.0));
+      // |g| >= 0.2 keeps g + λθ away from 0: near |g| ~ eps the first steps of the adaptive
+      // methods compute g / (|g| + eps), which amplifies f32 rounding of g + λθ without bound.
+      // Zero and tiny gradients have their own cases.
+      return rng.Uniform(0.2, 1.0) * (rng.Next() & 1 ? 1.0 : -1.0);
     case GradKind::kZero:
       return 0.0;
     case GradKind::kHuge:
-      return s * rng.Uniform(0.5, 1.0) * 1e4;
+      return rng.Uniform(0.5, 1.0) * (rng.Next() & 1 ? 1e4 : -1e4);
     case GradKind::kTiny:
-      return s * rng.Uniform(0.1, 1.0) * 1e-12;
+      return rng.Uniform(-1.0, 1.0) * 1e-12;
   }
   return 0.0;
 }
@@ -1260,31 +540,12 @@ double LionGrad(GradKind kind, std::size_t i, Rng& rng) {
 template <class A>
 void FillGrads(SegData& s, GradKind kind, Rng& rng) {
   for (std::size_t i = 0; i < s.spec.n; ++i) {
-    double g = 0.0;
-    if constexpr (std::is_same_v<A, LionAlgo>) {
-      g = LionGrad(kind, i, rng);
+    const auto default_grad = [&] { return DefaultGrad(kind, rng); };
+    if constexpr (requires { A::Grad(kind, i, rng, default_grad); }) {
+      s.grad.Set(i, A::Grad(kind, i, rng, default_grad));
     } else {
-      switch (kind) {
-        case GradKind::kRandom:
-        case GradKind::kNonFinite:
-          // |g| >= 0.2 keeps g + λθ away from 0: near |g| ~ eps the first steps of Adam, RMSprop
-          // and Adagrad compute g / (|g| + eps), which amplifies f32 rounding of g + λθ without
-          // bound. Zero and tiny gradients have their own cases.
-          g = rng.Uniform(0.2, 1.0) * (rng.Next() & 1 ? 1.0 : -1.0);
-          break;
-        case GradKind::kZero:
-          g = 0.0;
-          break;
-        case GradKind::kHuge:
-          g = rng.Uniform(0.5, 1.0) * (rng.Next() & 1 ? 1e4 : -1e4);
-          break;
-        case GradKind::kTiny:
-          g = rng.Uniform(-1.0, 1.0) * 1e-12;
-          break;
-      }
-      if constexpr (std::is_same_v<A, LambAlgo>) g = ElementSign(i) * std::abs(g);
+      s.grad.Set(i, default_grad());
     }
-    s.grad.Set(i, g);
   }
   if (kind == GradKind::kNonFinite) {
     const double special[] = {std::numeric_limits<double>::quiet_NaN(), INFINITY, -INFINITY};
@@ -1365,7 +626,7 @@ bool RunCase(const Case<A>& c, const std::string& target) {
       s.TrackScale();
       grads.push_back(s.grad.ToDouble());
     }
-    // Clipping across segments (BertAdam's per (group, dtype) norms) scales the oracle's gradients.
+    // Clipping across segments (per (group, dtype) norms) scales the oracle's gradients.
     if constexpr (requires { A::ScaleGrads(std::span(c.groups), segs, grads); }) {
       A::ScaleGrads(std::span(c.groups), segs, grads);
     }
@@ -1413,32 +674,6 @@ bool RunCase(const Case<A>& c, const std::string& target) {
   }
   return true;
 }
-
-// ------------------------------------------------------------------------------------------------
-// Fixtures: one instance per available target
-
-class TargetTest : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    forced_.emplace(GetParam());
-    ASSERT_EQ(ActiveTargetName(), GetParam()) << "ForceTarget did not take effect";
-  }
-  void TearDown() override { forced_.reset(); }
-  const std::string& target() const { return GetParam(); }
-
- private:
-  std::optional<ForcedTarget> forced_;
-};
-
-std::string TargetParamName(const ::testing::TestParamInfo<std::string>& info) {
-  return info.param;
-}
-
-class KernelSweep : public TargetTest {};
-class KernelMixed : public TargetTest {};
-class KernelLarge : public TargetTest {};
-class KernelSpecial : public TargetTest {};
-class Determinism : public TargetTest {};
 
 // Stops a sweep after this many failing cases, to keep the output readable.
 constexpr int kMaxFailingCases = 3;
@@ -1701,47 +936,13 @@ void RunDeterminism(const std::string& target) {
   }
 }
 
-// Every suite above for one algorithm, Stem##Algo: KernelSweep.Stem, KernelMixed.Stem,
-// KernelLarge.Stem, KernelSpecial.Stem##Values and .Stem##ZeroSize, Determinism.Stem.
-#define FOPT_KERNEL_TESTS(Stem)                                                   \
-  TEST_P(KernelSweep, Stem) { RunSweep<Stem##Algo>(target()); }                   \
-  TEST_P(KernelMixed, Stem) { RunMixed<Stem##Algo>(target()); }                   \
-  TEST_P(KernelLarge, Stem) { RunLarge<Stem##Algo>(target()); }                   \
-  TEST_P(KernelSpecial, Stem##Values) { RunSpecialValues<Stem##Algo>(target()); } \
-  TEST_P(KernelSpecial, Stem##ZeroSize) { RunZeroSize<Stem##Algo>(target()); }    \
-  TEST_P(Determinism, Stem) { RunDeterminism<Stem##Algo>(target()); }
-FOPT_KERNEL_TESTS(Sgd)
-FOPT_KERNEL_TESTS(Adam)
-FOPT_KERNEL_TESTS(AdamW)
-FOPT_KERNEL_TESTS(Rmsprop)
-FOPT_KERNEL_TESTS(Adagrad)
-FOPT_KERNEL_TESTS(Lion)
-FOPT_KERNEL_TESTS(Lamb)
-FOPT_KERNEL_TESTS(Adamax)
-FOPT_KERNEL_TESTS(Adadelta)
-FOPT_KERNEL_TESTS(Radam)
-FOPT_KERNEL_TESTS(Nadam)
-FOPT_KERNEL_TESTS(Rmsproptf)
-FOPT_KERNEL_TESTS(Asgd)
-FOPT_KERNEL_TESTS(Lars)
-FOPT_KERNEL_TESTS(Rprop)
-FOPT_KERNEL_TESTS(Adamp)
-FOPT_KERNEL_TESTS(BertAdam)
-#ifdef FOPT_TEST_ALGORITHMS_DIR
-FOPT_FOR_EACH_TEST_ALGORITHM(FOPT_KERNEL_TESTS)
-#endif
-#undef FOPT_KERNEL_TESTS
-
 // ------------------------------------------------------------------------------------------------
 // DeterminismAcrossTargets: the determinism workload on every available target (with 1, 2 or 3
 // threads in turn). Targets of one class (FMA: AVX2 and up; non-FMA: SSE4 and SSSE3 where built,
-// SCALAR) must agree bit for bit whatever their vector width: LAMB's per-tensor norms are reduced
-// in a fixed order of 16 accumulators, never per lane. Between the classes only MulAdd rounds
-// differently, so inputs where every MulAdd is exact must agree on every target:
-//   Lion with β1 = β2 = 0.5: c and m are fma(0.5, g, 0.5·m), whose product is exact;
-//   LAMB with β1 = β2 = 0, no grad averaging or bias correction, eps 0, no weight decay,
-//   use_nvlamb, and 16-bit gradients (g² exact in f32): m = g, v = g², u = ±1 exactly, so p ∓ ratio
-//   rounds once on every target and the result checks ‖θ‖ and the trust ratio across vector widths.
+// SCALAR) must agree bit for bit whatever their vector width: per-tensor norms are reduced in a
+// fixed order of 16 accumulators, never per lane. Between the classes only MulAdd rounds
+// differently, so inputs where every MulAdd is exact must agree on every target
+// (all_targets_agree; the cases say why theirs are exact).
 
 template <class A>
 void RunAcrossTargets(const std::vector<std::vector<typename A::Hyper>>& group_sets,
@@ -1772,145 +973,68 @@ void RunAcrossTargets(const std::vector<std::vector<typename A::Hyper>>& group_s
   }
 }
 
-TEST(DeterminismAcrossTargets, Lion) {
-  const std::vector<LionHyper> options = LionAlgo::Options();
-  std::vector<std::vector<LionHyper>> per_class;
-  for (const LionHyper& h : {options.front(), options.back()})
-    per_class.push_back({h, LionAlgo::OtherGroup(h)});
-  const std::vector<Combo> combos = {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16},
-                                     Combo{kF16, kF16, kF32, true}};
-  RunAcrossTargets<LionAlgo>(per_class, combos, /*all_targets_agree=*/false);
-  const LionHyper exact{.lr = 0.01, .beta1 = 0.5, .beta2 = 0.5, .weight_decay = 0.5};
-  const LionHyper exact_other{
-      .lr = 0.025, .beta1 = 0.5, .beta2 = 0.5, .weight_decay = 0.0, .maximize = true};
-  RunAcrossTargets<LionAlgo>({{exact, exact_other}}, combos, /*all_targets_agree=*/true);
-}
-
-TEST(DeterminismAcrossTargets, Lamb) {
-  const std::vector<LambHyper> options = LambAlgo::Options();
-  std::vector<std::vector<LambHyper>> per_class;
-  for (const LambHyper& h : {options.front(), options.back()})
-    per_class.push_back({h, LambAlgo::OtherGroup(h)});
-  RunAcrossTargets<LambAlgo>(
-      per_class,
-      {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
-      /*all_targets_agree=*/false);
-  const LambHyper exact{.lr = 0.01,
-                        .beta1 = 0.0,
-                        .beta2 = 0.0,
-                        .eps = 0.0,
-                        .weight_decay = 0.0,
-                        .bias_correction = false,
-                        .grad_averaging = false,
-                        .use_nvlamb = true};
-  LambHyper exact_other = exact;
-  exact_other.lr = 0.03;
-  RunAcrossTargets<LambAlgo>(
-      {{exact, exact_other}},
-      {Combo{kF32, kBF16, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
-      /*all_targets_agree=*/true);
-}
-
-// BertAdam's clip factors come from the same fixed-order sums as LAMB's norms: targets of one
-// class agree bit for bit (clipped and not).
-TEST(DeterminismAcrossTargets, BertAdam) {
-  const std::vector<BertAdamHyper> options = BertAdamAlgo::Options();
-  std::vector<std::vector<BertAdamHyper>> per_class;
-  for (const BertAdamHyper& h : {options.front(), options[1], options.back()})
-    per_class.push_back({h, BertAdamAlgo::OtherGroup(h)});
-  RunAcrossTargets<BertAdamAlgo>(
-      per_class,
-      {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
-      /*all_targets_agree=*/false);
-}
-
-// LARS's norms come from the same fixed-order sums as LAMB's: targets of one class agree bit for
-// bit (scale mode, and clip mode below and at the clip).
-TEST(DeterminismAcrossTargets, Lars) {
-  const std::vector<LarsHyper> options = LarsAlgo::Options();
-  std::vector<std::vector<LarsHyper>> per_class;
-  for (const LarsHyper& h : {options.front(), options[options.size() - 2], options.back()})
-    per_class.push_back({h, LarsAlgo::OtherGroup(h)});
-  RunAcrossTargets<LarsAlgo>(
-      per_class,
-      {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
-      /*all_targets_agree=*/false);
-}
-
-// AdamP's per-row sums come from the same fixed-order accumulators: targets of one class agree bit
-// for bit, projected per channel (delta 10) or not.
-TEST(DeterminismAcrossTargets, Adamp) {
-  const std::vector<AdampHyper> options = AdampAlgo::Options();
-  std::vector<std::vector<AdampHyper>> per_class;
-  for (const AdampHyper& h : {options.front(), options.back()})
-    per_class.push_back({h, AdampAlgo::OtherGroup(h)});
-  RunAcrossTargets<AdampAlgo>(
-      per_class,
-      {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16}, Combo{kF16, kF16, kF32, true}},
-      /*all_targets_agree=*/false);
-}
-
-INSTANTIATE_TEST_SUITE_P(Targets, KernelSweep, ::testing::ValuesIn(AvailableTargets()),
-                         TargetParamName);
-INSTANTIATE_TEST_SUITE_P(Targets, KernelMixed, ::testing::ValuesIn(AvailableTargets()),
-                         TargetParamName);
-INSTANTIATE_TEST_SUITE_P(Targets, KernelLarge, ::testing::ValuesIn(AvailableTargets()),
-                         TargetParamName);
-INSTANTIATE_TEST_SUITE_P(Targets, KernelSpecial, ::testing::ValuesIn(AvailableTargets()),
-                         TargetParamName);
-INSTANTIATE_TEST_SUITE_P(Targets, Determinism, ::testing::ValuesIn(AvailableTargets()),
-                         TargetParamName);
-
 // ------------------------------------------------------------------------------------------------
-// Adafactor: factored states (row_var batch·rows, col_var batch·cols) do not fit the generic
-// sweep's param-shaped buffers, so it has its own: every shape kind (vectors; matrices of one tile,
-// several row tiles, several column tiles, a batch) in one call of two groups, against
-// ref::AdafactorStep.
+// The shaped sweep: states factored over a tensor's matrices (the descriptor's kStateShapes and
+// SegmentStates: a row state of batch·rows values, a column state of batch·cols, or the param's
+// shape) do not fit the flat sweep's param-shaped buffers. An algorithm whose cases have the oracle
+// of such a tensor (ShapedCases) runs this sweep instead, from its cases:
+//   ShapedRef(h, step, rows, cols, p, g, states)  the oracle of one tensor of row-major rows × cols
+//                                                 matrices (rows = cols = 0: a vector);
+//   Options(), OtherGroup(h)                      as the flat sweep's;
+//   Shapes()                                      {rows, cols, numel} of the sweep's tensors, every
+//                                                 shape kind in one call of two groups;
+//   DeterminismGroups(), DeterminismShapes()      the determinism workload, of many tiles.
+// KernelSweep.Stem checks each call against the oracle, Determinism.Stem and
+// DeterminismAcrossTargets.Stem compare the workload's bits.
 
-struct AdafactorShape {
-  std::size_t rows, cols, numel;  // rows = cols = 0: a vector
+template <class A>
+concept ShapedCases = !FlatCases<A> && requires {
+  &A::ShapedRef;
 };
-const std::vector<AdafactorShape>& AdafactorShapes() {
-  static const std::vector<AdafactorShape> shapes = {{0, 0, 1},
-                                                     {0, 0, 7},
-                                                     {0, 0, 65},
-                                                     {0, 0, 40000},
-                                                     {1, 1, 1},
-                                                     {3, 5, 15},
-                                                     {7, 33, 231},
-                                                     {2, 4100, 3 * 2 * 4100},
-                                                     {1100, 40, 44000},
-                                                     {5, 300, 3 * 5 * 300},
-                                                     {9, 1, 9},
-                                                     {1, 64, 2 * 64},
-                                                     // small matrices grouped into tiles (a conv's
-                                                     // 3x3 and 1x1 kernels), two tiles each
-                                                     {3, 3, 9 * 5000},
-                                                     {1, 1, 40000}};
-  return shapes;
-}
 
-// One Adafactor segment's buffers and the oracle's copy.
-struct AdafactorCase {
-  AdafactorShape shape;
+using TensorShape = std::array<std::size_t, 3>;  // rows, cols, numel
+
+// One segment of the shaped sweep: its buffers and the oracle's copy.
+template <class A>
+struct ShapedSegment {
+  using D = typename A::Descriptor;
+  std::size_t rows, cols, numel;
   std::uint32_t group = 0;
   std::int64_t step = 1;  // of the next call
-  Buffer param, grad, row_var, col_var, variance;
+  unsigned used = 0;      // the state slots of this shape
+  Buffer param, grad;
+  std::vector<Buffer> state;  // every slot, empty where unused
   std::optional<Buffer> master;
-  std::vector<double> p, g, rv, cv, var;  // the oracle's
+  std::vector<double> p, g;  // the oracle's
+  std::array<std::vector<double>, kMaxStates> st;
 
-  AdafactorCase(const AdafactorShape& sh, const Combo& c, std::uint32_t grp, std::int64_t first,
+  ShapedSegment(const TensorShape& shape, const Combo& c, std::uint32_t grp, std::int64_t first,
                 bool unaligned, Rng& rng)
-      : shape(sh),
+      : rows(shape[0]),
+        cols(shape[1]),
+        numel(shape[2]),
         group(grp),
         step(first),
-        param(c.param, sh.numel, unaligned),
-        grad(c.grad, sh.numel, unaligned),
-        row_var(c.state, Batch() * sh.rows, unaligned),
-        col_var(c.state, Batch() * sh.cols, unaligned),
-        variance(c.state, sh.rows == 0 ? sh.numel : 0, unaligned) {
-    if (c.master) master.emplace(kF32, sh.numel, unaligned);
-    for (std::size_t i = 0; i < sh.numel; ++i) {
+        param(c.param, numel, unaligned),
+        grad(c.grad, numel, unaligned) {
+    Segment s;
+    s.numel = numel;
+    s.rows = rows;
+    s.cols = cols;
+    used = D::SegmentStates(s);
+    const std::size_t batch = rows == 0 ? 0 : numel / (rows * cols);
+    for (int k = 0; k < kMaxStates; ++k) {
+      std::size_t n = 0;
+      if ((used >> k & 1u) != 0) {
+        const algos::Shape shape_k = D::kStateShapes[k];
+        n = shape_k == algos::Shape::kRows   ? batch * rows
+            : shape_k == algos::Shape::kCols ? batch * cols
+                                             : numel;
+      }
+      state.emplace_back(c.state, n, unaligned);
+    }
+    if (c.master) master.emplace(kF32, numel, unaligned);
+    for (std::size_t i = 0; i < numel; ++i) {
       const double x = rng.Uniform(-1.0, 1.0);
       if (master) {
         master->Set(i, x);
@@ -1922,22 +1046,16 @@ struct AdafactorCase {
     p = master ? master->ToDouble() : param.ToDouble();
     // Nonzero states after the first step: squares' running means around g², some far below it (so
     // that RMS(U) > d and the update is clipped).
-    const auto init = [&](Buffer& b) {
-      for (std::size_t i = 0; i < b.size(); ++i) {
-        b.Set(i, first == 1 ? 0.0 : rng.Uniform(1e-4, 0.02));
+    for (int k = 0; k < kMaxStates; ++k) {
+      for (std::size_t i = 0; i < state[k].size(); ++i) {
+        state[k].Set(i, first == 1 ? 0.0 : rng.Uniform(1e-4, 0.02));
       }
-      return b.ToDouble();
-    };
-    rv = init(row_var);
-    cv = init(col_var);
-    var = init(variance);
-  }
-  std::size_t Batch() const {
-    return shape.rows == 0 ? 0 : shape.numel / (shape.rows * shape.cols);
+      st[k] = state[k].ToDouble();
+    }
   }
 
   void NewGrad(Rng& rng, double scale) {
-    for (std::size_t i = 0; i < shape.numel; ++i) grad.Set(i, rng.Uniform(-scale, scale));
+    for (std::size_t i = 0; i < numel; ++i) grad.Set(i, rng.Uniform(-scale, scale));
     g = grad.ToDouble();
   }
   Segment MakeSegment(const Combo& c) {
@@ -1945,15 +1063,12 @@ struct AdafactorCase {
     s.param = param.data();
     s.grad = grad.data();
     s.master = master ? static_cast<float*>(master->data()) : nullptr;
-    if (shape.rows > 0) {
-      s.state[kAdafactorRowVar] = row_var.data();
-      s.state[kAdafactorColVar] = col_var.data();
-    } else {
-      s.state[kAdafactorVariance] = variance.data();
+    for (int k = 0; k < kMaxStates; ++k) {
+      if ((used >> k & 1u) != 0) s.state[k] = state[k].data();
     }
-    s.numel = shape.numel;
-    s.rows = shape.rows;
-    s.cols = shape.cols;
+    s.numel = numel;
+    s.rows = rows;
+    s.cols = cols;
     s.param_dtype = c.param;
     s.grad_dtype = c.grad;
     s.state_dtype = c.state;
@@ -1961,55 +1076,28 @@ struct AdafactorCase {
     s.step = step;
     return s;
   }
-  void OracleStep(const AdafactorHyper& h) {
-    ref::AdafactorStep(h, step, shape.rows, shape.cols, p, g, rv, cv, var);
+  void OracleStep(const typename A::Hyper& h) {
+    StateSpans spans;
+    for (int k = 0; k < kMaxStates; ++k) spans[k] = st[k];
+    A::ShapedRef(h, step, rows, cols, p, g, spans);
   }
   // The oracle restarts from the kernel's (rounded) buffers: the per-step check of 16-bit storage.
   void SyncOracle() {
     p = master ? master->ToDouble() : param.ToDouble();
-    rv = row_var.ToDouble();
-    cv = col_var.ToDouble();
-    var = variance.ToDouble();
+    for (int k = 0; k < kMaxStates; ++k) st[k] = state[k].ToDouble();
   }
 };
 
-std::vector<AdafactorHyper> AdafactorOptions() {
-  return {
-      AdafactorHyper{},
-      // lr above 1/√t (ρ = 1/√t), decay, maximize, a large eps1 (V clamped), clipping at d = 1
-      AdafactorHyper{.lr = 1.0, .eps1 = 0.3, .weight_decay = 0.1, .maximize = true},
-      // eps2 above RMS(p), a large d (no clipping), slow decay of β2
-      AdafactorHyper{.lr = 0.05,
-                     .beta2_decay = -0.3,
-                     .eps1 = 1e-30,
-                     .eps2 = 2.0,
-                     .d = 50.0,
-                     .weight_decay = 0.0},
-  };
-}
-AdafactorHyper AdafactorOtherGroup(AdafactorHyper h) {
-  h.lr *= 0.5;
-  h.weight_decay = h.weight_decay == 0.0 ? 0.02 : 0.0;
-  h.beta2_decay = -0.6;
-  return h;
-}
-std::string DescribeAdafactor(const AdafactorHyper& h) {
-  std::ostringstream o;
-  o << "Adafactor{lr=" << h.lr << " beta2_decay=" << h.beta2_decay << " eps=(" << h.eps1 << ","
-    << h.eps2 << ") d=" << h.d << " wd=" << h.weight_decay << " maximize=" << h.maximize << "}";
-  return o.str();
-}
-
 // |k − r| ≤ rtol·|r| + atol·max|r| + floor over a buffer; "" when it holds.
-std::string CompareAdafactor(const char* what, const std::vector<double>& k,
-                             const std::vector<double>& r, double rtol, double atol,
-                             double floor = 0.0) {
+std::string CompareShaped(const std::string& what, const std::vector<double>& k,
+                          const std::vector<double>& r, double rtol, double atol,
+                          double floor = 0.0) {
   double scale = 0.0;
   for (const double x : r) scale = std::max(scale, std::abs(x));
   for (std::size_t i = 0; i < r.size(); ++i) {
     if (!(std::abs(k[i] - r[i]) <= rtol * std::abs(r[i]) + atol * scale + floor)) {
-      return std::string(what) + "[" + std::to_string(i) + "]: kernel " + Num(k[i]) + ", oracle " +
-             Num(r[i]) + " (of " + std::to_string(r.size()) + ")";
+      return what + "[" + std::to_string(i) + "]: kernel " + Num(k[i]) + ", oracle " + Num(r[i]) +
+             " (of " + std::to_string(r.size()) + ")";
     }
   }
   return "";
@@ -2017,13 +1105,15 @@ std::string CompareAdafactor(const char* what, const std::vector<double>& k,
 
 // Runs `steps` calls over every shape (two groups, alternating; different step counts), checking
 // each against the oracle: f32 storage free running over all steps, 16-bit storage per step.
-void RunAdafactorSweep(const std::vector<AdafactorHyper>& groups, const Combo& c, int steps,
-                       int threads, bool unaligned, bool fma) {
+template <class A>
+void RunShapedCase(const std::vector<typename A::Hyper>& groups, const Combo& c, int steps,
+                   int threads, bool unaligned, bool fma) {
   Rng rng(2026);
-  std::vector<AdafactorCase> cases;
-  cases.reserve(AdafactorShapes().size());
+  std::vector<ShapedSegment<A>> cases;
+  const std::vector<TensorShape> shapes = A::Shapes();
+  cases.reserve(shapes.size());
   std::uint32_t k = 0;
-  for (const AdafactorShape& sh : AdafactorShapes()) {
+  for (const TensorShape& sh : shapes) {
     cases.emplace_back(sh, c, k % 2, k % 3 == 0 ? 1 : 4 + k, unaligned, rng);
     ++k;
   }
@@ -2032,13 +1122,13 @@ void RunAdafactorSweep(const std::vector<AdafactorHyper>& groups, const Combo& c
   Runtime runtime(threads);
   for (int step = 0; step < steps; ++step) {
     std::vector<Segment> segments;
-    for (AdafactorCase& a : cases) {
+    for (ShapedSegment<A>& a : cases) {
       a.NewGrad(rng, step % 2 == 0 ? 1.0 : 1e-3);
       if (!exact_storage) a.SyncOracle();
       segments.push_back(a.MakeSegment(c));
     }
-    AdafactorStep(groups, segments, runtime);
-    for (AdafactorCase& a : cases) {
+    A::Step(groups, segments, runtime);
+    for (ShapedSegment<A>& a : cases) {
       a.OracleStep(groups[a.group]);
       ++a.step;
       // f32 storage: the norms and factors round to f32 along the way (rtol over a few steps);
@@ -2046,61 +1136,57 @@ void RunAdafactorSweep(const std::vector<AdafactorHyper>& groups, const Combo& c
       const double rtol16 = c.state == kBF16 || c.param == kBF16 ? 1.6e-2 : 2e-3;
       const double rtol_p = (exact_storage || c.master ? 2e-5 : rtol16) * widen;
       const double rtol_s = (c.state == kF32 ? 2e-5 : rtol16) * widen;
-      const std::string where = DescribeAdafactor(groups[a.group]) + ", " + ComboName(c) +
-                                ", shape " + std::to_string(a.shape.rows) + "x" +
-                                std::to_string(a.shape.cols) + " numel " +
-                                std::to_string(a.shape.numel) + ", call " + std::to_string(step);
+      const std::string where = A::Describe(groups[a.group]) + ", " + ComboName(c) + ", shape " +
+                                std::to_string(a.rows) + "x" + std::to_string(a.cols) + " numel " +
+                                std::to_string(a.numel) + ", call " + std::to_string(step);
       const std::vector<double> kp = a.master ? a.master->ToDouble() : a.param.ToDouble();
-      EXPECT_EQ(CompareAdafactor("param", kp, a.p, rtol_p, 8 * FLT_EPSILON * widen), "") << where;
+      EXPECT_EQ(CompareShaped("param", kp, a.p, rtol_p, 8 * FLT_EPSILON * widen), "") << where;
       // f16 states of tiny gradients are subnormal: half their spacing (2^-25) absolute
       const double floor = c.state == kF16 ? 0x1p-25 : 0.0;
-      EXPECT_EQ(CompareAdafactor("row_var", a.row_var.ToDouble(), a.rv, rtol_s, 0.0, floor), "")
-          << where;
-      EXPECT_EQ(CompareAdafactor("col_var", a.col_var.ToDouble(), a.cv, rtol_s, 0.0, floor), "")
-          << where;
-      EXPECT_EQ(CompareAdafactor("variance", a.variance.ToDouble(), a.var, rtol_s, 0.0, floor), "")
-          << where;
+      for (int s = 0; s < kMaxStates; ++s) {
+        EXPECT_EQ(
+            CompareShaped(A::kStateNames[s], a.state[s].ToDouble(), a.st[s], rtol_s, 0.0, floor),
+            "")
+            << where;
+      }
       if (a.master) {  // the 16-bit param is the rounding of the master
-        for (std::size_t i = 0; i < a.shape.numel; ++i) {
+        for (std::size_t i = 0; i < a.numel; ++i) {
           ASSERT_EQ(a.param.Get(i),
                     static_cast<double>(c.param == kBF16 ? BF16ToF32(F32ToBF16(a.master->F32(i)))
                                                          : F16ToF32(F32ToF16(a.master->F32(i)))))
               << where << " element " << i;
         }
       }
-      for (const Buffer* b : {&a.param, &a.grad, &a.row_var, &a.col_var, &a.variance}) {
-        ASSERT_TRUE(b->GuardsIntact()) << where;
-      }
+      ASSERT_TRUE(a.param.GuardsIntact()) << where;
+      ASSERT_TRUE(a.grad.GuardsIntact()) << where;
+      for (const Buffer& b : a.state) ASSERT_TRUE(b.GuardsIntact()) << where;
     }
   }
 }
 
-class AdafactorKernel : public TargetTest {};
-
-TEST_P(AdafactorKernel, Sweep) {
+template <class A>
+void RunShapedSweep(const std::string& target) {
   const std::vector<Combo> combos = {
       Combo{kF32, kF32, kF32},  Combo{kBF16, kBF16, kBF16},      Combo{kF16, kF16, kF32},
       Combo{kF32, kF32, kBF16}, Combo{kBF16, kBF16, kF32, true}, Combo{kF16, kF32, kF16, true}};
   const int steps = SmallOnly() ? 2 : 4;
-  for (const AdafactorHyper& h : AdafactorOptions()) {
+  for (const typename A::Hyper& h : A::Options()) {
     for (const Combo& c : combos) {
       for (const int threads : {1, 3}) {
-        RunAdafactorSweep({h, AdafactorOtherGroup(h)}, c, steps, threads, threads == 3,
-                          IsFmaTarget(target()));
+        RunShapedCase<A>({h, A::OtherGroup(h)}, c, steps, threads, threads == 3,
+                         IsFmaTarget(target));
       }
     }
   }
 }
 
-// Runtime(1), (2) and (3) give the same bits, over shapes of many tiles.
-std::vector<std::vector<std::uint8_t>> AdafactorRun(int threads, const Combo& c) {
+// The determinism workload after 3 calls with Runtime(threads): every buffer's bytes.
+template <class A>
+std::vector<std::vector<std::uint8_t>> ShapedRun(int threads, const Combo& c) {
   Rng rng(99);
-  const std::vector<AdafactorHyper> groups = {AdafactorHyper{.weight_decay = 0.01},
-                                              AdafactorHyper{.lr = 0.5, .maximize = true}};
-  std::vector<AdafactorCase> cases;
-  const std::vector<AdafactorShape> shapes = {{0, 0, 100003},     {3, 9000, 27000},
-                                              {2000, 70, 140000}, {30, 50, 4 * 1500},
-                                              {1, 1, 70000},      {3, 3, 9 * 4000}};
+  const std::vector<typename A::Hyper> groups = A::DeterminismGroups();
+  const std::vector<TensorShape> shapes = A::DeterminismShapes();
+  std::vector<ShapedSegment<A>> cases;
   cases.reserve(shapes.size());
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     cases.emplace_back(shapes[i], c, static_cast<std::uint32_t>(i % 2), 1, false, rng);
@@ -2108,45 +1194,47 @@ std::vector<std::vector<std::uint8_t>> AdafactorRun(int threads, const Combo& c)
   Runtime runtime(threads);
   for (int step = 0; step < 3; ++step) {
     std::vector<Segment> segments;
-    for (AdafactorCase& a : cases) {
+    for (ShapedSegment<A>& a : cases) {
       a.NewGrad(rng, 1.0);
       segments.push_back(a.MakeSegment(c));
       ++a.step;
     }
-    AdafactorStep(groups, segments, runtime);
+    A::Step(groups, segments, runtime);
   }
   std::vector<std::vector<std::uint8_t>> out;
-  for (AdafactorCase& a : cases) {
-    for (const Buffer* b : {&a.param, &a.row_var, &a.col_var, &a.variance}) {
-      const auto* bytes = static_cast<const std::uint8_t*>(b->data());
-      out.emplace_back(bytes, bytes + b->num_bytes());
-    }
-    if (a.master) {
-      const auto* bytes = static_cast<const std::uint8_t*>(a.master->data());
-      out.emplace_back(bytes, bytes + a.master->num_bytes());
-    }
+  const auto add = [&](const Buffer& b) {
+    const auto* bytes = static_cast<const std::uint8_t*>(b.data());
+    out.emplace_back(bytes, bytes + b.num_bytes());
+  };
+  for (ShapedSegment<A>& a : cases) {
+    add(a.param);
+    for (const Buffer& b : a.state) add(b);
+    if (a.master) add(*a.master);
   }
   return out;
 }
 
-TEST_P(AdafactorKernel, Determinism) {
+// Runtime(1), (2) and (3) give the same bits, over shapes of many tiles.
+template <class A>
+void RunShapedDeterminism(const std::string& /*target*/) {
   for (const Combo& c : {Combo{kF32, kF32, kF32}, Combo{kBF16, kBF16, kBF16, true}}) {
-    const auto one = AdafactorRun(1, c);
-    EXPECT_TRUE(one == AdafactorRun(2, c)) << ComboName(c) << ": Runtime(2) differs from (1)";
-    EXPECT_TRUE(one == AdafactorRun(3, c)) << ComboName(c) << ": Runtime(3) differs from (1)";
+    const auto one = ShapedRun<A>(1, c);
+    EXPECT_TRUE(one == ShapedRun<A>(2, c)) << ComboName(c) << ": Runtime(2) differs from (1)";
+    EXPECT_TRUE(one == ShapedRun<A>(3, c)) << ComboName(c) << ": Runtime(3) differs from (1)";
   }
 }
 
 // Targets of one class (FMA: AVX2 and up; the others) give the same bits: the sums never depend on
 // the vector width.
-TEST(DeterminismAcrossTargets, Adafactor) {
+template <class A>
+void RunShapedAcrossTargets() {
   test::TargetGuard guard;
   for (const Combo& c : {Combo{kF32, kF32, kF32}, Combo{kF16, kF16, kF32, true}}) {
     std::optional<std::pair<std::string, std::vector<std::vector<std::uint8_t>>>> first[2];
     const std::vector<std::string> targets = AvailableTargets();
     for (std::size_t ti = 0; ti < targets.size(); ++ti) {
       ForceTarget(targets[ti]);
-      auto run = AdafactorRun(static_cast<int>(ti % 3) + 1, c);
+      auto run = ShapedRun<A>(static_cast<int>(ti % 3) + 1, c);
       auto& baseline = first[IsFmaTarget(targets[ti]) ? 1 : 0];
       if (!baseline) {
         baseline.emplace(targets[ti], std::move(run));
@@ -2158,8 +1246,81 @@ TEST(DeterminismAcrossTargets, Adafactor) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, AdafactorKernel, ::testing::ValuesIn(AvailableTargets()),
-                         TargetParamName);
+// ------------------------------------------------------------------------------------------------
+// The tests of every algorithm of the registry's list (FOPT_FOR_EACH_ALGORITHM) and of the
+// test-only list (tests/algos/registry.h), named as TEST_P would name them:
+// Targets/KernelSweep.Stem/TARGET, Targets/KernelMixed.Stem, Targets/KernelLarge.Stem,
+// Targets/KernelSpecial.Stem##Values and .Stem##ZeroSize, Targets/Determinism.Stem, once per
+// available target, for the algorithms whose cases have a flat tensor's oracle (FlatCases), and
+// DeterminismAcrossTargets.Stem for those with TargetRuns; KernelSweep.Stem, Determinism.Stem and
+// DeterminismAcrossTargets.Stem of the shaped sweep for the others (ShapedCases). They are
+// registered at start-up, as TEST registers its tests, so that an algorithm gets only the suites
+// its cases fill.
+
+// Registers test `name` of `suite` running `body`. The fixture is ::testing::Test, as TEST's, so
+// that a suite may hold both.
+void Register(const std::string& suite, const std::string& name, const std::string& param,
+              std::function<void()> body) {
+  class Body : public ::testing::Test {
+   public:
+    explicit Body(std::function<void()> f) : f_(std::move(f)) {}
+    void TestBody() override { f_(); }
+
+   private:
+    std::function<void()> f_;
+  };
+  ::testing::RegisterTest(suite.c_str(), name.c_str(), nullptr,
+                          param.empty() ? nullptr : param.c_str(), __FILE__, __LINE__,
+                          [body]() -> ::testing::Test* { return new Body(body); });
+}
+
+// Targets/<suite>.<name>/<target> for every available target, run with that target forced.
+void RegisterPerTarget(const std::string& suite, const std::string& name,
+                       void (*run)(const std::string& target)) {
+  for (const std::string& target : AvailableTargets()) {
+    Register("Targets/" + suite, name + "/" + target, "\"" + target + "\"", [run, target] {
+      const ForcedTarget forced(target);
+      ASSERT_EQ(ActiveTargetName(), target) << "ForceTarget did not take effect";
+      run(target);
+    });
+  }
+}
+
+template <class A>
+void RegisterAlgorithm(const std::string& stem) {
+  if constexpr (FlatCases<A>) {
+    RegisterPerTarget("KernelSweep", stem, RunSweep<A>);
+    RegisterPerTarget("KernelMixed", stem, RunMixed<A>);
+    RegisterPerTarget("KernelLarge", stem, RunLarge<A>);
+    RegisterPerTarget("KernelSpecial", stem + "Values", RunSpecialValues<A>);
+    RegisterPerTarget("KernelSpecial", stem + "ZeroSize", RunZeroSize<A>);
+    RegisterPerTarget("Determinism", stem, RunDeterminism<A>);
+  } else if constexpr (ShapedCases<A>) {
+    RegisterPerTarget("KernelSweep", stem, RunShapedSweep<A>);
+    RegisterPerTarget("Determinism", stem, RunShapedDeterminism<A>);
+    Register("DeterminismAcrossTargets", stem, "", RunShapedAcrossTargets<A>);
+  }
+  if constexpr (requires { A::TargetRuns(); }) {
+    Register("DeterminismAcrossTargets", stem, "", [] {
+      for (const ref::AcrossTargets<typename A::Hyper>& run : A::TargetRuns())
+        RunAcrossTargets<A>(run.group_sets, run.combos, run.all_targets_agree);
+    });
+  }
+}
+
+#define FOPT_REGISTER_ALGORITHM(Stem) \
+  RegisterAlgorithm<Algo<algos::Stem, ref::KernelCases<algos::Stem::Hyper>>>(#Stem);
+#define FOPT_REGISTER_TEST_ALGORITHM(Stem) \
+  RegisterAlgorithm<Algo<test_algos::Stem, test_algos::Stem##Sweep>>(#Stem);
+[[maybe_unused]] const bool kRegistered = [] {
+  FOPT_FOR_EACH_ALGORITHM(FOPT_REGISTER_ALGORITHM)
+#ifdef FOPT_TEST_ALGORITHMS_DIR
+  FOPT_FOR_EACH_TEST_ALGORITHM(FOPT_REGISTER_TEST_ALGORITHM)
+#endif
+  return true;
+}();
+#undef FOPT_REGISTER_TEST_ALGORITHM
+#undef FOPT_REGISTER_ALGORITHM
 
 }  // namespace
 }  // namespace fusedopt

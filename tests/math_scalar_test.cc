@@ -1,6 +1,8 @@
 // The math bodies (src/math/<algo>_math.h) hold no Highway types: instantiated here with plain
 // scalar float Ops (fma for MulAdd, IEEE sqrt), they must give, bit for bit, what the engine's
 // kernels give on every FMA target. This is what lets another backend (CUDA) reuse them.
+// Run for every algorithm whose cases (tests/reference/<algo>.h, ref::KernelCases) have
+// hyper-parameters for it and the call of its math body.
 
 #include <gtest/gtest.h>
 
@@ -10,11 +12,13 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
 #include "src/algos/registry.h"
+#include "tests/reference/reference.h"
 
 namespace fusedopt {
 namespace scalar_math {
@@ -41,17 +45,10 @@ struct ScalarOps {
   float IfThenElse(bool m, float a, float b) const { return m ? a : b; }
 };
 
-#include "src/math/adadelta_math.h"
-#include "src/math/adam_math.h"
-#include "src/math/adamax_math.h"
-#include "src/math/asgd_math.h"
+// Every math body (src/math/<algo>_math.h, the build's list) and the helpers they share, which
+// they call with the ops as argument (found at instantiation, whatever the order here).
+#include "fopt_generated/math_bodies.h"
 #include "src/math/lerp_math.h"
-#include "src/math/lion_math.h"
-#include "src/math/nadam_math.h"
-#include "src/math/radam_math.h"
-#include "src/math/rmsprop_math.h"
-#include "src/math/rprop_math.h"
-#include "src/math/sgd_math.h"
 
 }  // namespace scalar_math
 namespace {
@@ -92,7 +89,7 @@ void ExpectEngineEqualsScalarMath(const typename A::Hyper& h, unsigned slots, co
     std::vector<float> p = p0, q = p0;
     std::vector<std::vector<float>> s(kMaxStates, std::vector<float>(kN, 0.0f)), t = s;
     constexpr std::size_t kScalars = algos::NumScalarStates<A>();
-    std::array<float, kMaxScalars> scalars{};  // the scalar states (NAdam's mu_product)
+    std::array<float, kMaxScalars> scalars{};  // the per-tensor scalar states
     if constexpr (kScalars > 0) {
       for (std::size_t k = 0; k < kScalars; ++k) {
         scalars[k] = A::InitialScalar(h, static_cast<int>(k));
@@ -131,116 +128,59 @@ void ExpectEngineEqualsScalarMath(const typename A::Hyper& h, unsigned slots, co
   ForceTarget("");
 }
 
-using scalar_math::ScalarOps;
+template <class D>
+using Cases = ref::KernelCases<typename D::Hyper>;
 
-TEST(MathScalarOps, SgdNesterovWeightDecay) {
-  const SgdHyper h{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true};
-  ExpectEngineEqualsScalarMath<algos::Sgd>(
-      h, RequiredStates(h), [](const SgdScalars& c, float& p, float g, float& b, float&, float&) {
-        scalar_math::SgdMath<true, true, true>(ScalarOps{}, c, p, g, b);
-      });
-}
+// The descriptors of a registry list whose cases (tests/reference/<algo>.h) have scalar-math
+// cases: MathHypers(), Math(ops, h, scalars, p, g, s0, s1, s2) calling the algorithm's math body
+// with the given ops, and optionally kMathFirstStep.
+template <class D>
+concept HasMathCases = requires {
+  Cases<D>::MathHypers();
+};
+template <class Kept, class... Rest>
+struct WithMath {
+  using type = Kept;
+};
+template <class... Kept, class First, class... Rest>
+struct WithMath<::testing::Types<Kept...>, First, Rest...> {
+  using type =
+      typename WithMath<std::conditional_t<HasMathCases<First>, ::testing::Types<Kept..., First>,
+                                           ::testing::Types<Kept...>>,
+                        Rest...>::type;
+};
+template <class L>
+struct MathTypes;
+template <class... A>
+struct MathTypes<algos::List<A...>> {
+  using type = typename WithMath<::testing::Types<>, A...>::type;
+};
 
-TEST(MathScalarOps, AdamWAmsgrad) {
-  const AdamWHyper h{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true};
-  ExpectEngineEqualsScalarMath<algos::AdamW>(
-      h, RequiredStates(h),
-      [](const AdamScalars& c, float& p, float g, float& m, float& v, float& v_max) {
-        scalar_math::AdamMath<false, true>(ScalarOps{}, c, p, g, m, v, v_max);
-      });
-}
-
-TEST(MathScalarOps, RmspropCenteredMomentum) {
-  const RmspropHyper h{.lr = 1e-2, .weight_decay = 0.01, .momentum = 0.5, .centered = true};
-  ExpectEngineEqualsScalarMath<algos::Rmsprop>(
-      h, RequiredStates(h),
-      [](const RmspropScalars& c, float& p, float g, float& sq, float& buf, float& ga) {
-        scalar_math::RmspropMath<true, true, true>(ScalarOps{}, c, p, g, sq, buf, ga);
-      });
-}
-
-TEST(MathScalarOps, LionWeightDecay) {
-  const LionHyper h{.lr = 1e-3, .weight_decay = 0.1};
-  ExpectEngineEqualsScalarMath<algos::Lion>(
-      h, RequiredStates(h), [](const LionScalars& c, float& p, float g, float& m, float&, float&) {
-        scalar_math::LionMath(ScalarOps{}, c, p, g, m);
-      });
-}
-
-TEST(MathScalarOps, AdamaxWeightDecay) {
-  const AdamaxHyper h{.lr = 1e-2, .weight_decay = 0.1};
-  ExpectEngineEqualsScalarMath<algos::Adamax>(
-      h, RequiredStates(h),
-      [](const AdamaxScalars& c, float& p, float g, float& m, float& u, float&) {
-        scalar_math::AdamaxMath<true>(ScalarOps{}, c, p, g, m, u);
-      });
-}
-
-TEST(MathScalarOps, AdadeltaWeightDecay) {
-  const AdadeltaHyper h{.lr = 0.5, .weight_decay = 0.1};
-  ExpectEngineEqualsScalarMath<algos::Adadelta>(
-      h, RequiredStates(h),
-      [](const AdadeltaScalars& c, float& p, float g, float& v, float& u, float&) {
-        scalar_math::AdadeltaMath<true>(ScalarOps{}, c, p, g, v, u);
-      });
-}
-
-// Steps 4-6: step 6 is the first rectified one (rho_t > 5), so both branches run.
-TEST(MathScalarOps, NadamCoupledAndDecoupled) {
-  for (const bool decoupled : {false, true}) {
-    const NadamHyper h{.lr = 1e-2, .weight_decay = 0.1, .decoupled_weight_decay = decoupled};
-    ExpectEngineEqualsScalarMath<algos::Nadam>(
-        h, RequiredStates(h),
-        [&](const NadamScalars& c, float& p, float g, float& m, float& v, float&) {
-          if (decoupled) {
-            scalar_math::NadamMath<false>(ScalarOps{}, c, p, g, m, v);
-          } else {
-            scalar_math::NadamMath<true>(ScalarOps{}, c, p, g, m, v);
-          }
-        });
+struct DescriptorName {
+  template <class D>
+  static std::string GetName(int /*i*/) {
+    return D::kName;
   }
-}
+};
 
-// t0 0: steps 1 and 2 copy the param into ax, step 3 averages (mu = 1/2).
-TEST(MathScalarOps, AsgdWeightDecayAveraging) {
-  const AsgdHyper h{.lr = 0.05, .lambd = 0.1, .t0 = 0.0, .weight_decay = 0.1, .maximize = true};
-  ExpectEngineEqualsScalarMath<algos::Asgd>(
-      h, RequiredStates(h), [](const AsgdScalars& c, float& p, float g, float& ax, float&, float&) {
-        if (c.average) {
-          scalar_math::AsgdMath<true, true>(ScalarOps{}, c, p, g, ax);
-        } else {
-          scalar_math::AsgdMath<true, false>(ScalarOps{}, c, p, g, ax);
-        }
-      });
-}
+template <class D>
+class MathScalarOps : public ::testing::Test {};
+TYPED_TEST_SUITE(MathScalarOps, MathTypes<algos::All>::type, DescriptorName);
 
-// Steps 1-3 from prev 0: every sign case (gradients of random signs), and step sizes that clamp.
-TEST(MathScalarOps, RpropClamped) {
-  const RpropHyper h{.lr = 0.05,
-                     .etaminus = 0.25,
-                     .etaplus = 3.0,
-                     .step_size_min = 0.02,
-                     .step_size_max = 0.2,
-                     .maximize = true};
-  ExpectEngineEqualsScalarMath<algos::Rprop>(
-      h, RequiredStates(h),
-      [](const RpropScalars& c, float& p, float g, float& prev, float& step_size, float&) {
-        scalar_math::RpropMath(ScalarOps{}, c, p, g, prev, step_size);
-      });
-}
-
-TEST(MathScalarOps, RadamDecoupledRectified) {
-  const RadamHyper h{.lr = 1e-2, .weight_decay = 0.1, .decoupled_weight_decay = true};
-  ExpectEngineEqualsScalarMath<algos::Radam>(
-      h, RequiredStates(h),
-      [](const RadamScalars& c, float& p, float g, float& m, float& v, float&) {
-        if (c.rectified) {
-          scalar_math::RadamMath<false, true>(ScalarOps{}, c, p, g, m, v);
-        } else {
-          scalar_math::RadamMath<false, false>(ScalarOps{}, c, p, g, m, v);
-        }
-      },
-      /*first_step=*/4);
+// Each of the cases' hyper-parameter sets, from kMathFirstStep (or 1).
+TYPED_TEST(MathScalarOps, EngineEqualsScalarMath) {
+  using D = TypeParam;
+  using C = Cases<D>;
+  int first_step = 1;
+  if constexpr (requires { C::kMathFirstStep; }) first_step = C::kMathFirstStep;
+  for (const typename D::Hyper& h : C::MathHypers()) {
+    ExpectEngineEqualsScalarMath<D>(
+        h, RequiredStates(h),
+        [&](const typename D::Scalars& c, float& p, float g, float& s0, float& s1, float& s2) {
+          C::Math(scalar_math::ScalarOps{}, h, c, p, g, s0, s1, s2);
+        },
+        first_step);
+  }
 }
 
 }  // namespace

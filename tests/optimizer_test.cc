@@ -24,6 +24,9 @@
 #include "fusedopt/hyper.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
+#include "src/algos/registry.h"
+#include "tests/hyper_types.h"
+#include "tests/reference/reference.h"
 
 namespace fusedopt {
 namespace {
@@ -98,12 +101,13 @@ std::vector<std::int64_t> StepCounts(const Optimizer<Hyper>& opt, std::size_t n)
   return out;
 }
 
-void RawStep(std::span<const SgdHyper> g, std::span<const Segment> s) { SgdStep(g, s); }
-void RawStep(std::span<const AdamHyper> g, std::span<const Segment> s) { AdamStep(g, s); }
-void RawStep(std::span<const AdamWHyper> g, std::span<const Segment> s) { AdamWStep(g, s); }
-void RawStep(std::span<const RmspropHyper> g, std::span<const Segment> s) { RmspropStep(g, s); }
-void RawStep(std::span<const AdagradHyper> g, std::span<const Segment> s) { AdagradStep(g, s); }
-void RawStep(std::span<const LarsHyper> g, std::span<const Segment> s) { LarsStep(g, s); }
+// The step function of each hyper-parameter struct (Stem##Step), from the public list.
+#define FOPT_RAW_STEP(Stem, Alias)                                                            \
+  [[maybe_unused]] void RawStep(std::span<const Stem##Hyper> g, std::span<const Segment> s) { \
+    Stem##Step(g, s);                                                                         \
+  }
+FUSEDOPT_FOR_EACH_ALGORITHM(FOPT_RAW_STEP)
+#undef FOPT_RAW_STEP
 
 // ---------------------------------------------------------------------------------------------------------
 // FlatStorage
@@ -241,7 +245,8 @@ TEST(FlatStorage, RejectsBadOptions) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Optimizer: Step() is the raw step function on the same inputs.
+// Optimizer: Step() is the raw step function on the same inputs (OptimizerOf.StepMatchesRawStep
+// runs this for every algorithm).
 
 // Separately allocated buffers for the same tensors, stepped with the raw step function.
 template <class Hyper>
@@ -262,14 +267,9 @@ class RawModel {
       if (options.master_weights) s.master = static_cast<float*>(Alloc(t.numel * sizeof(float)));
       const unsigned slots = RequiredStates(groups[t.group]);
       for (int k = 0; k < kMaxStates; ++k) {
-        if ((slots >> k & 1u) == 0) continue;
-        s.state[k] = Alloc(t.numel * DTypeSize(options.state_dtype));
-        if constexpr (std::is_same_v<Hyper, AdagradHyper>) {
-          const auto init = static_cast<float>(groups[t.group].initial_accumulator_value);
-          for (std::size_t i = 0; i < t.numel; ++i)
-            StoreFromF32(s.state[k], s.state_dtype, i, init);
-        }
+        if ((slots >> k & 1u) != 0) s.state[k] = Alloc(t.numel * DTypeSize(options.state_dtype));
       }
+      for (float*& scalar : s.scalars) scalar = static_cast<float*>(Alloc(sizeof(float)));
       segments_.push_back(s);
     }
   }
@@ -308,10 +308,18 @@ void ExpectStepMatchesRawStep(const std::vector<Hyper>& groups, const StorageOpt
   RawModel<Hyper> raw(groups, kWiringSpecs, options);
   std::mt19937 rng(42);
   const std::size_t n = kWiringSpecs.size();
+  // The raw model starts from the optimizer's fresh states (StartsEachStateWhereTorchStartsIt
+  // checks those against torch's).
   for (std::size_t i = 0; i < n; ++i) {
     const Segment& s = opt.storage().segments()[i];
     FillRandom(s.param, s.param_dtype, s.numel, rng);
     std::memcpy(raw.segments()[i].param, s.param, s.numel * DTypeSize(s.param_dtype));
+    for (int k = 0; k < kMaxStates; ++k) {
+      if (raw.segments()[i].state[k] != nullptr) {
+        std::memcpy(raw.segments()[i].state[k], s.state[k], s.numel * DTypeSize(s.state_dtype));
+      }
+    }
+    for (int k = 0; k < kMaxScalars; ++k) *raw.segments()[i].scalars[k] = *s.scalars[k];
   }
   for (std::int64_t step = 1; step <= 4; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
@@ -341,71 +349,10 @@ void ExpectStepMatchesRawStep(const std::vector<Hyper>& groups, const StorageOpt
           EXPECT_EQ(Copy(s.state[k], bytes), Bytes(bytes, std::byte{0})) << "unused state " << k;
         }
       }
+      for (int k = 0; k < kMaxScalars; ++k)
+        EXPECT_EQ(*s.scalars[k], *r.scalars[k]) << "scalar " << k;
     }
   }
-}
-
-TEST(Optimizer, SgdStepMatchesRawStep) {
-  ExpectStepMatchesRawStep<SgdHyper>(
-      {{.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01},
-       {.lr = 0.05, .maximize = true}},
-      {});
-  ExpectStepMatchesRawStep<SgdHyper>(
-      {{.lr = 0.1, .momentum = 0.5, .nesterov = true},
-       {.lr = 0.02, .momentum = 0.9, .weight_decay = 0.1}},
-      {.param_dtype = DType::kBF16, .grad_dtype = DType::kBF16, .state_dtype = DType::kBF16});
-}
-
-TEST(Optimizer, LarsStepMatchesRawStep) {
-  ExpectStepMatchesRawStep<LarsHyper>(
-      {{.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01},
-       {.lr = 0.05, .weight_decay = 1e-3, .clip = false}},
-      {});
-  ExpectStepMatchesRawStep<LarsHyper>(
-      {{.lr = 1e-3, .momentum = 0.5, .nesterov = true}, {.lr = 0.02, .trust_coefficient = 0.1}},
-      {.param_dtype = DType::kBF16, .grad_dtype = DType::kBF16, .state_dtype = DType::kBF16});
-}
-
-TEST(Optimizer, AdamStepMatchesRawStep) {
-  ExpectStepMatchesRawStep<AdamHyper>(
-      {{.lr = 1e-2, .amsgrad = true},
-       {.lr = 3e-3, .beta1 = 0.8, .beta2 = 0.99, .weight_decay = 0.1}},
-      {});
-  ExpectStepMatchesRawStep<AdamHyper>(
-      {{.lr = 1e-2, .weight_decay = 0.1, .decoupled_weight_decay = true},
-       {.lr = 1e-3, .maximize = true}},
-      {.param_dtype = DType::kF16, .grad_dtype = DType::kF32, .state_dtype = DType::kF16});
-}
-
-TEST(Optimizer, AdamWStepMatchesRawStep) {
-  ExpectStepMatchesRawStep<AdamWHyper>(
-      {{.lr = 1e-2, .weight_decay = 0.05}, {.lr = 2e-3, .amsgrad = true}}, {});
-  ExpectStepMatchesRawStep<AdamWHyper>(
-      {{.lr = 1e-2, .weight_decay = 0.05}, {.lr = 2e-3, .amsgrad = true, .maximize = true}},
-      {.param_dtype = DType::kBF16, .grad_dtype = DType::kBF16, .master_weights = true});
-}
-
-TEST(Optimizer, RmspropStepMatchesRawStep) {
-  ExpectStepMatchesRawStep<RmspropHyper>(
-      {{.lr = 1e-2, .alpha = 0.9, .momentum = 0.5, .centered = true},
-       {.lr = 5e-3, .weight_decay = 0.01}},
-      {});
-  ExpectStepMatchesRawStep<RmspropHyper>(
-      {{.lr = 1e-2, .centered = true}, {.lr = 5e-3, .momentum = 0.9, .maximize = true}},
-      {.param_dtype = DType::kF16, .grad_dtype = DType::kF16, .state_dtype = DType::kF32});
-}
-
-TEST(Optimizer, AdagradStepMatchesRawStep) {
-  ExpectStepMatchesRawStep<AdagradHyper>(
-      {{.lr = 0.1, .lr_decay = 0.01, .initial_accumulator_value = 0.1},
-       {.lr = 0.05, .weight_decay = 0.01, .eps = 1e-6}},
-      {});
-  ExpectStepMatchesRawStep<AdagradHyper>({{.lr = 0.1, .initial_accumulator_value = 0.5},
-                                          {.lr = 0.05, .lr_decay = 0.1, .maximize = true}},
-                                         {.param_dtype = DType::kBF16,
-                                          .grad_dtype = DType::kF32,
-                                          .state_dtype = DType::kBF16,
-                                          .master_weights = true});
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -463,11 +410,336 @@ TEST(Optimizer, PerTensorStepCounts) {
   EXPECT_NE(now[1].param, RunSingle(h, p1, {std::vector<float>(200, 0.0f), g1})[0].param);
 }
 
-TEST(Optimizer, StepOfASubsetLeavesTheOthersAlone) {
-  SGD opt({{.lr = 0.1, .momentum = 0.9}}, {{100, 0}, {50, 0}, {70, 0}});
-  std::mt19937 rng(3);
+// `opt.Step({0})` used to bind to Step(StepOptions{.scaler = 0}) and update every tensor. A braced
+// index list must not compile as Step's argument; StepTensors({0}) takes it.
+template <class O>
+concept StepTakesBracedIndex = requires(O& o) {
+  o.Step({std::size_t{0}});
+};
+#define FOPT_CHECK_BRACED_STEP(Stem, Alias) \
+  static_assert(!StepTakesBracedIndex<Alias>, #Alias ": Step({0}) must not compile");
+FUSEDOPT_FOR_EACH_ALGORITHM(FOPT_CHECK_BRACED_STEP)
+#undef FOPT_CHECK_BRACED_STEP
+
+// ---------------------------------------------------------------------------------------------------------
+// Optimizer: live hyper-parameters.
+
+TEST(Optimizer, LrChangesTakeEffect) {
+  SGD opt({{.lr = 0.1}}, {{257, 0}});
+  std::mt19937 rng(11);
+  std::span<float> p = opt.storage().params<float>(0);
+  std::span<float> g = opt.storage().grads<float>(0);
+  FillRandom(p.data(), DType::kF32, p.size(), rng);
+  std::vector<float> expected(p.begin(), p.end());
+  for (double lr : {0.1, 0.5, 0.0, 0.25}) {
+    opt.group(0).lr = lr;
+    FillRandom(g.data(), DType::kF32, g.size(), rng);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      expected[i] =
+          std::fma(static_cast<float>(-lr), g[i], expected[i]);  // plain SGD: p += -lr * g
+    }
+    opt.Step();
+    EXPECT_TRUE(SameBytes(p.data(), expected.data(), p.size_bytes())) << "lr " << lr;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Optimizer: state allocation.
+
+// Switching on a setting that needs more state (as a schedule or a user may) allocates it at the
+// next step, zero-filled like torch's lazily created state.
+TEST(Optimizer, StateSwitchedOnLaterIsAllocated) {
+  Adam adam({{.lr = 0.1}}, {{5, 0}});
+  std::ranges::fill(adam.storage().grads<float>(0), 1.0f);
+  adam.Step();
+  adam.group(0).amsgrad = true;
+  adam.Step();
+  for (float v : adam.storage().state<float>(0, kMaxExpAvgSq)) {
+    EXPECT_EQ(v, adam.storage().state<float>(0, kExpAvgSq)[0]);  // max(0, v) = v
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Optimizer: threads (OptimizerOf.OneAndTwoThreadsGiveIdenticalBits runs this for every algorithm).
+
+template <class Hyper>
+void ExpectThreadCountInvariant(const Hyper& h) {
+  const std::vector<TensorSpec> specs = {{70001, 0}, {3, 1}, {50000, 0}, {80123, 1}, {1, 0}};
+  Runtime one(1), two(2);
+  Optimizer<Hyper> a({h, h}, specs, {}, one);
+  Optimizer<Hyper> b({h, h}, specs, {}, two);
+  std::mt19937 rng(19);
+  FillRandom(a.storage().flat_params(), DType::kF32, a.storage().total_numel(), rng);
+  std::memcpy(b.storage().flat_params(), a.storage().flat_params(), a.storage().total_numel() * 4);
+  for (int step = 0; step < 5; ++step) {
+    FillRandom(a.storage().flat_grads(), DType::kF32, a.storage().total_numel(), rng);
+    std::memcpy(b.storage().flat_grads(), a.storage().flat_grads(), a.storage().total_numel() * 4);
+    a.Step();
+    b.Step();
+  }
+  EXPECT_EQ(CaptureAll(a), CaptureAll(b));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Optimizer: every algorithm of the registry (src/algos/registry.h), each with the cases of its
+// file tests/reference/<algo>.h (namespace ref::validation). A case an algorithm's file lacks is a
+// compile error here (no overload for its Hyper), so that a new algorithm is never skipped
+// silently; validation_test.cc checks that the optional cases (scalar states, channel rows,
+// factored shapes) exist exactly where the descriptor declares those.
+
+// Test names show the algorithm (OptimizerOf/<kName>.KeepsScalarStatesPerTensor).
+struct AlgorithmNames {
+  template <class Hyper>
+  static std::string GetName(int /*index*/) {
+    return algos::DescriptorOf<Hyper>::kName;
+  }
+};
+template <class Hyper>
+class OptimizerOf : public ::testing::Test {};
+TYPED_TEST_SUITE(OptimizerOf, test::HyperTypes<algos::All>, AlgorithmNames);
+
+template <class Hyper>
+constexpr std::type_identity<Hyper> kTag{};
+
+template <class Hyper>
+concept HasScalarCases = requires {
+  ref::validation::ScalarStateKeys(kTag<Hyper>);
+};
+template <class Hyper>
+concept HasChannelRowCases = requires {
+  ref::validation::ChannelRowsOf64(kTag<Hyper>);
+};
+template <class Hyper>
+concept HasFactoredCases = requires {
+  ref::validation::FactoredSlots(kTag<Hyper>);
+};
+template <class Hyper>
+concept HasFirstStepCase = requires(const Hyper& h) {
+  ref::validation::AfterFirstStep(h, 1.0f, -0.5f);
+};
+
+// Every state slot a group needs starts at what torch starts it from (the case file's values:
+// zeros mostly, an accumulator at its initial value, step sizes at the group's lr), per group, in
+// f32 and bf16 state.
+TYPED_TEST(OptimizerOf, StartsEachStateWhereTorchStartsIt) {
+  using Hyper = TypeParam;
+  const auto cases = ref::validation::InitialStates(kTag<Hyper>);
+  ASSERT_FALSE(cases.empty());
+  std::vector<Hyper> groups;
+  std::vector<TensorSpec> specs;
+  for (std::uint32_t g = 0; g < cases.size(); ++g) {
+    groups.push_back(cases[g].first);
+    specs.push_back({100, g});
+    specs.push_back({33, g});
+  }
+  specs.push_back({40000, 0});  // several chunks
+  for (const DType state_dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(state_dtype));
+    Optimizer<Hyper> opt(groups, specs, {.state_dtype = state_dtype});
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const std::vector<float>& want = cases[specs[i].group].second;
+      const unsigned slots = RequiredStates(groups[specs[i].group]);
+      for (int k = 0; k < kMaxStates; ++k) {
+        if ((slots >> k & 1u) == 0) continue;
+        ASSERT_LT(static_cast<std::size_t>(k), want.size());
+        if (state_dtype == DType::kF32) {
+          for (const float x : opt.storage().template state<float>(i, k))
+            ASSERT_EQ(x, want[k]) << "tensor " << i << ", slot " << k;
+        } else {
+          for (const std::uint16_t x : opt.storage().template state<std::uint16_t>(i, k))
+            ASSERT_EQ(x, F32ToBF16(want[k])) << "tensor " << i << ", slot " << k;
+        }
+      }
+    }
+  }
+  // Where the case file gives a first step's outcome from there (AfterFirstStep; the kernel tests
+  // check every algorithm's steps against its oracle): every param 1, every grad -0.5.
+  if constexpr (HasFirstStepCase<Hyper>) {
+    Optimizer<Hyper> opt(groups, specs);
+    std::ranges::fill(
+        std::span(static_cast<float*>(opt.storage().flat_params()), opt.storage().total_numel()),
+        1.0f);
+    std::ranges::fill(
+        std::span(static_cast<float*>(opt.storage().flat_grads()), opt.storage().total_numel()),
+        -0.5f);
+    opt.Step();
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const Hyper& h = groups[specs[i].group];
+      const std::vector<float> want = ref::validation::AfterFirstStep(h, 1.0f, -0.5f);
+      for (const float p : opt.storage().template params<float>(i))
+        ASSERT_EQ(p, want.at(0)) << "tensor " << i;
+      const unsigned slots = RequiredStates(h);
+      for (int k = 0; k < kMaxStates; ++k) {
+        if ((slots >> k & 1u) == 0) continue;
+        for (const float x : opt.storage().template state<float>(i, k))
+          ASSERT_EQ(x, want.at(1 + k)) << "tensor " << i << ", slot " << k;
+      }
+    }
+  }
+}
+
+// Optimizer<> keeps each tensor's per-tensor scalar states (FlatStorage::scalars), starting where
+// torch starts them (the case file's InitialScalars) and advanced by every step, an empty tensor's
+// too, as torch's f32 state (ScalarsAfter). An algorithm without scalar states leaves them 0.
+TYPED_TEST(OptimizerOf, KeepsScalarStatesPerTensor) {
+  using Hyper = TypeParam;
+  const std::vector<TensorSpec> specs = {{100, 0}, {0, 0}, {7, 0}};
+  const auto fill_grads = [](Optimizer<Hyper>& opt) {
+    std::ranges::fill(
+        std::span(static_cast<float*>(opt.storage().flat_grads()), opt.storage().total_numel()),
+        0.5f);
+  };
+  if constexpr (HasScalarCases<Hyper>) {
+    const std::size_t n = ref::validation::ScalarStateKeys(kTag<Hyper>).size();
+    const std::vector<Hyper> cases = ref::validation::ScalarStateHypers(kTag<Hyper>);
+    ASSERT_FALSE(cases.empty());
+    for (const Hyper& h : cases) {
+      Optimizer<Hyper> opt({h}, specs);
+      const auto scalars_of = [&](std::size_t i) {
+        const std::span<const float> all = opt.storage().scalars(i);
+        return std::vector<float>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
+      };
+      std::vector<float> expected = ref::validation::InitialScalars(h);
+      ASSERT_EQ(expected.size(), n);
+      for (std::size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(scalars_of(i), expected) << i;
+      for (std::int64_t step = 1; step <= 4; ++step) {
+        fill_grads(opt);
+        opt.Step();
+        expected = ref::validation::ScalarsAfter(h, step, expected);
+        for (std::size_t i = 0; i < specs.size(); ++i) {
+          EXPECT_EQ(scalars_of(i), expected) << "tensor " << i << ", step " << step;
+        }
+      }
+    }
+  } else {
+    Optimizer<Hyper> opt({Hyper{}}, specs);
+    for (int step = 1; step <= 2; ++step) {
+      fill_grads(opt);
+      opt.Step();
+    }
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      for (const float x : opt.storage().scalars(i)) EXPECT_EQ(x, 0.0f) << "tensor " << i;
+    }
+  }
+}
+
+// Optimizer<> hands TensorSpec::rows and cols to the step: a tensor with channel rows ((8, 8):
+// rows 8) or a factored one (a batch of two (4, 8) matrices: rows 4, cols 8, whose row and column
+// factors hold 8 and 16 values) is stepped exactly as the raw step steps a segment of that shape,
+// and differently from a flat one. Every other algorithm ignores the shape.
+TYPED_TEST(OptimizerOf, TakesTheShapeOfTensorSpec) {
+  using Hyper = TypeParam;
+  std::vector<float> p(64), g(64);
+  for (std::size_t i = 0; i < 64; ++i) {
+    p[i] = std::sin(static_cast<float>(i) + 0.5f);
+    g[i] = std::cos(3.0f * static_cast<float>(i));
+  }
+  const auto step_once = [&](Optimizer<Hyper>& opt) {
+    std::ranges::copy(p, opt.storage().template params<float>(0).begin());
+    std::ranges::copy(g, opt.storage().template grads<float>(0).begin());
+    opt.Step();
+  };
+  if constexpr (HasChannelRowCases<Hyper> || HasFactoredCases<Hyper>) {
+    const Hyper h = ref::validation::ShapedHyper(kTag<Hyper>);
+    const TensorSpec shaped = HasFactoredCases<Hyper>
+                                  ? TensorSpec{.numel = 64, .rows = 4, .cols = 8}
+                                  : TensorSpec{.numel = 64, .rows = 8};
+    Optimizer<Hyper> with_shape({h}, {shaped});
+    Optimizer<Hyper> flat({h}, {{.numel = 64}});
+    step_once(with_shape);
+    step_once(flat);
+    Segment raw{
+        .param = p.data(), .grad = g.data(), .numel = 64, .rows = shaped.rows, .cols = shaped.cols};
+    std::array<std::vector<float>, kMaxStates> states;
+    const unsigned slots = RequiredStates(h);
+    for (int k = 0; k < kMaxStates; ++k) {
+      if ((slots >> k & 1u) != 0) states[k].assign(64, 0.0f);
+    }
+    if constexpr (HasFactoredCases<Hyper>) {
+      const std::vector<int> factored = ref::validation::FactoredSlots(kTag<Hyper>);
+      states[factored.at(0)].assign(64 / shaped.cols, 0.0f);  // one per row of each matrix
+      states[factored.at(1)].assign(64 / shaped.rows, 0.0f);  // one per column of each matrix
+      states[factored.at(2)].clear();                         // a matrix has no variance
+    }
+    for (int k = 0; k < kMaxStates; ++k) {
+      if (!states[k].empty()) raw.state[k] = states[k].data();
+    }
+    RawStep(std::span<const Hyper>(&h, 1), std::span<const Segment>(&raw, 1));
+    EXPECT_TRUE(std::ranges::equal(with_shape.storage().template params<float>(0), p));
+    for (int k = 0; k < kMaxStates; ++k) {
+      if (states[k].empty()) continue;
+      EXPECT_TRUE(std::ranges::equal(
+          with_shape.storage().template state<float>(0, k).first(states[k].size()), states[k]))
+          << "slot " << k;
+    }
+    EXPECT_FALSE(std::ranges::equal(flat.storage().template params<float>(0), p));
+  } else {
+    const Hyper h = ref::validation::AllStatesHyper(kTag<Hyper>);
+    Optimizer<Hyper> with_rows({h}, {{.numel = 64, .rows = 8}});
+    Optimizer<Hyper> flat({h}, {{.numel = 64}});
+    step_once(with_rows);
+    step_once(flat);
+    EXPECT_EQ(CaptureAll(with_rows), CaptureAll(flat));
+    EXPECT_FALSE(std::ranges::equal(flat.storage().template params<float>(0), p));
+  }
+}
+
+// Step() is the raw step function on the same inputs (per-tensor step counts, state slots and
+// scalar states, groups, master weights), for each of the case file's groups and storage options.
+TYPED_TEST(OptimizerOf, StepMatchesRawStep) {
+  using Hyper = TypeParam;
+  const auto cases = ref::validation::OptimizerCases<StorageOptions>(kTag<Hyper>);
+  ASSERT_FALSE(cases.empty());
+  for (const auto& [groups, options] : cases) ExpectStepMatchesRawStep<Hyper>(groups, options);
+}
+
+// One and two threads give identical bits, with each group of the cases above.
+TYPED_TEST(OptimizerOf, OneAndTwoThreadsGiveIdenticalBits) {
+  for (const auto& [groups, options] :
+       ref::validation::OptimizerCases<StorageOptions>(kTag<TypeParam>)) {
+    for (const TypeParam& h : groups) ExpectThreadCountInvariant(h);
+  }
+}
+
+// A tensor gets exactly the state slots its group needs (the case file's RequiredStates cases),
+// and the typed views reject the others.
+TYPED_TEST(OptimizerOf, StateSlotsFollowRequiredStates) {
+  using Hyper = TypeParam;
+  const auto cases = ref::validation::RequiredStatesCases(kTag<Hyper>);
+  ASSERT_FALSE(cases.empty());
+  for (const auto& [h, slots] : cases) {
+    SCOPED_TRACE(slots);
+    Optimizer<Hyper> opt({h}, {{100, 0}, {10, 0}});
+    for (std::size_t i = 0; i < 2; ++i) {
+      const Segment& s = opt.storage().segments()[i];
+      for (int k = 0; k < kMaxStates; ++k) {
+        if ((slots >> k & 1u) != 0) {
+          EXPECT_NE(s.state[k], nullptr) << "slot " << k;
+          EXPECT_EQ(opt.storage().template state<float>(i, k).size(), s.numel) << "slot " << k;
+        } else {
+          EXPECT_EQ(s.state[k], nullptr) << "slot " << k;
+          EXPECT_THROW(opt.storage().template state<float>(i, k), Error) << "slot " << k;
+        }
+      }
+      EXPECT_THROW(opt.storage().template state<float>(i, -1), Error);
+      EXPECT_THROW(opt.storage().template state<float>(i, kMaxStates), Error);
+    }
+  }
+}
+
+// Random params and grads for every tensor of `opt`.
+template <class Hyper>
+void FillParamsAndGrads(Optimizer<Hyper>& opt, std::uint32_t seed) {
+  std::mt19937 rng(seed);
   FillRandom(opt.storage().flat_params(), DType::kF32, opt.storage().total_numel(), rng);
   FillRandom(opt.storage().flat_grads(), DType::kF32, opt.storage().total_numel(), rng);
+}
+
+TYPED_TEST(OptimizerOf, StepOfASubsetLeavesTheOthersAlone) {
+  using Hyper = TypeParam;
+  Optimizer<Hyper> opt({ref::validation::AllStatesHyper(kTag<Hyper>)},
+                       {{100, 0}, {50, 0}, {70, 0}});
+  FillParamsAndGrads(opt, 3);
   const std::vector<TensorBytes> before = CaptureAll(opt);
   const std::array<std::size_t, 2> some = {2, 0};
   opt.StepTensors(some);
@@ -478,20 +750,10 @@ TEST(Optimizer, StepOfASubsetLeavesTheOthersAlone) {
   EXPECT_EQ(StepCounts(opt, 3), (std::vector<std::int64_t>{1, 0, 1}));
 }
 
-// `opt.Step({0})` used to bind to Step(StepOptions{.scaler = 0}) and update every tensor. A braced
-// index list must not compile as Step's argument; StepTensors({0}) takes it.
-template <class O>
-concept StepTakesBracedIndex = requires(O& o) {
-  o.Step({std::size_t{0}});
-};
-static_assert(!StepTakesBracedIndex<SGD>, "Step({0}) must not compile");
-static_assert(!StepTakesBracedIndex<AdamW>, "Step({0}) must not compile");
-
-TEST(Optimizer, StepTensorsOfABracedListUpdatesOnlyThose) {
-  SGD opt({{.lr = 0.1}}, {{100, 0}, {50, 0}});
-  std::mt19937 rng(4);
-  FillRandom(opt.storage().flat_params(), DType::kF32, opt.storage().total_numel(), rng);
-  FillRandom(opt.storage().flat_grads(), DType::kF32, opt.storage().total_numel(), rng);
+TYPED_TEST(OptimizerOf, StepTensorsOfABracedListUpdatesOnlyThose) {
+  using Hyper = TypeParam;
+  Optimizer<Hyper> opt({Hyper{}}, {{100, 0}, {50, 0}});
+  FillParamsAndGrads(opt, 4);
   const std::vector<TensorBytes> before = CaptureAll(opt);
   opt.StepTensors({0});
   const std::vector<TensorBytes> after = CaptureAll(opt);
@@ -499,12 +761,13 @@ TEST(Optimizer, StepTensorsOfABracedListUpdatesOnlyThose) {
   EXPECT_EQ(after[1], before[1]) << "StepTensors({0}) changed tensor 1";
 }
 
-TEST(Optimizer, BadTensorIndicesThrowAndChangeNothing) {
-  Adam opt({{.lr = 0.1}}, {{100, 0}, {50, 0}, {70, 0}});
-  std::mt19937 rng(5);
-  FillRandom(opt.storage().flat_params(), DType::kF32, opt.storage().total_numel(), rng);
-  FillRandom(opt.storage().flat_grads(), DType::kF32, opt.storage().total_numel(), rng);
+TYPED_TEST(OptimizerOf, BadTensorIndicesThrowAndChangeNothing) {
+  using Hyper = TypeParam;
+  Optimizer<Hyper> opt({ref::validation::AllStatesHyper(kTag<Hyper>)},
+                       {{100, 0}, {50, 0}, {70, 0}});
+  FillParamsAndGrads(opt, 5);
   opt.Step();
+  std::mt19937 rng(6);
   FillRandom(opt.storage().flat_grads(), DType::kF32, opt.storage().total_numel(), rng);
   const std::vector<TensorBytes> before = CaptureAll(opt);
 
@@ -529,34 +792,13 @@ TEST(Optimizer, BadTensorIndicesThrowAndChangeNothing) {
   }
 }
 
-// ---------------------------------------------------------------------------------------------------------
-// Optimizer: live hyper-parameters.
-
-TEST(Optimizer, LrChangesTakeEffect) {
-  SGD opt({{.lr = 0.1}}, {{257, 0}});
-  std::mt19937 rng(11);
-  std::span<float> p = opt.storage().params<float>(0);
-  std::span<float> g = opt.storage().grads<float>(0);
-  FillRandom(p.data(), DType::kF32, p.size(), rng);
-  std::vector<float> expected(p.begin(), p.end());
-  for (double lr : {0.1, 0.5, 0.0, 0.25}) {
-    opt.group(0).lr = lr;
-    FillRandom(g.data(), DType::kF32, g.size(), rng);
-    for (std::size_t i = 0; i < p.size(); ++i) {
-      expected[i] =
-          std::fma(static_cast<float>(-lr), g[i], expected[i]);  // plain SGD: p += -lr * g
-    }
-    opt.Step();
-    EXPECT_TRUE(SameBytes(p.data(), expected.data(), p.size_bytes())) << "lr " << lr;
-  }
-}
-
-TEST(Optimizer, InvalidLrThrowsAndChangesNothing) {
-  Adam opt({{.lr = 0.01}, {.lr = 0.02}}, {{300, 0}, {40000, 1}});
-  std::mt19937 rng(13);
-  FillRandom(opt.storage().flat_params(), DType::kF32, opt.storage().total_numel(), rng);
-  FillRandom(opt.storage().flat_grads(), DType::kF32, opt.storage().total_numel(), rng);
+TYPED_TEST(OptimizerOf, InvalidLrThrowsAndChangesNothing) {
+  using Hyper = TypeParam;
+  const Hyper h = ref::validation::AllStatesHyper(kTag<Hyper>);
+  Optimizer<Hyper> opt({h, h}, {{300, 0}, {40000, 1}});
+  FillParamsAndGrads(opt, 13);
   opt.Step();
+  std::mt19937 rng(14);
   FillRandom(opt.storage().flat_grads(), DType::kF32, opt.storage().total_numel(), rng);
   const std::vector<TensorBytes> before = CaptureAll(opt);
 
@@ -569,186 +811,40 @@ TEST(Optimizer, InvalidLrThrowsAndChangesNothing) {
     EXPECT_NE(msg.find("lr"), std::string::npos) << msg;
     EXPECT_NE(msg.find("-0.5"), std::string::npos) << msg;
   }
-  const std::array<std::size_t, 1> only0 = {
-      0};  // tensor 0's group is valid, the check is still global
+  const std::array<std::size_t, 1> only0 = {0};  // tensor 0's group is valid, the check is global
   EXPECT_THROW(opt.StepTensors(only0), Error);
   EXPECT_EQ(CaptureAll(opt), before);
   EXPECT_EQ(StepCounts(opt, 2), (std::vector<std::int64_t>{1, 1}));
 
   // Fixing the lr resumes from the same state: the next step is the second.
-  opt.group(1).lr = 0.02;
+  opt.group(1).lr = h.lr;
   opt.Step();
   EXPECT_EQ(StepCounts(opt, 2), (std::vector<std::int64_t>{2, 2}));
 }
 
-TEST(Optimizer, InvalidHyperInConstructorThrows) {
-  EXPECT_THROW(Adam({{.lr = -1.0}}, {{10, 0}}), Error);
-  EXPECT_THROW(SGD({{.nesterov = true}}, {{10, 0}}), Error);
-  EXPECT_THROW(Adam({{}}, {{10, 1}}), Error);  // group out of range
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Optimizer: state allocation.
-
-TEST(Optimizer, AdagradSumStartsAtInitialAccumulatorValue) {
-  Adagrad opt({{.initial_accumulator_value = 0.5}, {.initial_accumulator_value = 0.1}},
-              {{100, 1}, {33, 0}, {40000, 1}});
-  for (std::size_t i = 0; i < 3; ++i) {
-    const float want = opt.storage().segments()[i].group == 0 ? 0.5f : static_cast<float>(0.1);
-    for (float x : opt.storage().state<float>(i, kSum)) ASSERT_EQ(x, want) << "tensor " << i;
+// Each of the case file's invalid groups, and a tensor in a group that does not exist.
+TYPED_TEST(OptimizerOf, InvalidHyperInConstructorThrows) {
+  using Hyper = TypeParam;
+  const auto cases = ref::validation::RejectedHypers(kTag<Hyper>);
+  ASSERT_FALSE(cases.empty());
+  for (const auto& [bad, needles] : cases) {
+    EXPECT_THROW(Optimizer<Hyper>({bad}, {{10, 0}}), Error) << needles.front();
   }
-  Adagrad half({{.initial_accumulator_value = 0.1}}, {{64, 0}}, {.state_dtype = DType::kBF16});
-  for (std::uint16_t x : half.storage().state<std::uint16_t>(0, kSum)) {
-    ASSERT_EQ(x, F32ToBF16(static_cast<float>(0.1)));
-  }
+  EXPECT_THROW(Optimizer<Hyper>({Hyper{}}, {{10, 1}}), Error);  // group out of range
 }
 
-TEST(Optimizer, SgdWithoutMomentumHasNoMomentumBuffer) {
-  SGD plain({{.lr = 0.1}}, {{100, 0}, {10, 0}});
-  for (const Segment& s : plain.storage().segments()) {
-    for (int k = 0; k < kMaxStates; ++k) EXPECT_EQ(s.state[k], nullptr);
-  }
-  SGD momentum({{.lr = 0.1, .momentum = 0.9}}, {{100, 0}});
-  EXPECT_NE(momentum.storage().segments()[0].state[kMomentumBuffer], nullptr);
-}
-
-TEST(Optimizer, StateSlotsFollowRequiredStates) {
-  Adam adam({{}}, {{10, 0}});
-  EXPECT_NE(adam.storage().segments()[0].state[kExpAvg], nullptr);
-  EXPECT_NE(adam.storage().segments()[0].state[kExpAvgSq], nullptr);
-  EXPECT_EQ(adam.storage().segments()[0].state[kMaxExpAvgSq], nullptr);
-  Adam ams({{.amsgrad = true}}, {{10, 0}});
-  EXPECT_NE(ams.storage().segments()[0].state[kMaxExpAvgSq], nullptr);
-  RMSprop centered({{.centered = true}}, {{10, 0}});
-  EXPECT_NE(centered.storage().segments()[0].state[kSquareAvg], nullptr);
-  EXPECT_EQ(centered.storage().segments()[0].state[kRmspropMomentumBuffer], nullptr);
-  EXPECT_NE(centered.storage().segments()[0].state[kGradAvg], nullptr);
-}
-
-TEST(Optimizer, StateViewsRejectMissingSlots) {
-  SGD plain({{.lr = 0.1}}, {{10, 0}});
-  EXPECT_THROW(plain.storage().state<float>(0, kMomentumBuffer), Error);
-  Adam adam({{}}, {{10, 0}});
-  EXPECT_EQ(adam.storage().state<float>(0, kExpAvg).size(), 10u);
-  EXPECT_THROW(adam.storage().state<float>(0, kMaxExpAvgSq), Error);
-  EXPECT_THROW(adam.storage().state<float>(0, -1), Error);
-  EXPECT_THROW(adam.storage().state<float>(0, kMaxStates), Error);
-}
-
-// Switching on a setting that needs more state (as a schedule or a user may) allocates it at the
-// next step, zero-filled like torch's lazily created state.
-TEST(Optimizer, StateSwitchedOnLaterIsAllocated) {
-  Adam adam({{.lr = 0.1}}, {{5, 0}});
-  std::ranges::fill(adam.storage().grads<float>(0), 1.0f);
-  adam.Step();
-  adam.group(0).amsgrad = true;
-  adam.Step();
-  for (float v : adam.storage().state<float>(0, kMaxExpAvgSq)) {
-    EXPECT_EQ(v, adam.storage().state<float>(0, kExpAvgSq)[0]);  // max(0, v) = v
-  }
-}
-
-// torch starts a momentum buffer as a copy of the gradient on its first momentum step (no
-// dampening), also when momentum is switched on after earlier plain steps.
-TEST(Optimizer, SgdMomentumSwitchedOnLaterStartsFromTheGradient) {
-  SGD sgd({{.lr = 0.5}}, {{3, 0}});
-  std::ranges::fill(sgd.storage().grads<float>(0), 2.0f);
-  sgd.Step();  // plain: p = 0 - 0.5·2 = -1
-  sgd.group(0).momentum = 0.9;
-  sgd.group(0).dampening = 0.5;
-  sgd.Step();  // buf = g = 2 (no dampening on the first momentum step); p = -1 - 0.5·2 = -2
-  EXPECT_EQ(sgd.storage().state<float>(0, kMomentumBuffer)[0], 2.0f);
-  EXPECT_EQ(sgd.storage().params<float>(0)[0], -2.0f);
-  sgd.Step();  // buf = 0.9·2 + 0.5·2 = 2.8; p = -2 - 1.4 = -3.4
-  EXPECT_FLOAT_EQ(sgd.storage().state<float>(0, kMomentumBuffer)[0], 2.8f);
-  EXPECT_FLOAT_EQ(sgd.storage().params<float>(0)[0], -3.4f);
-}
-
-// LARS keeps SGD's momentum buffer, started the same way: a copy of the (scaled) gradient on its
-// first momentum step.
-TEST(Optimizer, LarsMomentumSwitchedOnLaterStartsFromTheGradient) {
-  LARS lars({{.lr = 0.5}}, {{3, 0}});
-  std::ranges::fill(lars.storage().grads<float>(0), 2.0f);
-  lars.Step();  // ‖p‖ = 0: no trust ratio, p = 0 - 0.5·2 = -1
-  EXPECT_EQ(lars.storage().params<float>(0)[0], -1.0f);
-  lars.group(0).momentum = 0.9;
-  lars.group(0).dampening = 0.5;
-  lars.Step();  // rate = 0.02·√3 / (2√3 + 1e-8), clip: rate / 0.5; buf = 2·that (no dampening)
-  const float param_norm = std::sqrt(3.0f);
-  const float grad_norm = 2.0f * std::sqrt(3.0f);
-  const float rate = 0.02f * param_norm / (grad_norm + param_norm * 0.0f + 1e-8f) / 0.5f;
-  const float d = (2.0f + 0.0f * -1.0f) * rate;
-  EXPECT_FLOAT_EQ(lars.storage().state<float>(0, kLarsMomentumBuffer)[0], d);
-  EXPECT_FLOAT_EQ(lars.storage().params<float>(0)[0], -1.0f - 0.5f * d);
-}
-
-// Optimizer<AdampHyper> hands TensorSpec::rows to the step: a (8, 8) tensor is projected per
-// channel (delta 10), exactly as the raw step on a segment with rows 8; without rows it is not.
-TEST(Optimizer, AdampTakesTheChannelRowsOfTensorSpec) {
-  const AdampHyper h{.lr = 1e-2, .weight_decay = 0.1, .delta = 10.0};
-  AdamP with_rows({h}, {{.numel = 64, .rows = 8}});
-  AdamP flat({h}, {{.numel = 64}});
-  std::vector<float> p(64), g(64), m(64, 0.0f), v(64, 0.0f);
-  for (std::size_t i = 0; i < 64; ++i) {
-    p[i] = std::sin(static_cast<float>(i) + 0.5f);
-    g[i] = std::cos(3.0f * static_cast<float>(i));
-  }
-  for (AdamP* opt : {&with_rows, &flat}) {
-    std::ranges::copy(p, opt->storage().params<float>(0).begin());
-    std::ranges::copy(g, opt->storage().grads<float>(0).begin());
-    opt->Step();
-  }
-  Segment raw{.param = p.data(), .grad = g.data(), .numel = 64, .rows = 8};
-  raw.state[kAdampExpAvg] = m.data();
-  raw.state[kAdampExpAvgSq] = v.data();
-  AdampStep(std::span<const AdampHyper>(&h, 1), std::span<const Segment>(&raw, 1));
-  EXPECT_TRUE(std::ranges::equal(with_rows.storage().params<float>(0), p));
-  EXPECT_FALSE(std::ranges::equal(flat.storage().params<float>(0), p));
-}
-
-// Optimizer<AdafactorHyper> hands TensorSpec::rows and cols to the step: a batch of two (4, 8)
-// matrices is factored, exactly as the raw step on a segment with rows 4 and cols 8 (row_var 8
-// values, col_var 16); as a vector (no rows or cols) it is not.
-TEST(Optimizer, AdafactorTakesTheShapeOfTensorSpec) {
-  const AdafactorHyper h{.lr = 0.5, .weight_decay = 0.1};
-  Adafactor factored({h}, {{.numel = 64, .rows = 4, .cols = 8}});
-  Adafactor flat({h}, {{.numel = 64}});
-  std::vector<float> p(64), g(64), row(8, 0.0f), col(16, 0.0f);
-  for (std::size_t i = 0; i < 64; ++i) {
-    p[i] = std::sin(static_cast<float>(i) + 0.5f);
-    g[i] = std::cos(3.0f * static_cast<float>(i));
-  }
-  for (Adafactor* opt : {&factored, &flat}) {
-    std::ranges::copy(p, opt->storage().params<float>(0).begin());
-    std::ranges::copy(g, opt->storage().grads<float>(0).begin());
-    opt->Step();
-  }
-  Segment raw{.param = p.data(), .grad = g.data(), .numel = 64, .rows = 4, .cols = 8};
-  raw.state[kAdafactorRowVar] = row.data();
-  raw.state[kAdafactorColVar] = col.data();
-  AdafactorStep(std::span<const AdafactorHyper>(&h, 1), std::span<const Segment>(&raw, 1));
-  EXPECT_TRUE(std::ranges::equal(factored.storage().params<float>(0), p));
-  EXPECT_TRUE(
-      std::ranges::equal(factored.storage().state<float>(0, kAdafactorRowVar).first(8), row));
-  EXPECT_TRUE(
-      std::ranges::equal(factored.storage().state<float>(0, kAdafactorColVar).first(16), col));
-  EXPECT_FALSE(std::ranges::equal(flat.storage().params<float>(0), p));
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Optimizer: master weights.
-
-TEST(Optimizer, MasterWeightsWithBf16Params) {
-  const AdamHyper h{.lr = 1e-2, .weight_decay = 0.01};
+TYPED_TEST(OptimizerOf, MasterWeightsWithBf16Params) {
+  using Hyper = TypeParam;
+  const Hyper h = ref::validation::AllStatesHyper(kTag<Hyper>);
   const std::vector<TensorSpec> specs = {{1000, 0}, {40000, 0}};
-  Adam opt({h}, specs, {.param_dtype = DType::kBF16, .master_weights = true});
+  Optimizer<Hyper> opt({h}, specs, {.param_dtype = DType::kBF16, .master_weights = true});
   // The same tensors as f32 params, no master: the master path must compute exactly this.
-  Adam ref({h}, specs);
+  Optimizer<Hyper> ref({h}, specs);
   std::mt19937 rng(17);
   for (std::size_t i = 0; i < specs.size(); ++i) {
-    std::span<std::uint16_t> p = opt.storage().params<std::uint16_t>(i);
+    std::span<std::uint16_t> p = opt.storage().template params<std::uint16_t>(i);
     FillRandom(p.data(), DType::kBF16, p.size(), rng);
-    std::span<float> r = ref.storage().params<float>(i);
+    std::span<float> r = ref.storage().template params<float>(i);
     for (std::size_t k = 0; k < p.size(); ++k) r[k] = BF16ToF32(p[k]);
   }
   for (int step = 1; step <= 4; ++step) {
@@ -760,10 +856,10 @@ TEST(Optimizer, MasterWeightsWithBf16Params) {
     ref.Step();
     for (std::size_t i = 0; i < specs.size(); ++i) {
       std::span<const float> master = opt.storage().master(i);
-      std::span<const float> want = ref.storage().params<float>(i);
+      std::span<const float> want = ref.storage().template params<float>(i);
       ASSERT_TRUE(SameBytes(master.data(), want.data(), master.size_bytes()))
           << "master of tensor " << i;
-      std::span<const std::uint16_t> p = opt.storage().params<std::uint16_t>(i);
+      std::span<const std::uint16_t> p = opt.storage().template params<std::uint16_t>(i);
       for (std::size_t k = 0; k < p.size(); ++k) {
         ASSERT_EQ(p[k], F32ToBF16(master[k])) << "tensor " << i << " element " << k;
       }
@@ -772,136 +868,77 @@ TEST(Optimizer, MasterWeightsWithBf16Params) {
 }
 
 // A rejected first step must not seed the master copy either.
-TEST(Optimizer, RejectedFirstStepLeavesMasterUntouched) {
-  Adam opt({{.lr = 1e-2}}, {{4, 0}}, {.param_dtype = DType::kBF16, .master_weights = true});
-  std::ranges::fill(opt.storage().params<std::uint16_t>(0), F32ToBF16(1.5f));
+TYPED_TEST(OptimizerOf, RejectedFirstStepLeavesMasterUntouched) {
+  using Hyper = TypeParam;
+  Optimizer<Hyper> opt({Hyper{}}, {{4, 0}}, {.param_dtype = DType::kBF16, .master_weights = true});
+  std::ranges::fill(opt.storage().template params<std::uint16_t>(0), F32ToBF16(1.5f));
   opt.group(0).lr = -1.0;
   EXPECT_THROW(opt.Step(), Error);
   for (float m : opt.storage().master(0)) EXPECT_EQ(m, 0.0f);
   EXPECT_EQ(opt.step_count(0), 0);
-  opt.group(0).lr = 1e-2;
+  opt.group(0).lr = Hyper{}.lr;
   opt.Step();
   EXPECT_NEAR(opt.storage().master(0)[0], 1.5f, 0.02f);
 }
 
-TEST(Optimizer, MasterWeightsWithF32ParamsThrows) {
-  EXPECT_THROW(Adam({{}}, {{10, 0}}, {.master_weights = true}), Error);
-  EXPECT_THROW(SGD({{}}, {{10, 0}}, {.param_dtype = DType::kF32, .master_weights = true}), Error);
+TYPED_TEST(OptimizerOf, MasterWeightsWithF32ParamsThrows) {
+  using Hyper = TypeParam;
+  EXPECT_THROW(Optimizer<Hyper>({Hyper{}}, {{10, 0}}, {.master_weights = true}), Error);
+  EXPECT_THROW(
+      Optimizer<Hyper>({Hyper{}}, {{10, 0}}, {.param_dtype = DType::kF32, .master_weights = true}),
+      Error);
 }
 
-// ---------------------------------------------------------------------------------------------------------
-// Optimizer: threads.
-
-template <class Hyper>
-void ExpectThreadCountInvariant(const Hyper& h) {
-  const std::vector<TensorSpec> specs = {{70001, 0}, {3, 1}, {50000, 0}, {80123, 1}, {1, 0}};
-  Runtime one(1), two(2);
-  Optimizer<Hyper> a({h, h}, specs, {}, one);
-  Optimizer<Hyper> b({h, h}, specs, {}, two);
-  std::mt19937 rng(19);
-  FillRandom(a.storage().flat_params(), DType::kF32, a.storage().total_numel(), rng);
-  std::memcpy(b.storage().flat_params(), a.storage().flat_params(), a.storage().total_numel() * 4);
-  for (int step = 0; step < 5; ++step) {
-    FillRandom(a.storage().flat_grads(), DType::kF32, a.storage().total_numel(), rng);
-    std::memcpy(b.storage().flat_grads(), a.storage().flat_grads(), a.storage().total_numel() * 4);
-    a.Step();
-    b.Step();
-  }
-  EXPECT_EQ(CaptureAll(a), CaptureAll(b));
-}
-
-TEST(Optimizer, OneAndTwoThreadsGiveIdenticalBits) {
-  ExpectThreadCountInvariant(AdamHyper{.lr = 1e-2, .amsgrad = true});
-  ExpectThreadCountInvariant(SgdHyper{.lr = 0.1, .momentum = 0.9});
-  ExpectThreadCountInvariant(RmspropHyper{.centered = true});
-  ExpectThreadCountInvariant(AdagradHyper{.lr_decay = 0.01});
-}
-
-TEST(Optimizer, ZeroGradZeroesGradsOnly) {
-  AdamW opt({{}}, {{100, 0}, {20, 0}});
+TYPED_TEST(OptimizerOf, ZeroGradZeroesGradsOnly) {
+  using Hyper = TypeParam;
+  Optimizer<Hyper> opt({Hyper{}}, {{100, 0}, {20, 0}});
   std::mt19937 rng(23);
   FillRandom(opt.storage().flat_params(), DType::kF32, opt.storage().total_numel(), rng);
   FillRandom(opt.storage().flat_grads(), DType::kF32, opt.storage().total_numel(), rng, 0.5f, 1.0f);
   const Bytes params = Copy(opt.storage().flat_params(), opt.storage().total_numel() * 4);
   opt.ZeroGrad();
   for (std::size_t i = 0; i < 2; ++i) {
-    for (float g : opt.storage().grads<float>(i)) ASSERT_EQ(g, 0.0f);
+    for (float g : opt.storage().template grads<float>(i)) ASSERT_EQ(g, 0.0f);
   }
   EXPECT_EQ(Copy(opt.storage().flat_params(), opt.storage().total_numel() * 4), params);
 }
 
-// Optimizer<NadamHyper> keeps each tensor's mu_product (FlatStorage::scalars), starting at 1 and
-// advanced by every step as torch's f32 state: f32(mu_product · f32(mu_t)).
-TEST(Optimizer, NadamKeepsMuProductPerTensor) {
-  const NadamHyper h{.lr = 1e-2, .momentum_decay = 0.02};
-  NAdam opt({h}, {{100, 0}, {0, 0}, {7, 0}});
-  for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
-    EXPECT_EQ(*opt.storage().segments()[i].scalars[kNadamMuProduct], 1.0f);
-  }
-  float expected = 1.0f;
-  for (int step = 1; step <= 3; ++step) {
-    for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
-      const Segment& s = opt.storage().segments()[i];
-      for (std::size_t k = 0; k < s.numel; ++k)
-        static_cast<float*>(const_cast<void*>(s.grad))[k] = 0.5f;
-    }
-    opt.Step();
-    expected *= static_cast<float>(
-        h.beta1 * (1.0 - 0.5 * std::pow(0.96, static_cast<double>(step) * h.momentum_decay)));
-    for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
-      EXPECT_EQ(*opt.storage().segments()[i].scalars[kNadamMuProduct], expected)
-          << "tensor " << i << ", step " << step;
-    }
-  }
-}
+template <class Hyper>
+concept HasMomentumSwitchCases = requires {
+  ref::validation::MomentumSwitchedOnLater(kTag<Hyper>);
+};
 
-// Optimizer<AsgdHyper> keeps each tensor's eta and mu (FlatStorage::scalars), starting at f32(lr)
-// and 1 as torch's state, and advanced by every step: eta = f32(lr / (1 + lambd·lr·t)^alpha),
-// mu = f32(1 / max(1, t − t0)).
-TEST(Optimizer, AsgdKeepsEtaAndMuPerTensor) {
-  const AsgdHyper h{.lr = 0.03, .lambd = 0.1, .t0 = 1.0};
-  ASGD opt({h}, {{100, 0}, {0, 0}, {7, 0}});
-  for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
-    EXPECT_EQ(*opt.storage().segments()[i].scalars[kAsgdEta], 0.03f);
-    EXPECT_EQ(*opt.storage().segments()[i].scalars[kAsgdMu], 1.0f);
-  }
-  for (int step = 1; step <= 4; ++step) {
-    for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
-      const Segment& s = opt.storage().segments()[i];
-      for (std::size_t k = 0; k < s.numel; ++k)
-        static_cast<float*>(const_cast<void*>(s.grad))[k] = 0.5f;
+// torch starts a momentum buffer as a copy of the gradient on its first momentum step (no
+// dampening), also when momentum is switched on after earlier plain steps: for every algorithm
+// whose Segment::step counts the buffer's steps (algos::HasBufferSteps), whose case file must then
+// give the param and the buffer after each step.
+TEST(Optimizer, MomentumSwitchedOnLaterStartsFromTheGradient) {
+  int checked = 0;
+  algos::All::ForEach([&]<class A>(std::type_identity<A> /*tag*/) {
+    using Hyper = typename A::Hyper;
+    static_assert(HasMomentumSwitchCases<Hyper> == algos::HasBufferSteps<A>,
+                  "buffer steps of the descriptor and of the case file (MomentumSwitchedOnLater) "
+                  "differ");
+    if constexpr (HasMomentumSwitchCases<Hyper>) {
+      SCOPED_TRACE(A::kName);
+      ++checked;
+      const auto [hypers, slot] = ref::validation::MomentumSwitchedOnLater(kTag<Hyper>);
+      const auto steps = ref::validation::MomentumSwitchedOnLaterSteps(kTag<Hyper>);
+      Optimizer<Hyper> opt({hypers.first}, {{3, 0}});
+      std::ranges::fill(opt.storage().template grads<float>(0), 2.0f);
+      for (std::size_t i = 0; i < steps.size(); ++i) {
+        if (i == 1) opt.group(0) = hypers.second;
+        opt.Step();
+        EXPECT_FLOAT_EQ(opt.storage().template params<float>(0)[0], steps[i].first)
+            << "step " << i + 1;
+        if (i >= 1) {
+          EXPECT_FLOAT_EQ(opt.storage().template state<float>(0, slot)[0], steps[i].second)
+              << "step " << i + 1;
+        }
+      }
     }
-    opt.Step();
-    const auto t = static_cast<double>(step);
-    const auto eta = static_cast<float>(h.lr / std::pow(1.0 + h.lambd * h.lr * t, h.alpha));
-    const float mu = t - h.t0 > 1.0 ? static_cast<float>(1.0 / (t - h.t0)) : 1.0f;
-    for (std::size_t i = 0; i < opt.storage().num_tensors(); ++i) {
-      EXPECT_EQ(*opt.storage().segments()[i].scalars[kAsgdEta], eta) << "tensor " << i;
-      EXPECT_EQ(*opt.storage().segments()[i].scalars[kAsgdMu], mu) << "tensor " << i;
-    }
-  }
-}
-
-// Optimizer<RpropHyper> starts each tensor's step_size at its group's lr and prev at 0, as torch's
-// full_like(grad, lr) and zeros_like(p); a first step with prev 0 keeps every step size (factor 1)
-// and moves the param by -sign(g)·lr.
-TEST(Optimizer, RpropStartsStepSizesAtTheGroupsLr) {
-  const RpropHyper a{.lr = 0.25};
-  const RpropHyper b{.lr = 0.125, .etaminus = 0.25};
-  Rprop opt({a, b}, {{5, 0}, {3, 1}});
-  const float lr[] = {0.25f, 0.125f};
-  for (std::size_t i = 0; i < 2; ++i) {
-    for (const float x : opt.storage().state<float>(i, kRpropStepSize)) EXPECT_EQ(x, lr[i]);
-    for (const float x : opt.storage().state<float>(i, kRpropPrev)) EXPECT_EQ(x, 0.0f);
-    for (float& g : opt.storage().grads<float>(i)) g = -0.5f;
-    for (float& p : opt.storage().params<float>(i)) p = 1.0f;
-  }
-  opt.Step();
-  for (std::size_t i = 0; i < 2; ++i) {
-    for (const float x : opt.storage().state<float>(i, kRpropStepSize)) EXPECT_EQ(x, lr[i]);
-    for (const float x : opt.storage().state<float>(i, kRpropPrev)) EXPECT_EQ(x, -0.5f);
-    for (const float p : opt.storage().params<float>(i)) EXPECT_EQ(p, 1.0f + lr[i]);
-  }
+  });
+  EXPECT_GE(checked, 1);
 }
 
 }  // namespace

@@ -157,8 +157,8 @@ class DistributedOptimizer {
   static constexpr int kMasterSlot = -1;
   std::vector<float> GatherState(int slot);
   void LoadState(int slot, std::span<const float> flat);
-  // The per-tensor step counts and scalar states (NAdam's mu_product, ASGD's eta and mu), the
-  // same on every rank; set them when loading a checkpoint.
+  // The per-tensor step counts and scalar states (e.g. NAdam's mu_product), the same on every
+  // rank; set them when loading a checkpoint.
   void set_step_count(std::size_t tensor, std::int64_t step);
   std::span<float, kMaxScalars> scalars(std::size_t tensor) {
     return std::span<float, kMaxScalars>(&scalars_.at(tensor * kMaxScalars), kMaxScalars);

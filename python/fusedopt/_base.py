@@ -46,7 +46,8 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         super().__init_subclass__(**kwargs)
         algorithm = cls.__dict__.get("_algorithm")
         if algorithm is not None:  # what the engine says of it: its step and its state keys
-            entry = _C.algorithms[algorithm]
+            # _C's entry, or the one a class of another module's algorithm carries (_generic.generic_class)
+            entry = cls.__dict__.get("_entry") or _C.algorithms[algorithm]
             cls._engine_step = staticmethod(entry["step"])
             cls._hyper_type = entry["hyper"]
             cls._fields = group_fields(entry)  # torch's group keys of the Hyper's fields

@@ -30,7 +30,11 @@ def _defaults(entry: dict) -> dict:
 
 
 def generic_class(name: str, entry: dict, module: str) -> type:
-    """Fused<kTorchName> for algorithm `name`: the mixin over a constructor of the descriptor's group keys."""
+    """Fused<kTorchName> for algorithm `name`: the mixin over a constructor of the descriptor's group keys.
+
+    `entry` is `name`'s entry in _C.algorithms, or in the `algorithms` of another module that binds descriptors as _C
+    does (src/python/algorithm_bindings.h: the test-only algorithms, tests/algos/python_module.cc); the class steps
+    with that entry's step function."""
     defaults = _defaults(entry)
     class_name = f"Fused{entry['torch_name']}"
 
@@ -49,6 +53,6 @@ def generic_class(name: str, entry: dict, module: str) -> type:
                   {"__init__": __init__, "__module__": module,
                    "__doc__": f"{class_name}'s param groups: the descriptor's fields with the Hyper's defaults."})
     return type(class_name, (FusedOptimizerMixin, groups),
-                {"_algorithm": name, "__module__": module,
+                {"_algorithm": name, "_entry": entry, "__module__": module,
                  "_sparse_message": f"fusedopt: {class_name} does not support sparse gradients",
                  "__doc__": f"The engine's {name} step (src/algos/{name}.h) with the descriptor's hyper-parameters."})

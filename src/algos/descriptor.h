@@ -22,7 +22,7 @@
 //                       lion-pytorch, tools/lamb_reference.py) as elementary tensor ops, one per
 //                       line, with the reference's temporaries (the op vocabulary is below)
 // and, for an algorithm with per-tensor scalar states (Segment::scalars: 0-d state tensors such as
-// NAdam's mu_product, ASGD's eta and mu):
+// NAdam's mu_product):
 //   kScalarStates       torch's state_dict key of each Segment::scalars entry
 //   InitialScalar(h, k) the value a fresh scalar state k starts from
 //   NextScalars(h, s, next)  the values this step leaves in s.scalars, from the old ones there and

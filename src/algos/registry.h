@@ -1,6 +1,6 @@
 // Every algorithm of the engine, one descriptor each (src/algos/descriptor.h says what one holds).
-// Adding an optimizer: write its descriptor, math body and kernel file, include the descriptor here
-// and add its line to FUSEDOPT_FOR_EACH_ALGORITHM (include/fusedopt/hyper.h).
+// Adding an optimizer: write its descriptor, math body and kernel file (the build includes every
+// descriptor here) and add its line to FUSEDOPT_FOR_EACH_ALGORITHM (include/fusedopt/hyper.h).
 #pragma once
 
 #include <cstddef>
@@ -8,24 +8,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "fopt_generated/descriptors.h"  // every src/algos/<algo>.h (cmake/FoptIncludeList.cmake)
 #include "fusedopt/hyper.h"
-#include "src/algos/adadelta.h"
-#include "src/algos/adafactor.h"
-#include "src/algos/adagrad.h"
-#include "src/algos/adam.h"
-#include "src/algos/adamax.h"
-#include "src/algos/adamp.h"
-#include "src/algos/asgd.h"
-#include "src/algos/bert_adam.h"
-#include "src/algos/lamb.h"
-#include "src/algos/lars.h"
-#include "src/algos/lion.h"
-#include "src/algos/nadam.h"
-#include "src/algos/radam.h"
-#include "src/algos/rmsprop.h"
-#include "src/algos/rmsproptf.h"
-#include "src/algos/rprop.h"
-#include "src/algos/sgd.h"
 
 namespace fusedopt::algos {
 
@@ -80,7 +64,14 @@ using All = DropFirst<void FUSEDOPT_FOR_EACH_ALGORITHM(FOPT_DESCRIPTOR_ENTRY)>::
 FOPT_FOR_EACH_ALGORITHM(FOPT_CHECK_HYPER)
 #undef FOPT_CHECK_HYPER
 
+// The descriptor of a Hyper struct: the registry's, or that of an algorithm outside it which
+// specializes DescriptorFor (the test-only ones: tests/algos/registry.h), so that the engine's
+// templates (the Optimizer, its checkpoints) serve both unchanged.
 template <class Hyper>
-using DescriptorOf = All::Of<Hyper>;
+struct DescriptorFor {
+  using type = All::Of<Hyper>;
+};
+template <class Hyper>
+using DescriptorOf = typename DescriptorFor<Hyper>::type;
 
 }  // namespace fusedopt::algos

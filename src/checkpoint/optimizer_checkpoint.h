@@ -1,6 +1,8 @@
 // OptimizerCheckpoint<Hyper>, the friend of Optimizer and DistributedOptimizer that saves and
-// restores their private state: declared here, its one-process members defined in checkpoint.cc,
-// those of sharded runs in checkpoint_distributed.cc (each instantiated there for every algorithm).
+// restores their private state: declared here, its one-process members defined in
+// checkpoint_impl.h (instantiated in checkpoint.cc for every algorithm, and for the test-only ones
+// in tests/algos/instances.cc), those of sharded runs in checkpoint_distributed.cc (instantiated
+// there for every algorithm).
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,6 @@
 // Optimizer<Hyper> (include/fusedopt/optimizer.h): the flat storage of params, gradients and
-// states, and the step over it through TrainingStep, for every algorithm of the registry.
+// states, and the Optimizer's members (optimizer_impl.h) instantiated for every algorithm of the
+// registry.
 
 #include "fusedopt/optimizer.h"
 
@@ -10,6 +11,7 @@
 #include <utility>
 
 #include "src/algos/registry.h"
+#include "src/optimizer/optimizer_impl.h"
 #include "src/optimizer/tensor_specs.h"
 
 namespace fusedopt {
@@ -145,133 +147,7 @@ void FlatStorage::SyncMaster(std::size_t tensor) {
   for (std::size_t i = 0; i < s.numel; ++i) s.master[i] = LoadAsF32(s.param, s.param_dtype, i);
 }
 
-template <class Hyper>
-static unsigned AllRequiredStates(const std::vector<Hyper>& groups) {
-  unsigned slots = 0;
-  for (const Hyper& h : groups) slots |= RequiredStates(h);
-  return slots;
-}
-
-template <class Hyper>
-Optimizer<Hyper>::Optimizer(std::vector<Hyper> groups, std::vector<TensorSpec> tensors,
-                            StorageOptions options, Runtime& runtime)
-    : groups_(std::move(groups)),
-      storage_(tensors, groups_.size(), options, AllRequiredStates(groups_)),
-      steps_(tensors.size(), 0),
-      buffer_steps_(tensors.size(), 0),
-      runtime_(&runtime),
-      window_{.steps = storage_.options().accumulation_steps} {
-  // Validate the hyper-parameters now rather than at the first step.
-  FusedStep(std::span<const Hyper>(groups_), {}, *runtime_);
-  // States start at 0 (the arenas are zero-filled) except where the algorithm says otherwise
-  // (InitialState: a sum torch creates eagerly, filled with a hyper-parameter).
-  for (const Segment& s : storage_.segments()) {
-    for (int slot = 0; slot < kMaxStates; ++slot) {
-      const float init = algos::DescriptorOf<Hyper>::InitialState(groups_[s.group], slot);
-      if (init == 0.0f || s.state[slot] == nullptr) continue;
-      for (std::size_t k = 0; k < s.numel; ++k) StoreFromF32(s.state[slot], s.state_dtype, k, init);
-    }
-  }
-  // Scalar states start from the algorithm's initial values.
-  using Descriptor = algos::DescriptorOf<Hyper>;
-  if constexpr (algos::HasScalarStates<Descriptor>) {
-    for (std::size_t i = 0; i < storage_.num_tensors(); ++i) {
-      const std::uint32_t group = storage_.segments()[i].group;
-      for (std::size_t k = 0; k < algos::NumScalarStates<Descriptor>(); ++k) {
-        storage_.scalars(i)[k] = Descriptor::InitialScalar(groups_[group], static_cast<int>(k));
-      }
-    }
-  }
-}
-
-template <class Hyper>
-StepResult Optimizer<Hyper>::Step(const StepOptions& options) {
-  std::vector<std::size_t> all(storage_.num_tensors());
-  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
-  return StepTensors(all, options);
-}
-
-template <class Hyper>
-StepResult Optimizer<Hyper>::StepTensors(std::span<const std::size_t> tensors,
-                                         const StepOptions& options) {
-  using Descriptor = algos::DescriptorOf<Hyper>;
-  const std::int64_t accumulation = storage_.options().accumulation_steps;
-  std::vector<bool> seen(storage_.num_tensors(), false);
-  for (std::size_t t : tensors) {
-    if (t >= storage_.num_tensors()) {
-      throw Error("Optimizer::StepTensors: tensor index " + std::to_string(t) + " out of range (" +
-                  std::to_string(storage_.num_tensors()) + " tensors)");
-    }
-    if (seen[t])
-      throw Error("Optimizer::StepTensors: tensor index " + std::to_string(t) + " listed twice");
-    seen[t] = true;
-  }
-  if (accumulation > 1 && tensors.size() != storage_.num_tensors()) {
-    throw Error("Optimizer::StepTensors: a tensor list needs accumulation_steps 1 (it is " +
-                std::to_string(accumulation) + ")");
-  }
-  if (!(options.max_grad_norm >= 0.0)) {
-    throw Error("Optimizer::Step: invalid max_grad_norm: " + std::to_string(options.max_grad_norm) +
-                " (must be >= 0; Inf: no clipping)");
-  }
-  // Validate the (live) hyper-parameters before anything is written.
-  FusedStep(std::span<const Hyper>(groups_), {}, *runtime_);
-  storage_.AllocateStates(AllRequiredStates(groups_));
-  const float inv_scale = options.scaler != nullptr ? options.scaler->inv_scale() : 1.0f;
-
-  std::vector<Segment> segments;
-  segments.reserve(tensors.size());
-  for (std::size_t t : tensors) segments.push_back(storage_.segments()[t]);
-
-  // With accumulation, the step reads the sums; TrainingStep adds this micro-batch into them first
-  // (and steps only on the window's last one).
-  std::vector<GradBuffer> grads;
-  std::vector<float*> sums;
-  if (accumulation > 1) {
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      Segment& s = segments[i];
-      grads.push_back({const_cast<void*>(s.grad), s.numel, s.grad_dtype});
-      sums.push_back(storage_.accumulator(tensors[i]).data());
-      s.grad = sums.back();
-      s.grad_dtype = DType::kF32;
-    }
-  } else {
-    for (Segment& s : segments) s.grad_scale = inv_scale;
-  }
-  const MicroBatch batch{.window = &window_, .grads = grads, .sums = sums, .grad_scale = inv_scale};
-
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const std::size_t t = tensors[i];
-    segments[i].step = steps_[t] + 1;
-    if (algos::CountsBufferSteps<Descriptor>(groups_[segments[i].group])) {
-      segments[i].step = buffer_steps_[t] + 1;
-    }
-  }
-  const bool updates = accumulation == 1 || window_.pending + 1 == accumulation;
-  // Masters are seeded from the params the user wrote before the tensor's first step.
-  if (updates) {
-    for (std::size_t t : tensors) {
-      if (steps_[t] == 0) storage_.SyncMaster(t);
-    }
-  }
-  const StepResult result =
-      TrainingStep(std::span<const Hyper>(groups_), std::span<Segment>(segments),
-                   {.scaler = options.scaler,
-                    .max_grad_norm = options.max_grad_norm,
-                    .norm_type = options.norm_type,
-                    .clip_rule = options.clip_rule,
-                    .micro_batch = accumulation > 1 ? &batch : nullptr},
-                   *runtime_);
-  if (!result.stepped) return result;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    ++steps_[tensors[i]];
-    if (algos::CountsBufferSteps<Descriptor>(groups_[segments[i].group])) {
-      ++buffer_steps_[tensors[i]];
-    }
-  }
-  return result;
-}
-
+// Every algorithm of the registry (the test-only ones: tests/algos/instances.cc).
 #define FOPT_INSTANTIATE(Stem, Alias) template class Optimizer<Stem##Hyper>;
 FUSEDOPT_FOR_EACH_ALGORITHM(FOPT_INSTANTIATE)
 #undef FOPT_INSTANTIATE

@@ -82,7 +82,7 @@ struct SignDescent {
   }
 };
 
-// The kernel sweep's data (tests/kernel_test.cc, TestAlgorithm): the oracle in double, the option
+// The kernel sweep's data (tests/kernel_test.cc, Algo): the oracle in double, the option
 // sweep, a second group's options and the initial states (none).
 struct SignDescentSweep {
   using Hyper = SignDescentHyper;

@@ -13,9 +13,9 @@ import os
 import subprocess
 import sys
 
-import fusedopt
 import numpy as np
 import pytest
+from algorithm_cases import PARITY
 
 import torch
 
@@ -23,72 +23,20 @@ import torch
 # 32768-element grain, a 2-D and a 3-D tensor.
 SIZES = [(1,), (7,), (40000,), (33, 17), (4, 3, 5)]
 
-TORCH = {
-    "SGD": torch.optim.SGD,
-    "Adam": torch.optim.Adam,
-    "AdamW": torch.optim.AdamW,
-    "RMSprop": torch.optim.RMSprop,
-    "Adagrad": torch.optim.Adagrad,
-    "Adamax": torch.optim.Adamax,
-    "Adadelta": torch.optim.Adadelta,
-    "RAdam": torch.optim.RAdam,
-    "NAdam": torch.optim.NAdam,
-    "ASGD": torch.optim.ASGD,
-    "Rprop": torch.optim.Rprop,
-}
-FUSED = {
-    "SGD": fusedopt.FusedSGD,
-    "Adam": fusedopt.FusedAdam,
-    "AdamW": fusedopt.FusedAdamW,
-    "RMSprop": fusedopt.FusedRMSprop,
-    "Adagrad": fusedopt.FusedAdagrad,
-    "Adamax": fusedopt.FusedAdamax,
-    "Adadelta": fusedopt.FusedAdadelta,
-    "RAdam": fusedopt.FusedRAdam,
-    "NAdam": fusedopt.FusedNAdam,
-    "ASGD": fusedopt.FusedASGD,
-    "Rprop": fusedopt.FusedRprop,
-}
-NAMES = list(TORCH)
+# The algorithms of the generic suites and their per-algorithm data, by public name (algorithm_cases.py's table).
+TORCH = {name: case.torch for name, case in PARITY.items()}
+FUSED = {name: case.fused for name, case in PARITY.items()}
+NAMES = list(PARITY)
 # The rules without a square root: with float hyper-parameters the fused step reproduces torch's
 # for-loop bit for bit as torch is. The others agree within a relative bound (torch's CPU fp32 sqrt is
 # not correctly rounded), and bit for bit with an IEEE sqrt in torch (the ieee_sqrt fixture).
-SQRT_FREE = ("SGD", "Adamax", "ASGD", "Rprop")
+SQRT_FREE = tuple(name for name, case in PARITY.items() if case.sqrt_free)
 
 # A "typical" option set per class (used where the scenario is not about the options).
-BASE_KW = {
-    "SGD": dict(lr=0.05, momentum=0.9, weight_decay=1e-2),
-    "Adam": dict(lr=1e-2, weight_decay=1e-2, amsgrad=True),
-    "AdamW": dict(lr=1e-2, weight_decay=0.1),
-    "RMSprop": dict(lr=1e-2, momentum=0.5, centered=True),
-    "Adagrad": dict(lr=5e-2, lr_decay=1e-2, weight_decay=1e-2),
-    "Adamax": dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=1e-2),
-    "Adadelta": dict(lr=0.5, rho=0.85, weight_decay=1e-2),
-    # decoupled (AdamW-style) decay in groups 0 and 2, L2 decay in group 1 (GROUP_KW)
-    "RAdam": dict(lr=1e-2, weight_decay=1e-2, decoupled_weight_decay=True),
-    "NAdam": dict(lr=1e-2, weight_decay=1e-2, momentum_decay=8e-3, decoupled_weight_decay=True),
-    # averaging starts at step 5 in group 0, so both of ASGD's phases run
-    "ASGD": dict(lr=1e-2, weight_decay=1e-2, t0=5.0),
-    "Rprop": dict(lr=1e-2, etas=(0.4, 1.3)),
-}
+BASE_KW = {name: case.defaults for name, case in PARITY.items()}
 
 # Per-group overrides for groups 1 and 2 (group 0 takes the constructor's values).
-GROUP_KW = {
-    "SGD": [dict(lr=0.02, weight_decay=0.0), dict(lr=0.1, momentum=0.5)],
-    "Adam": [dict(lr=3e-3, betas=(0.8, 0.99)), dict(lr=2e-2, weight_decay=0.0, eps=1e-6)],
-    "AdamW": [dict(lr=3e-3, betas=(0.8, 0.99)), dict(lr=2e-2, weight_decay=0.0, eps=1e-6)],
-    "RMSprop": [dict(lr=3e-3, alpha=0.9), dict(lr=2e-2, weight_decay=0.0, eps=1e-6)],
-    # initial_accumulator_value per group: torch 2.13 ignores it and uses the constructor's value.
-    "Adagrad": [dict(lr=2e-2, lr_decay=0.0), dict(lr=0.1, weight_decay=0.0, initial_accumulator_value=0.5)],
-    "Adamax": [dict(lr=3e-3, betas=(0.8, 0.999)), dict(lr=2e-2, weight_decay=0.0, eps=1e-6)],
-    "Adadelta": [dict(lr=0.2, rho=0.95), dict(lr=1.0, weight_decay=0.0, eps=1e-4)],
-    "RAdam": [dict(lr=3e-3, betas=(0.8, 0.99), decoupled_weight_decay=False),
-              dict(lr=2e-2, weight_decay=0.0, eps=1e-6)],
-    "NAdam": [dict(lr=3e-3, betas=(0.8, 0.99), momentum_decay=2e-2, decoupled_weight_decay=False),
-              dict(lr=2e-2, weight_decay=0.0, eps=1e-6)],
-    "ASGD": [dict(lr=3e-3, lambd=1e-3, t0=20.0), dict(lr=2e-2, weight_decay=0.0, alpha=0.5, t0=1e6)],
-    "Rprop": [dict(lr=3e-3, etas=(0.3, 1.5)), dict(lr=2e-2, step_sizes=(1e-4, 0.05))],
-}
+GROUP_KW = {name: case.two_groups for name, case in PARITY.items()}
 
 
 # ---- the random multi-tensor problem ------------------------------------------------------------

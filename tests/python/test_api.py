@@ -7,6 +7,7 @@ import copy
 import io
 
 import pytest
+from algorithm_cases import PARITY
 from conftest import (
     BASE_KW,
     FUSED,
@@ -79,7 +80,7 @@ def test_step_closure_returns_loss(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_params_without_grad_are_skipped(name):
-    """A param whose grad is None: no state (Adagrad: only torch's eager init state), no step count,
+    """A param whose grad is None: no state (but for torch's eager init state), no step count,
     not touched, also while its neighbours in the same group step; per-param step counts = torch's."""
     p_ref = make_params(0)
     p_fus = clone_params(p_ref)
@@ -103,16 +104,16 @@ def test_params_without_grad_are_skipped(name):
         if t == 4:
             # param 4 gets its first grad only at step 10: no state exists for it yet
             assert dict(fus.state.get(p_fus[4], {})).keys() == dict(ref.state.get(p_ref[4], {})).keys()
-            if name != "Adagrad":
+            if not PARITY[name].eager_state:
                 assert len(fus.state.get(p_fus[4], {})) == 0
     assert_bitwise(never.detach(), before, "never-stepped param")
     assert never.grad is None
-    if name == "Adagrad":
+    if PARITY[name].eager_state:
         assert float(fus.state[never]["step"]) == 0.0
     else:
         assert len(fus.state.get(never, {})) == 0
     compare_opts(fus, ref, name, bitwise=_bitwise(name))
-    if name != "SGD":
+    if PARITY[name].counts_steps:
         steps = [float(fus.state[p]["step"]) for p in p_fus]
         assert steps == [float(ref.state[p]["step"]) for p in p_ref]
         assert len(set(steps)) > 1  # the params really have different counts
@@ -125,12 +126,7 @@ def test_add_param_group_mid_training(name):
     run(fus, p_fus, 10)
     extra_ref = [torch.nn.Parameter(torch.randn(50, 3)), torch.nn.Parameter(torch.randn(1))]
     extra_fus = clone_params(extra_ref)
-    hyper = {"SGD": dict(lr=0.03, momentum=0.8), "Adam": dict(lr=5e-3, betas=(0.5, 0.9)),
-             "AdamW": dict(lr=5e-3, weight_decay=0.5), "RMSprop": dict(lr=5e-3, alpha=0.5),
-             "Adagrad": dict(lr=0.2, lr_decay=0.1), "Adamax": dict(lr=5e-3, betas=(0.5, 0.9)),
-             "Adadelta": dict(lr=0.3, rho=0.5), "RAdam": dict(lr=5e-3, betas=(0.5, 0.9), weight_decay=0.5),
-             "NAdam": dict(lr=5e-3, momentum_decay=0.1, decoupled_weight_decay=False),
-             "ASGD": dict(lr=5e-3, lambd=1e-3, t0=3.0), "Rprop": dict(lr=5e-3, etas=(0.3, 1.6))}[name]
+    hyper = PARITY[name].added_group
     ref.add_param_group({"params": extra_ref, **hyper})
     fus.add_param_group({"params": extra_fus, **hyper})
     assert fus.param_groups[-1].keys() == ref.param_groups[-1].keys()
@@ -180,8 +176,8 @@ VARIANT_IDS = ["forloop", "foreach", "fused"]
 def _variant_cases():
     for name in NAMES:
         for v, vid in zip(VARIANTS, VARIANT_IDS):
-            if name not in ("SGD", "Adam", "AdamW", "Adagrad") and "fused" in v:
-                continue  # torch 2.13 has no fused RMSprop, Adamax, Adadelta, RAdam or NAdam
+            if "fused" in v and not PARITY[name].torch_has_fused:
+                continue  # (torch 2.13 has no fused implementation of it)
             yield pytest.param(name, v, id=f"{name}-{vid}")
 
 
@@ -190,10 +186,10 @@ def _torch_variant(name, params, variant):
 
 
 def _variant_skip(name, variant):
-    """Which params get grads: torch's fused SGD cannot step a group where some params already
-    have a momentum buffer and others not yet ("expected Tensor as element 1 in argument 2, but
-    got NoneType", torch 2.13), so with it every param gets a grad on every step."""
-    if name == "SGD" and variant.get("fused"):
+    """Which params get grads: some of torch's fused steps cannot step a group where some params already
+    have state and others not yet (a momentum buffer: "expected Tensor as element 1 in argument 2, but
+    got NoneType", torch 2.13), so with them every param gets a grad on every step."""
+    if PARITY[name].torch_fused_needs_every_grad and variant.get("fused"):
         return lambda t, i: True
     return has_grad
 
@@ -308,9 +304,7 @@ def test_state_dict_lr_changes_are_loaded(name):
     compare_opts(fus, tor, name, bitwise=_bitwise(name))
 
 
-STATE_KEY = {"SGD": "momentum_buffer", "Adam": "exp_avg", "AdamW": "exp_avg_sq", "RMSprop": "square_avg",
-             "Adagrad": "sum", "Adamax": "exp_inf", "Adadelta": "acc_delta", "RAdam": "exp_avg_sq",
-             "NAdam": "exp_avg", "ASGD": "ax", "Rprop": "step_size"}
+STATE_KEY = {name: case.state_key for name, case in PARITY.items()}
 
 
 def test_state_tensor_storage_replaced_through_data():
@@ -335,7 +329,7 @@ for name in NAMES:
     run(tor, p_t, 5, start=5)
     run(fus, p_f, 5, start=5)
     try:
-        # rtol 1e-4: the reset square_avg makes RMSprop's 1/sqrt amplify torch's 1-ulp sqrt errors
+        # rtol 1e-4: a reset second-moment state makes a 1/sqrt amplify torch's 1-ulp sqrt errors
         compare_opts(fus, tor, name, bitwise=_bitwise(name), rtol=1e-4)
         print(name, "PASS", flush=True)
     except AssertionError as e:

@@ -14,6 +14,7 @@ from pathlib import Path
 import fusedopt
 import numpy as np
 import pytest
+from algorithm_cases import CASES
 from fusedopt import _C
 
 import torch
@@ -21,10 +22,8 @@ import torch
 INTEROP = Path(_C.__file__).resolve().parents[2] / "bin" / "checkpoint_interop"
 SHAPES = [(300,), (12, 10), (7,)]  # groups: the first two, then the last (the C++ program's tensors)
 
-CLASSES = {"adamw": fusedopt.FusedAdamW, "sgd": fusedopt.FusedSGD, "nadam": fusedopt.FusedNAdam,
-           "lion": fusedopt.FusedLion, "adafactor": fusedopt.FusedAdafactor, "asgd": fusedopt.FusedASGD,
-           "rprop": fusedopt.FusedRprop, "adamp": fusedopt.FusedAdamP, "lamb": fusedopt.FusedLAMB,
-           "bert_adam": fusedopt.FusedBertAdam}
+# The algorithms tests/checkpoint_interop.cc trains, by the registry's name (its first argument).
+CLASSES = {name: case.fused for name, case in CASES.items() if case.checkpoint_interop}
 
 
 def value(seed: int, index: np.ndarray) -> np.ndarray:
@@ -62,8 +61,7 @@ def test_cpp_python_cpp_equals_one_cpp_run(tmp_path, algo, precision):
     # Python: other initial params and hyper-parameters; the file restores both.
     params = [torch.nn.Parameter(torch.full(s, 0.5, dtype=dtype)) for s in SHAPES]
     kw = {"master_weights": True} if precision == "bf16" else {}
-    if algo == "lamb":  # apex's global clipping: the C++ Optimizer clips only when Step() is told to
-        kw["max_grad_norm"] = float("inf")
+    kw.update(CASES[algo].checkpoint_interop_options)
     opt = CLASSES[algo]([{"params": params[:2]}, {"params": params[2:]}], lr=0.123, **kw)
     extra = fusedopt.load_checkpoint(opt, tmp_path / "a.safetensors")
     offsets = np.cumsum([0] + [int(np.prod(s)) for s in SHAPES])
@@ -165,8 +163,8 @@ def test_python_reads_and_loads_the_shard_sets_of_fusedopt_train_dist(tmp_path):
 
 
 INTEROP_PT = INTEROP.parent / "checkpoint_interop_pt"
-PT_CLASSES = {"adamw": fusedopt.FusedAdamW, "sgd": fusedopt.FusedSGD, "lion": fusedopt.FusedLion,
-              "nadam": fusedopt.FusedNAdam}
+# The algorithms checkpoint_interop_pt.cc trains, by the registry's name (its first argument).
+PT_CLASSES = {name: case.fused for name, case in CASES.items() if case.libtorch_checkpoint_interop}
 
 
 def pt_model() -> torch.nn.Sequential:

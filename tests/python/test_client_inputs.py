@@ -19,35 +19,18 @@ import warnings
 
 import fusedopt
 import pytest
-from conftest import BASE_KW, TORCH, assert_unchanged, run_isolated, snapshot
-from torch.optim.optimizer import required
+from algorithm_cases import CASES
+from conftest import BASE_KW, assert_unchanged, run_isolated, snapshot
 
 import torch
 
 CLASSES = {n[len("Fused"):]: getattr(fusedopt, n) for n in fusedopt.__all__ if n.startswith("Fused")}
-TWINS = {**TORCH, "Adafactor": torch.optim.Adafactor}  # the classes whose reference is torch.optim's
+TWINS = {case.name: case.torch for case in CASES.values() if case.torch}  # the classes whose reference is torch.optim's
 
 
-# The constructors of the other classes' references, as their libraries define them (fusedopt takes them as
-# they are): lion-pytorch's Lion, apex's FusedLAMB, torch.optim.SGD's arguments then apex LARC's, torch_npu's
-# NpuFusedRMSpropTF (timm's RMSpropTF), clovaai's AdamP, pytorch-pretrained-bert's BertAdam.
-def _lion(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, use_triton=False,
-          decoupled_weight_decay=False): ...
-def _lamb(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
-          amsgrad=False, adam_w_mode=True, grad_averaging=True, set_grad_none=True, max_grad_norm=1.0,
-          use_nvlamb=False): ...
-def _lars(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-          trust_coefficient=0.02, clip=True, eps=1e-8): ...
-def _rmsproptf(self, params, lr=1e-2, alpha=0.9, eps=1e-10, weight_decay=0, momentum=0.0, centered=False,
-               decoupled_decay=False, lr_in_momentum=True): ...
-def _adamp(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, delta=0.1, wd_ratio=0.1,
-           nesterov=False): ...
-def _bert_adam(self, params, lr=required, warmup=-1, t_total=-1, schedule="warmup_linear", b1=0.9, b2=0.999,
-               e=1e-6, weight_decay=0.01, max_grad_norm=1.0): ...
-
-
-REFERENCES = {**{n: c.__init__ for n, c in TWINS.items()}, "Lion": _lion, "LAMB": _lamb, "LARS": _lars,
-              "RMSpropTF": _rmsproptf, "AdamP": _adamp, "BertAdam": _bert_adam}
+# The constructors of the references: torch.optim's twins', or as the reference's library defines it (fusedopt takes
+# them as they are; algorithm_cases.py's reference_init).
+REFERENCES = {case.name: case.torch.__init__ if case.torch else case.reference_init for case in CASES.values()}
 # fusedopt's own keyword-only options and their defaults (docs/pytorch.md, optim.py).
 OPTIONS = {"master_weights": False, "flatten": False, "max_grad_norm": None, "norm_type": 2.0, "accumulation_steps": 1,
            "state_dtype": None, "stochastic_rounding": False, "seed": 0, "strict": False}
@@ -132,8 +115,7 @@ TUPLE_HYPERS = [(name, key) for name, cls in CLASSES.items()
 
 
 def test_tuple_hyper_parameters_found():
-    assert {(n, k) for n, k in TUPLE_HYPERS} >= {("Adam", "betas"), ("Rprop", "etas"), ("Rprop", "step_sizes"),
-                                                   ("Adafactor", "eps"), ("Lion", "betas"), ("LAMB", "betas")}
+    assert {(n, k) for n, k in TUPLE_HYPERS} >= {(case.name, k) for case in CASES.values() for k in case.tuple_hypers}
 
 
 @pytest.mark.parametrize("name,key", TUPLE_HYPERS)
@@ -205,7 +187,7 @@ def _meta_run(make, clip=None, calls=1):
 def test_meta_params_step_as_torch(name, option):
     """torch's step on meta params creates states of the right shapes (its step counts on the CPU); so must the
     fused class's, with its own clipping (torch: clip_grad_norm_, which runs on meta) and accumulation (torch: one
-    step per window). Where torch's step raises on meta (ASGD, Adafactor: they read values), so does fusedopt's."""
+    step per window). Where torch's step raises on meta (a step that reads values), so does fusedopt's."""
     kw = dict(BASE_KW.get(name, {}))
     fused_kw = {"max_grad_norm": {"max_grad_norm": 1.0}, "accumulation_steps": {"accumulation_steps": 2}}.get(option, {})
     ref = _meta_run(lambda ps: TWINS[name](ps, foreach=False, **kw), clip=1.0 if option == "max_grad_norm" else None)
@@ -235,13 +217,15 @@ _DTENSOR = r'''
 import os, tempfile, warnings
 import torch, torch.distributed as dist
 import fusedopt
-from conftest import BASE_KW, FUSED, TORCH
+from algorithm_cases import CASES
+from conftest import BASE_KW
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-FUSED = {**FUSED, "Adafactor": fusedopt.FusedAdafactor}
-TORCH = {**TORCH, "Adafactor": torch.optim.Adafactor}
+# every torch twin
+FUSED = {case.name: case.fused for case in CASES.values() if case.torch}
+TORCH = {case.name: case.torch for case in CASES.values() if case.torch}
 
 
 def params(placement):
@@ -291,7 +275,7 @@ try:
                 grads(tps, t, placement)
                 try:
                     to.step()
-                except RuntimeError as e:  # (torch's Rprop on a Shard(0) DTensor: an in-place op DTensor refuses)
+                except RuntimeError as e:  # (a torch step whose in-place op DTensor refuses on a Shard(0) DTensor)
                     error = e
                 else:
                     error = None

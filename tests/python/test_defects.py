@@ -9,24 +9,13 @@ import re
 
 import fusedopt
 import pytest
+from algorithm_cases import PARITY
 from conftest import BASE_KW, FUSED, NAMES, TORCH, assert_bitwise, assert_unchanged, compare_opts, snapshot
 
 import torch
 
-# torch.optim's for-loop over duplicated / overlapping params, with the option sets below.
-DUP_KW = {
-    "SGD": dict(lr=0.1, momentum=0.9, weight_decay=0.1),
-    "Adam": dict(lr=0.01, weight_decay=0.1, amsgrad=True),
-    "AdamW": dict(lr=0.01, weight_decay=0.1),
-    "RMSprop": dict(lr=0.01, momentum=0.5, centered=True, weight_decay=0.1),
-    "Adagrad": dict(lr=0.05, lr_decay=0.01, weight_decay=0.1),
-    "Adamax": dict(lr=0.01, weight_decay=0.1),
-    "Adadelta": dict(lr=0.5, rho=0.85, weight_decay=0.1),
-    "RAdam": dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
-    "NAdam": dict(lr=0.01, weight_decay=0.1, momentum_decay=8e-3),
-    "ASGD": dict(lr=0.01, weight_decay=0.1, t0=3.0),
-    "Rprop": dict(lr=0.01, etas=(0.4, 1.3)),
-}
+# torch.optim's for-loop over duplicated / overlapping params, with these option sets.
+DUP_KW = {name: case.duplicate_params_options for name, case in PARITY.items()}
 
 
 @pytest.fixture
@@ -281,18 +270,8 @@ def test_flatten_resized_param_with_stale_grad_is_a_named_value_error():
 
 # ---- item 12: hyper-parameters and steps that are not one number ---------------------------------
 
-@pytest.mark.parametrize("name,key,value,field", [
-    ("SGD", "lr", torch.tensor([0.1, 0.2]), "['lr']"),
-    ("Adam", "lr", torch.tensor([0.1, 0.2]), "['lr']"),
-    ("Adam", "betas", (torch.tensor([0.9, 0.8]), 0.999), "['betas'][0]"),
-    ("RMSprop", "momentum", torch.zeros(2, 2), "['momentum']"),
-    ("Adagrad", "eps", "tiny", "['eps']"),
-    ("Adamax", "betas", (0.9, torch.tensor([0.9, 0.99])), "['betas'][1]"),
-    ("Adadelta", "rho", torch.zeros(2), "['rho']"),
-    ("NAdam", "momentum_decay", torch.tensor([1e-3, 2e-3]), "['momentum_decay']"),
-    ("ASGD", "t0", torch.tensor([1.0, 2.0]), "['t0']"),
-    ("Rprop", "etas", (0.5, torch.tensor([1.2, 1.3])), "['etas'][1]"),
-])
+@pytest.mark.parametrize("name,key,value,field", [(name, *defect) for name, case in PARITY.items()
+                                                  for defect in case.tensor_hyper_defects])
 def test_multi_element_hyper_parameter_is_named(name, key, value, field):
     ps = [torch.nn.Parameter(torch.zeros(3))]
     opt = FUSED[name]([{"params": [torch.nn.Parameter(torch.zeros(2))]}, {"params": ps}], **BASE_KW[name])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from algorithm_cases import PARITY
 from conftest import (
     BASE_KW,
     FUSED,
@@ -35,7 +36,7 @@ def _raises_like_torch(fn_torch, fn_fused):
 
 # ---- sparse grads -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["Adam", "AdamW", "RMSprop", "Adamax", "Adadelta", "RAdam", "NAdam"])
+@pytest.mark.parametrize("name", [name for name, case in PARITY.items() if case.sparse_grad_is_torchs_error])
 def test_sparse_grad_error_is_torchs(name):
     def make():
         ps = make_params(0)
@@ -58,9 +59,9 @@ def test_sparse_grad_error_is_torchs(name):
     assert_unchanged(fus, snap, "after the sparse-grad error")
 
 
-@pytest.mark.parametrize("name", ["SGD", "Adagrad"])
+@pytest.mark.parametrize("name", [name for name, case in PARITY.items() if case.sparse_grad_options is not None])
 def test_sparse_grad_with_strict_is_a_runtime_error(name):
-    """torch.optim.SGD and Adagrad accept sparse grads (test_fallback.py: so do the fused ones, through
+    """The torch.optim classes that accept sparse grads (test_fallback.py: so do the fused ones, through
     torch's step); with strict=True the fused ones reject them (RuntimeError) without touching
     anything."""
     ps = make_params(0)
@@ -128,28 +129,7 @@ def test_non_dense_param_with_strict_is_a_value_error(name):
 
 # ---- constructor arguments ----------------------------------------------------------------------
 
-BAD_ARGS = {
-    "SGD": [dict(lr=-1), dict(momentum=-0.1), dict(weight_decay=-1), dict(nesterov=True),
-            dict(nesterov=True, momentum=0.9, dampening=0.1), dict(lr=torch.tensor([1e-3, 1e-3]))],
-    "Adam": [dict(lr=-1), dict(eps=-1), dict(betas=(1.0, 0.999)), dict(betas=(0.9, -0.1)), dict(weight_decay=-1),
-             dict(betas=(torch.tensor(0.9), 0.99)), dict(lr=torch.tensor(0.1), foreach=True),
-             dict(fused=True, foreach=True)],
-    "AdamW": [dict(lr=-1), dict(eps=-1e-3), dict(betas=(0.9, 1.0)), dict(betas=(-0.1, 0.9)), dict(weight_decay=-1e-3)],
-    "RMSprop": [dict(lr=-1), dict(alpha=-0.1), dict(eps=-1), dict(momentum=-1), dict(weight_decay=-1)],
-    "Adagrad": [dict(lr=-1), dict(lr_decay=-1), dict(weight_decay=-1), dict(initial_accumulator_value=-1),
-                dict(eps=-1)],
-    "Adamax": [dict(lr=-1), dict(eps=-1), dict(betas=(1.0, 0.999)), dict(betas=(0.9, -0.1)), dict(weight_decay=-1),
-               dict(lr=torch.tensor([1e-3, 1e-3]))],
-    "Adadelta": [dict(lr=-1), dict(rho=-0.1), dict(rho=1.5), dict(eps=-1), dict(weight_decay=-1),
-                 dict(lr=torch.tensor([1.0, 1.0]))],
-    "RAdam": [dict(lr=-1), dict(eps=-1e-3), dict(betas=(-0.1, 0.9)), dict(betas=(0.9, 1.0)), dict(weight_decay=-1e-3),
-              dict(lr=torch.tensor([1e-3, 1e-3]))],
-    "NAdam": [dict(lr=-1), dict(eps=-1), dict(betas=(1.0, 0.999)), dict(betas=(0.9, 1.5)), dict(weight_decay=-1),
-              dict(momentum_decay=-1e-3), dict(lr=torch.tensor([1e-3, 1e-3]))],
-    "ASGD": [dict(lr=-1), dict(weight_decay=-1), dict(lr=torch.tensor([1e-3, 1e-3]))],
-    "Rprop": [dict(lr=-1), dict(etas=(0.0, 1.2)), dict(etas=(1.0, 1.2)), dict(etas=(0.5, 1.0)),
-              dict(lr=torch.tensor([1e-3, 1e-3]))],
-}
+BAD_ARGS = {name: case.bad_constructor_args for name, case in PARITY.items()}
 ARG_CASES = [(n, kw) for n in NAMES for kw in BAD_ARGS[n]]
 
 
@@ -181,20 +161,7 @@ def test_differentiable_with_strict_is_a_runtime_error(name):
 
 # ---- a rejected step changes nothing ------------------------------------------------------------
 
-BAD_HYPERS = {
-    "SGD": [("lr", -1.0), ("lr", float("nan")), ("momentum", -0.5), ("weight_decay", -0.5)],
-    "Adam": [("lr", -1.0), ("lr", float("nan")), ("eps", -1.0), ("betas", (1.5, 0.9)), ("betas", (0.9, 1.0)),
-             ("weight_decay", -0.5)],
-    "AdamW": [("lr", -1.0), ("betas", (0.9, -0.1))],
-    "RMSprop": [("lr", -1.0), ("alpha", -1.0), ("eps", -1.0), ("momentum", -1.0)],
-    "Adagrad": [("lr", -1.0), ("lr_decay", -1.0), ("eps", -1.0), ("weight_decay", -1.0)],
-    "Adamax": [("lr", float("nan")), ("eps", -1.0), ("betas", (1.0, 0.9)), ("weight_decay", -0.5)],
-    "Adadelta": [("lr", -1.0), ("rho", 1.5), ("rho", -0.5), ("eps", -1.0)],
-    "RAdam": [("lr", -1.0), ("betas", (0.9, 1.5)), ("eps", -1.0), ("weight_decay", -0.5)],
-    "NAdam": [("lr", float("nan")), ("betas", (-0.1, 0.9)), ("momentum_decay", -0.5), ("weight_decay", -0.5)],
-    "ASGD": [("lr", -1.0), ("lr", float("nan")), ("weight_decay", -0.5)],
-    "Rprop": [("lr", -1.0), ("etas", (1.5, 1.2)), ("etas", (0.5, 0.9))],
-}
+BAD_HYPERS = {name: case.bad_group_edits for name, case in PARITY.items()}
 HYPER_CASES = [(n, k, v) for n in NAMES for k, v in BAD_HYPERS[n]]
 
 

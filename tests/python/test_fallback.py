@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from algorithm_cases import PARITY
 from conftest import BASE_KW, FUSED, NAMES, TORCH, assert_bitwise, assert_close, assert_unchanged, snapshot
 
 import torch
@@ -92,10 +93,10 @@ def test_mixed_dtypes_match_torch(name):
     assert [sorted(s) for s in tor2.state_dict()["state"].values()] == \
            [sorted(s) for s in tor.state_dict()["state"].values()]
     fus.load_state_dict(copy.deepcopy(tor.state_dict()))  # (not sharing torch's state tensors)
-    if name in ("NAdam", "ASGD"):
+    if PARITY[name].scalar_states:
         # torch's load_state_dict casts every state tensor but 'step' to its param's dtype: the float64
-        # param's 0-d f32 mu_product (ASGD: eta and mu) becomes float64, and torch's own steps after a load
-        # then differ (~1e-12) from its unloaded run. The reference goes through the same load as the fused one.
+        # param's 0-d f32 scalar states become float64, and torch's own steps after a load then differ
+        # (~1e-12) from its unloaded run. The reference goes through the same load as the fused one.
         tor.load_state_dict(copy.deepcopy(tor.state_dict()))
     for p, q in zip(p_f, p_t):
         p.data.copy_(q.detach())
@@ -168,7 +169,7 @@ def test_meta_params_step_like_torch(name):
     try:
         tor.step()
         torch_error = None
-    except RuntimeError as e:  # ASGD's step reads its eta with .item(), which a meta tensor has not
+    except RuntimeError as e:  # a step that reads a scalar state with .item(), which a meta tensor has not
         torch_error = str(e)
     with pytest.warns(UserWarning, match="is on meta"):
         fus = FUSED[name]([p_f], **BASE_KW[name])
@@ -186,10 +187,10 @@ def test_meta_params_step_like_torch(name):
         FUSED[name]([torch.nn.Parameter(torch.empty(2, device="meta"))], strict=True)
 
 
-@pytest.mark.parametrize("name", ["SGD", "Adagrad"])
+@pytest.mark.parametrize("name", [name for name, case in PARITY.items() if case.sparse_grad_options is not None])
 def test_sparse_grads_take_torchs_step(name):
-    """torch's SGD and Adagrad take sparse grads (an embedding's); the dense params stay fused."""
-    kw = dict(lr=0.1) if name == "Adagrad" else dict(lr=0.1, momentum=0.9)
+    """The torch.optim classes that take sparse grads (an embedding's): the dense params stay fused."""
+    kw = PARITY[name].sparse_grad_options
     p_t, p_f = _params(2, [(torch.float32, (10, 4)), (torch.float32, (50,))]), None
     p_f = [torch.nn.Parameter(p.detach().clone()) for p in p_t]
 
@@ -230,17 +231,16 @@ def test_differentiable_takes_torchs_step(name):
         return p.detach(), w.grad
 
     steps = 3
-    if name == "Adamax":
-        # torch 2.13's differentiable Adamax updates exp_avg in place (lerp_) after the previous step's
-        # addcdiv_ saved it for backward, so a backward through two or more steps raises in torch itself
-        # ("... output 0 of Lerp, is at version 2; expected version 1"): the fused one (torch's step)
-        # must raise the same; the one-step graph, which torch can differentiate, is compared below.
+    if PARITY[name].differentiable_backward_steps is not None:
+        # torch itself raises on a backward through more steps than its differentiable step allows
+        # (algorithm_cases.py says why): the fused one (torch's step) must raise the same; the graph of the
+        # steps torch can differentiate is compared below.
         with pytest.raises(RuntimeError) as et:
             run(TORCH[name])
         with pytest.warns(UserWarning, match="differentiable=True"):
             with pytest.raises(RuntimeError, match="^" + re.escape(str(et.value)) + "$"):
                 run(FUSED[name])
-        steps = 1
+        steps = PARITY[name].differentiable_backward_steps
     with pytest.warns(UserWarning, match="differentiable=True"):
         got = run(FUSED[name], steps)
     want = run(TORCH[name], steps)

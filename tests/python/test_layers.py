@@ -10,6 +10,8 @@ import ast
 import pathlib
 import re
 
+from fusedopt import _C
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 
@@ -34,12 +36,10 @@ LAYERS = {
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"src/([a-z_]+)/', re.MULTILINE)
 
-# Any algorithm's name (its descriptor, Hyper struct, state enum, step function) or an include of
-# the algorithms' folder.
-ALGORITHM_NAME = re.compile(
-    r"src/algos|Sgd|Adam|Lars|Lamb|Lion|Rprop|Asgd|Adamax|Adadelta|Adagrad|Rmsprop|Radam|Nadam"
-    r"|BertAdam|Adafactor|Adamp"
-)
+# Any algorithm's name (its descriptor, Hyper struct, state enum, step function: each spelled from the stem of
+# the descriptor's Hyper struct, "<Stem>Hyper") or an include of the algorithms' folder.
+STEMS = sorted(entry["hyper"].__name__.removesuffix("Hyper") for entry in _C.algorithms.values())
+ALGORITHM_NAME = re.compile("|".join(["src/algos", *map(re.escape, STEMS)]))
 
 
 def sources(folder):

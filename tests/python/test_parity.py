@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+from algorithm_cases import PARITY
 from conftest import (
     FUSED,
     NAMES,
@@ -34,101 +35,13 @@ import torch
 
 T = torch.tensor
 
-OPTION_SETS = {
-    "SGD": [
-        dict(lr=0.05),  # momentum 0 (group 2 has momentum 0.5: mixed groups)
-        dict(lr=0.05, momentum=0.9),
-        dict(lr=0.05, momentum=0.9, dampening=0.3),
-        dict(lr=0.05, momentum=0.9, nesterov=True),
-        dict(lr=0.05, momentum=0.9, weight_decay=1e-2),
-        dict(lr=0.05, weight_decay=1e-2, maximize=True),
-        dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-2, maximize=True),
-    ],
-    "Adam": [
-        dict(lr=1e-2),
-        dict(lr=1e-2, amsgrad=True),
-        dict(lr=1e-2, weight_decay=0.1),
-        dict(lr=1e-2, maximize=True),
-        dict(lr=1e-2, amsgrad=True, weight_decay=0.1, maximize=True),
-        dict(lr=T(1e-2), betas=(T(0.9), T(0.99))),
-    ],
-    "AdamW": [
-        dict(lr=1e-2),
-        dict(lr=1e-2, amsgrad=True),
-        dict(lr=1e-2, weight_decay=0.3),
-        dict(lr=1e-2, maximize=True),
-        dict(lr=1e-2, amsgrad=True, weight_decay=0.1, maximize=True),
-        dict(lr=T(1e-2), betas=(T(0.9), T(0.99))),
-    ],
-    "RMSprop": [
-        dict(lr=1e-2),
-        dict(lr=1e-2, centered=True),
-        dict(lr=1e-2, momentum=0.9),
-        dict(lr=1e-2, weight_decay=0.1),
-        dict(lr=1e-2, maximize=True),
-        dict(lr=1e-2, centered=True, momentum=0.9, weight_decay=0.1, maximize=True),
-    ],
-    "Adagrad": [
-        dict(lr=5e-2),
-        dict(lr=5e-2, lr_decay=1e-2),
-        dict(lr=5e-2, weight_decay=0.1),
-        dict(lr=5e-2, initial_accumulator_value=0.1),
-        dict(lr=5e-2, maximize=True),
-        dict(lr=5e-2, lr_decay=1e-2, weight_decay=0.1, initial_accumulator_value=0.1, maximize=True),
-    ],
-    # (test_adamax.py, test_adadelta.py, test_radam.py and test_nadam.py run more option sets each)
-    "Adamax": [
-        dict(lr=1e-2),
-        dict(lr=1e-2, betas=(0.8, 0.99), eps=1e-3, weight_decay=0.1),
-        dict(lr=1e-2, weight_decay=0.1, maximize=True),
-        dict(lr=T(1e-2), betas=(T(0.9), T(0.99))),
-    ],
-    "Adadelta": [
-        dict(lr=0.5),
-        dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=0.1),
-        dict(lr=0.5, rho=1.0),  # torch allows rho = 1: the averages never change
-        dict(lr=0.5, weight_decay=0.1, maximize=True),
-        dict(lr=T(0.5)),
-    ],
-    "RAdam": [
-        dict(lr=1e-2),
-        dict(lr=1e-2, weight_decay=0.1),
-        dict(lr=1e-2, betas=(0.9, 0.6)),  # rho_inf = 4 <= 5: never rectified
-        dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True, maximize=True),
-        dict(lr=T(1e-2)),
-    ],
-    "NAdam": [
-        dict(lr=1e-2),
-        dict(lr=1e-2, weight_decay=0.1, momentum_decay=0.05),
-        dict(lr=1e-2, momentum_decay=0.0),
-        dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True, maximize=True),
-        dict(lr=T(1e-2)),
-    ],
-    # (test_asgd.py and test_rprop.py run more option sets each)
-    "ASGD": [
-        dict(lr=1e-2),
-        dict(lr=1e-2, t0=3.0, weight_decay=0.1),
-        dict(lr=5e-2, lambd=0.1, alpha=0.5, t0=10.0, maximize=True),
-        dict(lr=T(1e-2), t0=5.0),
-    ],
-    "Rprop": [
-        dict(lr=1e-2),
-        dict(lr=1e-2, etas=(0.25, 1.75), step_sizes=(1e-3, 2e-2)),
-        dict(lr=1e-2, maximize=True),
-        dict(lr=T(1e-2)),
-    ],
-}
+# (the algorithms' own test files run more option sets each)
+OPTION_SETS = {name: case.option_sets for name, case in PARITY.items()}
 
-# Tensor hyper-parameters in every group for the tensor option sets.
+# Tensor hyper-parameters in every group for the tensor option sets (algorithm_cases.py's tensor_group_kw where an
+# algorithm has no betas or is checked with a tensor lr only).
 TENSOR_GROUP_KW = [dict(lr=T(3e-3), betas=(T(0.8), T(0.99))), dict(lr=T(2e-2), weight_decay=0.0)]
-# Adadelta has no betas; RAdam and NAdam are checked with a tensor lr only (as their own test files do).
-TENSOR_GROUP_KW_OF = {
-    "Adadelta": [dict(lr=T(0.2), rho=0.95), dict(lr=T(1.0), weight_decay=0.0)],
-    "RAdam": [dict(lr=T(3e-3), betas=(0.8, 0.99)), dict(lr=T(2e-2), weight_decay=0.0)],
-    "NAdam": [dict(lr=T(3e-3), betas=(0.8, 0.99), momentum_decay=2e-2), dict(lr=T(2e-2), weight_decay=0.0)],
-    "ASGD": [dict(lr=T(3e-3), lambd=1e-3, t0=20.0), dict(lr=T(2e-2), weight_decay=0.0)],
-    "Rprop": [dict(lr=T(3e-3), etas=(0.3, 1.5)), dict(lr=T(2e-2))],
-}
+TENSOR_GROUP_KW_OF = {name: case.tensor_group_kw for name, case in PARITY.items() if case.tensor_group_kw is not None}
 
 CASES = [(n, i) for n in NAMES for i in range(len(OPTION_SETS[n]))]
 CASE_IDS = [f"{n}-{i}-" + "-".join(f"{k}" for k in OPTION_SETS[n][i] if k != "lr") for n, i in CASES]
@@ -172,25 +85,26 @@ def _train(name, i, steps=100):
 
 
 def _rtol(name, i):
-    # Centered RMSprop takes sqrt(square_avg - grad_avg^2): where the two nearly cancel, torch's
-    # 1-ulp sqrt errors (its CPU sqrt is not correctly rounded) grow to ~3e-5 relative over 100
-    # steps. test_bitwise_with_ieee_sqrt shows that this is the only difference.
-    return 1e-4 if name == "RMSprop" and OPTION_SETS[name][i].get("centered") else 1e-5
+    # Where a rule takes the sqrt of a difference that nearly cancels, torch's 1-ulp sqrt errors (its CPU
+    # sqrt is not correctly rounded) grow to ~3e-5 relative over 100 steps. test_bitwise_with_ieee_sqrt
+    # shows that this is the only difference.
+    options = OPTION_SETS[name][i]
+    return 1e-4 if any(options.get(k) for k in PARITY[name].cancelling_sqrt_options) else 1e-5
 
 
 @pytest.mark.parametrize("name,i", CASES, ids=CASE_IDS)
 def test_fp32_parity_100_steps(name, i):
     p_ref, p_fus, ref, fus = _train(name, i)
-    # SGD has no sqrt: its sequence is reproduced bit for bit (params and momentum buffers). Nor has
-    # Adamax, except with tensor hyper-parameters (torch then computes lr / (1 - beta1**step) as an f32
-    # tensor op, the engine in double: the last bit may differ).
-    bitwise = name == "SGD" or (name in SQRT_FREE and not isinstance(OPTION_SETS[name][i].get("lr"), torch.Tensor))
+    # The rules without a sqrt are reproduced bit for bit (params and states), except with tensor
+    # hyper-parameters (torch then computes e.g. lr / (1 - beta1**step) as an f32 tensor op, the engine
+    # in double: the last bit may differ).
+    bitwise = name in SQRT_FREE and not isinstance(OPTION_SETS[name][i].get("lr"), torch.Tensor)
     compare_opts(fus, ref, f"{name}{OPTION_SETS[name][i]}", rtol=_rtol(name, i), bitwise=bitwise)
     # the problem really moved the params, and the never-stepped ones stayed put
     assert any(not torch.equal(a, b) for a, b in zip(p_fus, make_params(0)))
 
 
-# (SGD and Adamax have no sqrt: test_fp32_parity_100_steps checks them bit for bit as torch is)
+# (the rules without a sqrt: test_fp32_parity_100_steps checks them bit for bit as torch is)
 SQRT_CASES = [(n, i) for n, i in CASES
               if n not in SQRT_FREE and not isinstance(OPTION_SETS[n][i].get("lr"), torch.Tensor)]
 
@@ -220,20 +134,7 @@ def test_thread_count_does_not_change_results(name):
 
 # ---- 16-bit params ------------------------------------------------------------------------------
 
-LOW_OPTS = {
-    "SGD": [dict(lr=0.05), dict(lr=0.05, momentum=0.9, weight_decay=1e-2),
-            dict(lr=0.05, momentum=0.9, nesterov=True, maximize=True)],
-    "Adam": [dict(lr=1e-2), dict(lr=1e-2, amsgrad=True, weight_decay=0.1)],
-    "AdamW": [dict(lr=1e-2, weight_decay=0.1)],
-    "RMSprop": [dict(lr=1e-2), dict(lr=1e-2, momentum=0.9, centered=True)],
-    "Adagrad": [dict(lr=5e-2, lr_decay=1e-2, weight_decay=0.1)],
-    "Adamax": [dict(lr=1e-2, weight_decay=0.1)],
-    "Adadelta": [dict(lr=0.5, rho=0.85, weight_decay=0.1)],
-    "RAdam": [dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True)],
-    "NAdam": [dict(lr=1e-2, weight_decay=0.1, momentum_decay=8e-3)],
-    "ASGD": [dict(lr=1e-2, weight_decay=0.1, t0=3.0)],
-    "Rprop": [dict(lr=1e-2, etas=(0.4, 1.3))],
-}
+LOW_OPTS = {name: case.low_precision_option_sets for name, case in PARITY.items()}
 LOW_CASES = [(n, i) for n in NAMES for i in range(len(LOW_OPTS[n]))]
 LOW_IDS = [f"{n}-{i}" for n, i in LOW_CASES]
 
@@ -272,9 +173,8 @@ def test_low_precision_params_default_mode(name, i, dtype):
     for j, (a, r, x) in enumerate(zip(p_f, p_t, p_32)):
         assert a.dtype == dtype
         for k, v in fus.state[a].items():
-            if k in ("mu_product", "eta", "mu"):
-                # NAdam's and ASGD's 0-d f32 scalars per param, not buffers: torch keeps them in f32 for 16-bit
-                # params too
+            if k in PARITY[name].scalar_states:
+                # 0-d f32 scalars per param, not buffers: torch keeps them in f32 for 16-bit params too
                 assert v.dtype == ref.state[r][k].dtype == torch.float32 and v.dim() == 0
             elif k != "step":
                 assert v.dtype == dtype, f"state {k} is {v.dtype}, torch keeps it in {dtype}"
@@ -290,19 +190,7 @@ def test_low_precision_params_default_mode(name, i, dtype):
     assert max_f <= max_t + 2, f"fused max error {max_f} ulps vs torch's {max_t}"
 
 
-MASTER_OPTS = {
-    "SGD": dict(lr=0.05, momentum=0.9, weight_decay=1e-2),
-    "Adam": dict(lr=1e-2, amsgrad=True, weight_decay=0.1),
-    "AdamW": dict(lr=1e-2, weight_decay=0.1),
-    "RMSprop": dict(lr=1e-2, momentum=0.9, centered=True),
-    "Adagrad": dict(lr=5e-2, lr_decay=1e-2, weight_decay=0.1),
-    "Adamax": dict(lr=1e-2, weight_decay=0.1),
-    "Adadelta": dict(lr=0.5, rho=0.85, weight_decay=0.1),
-    "RAdam": dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True),
-    "NAdam": dict(lr=1e-2, weight_decay=0.1, momentum_decay=8e-3),
-    "ASGD": dict(lr=1e-2, weight_decay=0.1, t0=3.0),
-    "Rprop": dict(lr=1e-2, etas=(0.4, 1.3)),
-}
+MASTER_OPTS = {name: case.master_weights_options for name, case in PARITY.items()}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import fusedopt
 import pytest
+from algorithm_cases import CASES
 from fusedopt import _C
 from fusedopt._names import algorithm_name, optimizer_name
 
@@ -26,8 +27,7 @@ def test_every_algorithm_of_the_registry_has_its_public_class_in_the_registrys_o
 
 def _optimizer(algorithm: str) -> torch.optim.Optimizer:
     cls = getattr(fusedopt, f"Fused{_C.algorithms[algorithm]['torch_name']}")
-    kw = {"lr": 1e-3} if algorithm == "bert_adam" else {}  # (its lr is required)
-    return cls([torch.nn.Parameter(torch.ones(4, 3))], **kw)
+    return cls([torch.nn.Parameter(torch.ones(4, 3))], **CASES[algorithm].required_options)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -63,14 +63,13 @@ def test_steps_are_counted_where_the_descriptor_says():
     for algorithm in ALGORITHMS:
         cls = type(_optimizer(algorithm))
         assert cls._counts_steps == _C.algorithms[algorithm]["counts_steps"]
-    assert [a for a in ALGORITHMS if not _C.algorithms[a]["counts_steps"]] == ["sgd", "lion", "lars"]
+    assert [a for a in ALGORITHMS if not _C.algorithms[a]["counts_steps"]] == [
+        a for a, case in CASES.items() if not case.counts_steps]
 
 
-# What trainer.py's hand list said, and Adafactor, which it missed (FusedAdafactor was "fusedadafactor" in traces).
-_OLD_NAMES = {torch.optim.AdamW: "adamw", torch.optim.Adam: "adam", torch.optim.SGD: "sgd",
-              torch.optim.RMSprop: "rmsprop", torch.optim.Adagrad: "adagrad", torch.optim.Adamax: "adamax",
-              torch.optim.Adadelta: "adadelta", torch.optim.RAdam: "radam", torch.optim.NAdam: "nadam",
-              torch.optim.ASGD: "asgd", torch.optim.Rprop: "rprop", torch.optim.Adafactor: "adafactor"}
+# What trainer.py's hand list said (the registry's names of the torch.optim twins), and the twin it missed (its fused
+# class was "fused<name>" in traces).
+_OLD_NAMES = {case.torch: algorithm for algorithm, case in CASES.items() if case.torch is not None}
 
 
 @pytest.mark.parametrize("cls", list(_OLD_NAMES))
@@ -82,13 +81,14 @@ def test_a_torch_optimizer_and_its_fused_twin_have_one_name(cls):
     assert algorithm_name(torch_opt) == algorithm_name(fused) == _OLD_NAMES[cls]
 
 
-def test_a_fused_class_without_a_torch_twin_has_the_engines_name():
-    opt = _optimizer("lion")
-    assert optimizer_name(opt) == "fusedlion"
-    assert algorithm_name(opt) == "lion"
+@pytest.mark.parametrize("algorithm", [a for a, case in CASES.items() if case.torch is None])
+def test_a_fused_class_without_a_torch_twin_has_the_engines_name(algorithm):
+    opt = _optimizer(algorithm)
+    assert optimizer_name(opt) == CASES[algorithm].fused.__name__.lower()  # e.g. "fusedlamb"
+    assert algorithm_name(opt) == algorithm
 
 
-@pytest.mark.parametrize("name", ["lamb", "lars", "rmsproptf", "adamp", "bert_adam"])
+@pytest.mark.parametrize("name", [a for a, case in CASES.items() if case.tools_reference])
 def test_tools_references_are_the_packages(name):
     """tools/<name>_reference.py re-exports the package's reference: one implementation, which the fused class's
     fallback step runs too."""
@@ -100,7 +100,7 @@ def test_tools_references_are_the_packages(name):
 
 # Hand-written classes whose reference reads a field otherwise than the descriptor's generic reading, fills a state
 # otherwise, clips by default (FusedLAMB: apex's max_grad_norm) or routes params the engine could take: not compared.
-_ODD = {"lion", "adagrad", "rprop", "adafactor", "adamp", "bert_adam", "lamb"}
+_ODD = {algorithm for algorithm, case in CASES.items() if case.generic_class_differs}
 
 
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a not in _ODD])

@@ -7,6 +7,7 @@ import copy
 import warnings
 
 import pytest
+from algorithm_cases import PARITY
 from conftest import FUSED, SQRT_FREE, TORCH, clone_params, compare_opts, groups_of, make_params, set_grads
 from torch.optim import lr_scheduler as S
 
@@ -27,23 +28,10 @@ def _sched_factory(kind):
     raise ValueError(kind)
 
 
-OPT_KW = {"SGD": dict(lr=0.05, momentum=0.9, weight_decay=1e-3),
-          "AdamW": dict(lr=1e-2, weight_decay=0.05),
-          "Adam": dict(lr=1e-2, amsgrad=True),
-          "RMSprop": dict(lr=1e-2, momentum=0.5),
-          "Adagrad": dict(lr=0.05),
-          "Adamax": dict(lr=1e-2, weight_decay=1e-2),
-          "Adadelta": dict(lr=0.5, rho=0.85),
-          "RAdam": dict(lr=1e-2, weight_decay=1e-2, decoupled_weight_decay=True),
-          "NAdam": dict(lr=1e-2, momentum_decay=8e-3),
-          "ASGD": dict(lr=1e-2, t0=5.0),
-          "Rprop": dict(lr=1e-2)}
+OPT_KW = {name: case.scheduler_options for name, case in PARITY.items()}
 
-# (Adadelta has neither momentum nor betas for OneCycleLR to cycle)
-CASES = [("SGD", "warmup_cosine"), ("AdamW", "warmup_cosine"), ("SGD", "onecycle"), ("AdamW", "onecycle"),
-         ("SGD", "step"), ("Adam", "step"), ("RMSprop", "warmup_cosine"), ("Adagrad", "step"),
-         ("Adamax", "warmup_cosine"), ("Adadelta", "step"), ("RAdam", "onecycle"), ("NAdam", "onecycle"),
-         ("ASGD", "warmup_cosine"), ("Rprop", "step")]
+# (OneCycleLR needs momentum or betas to cycle)
+CASES = [(name, kind) for name, case in PARITY.items() for kind in case.schedulers]
 
 
 def _make(name, params, fused, tensor_lr):
@@ -91,11 +79,11 @@ def test_scheduler_same_sequence_and_params(name, kind, tensor_lr):
     lrs = [x[0][0] for x in traces_t]
     assert len(set(lrs)) > 3, "the schedule really changes the lr"
     if kind == "onecycle":
-        key = 1 if name == "SGD" else 2
+        key = 2 if "betas" in fus.defaults else 1  # OneCycleLR's choice: beta1 where there are betas, else momentum
         assert len({tr[1][0][key] for tr in traces_t}) > 3, "momentum / beta1 really cycles"
     if tensor_lr:
         assert all(isinstance(g["lr"], torch.Tensor) for g in fus.param_groups)
-    # SGD and Adamax (no sqrt) with a float lr are reproduced bit for bit; a tensor lr makes torch multiply
+    # The rules without a sqrt are reproduced bit for bit with a float lr; a tensor lr makes torch multiply
     # differently
     compare_opts(fus, tor, f"{name}-{kind}", bitwise=(name in SQRT_FREE and not tensor_lr), rtol=2e-5)
     # the scheduler state round-trips through the fused optimizer too

@@ -6,16 +6,13 @@ test_param_groups_weight_decay, test_state_dict_deterministic): the wheel ships 
 take (optim_db in torch.testing._internal.common_optimizers) but not the test file. Each port runs one
 OptimizerInfo's inputs, with torch's own skips, through the fused class and asserts what torch asserts.
 
-A client who ran torch's file with the fused classes swapped into optim_db saw test_param_groups_lr fail
-for FusedRprop and test_step_is_noop_for_zero_grads for FusedAdamW ("Tensor-likes are not close").
-Neither is a difference from torch: both tests adjust their inputs for one algorithm by the class's
-__name__. Rprop gets step_sizes=(0, 50), so that a step size starting at lr=1e-28 stays below half an
-ulp of the irrelevant param instead of being clamped up to the default minimum of 1e-6; AdamW gets
-lr=1e-5, so that its decoupled decay (a factor 1 - lr * 0.01 per step) stays within assertEqual's
-tolerance. A class of another name (FusedRprop, FusedAdamW, or torch's own class subclassed under
-another name) misses the adjustment and fails in the same way. The ports key the adjustments on the
-twin instead; test_unadjusted_inputs_step_as_the_twin replays the client's run and checks that the fused
-class then ends exactly where its twin does.
+A client who ran torch's file with the fused classes swapped into optim_db saw test_param_groups_lr and
+test_step_is_noop_for_zero_grads fail for a fused class each ("Tensor-likes are not close"). Neither is a
+difference from torch: both tests adjust their inputs for one algorithm by the class's __name__ (the
+torch-suite adjustments in algorithm_cases.py say which and why). A class of another name (the fused one, or
+torch's own class subclassed under another name) misses the adjustment and fails in the same way. The
+ports key the adjustments on the twin instead; test_unadjusted_inputs_step_as_the_twin replays the client's
+run and checks that the fused class then ends exactly where its twin does.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ import copy
 import warnings
 
 import pytest
+from algorithm_cases import BY_TORCH
 from conftest import assert_bitwise
 from test_torch_optim_db import _twins
 from torch.nn import Parameter
@@ -36,8 +34,8 @@ TestCase = pytest.importorskip("torch.testing._internal.common_utils").TestCase 
 INFOS = {info.optim_cls: info for info in common_optimizers.optim_db}
 TWINS = [pytest.param(twin, fused, id=twin.__name__) for twin, fused in _twins()]
 # torch skips these on the CPU (optim_db's DecorateInfo entries, with their reasons)
-TORCH_SKIPS = {("test_step_is_noop_for_zero_grads", torch.optim.ASGD):
-               "ASGD internally changes the weights even with zero grad"}
+TORCH_SKIPS = {(test, twin): reason for twin, case in BY_TORCH.items()
+               for test, reason in case.torch_suite_skips.items()}
 
 
 @pytest.fixture(autouse=True)
@@ -84,14 +82,14 @@ def _lr_problem(cls, kwargs, outer_kwargs, seed):
 
 def _lr_inputs(twin, adjusted=True):
     """test_param_groups_lr's inputs: (desc, group kwargs with lr > 0, outer kwargs); with `adjusted`,
-    torch's adjustment for Rprop (a minimum step size of 0, so that lr=1e-28 moves nothing)."""
+    torch's adjustment of the outer kwargs for the twin (algorithm_cases.py: torch_suite_lr_outer_options)."""
     out = []
     for desc, kwargs in _inputs(twin, skip=("differentiable",)):
         if kwargs.get("lr", 0) == 0:
             kwargs["lr"] = 1e-3
         outer = {"lr": 1e-28}
-        if adjusted and twin is torch.optim.Rprop:
-            outer["step_sizes"] = (0, 50)
+        if adjusted:
+            outer.update(BY_TORCH[twin].torch_suite_lr_outer_options)
         out.append((desc, kwargs, outer))
     return out
 
@@ -108,16 +106,17 @@ def test_param_groups_lr(twin, fused):
         torch.testing.assert_close(after, before, msg=lambda m, d=desc: f"{d}: irrelevant param moved: {m}")
 
 
-def _zero_grad_inputs(twin, name_seen_as):
+def _zero_grad_inputs(twin, adjusted=True):
     """test_step_is_noop_for_zero_grads's inputs: those without weight decay (which moves params without
-    a gradient), and AdamW's (whose default decay is 0.01) with lr=1e-5 where torch's test sees the
-    name "AdamW"."""
+    a gradient); with `adjusted`, torch's lr for the twin where it has one (algorithm_cases.py:
+    torch_suite_zero_grad_lr, for a default decay that is not 0)."""
+    lr = BY_TORCH[twin].torch_suite_zero_grad_lr if adjusted else None
     out = []
     for desc, kwargs in _inputs(twin):
         if kwargs.get("weight_decay", 0) != 0:
             continue
-        if name_seen_as == "AdamW":
-            kwargs["lr"] = torch.tensor(1e-5) if isinstance(kwargs.get("lr"), torch.Tensor) else 1e-5
+        if lr is not None:
+            kwargs["lr"] = torch.tensor(lr) if isinstance(kwargs.get("lr"), torch.Tensor) else lr
         out.append((desc, kwargs))
     return out
 
@@ -141,34 +140,41 @@ def _zero_grad_steps(cls, inputs):
 @pytest.mark.parametrize("twin,fused", TWINS)
 def test_step_is_noop_for_zero_grads(twin, fused):
     _skip_as_torch("test_step_is_noop_for_zero_grads", twin)
-    inputs = _zero_grad_inputs(twin, twin.__name__)
+    inputs = _zero_grad_inputs(twin)
     before, after = _zero_grad_steps(fused, inputs)
     for (desc, _), p in zip(inputs, after):
         torch.testing.assert_close(p, before, msg=lambda m, d=desc: f"{d}: a zero gradient moved the param: {m}")
 
 
-@pytest.mark.parametrize("twin", [pytest.param(torch.optim.Rprop, id="Rprop-param_groups_lr"),
-                                  pytest.param(torch.optim.AdamW, id="AdamW-step_is_noop_for_zero_grads")])
-def test_unadjusted_inputs_step_as_the_twin(twin):
-    """The client's run: the fused class swapped into optim_db, so torch's tests see the name FusedRprop
-    (FusedAdamW) and give it the inputs of any other optimizer. Under those inputs the twin itself fails
-    torch's assertion (Rprop's step size is clamped up to 1e-6 and moves the irrelevant param; AdamW
-    with lr=1e-3 decays the param by a relative 1e-5 per step), and the fused class ends bit for bit
-    where the twin does."""
+# (twin, the test of torch's that adjusts its inputs for the twin's __name__)
+ADJUSTED = [pytest.param(twin, test, id=f"{twin.__name__}-{test}")
+            for twin, case in BY_TORCH.items()
+            for test, adjusted in (("param_groups_lr", case.torch_suite_lr_outer_options),
+                                   ("step_is_noop_for_zero_grads", case.torch_suite_zero_grad_lr))
+            if adjusted]
+
+
+@pytest.mark.parametrize("twin,test", ADJUSTED)
+def test_unadjusted_inputs_step_as_the_twin(twin, test):
+    """The client's run: the fused class swapped into optim_db, so torch's tests see the fused class's name
+    and give it the inputs of any other optimizer. Under those inputs the twin itself fails torch's
+    assertion (test_param_groups_lr: the step size is clamped up to its default minimum and moves the
+    irrelevant param; test_step_is_noop_for_zero_grads: the default decay at lr=1e-3 decays the param by a
+    relative 1e-5 per step), and the fused class ends bit for bit where the twin does."""
     fused = dict(_twins())[twin]
-    if twin is torch.optim.Rprop:
+    if test == "param_groups_lr":
         for k, (desc, kwargs, outer) in enumerate(_lr_inputs(twin, adjusted=False)):
             _, _, before, ref = _lr_problem(twin, kwargs, outer, seed=k)
             out = _lr_problem(fused, kwargs, outer, seed=k)[3]
-            assert not torch.allclose(ref, before), f"{desc}: torch's Rprop no longer moves the param"
+            assert not torch.allclose(ref, before), f"{desc}: torch's {twin.__name__} no longer moves the param"
             assert_bitwise(out, ref, desc)
     else:
-        inputs = _zero_grad_inputs(twin, fused.__name__)
+        inputs = _zero_grad_inputs(twin, adjusted=False)
         torch.manual_seed(0)
         before, ref = _zero_grad_steps(twin, inputs)
         torch.manual_seed(0)
         out = _zero_grad_steps(fused, inputs)[1]
-        assert not torch.allclose(ref[-1], before), "torch's AdamW no longer decays the param visibly"
+        assert not torch.allclose(ref[-1], before), f"torch's {twin.__name__} no longer decays the param visibly"
         for (desc, _), a, r in zip(inputs, out, ref):
             assert_bitwise(a, r, desc)
 

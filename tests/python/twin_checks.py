@@ -1,9 +1,9 @@
-"""Scenarios shared by the tests of the optimizers added after the first five (test_adamax.py, test_adadelta.py,
-test_radam.py, test_nadam.py, test_asgd.py, test_rprop.py, and test_lars.py, test_rmsproptf.py, test_adamp.py
-against their reference scripts): each runs a fused class and its reference (torch.optim's single-tensor path,
-foreach=False, where there is one) on conftest's problem and compares params and every state entry, with each
-algorithm's own option sets. The cross-cutting suites (test_parity.py, test_amp.py, test_api.py, ...) run the
-eleven torch.optim twins through conftest.NAMES and their per-name tables as well.
+"""Scenarios shared by the tests of the optimizers added after the first five (their own test_<algo>.py files; those
+without a torch.optim twin against their reference scripts): each runs a fused class and its reference
+(torch.optim's single-tensor path, foreach=False, where there is one) on conftest's problem and compares params
+and every state entry, with each algorithm's own option sets. The cross-cutting suites (test_parity.py,
+test_amp.py, test_api.py, ...) run the torch.optim twins through conftest.NAMES and algorithm_cases.py's table
+as well.
 
 `Twin` says what a scenario needs of one algorithm: the two classes, the options of a typical run, the
 per-group overrides, and whether torch's for-loop is reproduced bit for bit (no sqrt, or an IEEE sqrt

@@ -1,18 +1,18 @@
 // fusedopt::pt's generic classes (FusedOptimizer<Hyper>: every algorithm without a torch::optim
-// twin), which libtorch has no twin of (the suite names are the ones ctest runs; Lion's and LAMB's
-// numerics against the oracle also in lion_lamb_parity_test.cc, Adafactor's factored states in
-// adafactor_test.cc):
+// twin), which libtorch has no twin of, each with its cases from tests/reference/<algo>.h (the
+// suite names are the ones ctest runs; some classes have suites of their own beside these):
 //   TorchGenericGolden  typed over the registry's generic classes: tests/golden/<algo>.json
 //                       (written by tools/make_golden.py) replayed through each class
 //                       (golden_replay.h)
-//   TorchGeneric        typed over the classes: torch::save mid-run and torch::load into an
+//   TorchGeneric        typed over the same classes: torch::save mid-run and torch::load into an
 //                       optimizer built with other defaults (options and state, scalar states too,
 //                       compare equal and both continue bit for bit); the state keys, dtypes and
-//                       shapes; construction and group checks naming the option (a rejected group
-//                       is not kept), group options merged with the defaults, another optimizer's
-//                       options refused; a param the engine cannot take is an error that changes
-//                       nothing; a LossScaler's Inf skip leaves params, states, scalar states and
-//                       step counts bit-identical; set_lr as schedulers use it
+//                       shapes, and the scalar states' values; construction and group checks
+//                       naming the option (a rejected group is not kept), group options merged
+//                       with the defaults, another optimizer's options refused; a param the engine
+//                       cannot take is an error that changes nothing; a LossScaler's Inf skip
+//                       leaves params, states, scalar states and step counts bit-identical; set_lr
+//                       as schedulers use it
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -20,12 +20,14 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -33,6 +35,7 @@
 #include "fusedopt/pt/optim.h"
 #include "fusedopt/scaler.h"
 #include "src/algos/registry.h"
+#include "tests/reference/reference.h"
 #include "tests/torch/golden_replay.h"
 #include "tests/torch/test_util.h"
 
@@ -40,7 +43,7 @@ namespace fusedopt::pt::test {
 namespace {
 
 // Every algorithm whose class is the generic FusedOptimizer<Hyper> (those without a torch::optim
-// twin, Lion and LAMB included), from the registry: the hypers of algos::All whose ClassOf is it.
+// twin), from the registry: the hypers of algos::All whose ClassOf is it.
 template <class Kept, class... Hypers>
 struct GenericHypers {
   using type = Kept;
@@ -64,11 +67,9 @@ struct ReferenceName {
 };
 
 // Each generic class replays its goldens (golden_replay.h): torch.optim 2.13's single-tensor step,
-// or the reference tools/make_golden.py runs for the algorithm (lion-pytorch; apex FusedLAMB's
-// formulas with its global max_grad_norm; tools/lars_reference.py, tools/rmsproptf_reference.py
-// in all 18 modes, clovaai's adamp.AdamP with its matrices projected per row or layer,
-// tools/bert_adam_reference.py clipped per (group, dtype), which the class's one step over all
-// groups does; torch.optim.Adafactor's matrices, a batch of matrices and vectors).
+// or the reference tools/make_golden.py runs for the algorithm (its golden file names it; some
+// clip globally, per group or per (group, dtype), which the class's one step over all groups does;
+// some project or factor matrices per row, layer or batch).
 template <class Hyper>
 class TorchGenericGolden : public ::testing::Test {};
 TYPED_TEST_SUITE(TorchGenericGolden, GenericOf<algos::All>::type, ReferenceName);
@@ -81,149 +82,93 @@ TYPED_TEST(TorchGenericGolden, ReplaysTheReference) {
   ReplayGoldens<FusedOptimizer<Hyper>, HyperOptions<Hyper>, HyperParamState<Hyper>>(file + ".json");
 }
 
-// Options away from the defaults (weight decay on, and each algorithm's own knob).
-AdamaxHyper TestHyper(AdamaxHyper h) {
-  h.lr = 5e-3;
-  h.beta1 = 0.85;
-  h.weight_decay = 0.1;
-  return h;
+// Each algorithm's cases, in its file tests/reference/<algo>.h (ref::TorchCase<Hyper>):
+//   TestHyper()                 options away from the defaults (weight decay on where it has one,
+//                               and a knob of its own)
+//   kTensorKeys                 torch's state keys of its tensors (in the param's dtype)
+// and, only where they hold:
+//   ForEachScalar(f)            f(key, value, tolerance) for each 0-d f32 scalar state: its value
+//                               after one step of TestHyper(), from torch's formulas
+//   kFactoredDims               per tensor key, the dimension it averages out (-1: the last, -2:
+//                               the one before; 0: none): such states of a matrix are factors
+//   kRefusesEmptyParams         a param of no elements is an error
+//   kTakesNegativeWeightDecay   its reference checks no sign of weight_decay
+//   kLrError, kWeightDecayError the constructor's words before a bad value, where they are its
+//                               reference's rather than "invalid lr: " and "invalid weight_decay: "
+//   StepSizeFloor()             lr is only the first step size, which a clamp raises to this
+//                               floor: at lr 0 a param still moves, by at most it
+template <class Hyper>
+using CaseOf = ref::TorchCase<Hyper>;
+
+template <class Hyper>
+constexpr bool RefusesEmptyParams() {
+  if constexpr (requires { CaseOf<Hyper>::kRefusesEmptyParams; }) {
+    return CaseOf<Hyper>::kRefusesEmptyParams;
+  }
+  return false;
 }
-AdadeltaHyper TestHyper(AdadeltaHyper h) {
-  h.lr = 0.5;
-  h.rho = 0.8;
-  h.weight_decay = 0.1;
-  return h;
-}
-RadamHyper TestHyper(RadamHyper h) {
-  h.lr = 5e-3;
-  h.weight_decay = 0.1;
-  h.decoupled_weight_decay = true;
-  return h;
-}
-NadamHyper TestHyper(NadamHyper h) {
-  h.lr = 5e-3;
-  h.weight_decay = 0.1;
-  h.momentum_decay = 5e-3;
-  return h;
-}
-// Every state (momentum, centered); the decay coupled, so that lr 0 leaves a param as it is.
-RmsproptfHyper TestHyper(RmsproptfHyper h) {
-  h.lr = 5e-3;
-  h.weight_decay = 0.1;
-  h.momentum = 0.9;
-  h.centered = true;
-  return h;
-}
-RpropHyper TestHyper(RpropHyper h) {  // Rprop has no weight decay
-  h.lr = 5e-2;
-  h.etaminus = 0.4;
-  h.etaplus = 1.3;
-  return h;
-}
-LarsHyper TestHyper(LarsHyper h) {
-  h.lr = 5e-2;
-  h.momentum = 0.9;
-  h.weight_decay = 0.1;
-  return h;
-}
-AdampHyper TestHyper(AdampHyper h) {
-  h.lr = 5e-3;
-  h.weight_decay = 0.1;
-  h.nesterov = true;
-  return h;
-}
-// A schedule that reads the step (linear decay over 50 steps, no warmup: the first step moves the
-// params) and clipping that fires.
-BertAdamHyper TestHyper(BertAdamHyper h) {
-  h.lr = 5e-3;
-  h.t_total = 50;
-  h.weight_decay = 0.1;
-  h.max_grad_norm = 0.5;
-  return h;
-}
-// Every option away from its default; eps1 that of bfloat16 (torch's None for the bf16 params of
-// StateKeys).
-AdafactorHyper TestHyper(AdafactorHyper h) {
-  h.lr = 5e-2;
-  h.beta2_decay = -0.6;
-  h.eps1 = 7.8125e-3;
-  h.eps2 = 2e-3;
-  h.d = 1.5;
-  h.weight_decay = 0.1;
-  return h;
-}
-AsgdHyper TestHyper(AsgdHyper h) {
-  h.lr = 5e-2;
-  h.weight_decay = 0.1;
-  h.t0 = 2;  // averaging from the third step on
-  return h;
+template <class Hyper>
+constexpr bool TakesNegativeWeightDecay() {
+  if constexpr (requires { CaseOf<Hyper>::kTakesNegativeWeightDecay; }) {
+    return CaseOf<Hyper>::kTakesNegativeWeightDecay;
+  }
+  return false;
 }
 
-// torch's state keys of each (tensors, then 0-d f32 scalar states).
-std::vector<std::string> TensorKeys(AdamaxHyper /*tag*/) { return {"exp_avg", "exp_inf"}; }
-std::vector<std::string> TensorKeys(AdadeltaHyper /*tag*/) { return {"square_avg", "acc_delta"}; }
-std::vector<std::string> TensorKeys(RadamHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
-std::vector<std::string> TensorKeys(NadamHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
-std::vector<std::string> TensorKeys(AsgdHyper /*tag*/) { return {"ax"}; }
-std::vector<std::string> TensorKeys(LarsHyper /*tag*/) { return {"momentum_buffer"}; }
-std::vector<std::string> TensorKeys(AdampHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
-std::vector<std::string> TensorKeys(RpropHyper /*tag*/) { return {"prev", "step_size"}; }
-std::vector<std::string> TensorKeys(BertAdamHyper /*tag*/) { return {"exp_avg", "exp_avg_sq"}; }
-std::vector<std::string> TensorKeys(RmsproptfHyper /*tag*/) {
-  return {"square_avg", "momentum_buffer", "grad_avg"};
+template <class Hyper>
+std::string LrError() {
+  if constexpr (requires { CaseOf<Hyper>::kLrError; }) return CaseOf<Hyper>::kLrError;
+  return "invalid lr: ";
 }
-std::vector<std::string> TensorKeys(AdafactorHyper /*tag*/) { return {"row_var", "col_var"}; }
-std::vector<std::string> ScalarKeys(AdamaxHyper /*tag*/) { return {}; }
-std::vector<std::string> ScalarKeys(AdafactorHyper /*tag*/) { return {}; }
-std::vector<std::string> ScalarKeys(AdadeltaHyper /*tag*/) { return {}; }
-std::vector<std::string> ScalarKeys(RadamHyper /*tag*/) { return {}; }
-std::vector<std::string> ScalarKeys(NadamHyper /*tag*/) { return {"mu_product"}; }
-std::vector<std::string> ScalarKeys(AsgdHyper /*tag*/) { return {"eta", "mu"}; }
-std::vector<std::string> ScalarKeys(LarsHyper /*tag*/) { return {}; }
-std::vector<std::string> ScalarKeys(AdampHyper /*tag*/) { return {}; }
-std::vector<std::string> ScalarKeys(RpropHyper /*tag*/) { return {}; }
-std::vector<std::string> ScalarKeys(RmsproptfHyper /*tag*/) { return {}; }
-std::vector<std::string> ScalarKeys(BertAdamHyper /*tag*/) { return {}; }
+template <class Hyper>
+std::string WeightDecayError() {
+  if constexpr (requires { CaseOf<Hyper>::kWeightDecayError; }) {
+    return CaseOf<Hyper>::kWeightDecayError;
+  }
+  return "invalid weight_decay: ";
+}
 
-template <class Optimizer>
+template <class Hyper>
+Hyper TestHyper() {
+  return CaseOf<Hyper>::TestHyper();
+}
+
+// Every generic class (the registry's, as TorchGenericGolden), each as FusedOptimizer<Hyper>.
+template <class Hyper>
 class TorchGeneric : public ::testing::Test {};
-using Optimizers = ::testing::Types<Adamax, Adadelta, Adafactor, RAdam, NAdam, ASGD, Rprop, LARS,
-                                    RMSpropTF, AdamP, BertAdam>;
-TYPED_TEST_SUITE(TorchGeneric, Optimizers);
+TYPED_TEST_SUITE(TorchGeneric, GenericOf<algos::All>::type, ReferenceName);
 
-template <class Optimizer>
-using HyperOf = std::remove_cvref_t<decltype(std::declval<typename Optimizer::Options>().hyper())>;
-
-// The test model (test_util.h). Adafactor refuses a param of no elements, as torch's step does (it
-// divides by numel), so for it a batch of matrices [2, 3, 4] takes the empty param's place
-// (params[1][1]): the typed tests then also cover a factored batch.
-template <class Optimizer>
+// The test model (test_util.h). Where a param of no elements is refused (kRefusesEmptyParams), a
+// batch of matrices [2, 3, 4] takes the empty param's place (params[1][1]): the typed tests then
+// also cover a factored batch.
+template <class Hyper>
 Params ParamsFor(std::uint64_t seed, torch::Dtype dtype = torch::kFloat) {
   Params params = MakeParams(seed, dtype);
-  if constexpr (std::is_same_v<Optimizer, Adafactor>) {
+  if constexpr (RefusesEmptyParams<Hyper>()) {
     torch::manual_seed(seed + 1000);
     params[1][1] = torch::randn({2, 3, 4}).to(dtype).requires_grad_(true);
   }
   return params;
 }
 
-// The shape of state `key` of p: p's own, but Adafactor's factors (torch's row_var [..., R, 1] and
-// col_var [..., 1, C]).
-template <class Optimizer>
-std::vector<std::int64_t> StateShape(const torch::Tensor& p, const std::string& key) {
+// The shape of tensor state kTensorKeys[k] of p: p's own, but a factor (kFactoredDims) has size 1
+// in the dimension it averages out.
+template <class Hyper>
+std::vector<std::int64_t> StateShape(const torch::Tensor& p, std::size_t k) {
   std::vector<std::int64_t> shape(p.sizes().begin(), p.sizes().end());
-  if constexpr (std::is_same_v<Optimizer, Adafactor>) {
-    if (key == "row_var") shape.back() = 1;
-    if (key == "col_var") shape[shape.size() - 2] = 1;
+  if constexpr (requires { CaseOf<Hyper>::kFactoredDims; }) {
+    static_assert(std::size(CaseOf<Hyper>::kFactoredDims) == std::size(CaseOf<Hyper>::kTensorKeys));
+    const int dim = CaseOf<Hyper>::kFactoredDims[k];
+    if (dim != 0) shape[shape.size() + dim] = 1;
   }
   return shape;
 }
 
-template <class Optimizer>
-Optimizer MakeOptimizer(const Params& params, const HyperOf<Optimizer>& hyper) {
+template <class Optimizer, class Hyper>
+Optimizer MakeOptimizer(const Params& params, const Hyper& hyper) {
   using Options = typename Optimizer::Options;
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  HyperOf<Optimizer> second = hyper;
+  Hyper second = hyper;
   second.lr = hyper.lr / 2;  // group 1 with its own lr
   groups.emplace_back(params[0]);
   groups.emplace_back(params[1], std::make_unique<Options>(second));
@@ -259,17 +204,18 @@ std::vector<std::unique_ptr<typename Optimizer::ParamState>> Snapshot(const Opti
 }
 
 TYPED_TEST(TorchGeneric, SaveLoadContinuesBitForBit) {
-  using Optimizer = TypeParam;
+  using Hyper = TypeParam;
+  using Optimizer = FusedOptimizer<Hyper>;
   using Options = typename Optimizer::Options;
-  const auto hyper = TestHyper(HyperOf<Optimizer>{});
-  Params params = ParamsFor<Optimizer>(41);
+  const Hyper hyper = TestHyper<Hyper>();
+  Params params = ParamsFor<Hyper>(41);
   Optimizer original = MakeOptimizer<Optimizer>(params, hyper);
   for (int t = 0; t < 5; ++t) {
     SetGrads(params, t);
     original.step();
   }
   Params loaded_params = CloneParams(params);
-  HyperOf<Optimizer> other;
+  Hyper other;
   other.lr = 0.25;
   Optimizer loaded = MakeOptimizer<Optimizer>(loaded_params, other);
   std::stringstream buffer;
@@ -293,16 +239,13 @@ TYPED_TEST(TorchGeneric, SaveLoadContinuesBitForBit) {
   EXPECT_TRUE(SameStates(Snapshot(loaded, loaded_params), Snapshot(original, params)));
 }
 
-// The state under torch's keys: tensors in the param's dtype and shape (Adafactor's factors of a
-// [33, 5] param: [33, 1] and [1, 5]), scalar states 0-d f32
-// (NAdam's mu_product: 1 times a μ_1 in (0, β1); ASGD's eta and mu after one step: lr / (1 +
-// λ·lr)^α and 1, as torch).
+// The state under torch's keys: tensors in the param's dtype and shape (a factor of a [33, 5]
+// param: [33, 1] or [1, 5]), scalar states 0-d f32 with torch's values after one step.
 TYPED_TEST(TorchGeneric, StateKeys) {
-  using Optimizer = TypeParam;
-  using Hyper = HyperOf<Optimizer>;
-  Params params = ParamsFor<Optimizer>(42, torch::kBFloat16);
-  const Hyper hyper = TestHyper(Hyper{});
-  Optimizer opt = MakeOptimizer<Optimizer>(params, hyper);
+  using Hyper = TypeParam;
+  using Optimizer = FusedOptimizer<Hyper>;
+  Params params = ParamsFor<Hyper>(42, torch::kBFloat16);
+  Optimizer opt = MakeOptimizer<Optimizer>(params, TestHyper<Hyper>());
   SetGrads(params, 0);
   opt.step();
   const torch::Tensor& p = params[0][1];
@@ -310,49 +253,50 @@ TYPED_TEST(TorchGeneric, StateKeys) {
   auto& state =
       static_cast<typename Optimizer::ParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
   EXPECT_EQ(state.step(), 1);
-  for (const std::string& key : TensorKeys(Hyper{})) {
+  for (std::size_t k = 0; k < std::size(CaseOf<Hyper>::kTensorKeys); ++k) {
+    const std::string key = CaseOf<Hyper>::kTensorKeys[k];
     EXPECT_EQ(state.state(key).scalar_type(), torch::kBFloat16) << key;
-    EXPECT_EQ(state.state(key).sizes(), torch::IntArrayRef(StateShape<Optimizer>(p, key))) << key;
+    EXPECT_EQ(state.state(key).sizes(), torch::IntArrayRef(StateShape<Hyper>(p, k))) << key;
   }
-  for (const std::string& key : ScalarKeys(Hyper{})) {
-    EXPECT_EQ(state.state(key).dim(), 0) << key;
-    EXPECT_EQ(state.state(key).scalar_type(), torch::kFloat) << key;
+  std::size_t checked = 0;
+  const auto check_scalar = [&](const char* key, double value, double tolerance) {
+    const torch::Tensor& scalar = state.state(key);
+    EXPECT_EQ(scalar.dim(), 0) << key;
+    EXPECT_EQ(scalar.scalar_type(), torch::kFloat) << key;
+    EXPECT_NEAR(scalar.item<float>(), value, tolerance) << key;
+    ++checked;
+  };
+  if constexpr (requires { CaseOf<Hyper>::ForEachScalar(check_scalar); }) {
+    CaseOf<Hyper>::ForEachScalar(check_scalar);
   }
-  if constexpr (std::is_same_v<Optimizer, NAdam>) {
-    const torch::Tensor& mu = state.state("mu_product");
-    const float mu_product = mu.item<float>();
-    EXPECT_GT(mu_product, 0.0f);
-    EXPECT_LT(mu_product, hyper.beta1);
-  }
-  if constexpr (std::is_same_v<Optimizer, ASGD>) {
-    const double eta = hyper.lr / std::pow(1.0 + hyper.lambd * hyper.lr, hyper.alpha);
-    const torch::Tensor& eta_state = state.state("eta");
-    const torch::Tensor& mu_state = state.state("mu");
-    EXPECT_NEAR(eta_state.item<float>(), eta, 1e-6 * eta);
-    EXPECT_EQ(mu_state.item<float>(), 1.0f);
-  }
+  // The case names every state the param has.
+  const auto count = [](const auto& tensors) {
+    return std::count_if(tensors.begin(), tensors.end(),
+                         [](const torch::Tensor& t) { return t.defined(); });
+  };
+  EXPECT_EQ(count(state.tensors), std::ssize(CaseOf<Hyper>::kTensorKeys));
+  EXPECT_EQ(count(state.scalars), static_cast<std::ptrdiff_t>(checked));
   ExpectTorchError([&] { state.state("max_exp_avg_sq"); }, {"has no state 'max_exp_avg_sq'"});
 }
 
 TYPED_TEST(TorchGeneric, OptionChecks) {
-  using Optimizer = TypeParam;
+  using Hyper = TypeParam;
+  using Optimizer = FusedOptimizer<Hyper>;
   using Options = typename Optimizer::Options;
-  Params params = ParamsFor<Optimizer>(43);
-  HyperOf<Optimizer> bad;
+  Params params = ParamsFor<Hyper>(43);
+  Hyper bad;
   bad.lr = -1.0;
-  ExpectTorchError([&] { Optimizer opt(params[0], Options(bad)); }, {"invalid lr: -1"});
-  // Rprop has no weight decay; BertAdam's reference ignores a negative one (`if weight_decay > 0`).
-  if constexpr (requires { bad.weight_decay; } &&
-                !std::is_same_v<HyperOf<Optimizer>, BertAdamHyper>) {
+  ExpectTorchError([&] { Optimizer opt(params[0], Options(bad)); }, {LrError<Hyper>() + "-1"});
+  if constexpr (requires { bad.weight_decay; } && !TakesNegativeWeightDecay<Hyper>()) {
     bad = {};
     bad.weight_decay = -0.5;
     ExpectTorchError([&] { Optimizer opt(params[0], Options(bad)); },
-                     {"invalid weight_decay: -0.5"});
+                     {WeightDecayError<Hyper>() + "-0.5"});
   }
 
   // A group's own option is checked as it is added; the rejected group is not kept.
-  Optimizer opt(params[0], Options(HyperOf<Optimizer>{}));
-  HyperOf<Optimizer> group;
+  Optimizer opt(params[0], Options(Hyper{}));
+  Hyper group;
   group.lr = -1e-3;
   ExpectTorchError(
       [&] {
@@ -362,10 +306,11 @@ TYPED_TEST(TorchGeneric, OptionChecks) {
       {"group 1", "invalid lr"});
   EXPECT_EQ(opt.param_groups().size(), 1u);
 
-  // libtorch's merge: the fields a group sets away from their defaults, the others the defaults'.
-  HyperOf<Optimizer> defaults = TestHyper(HyperOf<Optimizer>{});
+  // libtorch's merge: the fields a group sets away from their defaults, the others the defaults'
+  // (TestHyper's knobs among them).
+  const Hyper defaults = TestHyper<Hyper>();
   Optimizer merged(params[0], Options(defaults));
-  HyperOf<Optimizer> own;
+  Hyper own;
   own.lr = 0.125;
   merged.add_param_group(
       torch::optim::OptimizerParamGroup(params[1], std::make_unique<Options>(own)));
@@ -373,15 +318,18 @@ TYPED_TEST(TorchGeneric, OptionChecks) {
   EXPECT_EQ(got.lr, 0.125);
   if constexpr (requires { got.weight_decay; }) {
     EXPECT_EQ(got.weight_decay, defaults.weight_decay);
-  } else {
-    EXPECT_EQ(got.etaminus, defaults.etaminus);
   }
+  algos::ForEachField<algos::DescriptorOf<Hyper>>([&](const auto& field) {
+    if (std::string_view(field.name) != "lr") {
+      EXPECT_EQ(got.*field.member, defaults.*field.member) << field.name;
+    }
+  });
 
-  // Another optimizer's options are refused.
+  // Another optimizer's options (one fusedopt has no class of) are refused.
   ExpectTorchError(
       [&] {
         merged.add_param_group(torch::optim::OptimizerParamGroup(
-            params[1], std::make_unique<torch::optim::AdamOptions>(1e-3)));
+            params[1], std::make_unique<torch::optim::LBFGSOptions>(1e-3)));
       },
       {"Options"});
 }
@@ -389,10 +337,11 @@ TYPED_TEST(TorchGeneric, OptionChecks) {
 // No torch::optim twin takes what the engine cannot: a float64 param is an error before anything
 // changes (the other params keep their values and get no state).
 TYPED_TEST(TorchGeneric, RefusedParamChangesNothing) {
-  using Optimizer = TypeParam;
-  Params params = ParamsFor<Optimizer>(44);
+  using Hyper = TypeParam;
+  using Optimizer = FusedOptimizer<Hyper>;
+  Params params = ParamsFor<Hyper>(44);
   params[1][2] = params[1][2].detach().to(torch::kDouble).requires_grad_(true);
-  Optimizer opt = MakeOptimizer<Optimizer>(params, TestHyper(HyperOf<Optimizer>{}));
+  Optimizer opt = MakeOptimizer<Optimizer>(params, TestHyper<Hyper>());
   SetGrads(params, 0);
   const Params before = CloneParams(params);
   ExpectTorchError([&] { opt.step(); }, {"param_groups[1].params[2]", "Double"});
@@ -400,13 +349,14 @@ TYPED_TEST(TorchGeneric, RefusedParamChangesNothing) {
   EXPECT_TRUE(opt.state().empty());
 }
 
-// An Inf gradient under a LossScaler skips the step: params, states (NAdam's mu_product too) and
-// step counts stay bit-identical and the scale halves; the next good step runs as a plain
-// optimizer's does on the unscaled gradients.
+// An Inf gradient under a LossScaler skips the step: params, states (scalar states too) and step
+// counts stay bit-identical and the scale halves; the next good step runs as a plain optimizer's
+// does on the unscaled gradients.
 TYPED_TEST(TorchGeneric, ScalerSkipChangesNothing) {
-  using Optimizer = TypeParam;
-  const auto hyper = TestHyper(HyperOf<Optimizer>{});
-  Params a = ParamsFor<Optimizer>(45);
+  using Hyper = TypeParam;
+  using Optimizer = FusedOptimizer<Hyper>;
+  const Hyper hyper = TestHyper<Hyper>();
+  Params a = ParamsFor<Hyper>(45);
   Params b = CloneParams(a);
   Optimizer fa = MakeOptimizer<Optimizer>(a, hyper);
   Optimizer fb = MakeOptimizer<Optimizer>(b, hyper);
@@ -442,9 +392,10 @@ TYPED_TEST(TorchGeneric, ScalerSkipChangesNothing) {
 
 // get_lr / set_lr, which libtorch's schedulers use, read and write the group's lr.
 TYPED_TEST(TorchGeneric, SetLr) {
-  using Optimizer = TypeParam;
-  Params params = ParamsFor<Optimizer>(46);
-  Optimizer opt = MakeOptimizer<Optimizer>(params, TestHyper(HyperOf<Optimizer>{}));
+  using Hyper = TypeParam;
+  using Optimizer = FusedOptimizer<Hyper>;
+  Params params = ParamsFor<Hyper>(46);
+  Optimizer opt = MakeOptimizer<Optimizer>(params, TestHyper<Hyper>());
   auto& options = opt.param_groups()[1].options();
   options.set_lr(0.0);
   EXPECT_EQ(options.get_lr(), 0.0);
@@ -454,11 +405,11 @@ TYPED_TEST(TorchGeneric, SetLr) {
   // lr 0 in group 1 leaves its params as they were (weight decay is scaled by lr too); both params
   // compared have a grad at t = 0.
   ASSERT_TRUE(params[1][2].grad().defined() && params[0][0].grad().defined());
-  if constexpr (std::is_same_v<Optimizer, Rprop>) {
-    // Rprop's lr is only the first step size, which the clamp raises to step_size_min, as torch's.
+  if constexpr (requires { CaseOf<Hyper>::StepSizeFloor(); }) {
+    // lr is only the first step size, which the clamp raises to the floor, as torch's.
     const double moved = (params[1][2] - before[1][2]).abs().max().template item<double>();
     EXPECT_GT(moved, 0.0);
-    EXPECT_LE(moved, RpropHyper{}.step_size_min + 5e-7);  // + f32 rounding at |p| < 8
+    EXPECT_LE(moved, CaseOf<Hyper>::StepSizeFloor() + 5e-7);  // + f32 rounding at |p| < 8
   } else {
     EXPECT_TRUE(torch::equal(params[1][2], before[1][2]));
   }
