@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "fusedopt/scaler.h"
 #include "src/algos/registry.h"
 #include "src/core/step_hooks.h"
+#include "src/distributed/shard_sums.h"
 #include "tests/hyper_types.h"
 #include "tests/test_support.h"
 
@@ -340,6 +342,47 @@ TEST(ShardLayout, BucketsAreWholeChunksPerRankAndCoverEveryElementOnce) {
   EXPECT_EQ(layout.offsets[5], 41000u);
   EXPECT_EQ(layout.offsets[3], 41005u);
   EXPECT_EQ(layout.offsets[4], 41008u);
+}
+
+TEST(ShardLayout, ShardSumsAddEachTensorInTheOrderOfTheFlatRange) {
+  // Tensors of 100 and 60 elements on 2 ranks, shards of 64: bucket 0 is [0, 128) (rank 0:
+  // tensor 0's first 64; rank 1: its last 36 and tensor 1's first 28), bucket 1 is [128, 256)
+  // (rank 0: tensor 1's last 32; rank 1: padding).
+  const std::vector<TensorSpec> tensors = {{.numel = 100}, {.numel = 60}};
+  const ShardLayout layout(tensors, 1, 2, 128, 64);
+  using distributed::ShardPiece;
+  using distributed::ShardSums;
+  ASSERT_EQ(layout.buckets.size(), 2u);
+  EXPECT_EQ(distributed::ShardPieces(layout, 0),
+            (std::vector<ShardPiece>{{.tensor = 0, .bucket = 0}, {.tensor = 1, .bucket = 1}}));
+  EXPECT_EQ(distributed::ShardPieces(layout, 1),
+            (std::vector<ShardPiece>{{.tensor = 0, .bucket = 0}, {.tensor = 1, .bucket = 0}}));
+  // k = 2 sums per piece; each rank's pack is [bucket][tensor][k].
+  const ShardSums rank0(distributed::ShardPieces(layout, 0), 2, 2, 2);
+  const ShardSums rank1(distributed::ShardPieces(layout, 1), 2, 2, 2);
+  ASSERT_EQ(rank0.per_rank(), 8u);
+  std::vector<double> gathered(16, -1.0);
+  rank0.Pack(std::vector<double>{1, 2, 3, 4}, std::span<double>(gathered).first(8));
+  rank1.Pack(std::vector<double>{10, 20, 30, 40}, std::span<double>(gathered).last(8));
+  EXPECT_EQ(gathered, (std::vector<double>{1, 2, 0, 0, 0, 0, 3, 4, 10, 20, 30, 40, 0, 0, 0, 0}));
+  std::vector<double> sums0(4), sums1(4);
+  rank0.Add(2, gathered, sums0);
+  rank1.Add(2, gathered, sums1);
+  EXPECT_EQ(sums0, (std::vector<double>{11, 22, 33, 44}));
+  EXPECT_EQ(sums1, (std::vector<double>{11, 22, 33, 44}));
+  // The order is bucket by bucket, then rank by rank: ((1 + 1) + 2^53) + 0 is 2^53 + 2, where
+  // rank by rank, ((1 + 2^53) + 1) + 0, would round to 2^53 twice.
+  const double big = 9007199254740992.0;  // 2^53
+  const ShardSums one({{.tensor = 0, .bucket = 0}, {.tensor = 0, .bucket = 1}}, 2, 1, 1);
+  std::vector<double> sums(2);
+  one.Add(2, std::vector<double>{1, big, 1, 0}, sums);
+  EXPECT_EQ(sums, (std::vector<double>{big + 2, big + 2}));
+  // Sizes and pieces out of range are errors.
+  EXPECT_THROW(ShardSums({{.tensor = 2, .bucket = 0}}, 2, 2, 1), Error);
+  EXPECT_THROW(ShardSums({{.tensor = 0, .bucket = 2}}, 2, 2, 1), Error);
+  EXPECT_THROW(rank0.Pack(std::vector<double>{1, 2}, std::span<double>(gathered).first(8)), Error);
+  EXPECT_THROW(rank0.Add(3, gathered, sums0), Error);
+  EXPECT_THROW(distributed::ShardPieces(layout, 2), Error);
 }
 
 TEST(Distributed, ZeroOneHoldsAShareOfTheState) {

@@ -214,7 +214,7 @@ class DistributedOptimizer {
   StepResult StepDataParallel(float grad_scale, const StepOptions& options);
   StepResult StepSharded(float grad_scale, const StepOptions& options);
   // ZeRO-1 with LAMB or LARS: each of this rank's slice sums (segment order, k each) replaced by
-  // its tensor's total over every rank (collective).
+  // its tensor's total over every rank (collective; src/distributed/shard_sums.h).
   void WholeTensorSums(std::span<double> sums, std::size_t k);
 
   std::vector<Hyper> groups_;

@@ -5,9 +5,9 @@ shard-sized.
 An element-wise update steps a piece exactly as it steps the whole tensor. LAMB's and LARS's coefficients come
 from norms over whole tensors: their shard steps through _C's <name>_step_with_sums, whose hook (the one the
 C++ DistributedOptimizer's ZeRO-1 step uses, src/core/step_hooks.h) replaces each piece's sums with its
-tensor's, added up over every rank's pieces: each rank's sums all-gathered and added in the order of the flat
-range (bucket, then rank), as fusedopt::DistributedOptimizer::WholeTensorSums does: with shards of whole chunks,
-the one-process sums bit for bit."""
+tensor's, added up over every rank's pieces: each rank's sums packed, all-gathered and added in the order of the
+flat range (bucket, then rank) by _C.ShardSums, the code fusedopt::DistributedOptimizer::WholeTensorSums runs:
+with shards of whole chunks, the one-process sums bit for bit."""
 
 from __future__ import annotations
 
@@ -98,34 +98,29 @@ class Shard:
 
 class TensorSums:
     """The hook of a LAMB or LARS shard step: sums(piece sums, k) -> each piece's tensor's sums over every
-    rank (collective). keys: per piece (segment), its tensor's index and its bucket's; k: sums per piece."""
+    rank (collective). keys: per piece (segment), its tensor's index and its bucket's; k: sums per piece. The
+    packing, the order of the additions and the unpacking are the C++ layer's (_C.ShardSums,
+    src/distributed/shard_sums.h); only the gather is torch.distributed's."""
 
     def __init__(self, keys: list[tuple[int, int]], k: int, buckets: int, tensors: int, rank: int, world: int,
                  process_group):
-        self.keys, self.k, self.buckets, self.tensors = keys, k, buckets, tensors
+        self.plan = _C.ShardSums(keys, buckets, tensors, k)
+        self.pieces, self.k = len(keys), k
         self.rank, self.world, self.group = rank, world, process_group
         self.called = False
 
     def __call__(self, sums: list[float], k: int) -> list[float]:
         self.called = True
-        if k != self.k or len(sums) not in (0, len(self.keys) * k):
-            raise RuntimeError(f"fusedopt.distributed: {len(sums)} sums of {k} for {len(self.keys)} pieces of "
+        if k != self.k or len(sums) not in (0, self.pieces * k):
+            raise RuntimeError(f"fusedopt.distributed: {len(sums)} sums of {k} for {self.pieces} pieces of "
                                f"{self.k} (internal error)")
-        partial = torch.zeros(self.world, self.buckets, self.tensors, k, dtype=torch.float64)
-        if sums:
-            values = torch.tensor(sums, dtype=torch.float64).view(-1, k)
-            for (t, b), v in zip(self.keys, values):
-                partial[self.rank, b, t] = v
+        partial = torch.zeros(self.world, self.plan.per_rank, dtype=torch.float64)
+        mine = partial[self.rank]
+        if sums:  # else this rank stepped nothing (it joins the others' collective): zeros
+            self.plan.pack(sums, mine.data_ptr(), mine.numel())
         if self.world > 1:
-            mine = partial[self.rank].reshape(-1).clone()
-            dist.all_gather_into_tensor(partial.view(-1), mine, group=self.group)
-        # Each tensor's sums added in the order of the flat range, bucket by bucket and rank by rank, one f64
-        # addition at a time (a reduction over a dimension may reorder them).
-        totals = torch.zeros(self.tensors, k, dtype=torch.float64)
-        for b in range(self.buckets):
-            for r in range(self.world):
-                totals += partial[r, b]
-        return [float(x) for t, _ in self.keys for x in totals[t]]
+            dist.all_gather_into_tensor(partial.view(-1), mine.clone(), group=self.group)
+        return self.plan.add(self.world, partial.data_ptr(), partial.numel())
 
 
 def _with_sums(cls, step, sums: TensorSums):

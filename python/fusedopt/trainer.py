@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -39,6 +38,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import _C
 from ._base import FusedOptimizerMixin
 from ._names import optimizer_name
 from ._names import unwrap as _unwrap
@@ -49,9 +49,6 @@ from .progress import ProgressBar
 from .timeline import Tracer
 
 PHASES = ("data", "forward", "backward", "optimizer", "zero_grad")
-_CHECKPOINT_NAME = re.compile(r"step-(\d{8,})\.safetensors")  # what train_step writes
-# The temporary files of a save (the engine's writer: .<name>.tmp.<pid>.<n>) that a killed run left behind.
-_STALE_TEMP = re.compile(r"\.step-\d{8,}\.safetensors\.tmp\..*")
 _AMP_DTYPES = {None: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
 
@@ -348,7 +345,7 @@ class Trainer:
                 add(self.trace_pid, phase, a, b, step=step)
         if updated and self.checkpoint_every and self.updates % self.checkpoint_every == 0:
             t0 = time.perf_counter()
-            self.save_checkpoint(os.path.join(self.checkpoint_dir, f"step-{self.step:08d}.safetensors"))
+            self.save_checkpoint(_C.checkpoint_name(self.checkpoint_dir, self.step))
             self._drop_old_checkpoints()
             if self.tracer is not None:
                 self.tracer.add_span(self.trace_pid, "checkpoint", t0, time.perf_counter(), step=step)
@@ -425,51 +422,33 @@ class Trainer:
         checkpoint inside the window holds them."""
         return self.fused and not isinstance(self.optimizer, DistributedOptimizer)
 
+    # The checkpoint folder's policy (names, the writability check, stale temporaries, pruning, the newest that
+    # verifies) is the C++ one (src/checkpoint/checkpoint_dir.h), shared with the C++ Trainer and `fusedopt train`.
     def _prepare_checkpoint_dir(self) -> None:
         """Makes the folder, checks that it takes a file now (not after the first update has trained), and
-        removes the temporary files of saves that a killed run left behind."""
-        path = self.checkpoint_dir
-        try:
-            os.makedirs(path, exist_ok=True)
-            probe = os.path.join(path, f".fusedopt-write-test.{os.getpid()}")
-            with open(probe, "wb"):
-                pass
-            os.remove(probe)
-        except OSError as e:
-            raise OSError(e.errno, f"checkpoint_dir={path!r} is not writable: {e.strerror}") from None
-        for name in os.listdir(path):
-            if _STALE_TEMP.fullmatch(name):
-                os.remove(os.path.join(path, name))
+        removes the temporary files of saves that a killed run left behind. OSError(errno, ...) if it cannot."""
+        _C.prepare_checkpoint_dir(self.checkpoint_dir, f"checkpoint_dir={self.checkpoint_dir!r}")
 
     def _drop_old_checkpoints(self) -> None:
-        if self.keep_last is None:
-            return
-        found = self._checkpoints(self.checkpoint_dir)
-        for step in sorted(found)[:-self.keep_last]:
-            os.remove(found[step])
+        if self.keep_last is not None:
+            _C.drop_old_checkpoints(self.checkpoint_dir, self.keep_last)  # a file or a whole shard set each
 
     @staticmethod
     def _checkpoints(checkpoint_dir: str | os.PathLike) -> dict[int, str]:
-        try:
-            names = os.listdir(checkpoint_dir)
-        except FileNotFoundError:
-            return {}
-        return {int(m.group(1)): os.path.join(os.fspath(checkpoint_dir), m.group(0))
-                for m in map(_CHECKPOINT_NAME.fullmatch, names) if m is not None}
+        """{step: path} of the checkpoints in checkpoint_dir: files, and shard sets by the path they were saved
+        at ({} if the folder does not exist)."""
+        return _C.list_checkpoints(os.fspath(checkpoint_dir))
 
     @staticmethod
     def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
-        """The path of the newest step-NNNNNNNN.safetensors in checkpoint_dir (the highest step) that
-        verifies (format and checksum), or None if there is none or the folder does not exist. Each newer
-        file that does not verify is skipped with a warning naming it and why."""
-        found = Trainer._checkpoints(checkpoint_dir)
-        for step in sorted(found, reverse=True):
-            try:
-                read_checkpoint(found[step])
-                return found[step]
-            except (ValueError, OSError) as e:
-                warnings.warn(f"fusedopt.Trainer: skipping checkpoint {found[step]}: {e}", stacklevel=2)
-        return None
+        """The path of the newest step-NNNNNNNN.safetensors in checkpoint_dir (the highest step; a shard set
+        `fusedopt train --dist` saved there counts as one) that verifies (format and checksum), or None if there
+        is none or the folder does not exist. Each newer one that does not verify is skipped with a warning
+        naming it and why."""
+        latest, skipped = _C.latest_checkpoint(os.fspath(checkpoint_dir))
+        for why in skipped:
+            warnings.warn(f"fusedopt.Trainer: skipping checkpoint {why}", stacklevel=2)
+        return latest
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         """Restores a save_checkpoint() file into this Trainer's model, optimizer, scaler and lr

@@ -4,9 +4,11 @@
 // two-phase algorithm completes across ranks.
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "fusedopt/convert.h"
 #include "fusedopt/distributed.h"
@@ -14,6 +16,7 @@
 #include "src/core/step_hooks.h"
 #include "src/core/validate.h"
 #include "src/distributed/distributed_common.h"
+#include "src/distributed/shard_sums.h"
 
 namespace fusedopt {
 namespace {
@@ -280,38 +283,17 @@ StepResult DistributedOptimizer<Hyper>::StepSharded(float grad_scale, const Step
 
 template <class Hyper>
 void DistributedOptimizer<Hyper>::WholeTensorSums(std::span<double> sums, std::size_t k) {
-  // This rank's slice sums by (bucket, tensor), every rank's gathered, and each tensor's added in
-  // the order of the flat range (bucket, then rank): the one-process sums, bit for bit with
-  // shards of whole chunks (0 + x is x, and a slice's sum is the fold of its chunks).
+  // This rank's slice sums packed by (bucket, tensor), every rank's pack gathered, and each
+  // tensor's added in the order of the flat range (src/distributed/shard_sums.h).
   const std::size_t p = static_cast<std::size_t>(comm_->size());
   const std::size_t rank = static_cast<std::size_t>(comm_->rank());
-  const std::size_t tensors = specs_.size();
-  const std::size_t per_rank = layout_.buckets.size() * tensors * k;
-  std::vector<double> partial(p * per_rank, 0.0);
-  std::vector<std::size_t> tensor_of;  // of each segment: the shards' slices, bucket by bucket
-  for (std::size_t b = 0; b < layout_.buckets.size(); ++b) {
-    const std::size_t begin = layout_.buckets[b].begin + rank * layout_.buckets[b].shard;
-    for (const ShardLayout::Slice& slice :
-         layout_.SlicesIn(begin, begin + layout_.buckets[b].shard)) {
-      const std::size_t at = rank * per_rank + (b * tensors + slice.tensor) * k;
-      std::copy_n(sums.begin() + static_cast<std::ptrdiff_t>(tensor_of.size() * k), k,
-                  partial.begin() + static_cast<std::ptrdiff_t>(at));
-      tensor_of.push_back(slice.tensor);
-    }
-  }
-  comm_->AllGather(partial.data(), per_rank, CommType::kF64);
-  std::vector<double> totals(tensors * k, 0.0);
-  for (std::size_t b = 0; b < layout_.buckets.size(); ++b) {
-    for (std::size_t r = 0; r < p; ++r) {
-      for (std::size_t i = 0; i < tensors * k; ++i) {
-        totals[i] += partial[r * per_rank + b * tensors * k + i];
-      }
-    }
-  }
-  for (std::size_t i = 0; i < tensor_of.size(); ++i) {
-    std::copy_n(totals.begin() + static_cast<std::ptrdiff_t>(tensor_of[i] * k), k,
-                sums.begin() + static_cast<std::ptrdiff_t>(i * k));
-  }
+  const distributed::ShardSums plan(distributed::ShardPieces(layout_, comm_->rank()),
+                                    layout_.buckets.size(), specs_.size(), k);
+  const std::size_t per_rank = plan.per_rank();
+  std::vector<double> gathered(p * per_rank);
+  plan.Pack(sums, std::span<double>(gathered).subspan(rank * per_rank, per_rank));
+  comm_->AllGather(gathered.data(), per_rank, CommType::kF64);
+  plan.Add(p, gathered, sums);
 }
 
 // Every algorithm's Step (and with it the private members it calls, defined above).

@@ -5,6 +5,10 @@
 // dtype=torch.uint8) views it without a copy. Both release the GIL while they work. A file that is
 // not a valid checkpoint, or a bad argument, raises ValueError; a failed read or write raises
 // OSError with its errno (28 for ENOSPC, 27 for EFBIG, ...).
+//
+// _C.checkpoint_name / prepare_checkpoint_dir / list_checkpoints / drop_old_checkpoints /
+// latest_checkpoint: a training run's checkpoint folder (src/checkpoint/checkpoint_dir.h), the one
+// policy fusedopt.Trainer shares with the C++ Trainer and `fusedopt train --dist`.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -12,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -20,6 +26,7 @@
 #include <vector>
 
 #include "fusedopt/checkpoint_file.h"
+#include "src/checkpoint/checkpoint_dir.h"
 
 namespace py = pybind11;
 
@@ -107,6 +114,58 @@ void BindCheckpoint(py::module_& m) {
       "shard set saved at path (assembled); ValueError says what is wrong.");
   m.def("checkpoint_layout_hash", &LayoutHash, py::arg("layout_json"),
         "The metadata's layout_hash: XXH3-64 of the layout record's compact JSON, 16 hex digits.");
+
+  m.def("checkpoint_name", &checkpoint_dir::CheckpointName, py::arg("dir"), py::arg("step"),
+        "dir/step-NNNNNNNN.safetensors: the checkpoint of `step` in a training run's folder.");
+  m.def(
+      "prepare_checkpoint_dir",
+      [](const std::string& dir, const std::string& name) {
+        py::gil_scoped_release release;
+        checkpoint_dir::PrepareCheckpointDir(dir, name);
+      },
+      py::arg("dir"), py::arg("name"),
+      "Makes the folder, checks that it takes a file now and removes the temporary files of "
+      "saves a killed run left; OSError(errno, \"<name> is not writable: <why>\") otherwise.");
+  m.def(
+      "list_checkpoints",
+      [](const std::string& dir) {
+        std::map<std::int64_t, std::string> found;
+        {
+          py::gil_scoped_release release;
+          found = checkpoint_dir::ListCheckpoints(dir);
+        }
+        return found;
+      },
+      py::arg("dir"),
+      "{step: path} of the checkpoints in dir (files, and shard sets by the path they were saved "
+      "at); {} if dir does not exist.");
+  m.def(
+      "drop_old_checkpoints",
+      [](const std::string& dir, int keep) {
+        if (keep < 0) {
+          throw std::invalid_argument("drop_old_checkpoints: keep must be >= 0, got " +
+                                      std::to_string(keep));
+        }
+        py::gil_scoped_release release;
+        checkpoint_dir::DropOldCheckpoints(dir, keep);
+      },
+      py::arg("dir"), py::arg("keep"),
+      "Removes all but the newest `keep` checkpoints in dir, a file or a whole shard set each "
+      "(keep 0: none).");
+  m.def(
+      "latest_checkpoint",
+      [](const std::string& dir) {
+        std::vector<std::string> skipped;
+        std::optional<std::string> latest;
+        {
+          py::gil_scoped_release release;
+          latest = checkpoint_dir::LatestCheckpoint(dir, &skipped);
+        }
+        return std::make_pair(latest, skipped);
+      },
+      py::arg("dir"),
+      "(path of the newest checkpoint in dir that verifies, or None; [\"path: why\" for each newer "
+      "one that does not]).");
 }
 
 }  // namespace fusedopt

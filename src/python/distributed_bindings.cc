@@ -2,7 +2,8 @@
 // serves both: _C.ShardLayout (include/fusedopt/distributed.h: where tensors, buckets and shards
 // lie for P ranks) and, per algorithm, whether ZeRO-1 can shard it and, for those whose norms run
 // over whole tensors (LAMB, LARS), the step whose per-segment sums a Python callable completes
-// across ranks (src/core/step_hooks.h: the hook DistributedOptimizer's own ZeRO-1 step uses).
+// across ranks (src/core/step_hooks.h: the hook DistributedOptimizer's own ZeRO-1 step uses), and
+// _C.ShardSums, how that callable packs and adds them (src/distributed/shard_sums.h).
 
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
@@ -15,6 +16,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "fusedopt/distributed.h"
@@ -22,6 +24,7 @@
 #include "fusedopt/runtime.h"
 #include "src/algos/registry.h"
 #include "src/core/step_hooks.h"
+#include "src/distributed/shard_sums.h"
 #include "src/python/segment_table.h"
 
 namespace py = pybind11;
@@ -124,6 +127,43 @@ void BindDistributed(py::module_& m) {
           },
           py::arg("begin"), py::arg("end"), "(tensor, first, numel) of each piece, in flat order")
       .def("hash", &ShardLayout::Hash);
+  using distributed::ShardSums;
+  // f64 buffers (torch tensors' data_ptr()) by address and length: packed once per step.
+  const auto doubles = [](std::uintptr_t data, std::size_t n) {
+    return std::span<double>(reinterpret_cast<double*>(data), n);
+  };
+  py::class_<ShardSums>(
+      m, "ShardSums",
+      "fusedopt::distributed::ShardSums (src/distributed/shard_sums.h): the "
+      "whole-tensor sums of a ZeRO-1 step; pieces are (tensor, bucket) per segment")
+      .def(py::init([](const std::vector<std::pair<std::size_t, std::size_t>>& pieces,
+                       std::size_t buckets, std::size_t tensors, std::size_t k) {
+             std::vector<distributed::ShardPiece> out;
+             out.reserve(pieces.size());
+             for (const auto& [tensor, bucket] : pieces) out.push_back({tensor, bucket});
+             return ShardSums(std::move(out), buckets, tensors, k);
+           }),
+           py::arg("pieces"), py::arg("buckets"), py::arg("tensors"), py::arg("k"))
+      .def_property_readonly("k", &ShardSums::k)
+      .def_property_readonly("per_rank", &ShardSums::per_rank, "f64 values of one rank's pack")
+      .def(
+          "pack",
+          [doubles](const ShardSums& s, const std::vector<double>& sums, std::uintptr_t partial,
+                    std::size_t numel) { s.Pack(sums, doubles(partial, numel)); },
+          py::arg("sums"), py::arg("partial"), py::arg("numel"),
+          "each piece's k sums at its (bucket, tensor) of the f64 buffer `partial` (per_rank "
+          "values), zeros elsewhere")
+      .def(
+          "add",
+          [doubles](const ShardSums& s, std::size_t world, std::uintptr_t gathered,
+                    std::size_t numel) {
+            std::vector<double> sums(s.pieces().size() * s.k());
+            s.Add(world, doubles(gathered, numel), sums);
+            return sums;
+          },
+          py::arg("world"), py::arg("gathered"), py::arg("numel"),
+          "each piece's tensor totals over every rank's pack (the f64 buffer `gathered`, world · "
+          "per_rank values), added in the order of the flat range");
   py::dict zero_one;
   algos::All::ForEach(
       [&](auto descriptor) { BindZeroOne<typename decltype(descriptor)::type>(m, zero_one); });

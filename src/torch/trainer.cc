@@ -13,7 +13,7 @@
 
 #include "fusedopt/pt/checkpoint.h"
 #include "fusedopt/pt/training.h"
-#include "src/torch/checkpoint_dir.h"
+#include "src/checkpoint/checkpoint_dir.h"
 
 namespace fusedopt::pt {
 namespace {
@@ -95,9 +95,13 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, Forward forward, Loss
                                 c10::toString(*options_.autocast_dtype) +
                                 " (CPU autocast takes bfloat16 or float16)");
   }
-  if (!options_.checkpoint_dir.empty()) detail::PrepareCheckpointDir(options_.checkpoint_dir);
+  if (!options_.checkpoint_dir.empty()) {
+    checkpoint_dir::PrepareCheckpointDir(
+        options_.checkpoint_dir,
+        "fusedopt::pt::Trainer: checkpoint_dir '" + options_.checkpoint_dir + "'");
+  }
   if (options_.resume) {
-    if (auto latest = detail::LatestCheckpoint(options_.checkpoint_dir, &skipped_)) {
+    if (auto latest = checkpoint_dir::LatestCheckpoint(options_.checkpoint_dir, &skipped_)) {
       LoadCheckpoint(*latest);
       resumed_from_ = *latest;
     }
@@ -144,8 +148,8 @@ UpdateStats Trainer::Step(const DataSource& next, bool warmup) {
 
   if (options_.checkpoint_every > 0 && updates_ % options_.checkpoint_every == 0) {
     auto span = Timeline::Span(timeline, pid, "checkpoint", t);
-    SaveCheckpoint(detail::CheckpointName(options_.checkpoint_dir, micro_batches()));
-    detail::DropOldCheckpoints(options_.checkpoint_dir, options_.keep_last);
+    SaveCheckpoint(checkpoint_dir::CheckpointName(options_.checkpoint_dir, micro_batches()));
+    checkpoint_dir::DropOldCheckpoints(options_.checkpoint_dir, options_.keep_last);
   }
   return stats;
 }

@@ -251,6 +251,67 @@ def test_checkpoint_inside_accumulation_window_is_refused(tmp_path):
         trainer.load_checkpoint(tmp_path / "other.pt")
 
 
+def write_as_shard_set(path, ranks=2):
+    """Rewrites the checkpoint file `path` as the shard set `fusedopt train --dist` would save there (its files
+    step-N.rank<r>-of-<P>.safetensors; docs/checkpoints.md): rank 0 holds the metadata and every tensor but the
+    largest, whose pieces <name>@<first element> are spread over the ranks. Removes the file."""
+    raw = fusedopt._C.read_checkpoint(str(path))
+    data = torch.frombuffer(memoryview(raw), dtype=torch.uint8).clone()
+    meta = json.loads(raw.metadata)
+    split = max(raw.tensors, key=lambda t: t[4])[0]
+    files = [[] for _ in range(ranks)]
+    for name, dtype, shape, offset, nbytes in raw.tensors:
+        if name != split:
+            files[0].append((name, dtype, shape, data.data_ptr() + offset, nbytes))
+            continue
+        numel = math.prod(shape)
+        bounds = [numel * r // ranks for r in range(ranks + 1)]
+        for r in range(ranks):
+            first, count = bounds[r], bounds[r + 1] - bounds[r]
+            files[r].append((f"{name}@{first}", dtype, [count], data.data_ptr() + offset + first * nbytes // numel,
+                             count * nbytes // numel))
+    for r in range(ranks):
+        record = {"set": "test", "rank": r, "ranks": ranks}
+        if r == 0:
+            record["tensors"] = [[name, dtype, shape] for name, dtype, shape, _, _ in raw.tensors]
+        shard = path.with_name(path.name.replace(".safetensors", f".rank{r}-of-{ranks}.safetensors"))
+        fusedopt._C.write_checkpoint(str(shard), json.dumps({**meta, "shard": record} if r == 0 else {"shard": record}),
+                                     files[r])
+    path.unlink()
+
+
+def test_python_trainer_takes_shard_sets_as_one_checkpoint(tmp_path):
+    """The checkpoint folder's policy is the C++ one (src/checkpoint/checkpoint_dir.h) in Python too: a shard set
+    (a distributed save: step-N.rank<r>-of-<P>.safetensors, which the Python Trainer once ignored) is one
+    checkpoint: listed by the path it was saved at, resumed from (assembled), pruned as a whole, its killed saves'
+    temporary files removed; a set that does not verify is skipped with a warning naming it and why."""
+    data = mlp_pool(n=4)
+
+    def trainer(**kw):
+        model = mlp()
+        return fusedopt.Trainer(model, CE, make_opt("fused", "adamw", model.parameters()), progress=False, **kw)
+
+    full = trainer().train(data)
+    first = trainer(checkpoint_dir=tmp_path, checkpoint_every=1)
+    first.train(data, steps=2)
+    write_as_shard_set(tmp_path / "step-00000002.safetensors")
+    set_files = ["step-00000002.rank0-of-2.safetensors", "step-00000002.rank1-of-2.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001.safetensors", *set_files]
+    assert fusedopt.Trainer._checkpoints(tmp_path) == {1: str(tmp_path / "step-00000001.safetensors"),
+                                                      2: str(tmp_path / "step-00000002.safetensors")}
+    assert fusedopt.Trainer.latest_checkpoint(tmp_path) == str(tmp_path / "step-00000002.safetensors")
+    (tmp_path / ".step-00000003.rank1-of-2.safetensors.tmp.12345.0").write_bytes(b"half a shard")
+    (tmp_path / "step-00000009.rank0-of-2.safetensors").write_bytes(b"a set without its rank 1")
+    with pytest.warns(UserWarning, match="skipping checkpoint .*step-00000009.safetensors: .*rank 1"):
+        resumed = trainer(checkpoint_dir=tmp_path, checkpoint_every=1, keep_last=2, resume=True)
+    assert resumed.step == 2  # from the set, assembled
+    rest = resumed.train(data)
+    assert rest["losses"] == full["losses"][2:]
+    # Pruned to the newest 2 (the broken set at 9 and step 4): the set at 2 went as a whole.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004.safetensors",
+                                                          "step-00000009.rank0-of-2.safetensors"]
+
+
 # ---- trace ----------------------------------------------------------------------------------------
 
 OTHER_DATA_KEYS = {"fusedopt_trace", "model", "optimizer", "batch_size", "threads", "dtype", "param_dtype",

@@ -28,8 +28,8 @@
 #include "fusedopt/pt/timeline.h"
 #include "fusedopt/runtime.h"
 #include "src/algos/registry.h"
+#include "src/checkpoint/checkpoint_dir.h"
 #include "src/tool_util/report_util.h"
-#include "src/torch/checkpoint_dir.h"
 #include "tools/train/run.h"
 
 namespace fusedopt::train {
@@ -72,16 +72,16 @@ int Resume(const TrainOptions& o, DistributedOptimizer<Hyper>& opt, Communicator
   OnRankZero(comm, [&] {
     std::vector<std::string> skipped;
     const std::optional<std::string> latest =
-        pt::detail::LatestCheckpoint(o.checkpoint_dir, &skipped);
+        checkpoint_dir::LatestCheckpoint(o.checkpoint_dir, &skipped);
     for (const std::string& s : skipped) progress << "skipping checkpoint " << s << "\n";
-    for (const auto& [step, path] : pt::detail::ListCheckpoints(o.checkpoint_dir)) {
+    for (const auto& [step, path] : checkpoint_dir::ListCheckpoints(o.checkpoint_dir)) {
       if (path == latest) update = static_cast<double>(step);
     }
   });
   update = MaxOverRanks(comm, update);
   if (update == 0) return 0;
   const std::string path =
-      pt::detail::CheckpointName(o.checkpoint_dir, static_cast<std::int64_t>(update));
+      checkpoint_dir::CheckpointName(o.checkpoint_dir, static_cast<std::int64_t>(update));
   const CheckpointCounters counters = LoadCheckpoint(opt, path);
   if (!counters.contains("updates")) {
     throw std::invalid_argument("invalid --resume: " + path + " has no 'updates' counter");
@@ -183,7 +183,10 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
   const int total = o.warmup + o.steps;
   int start = 0;
   if (!o.checkpoint_dir.empty()) {
-    OnRankZero(comm, [&] { pt::detail::PrepareCheckpointDir(o.checkpoint_dir); });
+    OnRankZero(comm, [&] {
+      checkpoint_dir::PrepareCheckpointDir(o.checkpoint_dir,
+                                           "--checkpoint-dir '" + o.checkpoint_dir + "'");
+    });
     if (o.resume) start = Resume(o, opt, comm, progress);
     if (start >= total) {
       throw std::invalid_argument(
@@ -249,9 +252,9 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
                 .exposed_comm_ms = MaxOverRanks(comm, opt.last_exposed_comm_ms())};
     if (!warmup) timed.push_back(s);
     if (o.checkpoint_every > 0 && (i + 1) % o.checkpoint_every == 0) {
-      SaveShardedCheckpoint(opt, pt::detail::CheckpointName(o.checkpoint_dir, i + 1), nullptr,
+      SaveShardedCheckpoint(opt, checkpoint_dir::CheckpointName(o.checkpoint_dir, i + 1), nullptr,
                             {{"updates", i + 1}});
-      OnRankZero(comm, [&] { pt::detail::DropOldCheckpoints(o.checkpoint_dir, o.keep_last); });
+      OnRankZero(comm, [&] { checkpoint_dir::DropOldCheckpoints(o.checkpoint_dir, o.keep_last); });
     }
     if (reference_opt) {
       const torch::Tensor l = reference.loss(reference.forward(batch.input), batch.target);

@@ -1,11 +1,12 @@
-// src/torch/checkpoint_dir.h: the names, the folder check, pruning and the newest file that
-// verifies, as python/fusedopt/trainer.py does them for fusedopt.Trainer.
+// src/checkpoint/checkpoint_dir.h: the names, the folder check, pruning and the newest checkpoint
+// that verifies, for fusedopt.Trainer, the C++ Trainer and `fusedopt train --dist` alike.
 
-#include "src/torch/checkpoint_dir.h"
+#include "src/checkpoint/checkpoint_dir.h"
 
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,7 +16,7 @@
 
 #include "fusedopt/checkpoint_file.h"
 
-namespace fusedopt::pt::detail {
+namespace fusedopt::checkpoint_dir {
 namespace {
 
 namespace fs = std::filesystem;
@@ -34,7 +35,7 @@ std::string CheckpointName(const std::string& dir, std::int64_t step) {
   return (fs::path(dir) / name).string();
 }
 
-void PrepareCheckpointDir(const std::string& dir) {
+void PrepareCheckpointDir(const std::string& dir, const std::string& name) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   const fs::path probe = fs::path(dir) / (".fusedopt-write-test." + std::to_string(::getpid()));
@@ -43,8 +44,7 @@ void PrepareCheckpointDir(const std::string& dir) {
     if (!out) ec = std::error_code(errno != 0 ? errno : EACCES, std::generic_category());
   }
   if (ec) {
-    throw std::system_error(ec,
-                            "fusedopt::pt::Trainer: checkpoint_dir '" + dir + "' is not writable");
+    throw std::system_error(ec, name + " is not writable");
   }
   fs::remove(probe, ec);
   static const std::regex stale(R"(\.step-\d{8,}(\.rank\d+-of-\d+)?\.safetensors\.tmp\..*)");
@@ -60,8 +60,10 @@ std::map<std::int64_t, std::string> ListCheckpoints(const std::string& dir) {
     const std::string name = it->path().filename().string();
     std::smatch m;
     if (std::regex_match(name, m, CheckpointPattern())) {
-      const std::int64_t step = std::stoll(m[1].str());
-      found[step] = CheckpointName(dir, step);
+      const std::string digits = m[1].str();
+      std::int64_t step = 0;
+      const auto parsed = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+      if (parsed.ec == std::errc()) found[step] = CheckpointName(dir, step);  // (none past int64)
     }
   }
   return found;
@@ -90,4 +92,4 @@ std::optional<std::string> LatestCheckpoint(const std::string& dir,
   return std::nullopt;
 }
 
-}  // namespace fusedopt::pt::detail
+}  // namespace fusedopt::checkpoint_dir
