@@ -145,8 +145,6 @@ std::vector<std::pair<std::vector<AdadeltaHyper>, Options>> OptimizerCases(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<AdadeltaHyper> {
   static AdadeltaHyper TestHyper() { return {.lr = 0.5, .rho = 0.8, .weight_decay = 0.1}; }

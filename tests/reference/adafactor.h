@@ -235,8 +235,6 @@ std::vector<std::pair<std::vector<AdafactorHyper>, Options>> OptimizerCases(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<AdafactorHyper> {
   // Every option away from its default; eps1 that of bfloat16 (torch's None for the bf16 params of

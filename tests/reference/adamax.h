@@ -146,8 +146,6 @@ std::vector<std::pair<std::vector<AdamaxHyper>, Options>> OptimizerCases(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<AdamaxHyper> {
   static AdamaxHyper TestHyper() { return {.lr = 5e-3, .beta1 = 0.85, .weight_decay = 0.1}; }

@@ -247,8 +247,6 @@ std::vector<std::pair<std::vector<AdampHyper>, Options>> OptimizerCases(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<AdampHyper> {
   static AdampHyper TestHyper() { return {.lr = 5e-3, .weight_decay = 0.1, .nesterov = true}; }

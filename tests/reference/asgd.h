@@ -197,8 +197,6 @@ std::vector<std::pair<std::vector<AsgdHyper>, Options>> OptimizerCases(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<AsgdHyper> {
   static AsgdHyper TestHyper() {

@@ -227,8 +227,6 @@ std::vector<std::pair<std::vector<BertAdamHyper>, Options>> OptimizerCases(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<BertAdamHyper> {
   // A schedule that reads the step (linear decay over 50 steps, no warmup: the first step moves

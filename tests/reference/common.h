@@ -43,6 +43,11 @@ inline double MaximumPropagatingNaN(double a, double b) {
 template <class Hyper>
 struct KernelCases;
 
+// What the libtorch adapter's generic test runs for an algorithm with a generic class (its members:
+// tests/torch/generic_test.cc).
+template <class Hyper>
+struct TorchCase;
+
 // The oracle's state buffers of one tensor, by slot (Segment::state); unused slots empty.
 using StateSpans = std::array<std::span<double>, kMaxStates>;
 

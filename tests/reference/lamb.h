@@ -249,8 +249,6 @@ std::vector<std::pair<std::vector<LambHyper>, Options>> OptimizerCases(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<LambHyper> {
   static LambHyper TestHyper() {

@@ -219,8 +219,6 @@ inline std::vector<std::pair<float, float>> MomentumSwitchedOnLaterSteps(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<LarsHyper> {
   static LarsHyper TestHyper() { return {.lr = 5e-2, .momentum = 0.9, .weight_decay = 0.1}; }

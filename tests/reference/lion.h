@@ -200,8 +200,6 @@ std::vector<std::pair<std::vector<LionHyper>, Options>> OptimizerCases(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<LionHyper> {
   static LionHyper TestHyper() {

@@ -218,8 +218,6 @@ std::vector<std::pair<std::vector<NadamHyper>, Options>> OptimizerCases(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<NadamHyper> {
   static NadamHyper TestHyper() {

@@ -192,8 +192,6 @@ std::vector<std::pair<std::vector<RadamHyper>, Options>> OptimizerCases(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<RadamHyper> {
   static RadamHyper TestHyper() {

@@ -181,8 +181,6 @@ std::vector<std::pair<std::vector<RmsproptfHyper>, Options>> OptimizerCases(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<RmsproptfHyper> {
   // Every state (momentum, centered); the decay coupled, so that lr 0 leaves a param as it is.

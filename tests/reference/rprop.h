@@ -175,8 +175,6 @@ std::vector<std::pair<std::vector<RpropHyper>, Options>> OptimizerCases(
 }  // namespace validation
 
 // The libtorch adapter (tests/torch/generic_test.cc).
-template <class Hyper>
-struct TorchCase;  // its members: tests/torch/generic_test.cc
 template <>
 struct TorchCase<RpropHyper> {
   static RpropHyper TestHyper() {  // no weight decay
