@@ -116,6 +116,7 @@ float MaxFinite(DType dtype) {
     case DType::kBF16:
       return 0x1.FEp127f;
     case DType::kF32:
+    case DType::kQ8:  // never a param's or grad's dtype (ParseDType does not take it)
       break;
   }
   return std::numeric_limits<float>::max();

@@ -14,9 +14,13 @@
 
 namespace fusedopt {
 
-enum class DType : std::uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// kQ8 is for optimizer states only: 8-bit codes of bitsandbytes' dynamic map, one f32 absmax per
+// block of kQuantBlock elements beside them (fusedopt/quantize.h). A code cannot be read alone.
+enum class DType : std::uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kQ8 = 3 };
 
-inline constexpr std::size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline constexpr std::size_t DTypeSize(DType t) {
+  return t == DType::kF32 ? 4 : (t == DType::kQ8 ? 1 : 2);
+}
 
 inline constexpr std::string_view DTypeName(DType t) {
   switch (t) {
@@ -26,11 +30,13 @@ inline constexpr std::string_view DTypeName(DType t) {
       return "f16";
     case DType::kBF16:
       return "bf16";
+    case DType::kQ8:
+      return "q8";
   }
   return "unknown";
 }
 
-// Parses "f32", "f16" or "bf16"; returns false for anything else.
+// Parses "f32", "f16" or "bf16" (the dtypes of params and grads); returns false for anything else.
 inline constexpr bool ParseDType(std::string_view name, DType* out) {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
     if (name == DTypeName(t)) {
@@ -95,6 +101,8 @@ inline float LoadAsF32(const void* data, DType t, std::size_t i) {
       return F16ToF32(static_cast<const std::uint16_t*>(data)[i]);
     case DType::kBF16:
       return BF16ToF32(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::kQ8:  // a code needs its block's absmax (quantize.h: Dequantize)
+      break;
   }
   return 0.0f;
 }
@@ -110,6 +118,8 @@ inline void StoreFromF32(void* data, DType t, std::size_t i, float v) {
       return;
     case DType::kBF16:
       static_cast<std::uint16_t*>(data)[i] = F32ToBF16(v);
+      return;
+    case DType::kQ8:  // a block is quantized as a whole (quantize.h: Quantize)
       return;
   }
 }

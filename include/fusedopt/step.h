@@ -31,6 +31,9 @@ struct Segment {
   void* param = nullptr;
   const void* grad = nullptr;    // read only
   void* state[kMaxStates] = {};  // indexed by <Algo>State (hyper.h); unused entries stay null
+  // With state_dtype kQ8: each used state slot's absmax, one f32 per block of kQuantBlock elements
+  // (fusedopt/quantize.h), read and rewritten by the step. Null otherwise.
+  float* absmax[kMaxStates] = {};
   // Optional f32 master copy of a 16-bit param: the update runs on it and the param receives its
   // rounding.
   float* master = nullptr;
@@ -54,8 +57,11 @@ struct Segment {
   std::size_t cols = 0;
   DType param_dtype = DType::kF32;
   DType grad_dtype = DType::kF32;
-  DType state_dtype = DType::kF32;  // dtype of all state buffers of this segment
-  std::uint32_t group = 0;          // index into the groups span of the step call
+  // Dtype of all state buffers of this segment. kQ8 (8-bit block-wise codes with absmax) is taken
+  // by the element-wise algorithms, neither by the two-phase ones (LAMB, LARS, AdamP, BertAdam)
+  // nor by Adafactor's factored states.
+  DType state_dtype = DType::kF32;
+  std::uint32_t group = 0;  // index into the groups span of the step call
   // The step being taken, counted per tensor as torch's state['step']: 1 on this tensor's first
   // update. Adam/RMSprop/Adagrad use it for bias correction and lr decay; SGD copies the gradient
   // into a fresh momentum buffer when it is 1.

@@ -17,12 +17,16 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 
 from . import _C, distributed, schedules, timeline
 from .amp import GradScaler
+from .bnb import BNB_CLASSES
 from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from .clip import clip_grad_norm_, clip_grad_value_
 from .optim import FUSED_CLASSES
 from .trainer import Model, Trainer
 
 globals().update(FUSED_CLASSES)  # FusedSGD, FusedAdam, ...: one per algorithm of the registry
+# FusedAdamW8bit, ...: bitsandbytes' 8-bit optimizers (fusedopt.bnb; attributes, not in __all__, whose
+# "Fused*" names are the fused classes of the registry's algorithms)
+globals().update(BNB_CLASSES)
 
 __all__ = [*FUSED_CLASSES, "GradScaler", "clip_grad_norm_", "clip_grad_value_", "save_checkpoint", "load_checkpoint",
            "read_checkpoint", "distributed", "schedules", "timeline", "Trainer", "Model", "active_target"]

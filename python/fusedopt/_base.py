@@ -57,11 +57,14 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             cls._row_reductions = entry["row_reductions"]  # its step reads each param's size(0) (AdamP)
             # its states are shaped by each param's last two dims, and its step reads them (Adafactor)
             cls._factored = entry["factored"]
+            # state_dtype=torch.uint8 (8-bit block-wise states): an element-wise step, and each slot's map
+            cls._quantizable = entry.get("quantizable", False)
+            cls._unsigned_maps = entry.get("unsigned_map_states", 0)
 
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
                  max_grad_norm: float | None = None, norm_type: float = 2.0, accumulation_steps: int = 1,
-                 state_dtype: torch.dtype | None = None, stochastic_rounding: bool = False, seed: int = 0,
-                 strict: bool = False, **kwargs):
+                 state_dtype: torch.dtype | None = None, min_8bit_size: int = _C.min_8bit_size,
+                 stochastic_rounding: bool = False, seed: int = 0, strict: bool = False, **kwargs):
         # strict=False: params (or steps) the engine cannot take go through the reference's own step
         # (see _torch_step); strict=True: they are errors.
         self._strict = bool(strict)
@@ -74,9 +77,14 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         self._norm_code = norm_type_code(norm_type)
         if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
             raise ValueError(f"Invalid accumulation_steps: {accumulation_steps!r} (an int >= 1)")
-        if state_dtype is not None and state_dtype not in DTYPE_CODES:
-            raise TypeError(f"fusedopt: invalid state_dtype {state_dtype}; supported dtypes are "
-                            "torch.float32, torch.float16 and torch.bfloat16")
+        if state_dtype is not None and state_dtype not in DTYPE_CODES and state_dtype is not torch.uint8:
+            raise TypeError(f"fusedopt: invalid state_dtype {state_dtype}; supported dtypes are torch.float32, "
+                            "torch.float16, torch.bfloat16 and torch.uint8 (8-bit block-wise states)")
+        if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
+            raise ValueError(f"Invalid min_8bit_size: {min_8bit_size!r} (an int >= 0)")
+        if state_dtype is torch.uint8:
+            self._check_8bit(flatten)
+        self._min_8bit_size = min_8bit_size
         if not isinstance(seed, int) or not 0 <= seed < 2**64:
             raise ValueError(f"Invalid seed: {seed!r} (an int in [0, 2**64))")
         self._rounding = (bool(stochastic_rounding), seed)
@@ -104,6 +112,17 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         self._step_supports_amp_scaling = True  # honours grad_scale / found_inf set by GradScaler
         if flatten:
             self._flat = FlatStore(self)
+
+    def _check_8bit(self, flatten: bool) -> None:
+        """state_dtype=torch.uint8 needs an element-wise step (the engine quantizes each block as it updates it)
+        and, for now, params that keep their own tensors."""
+        name = type(self).__name__
+        if not self._quantizable:
+            raise ValueError(f"fusedopt: {name} does not take state_dtype=torch.uint8 (8-bit block-wise states): "
+                             f"its step ('{self._algorithm}') is not element-wise")
+        if flatten:
+            raise ValueError(f"fusedopt: {name} does not take flatten=True with state_dtype=torch.uint8 (8-bit "
+                             "states) yet; pass flatten=False")
 
     # ---- what each algorithm defines ----------------------------------------------------------
     def _hyper(self, group: dict) -> Any:
@@ -237,7 +256,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         self.__dict__.setdefault("_flat", None)
         self.__dict__.setdefault("_param_marks", {})
         for key, value in (("_max_grad_norm", math.inf), ("_norm_code", 2), ("_accumulation_steps", 1),
-                           ("_state_dtype_option", None), ("_micro_batches", 0),
+                           ("_state_dtype_option", None), ("_min_8bit_size", _C.min_8bit_size), ("_micro_batches", 0),
                            ("_window_found_inf", False), ("last_grad_norm", None),
                            ("_rounding", (False, 0)), ("_offsets", None), ("_duplicates", False),
                            ("_overlap_free", False), ("_wave_key", None), ("_wave_plan", None),

@@ -17,7 +17,8 @@ from ._state import _ABSENT
 from ._tensors import DTYPE_CODES, first_overlap, grad_shape_error, number_error
 
 _ITEM_SIZES = {0: 4, 1: 2, 2: 2}  # bytes per element of each engine dtype code
-_ENGINE_CODES = {**DTYPE_CODES, torch.complex64: 0}  # a complex64 tensor is read as its f32 real view
+# (a complex64 tensor is read as its f32 real view; uint8 states are 8-bit block-wise codes, DType::kQ8)
+_ENGINE_CODES = {**DTYPE_CODES, torch.complex64: 0, torch.uint8: 3}
 _SPAN = operator.attrgetter("param", "numel", "param_dtype")  # of a _C.SegmentRow
 # Bound C methods, mapped over lists of tensors by the packing fast path (_pack_unchanged).
 _PARAMS = operator.itemgetter("params")
@@ -210,11 +211,16 @@ class SegmentPacking:
         attached = self.state.get(p)
         state = {} if attached is None else attached
         sdtype = self._state_dtype(p)
-        ptrs = [0, 0, 0]
+        quantized = sdtype == torch.uint8
+        ptrs, absmax_ptrs = [0, 0, 0], [0, 0, 0]
         fresh_buffer = False
         for slot, (key, need) in enumerate(zip(self._slot_keys, needed)):
-            if need:
+            if need and quantized:  # 8-bit codes, and an f32 absmax per block
+                t, absmax, fresh = self._ensure_quantized(p, state, key, gi, j, undo, hyper)
+                absmax_ptrs[slot] = absmax.data_ptr()
+            elif need:
                 t, fresh = self._ensure_state(p, state, key, sdtype, gi, j, undo, hyper)
+            if need:
                 ptrs[slot] = t.data_ptr()
                 fresh_buffer |= fresh
         step_ptr, step = 0, 0
@@ -244,7 +250,7 @@ class SegmentPacking:
             self._param_marks[p] = (p.data_ptr(), p._version)  # our raw writes leave both as they are
             master = self._ensure_state(p, state, "master_param", torch.float32, gi, j, undo)[0].data_ptr()
         def row(step):
-            return _C.SegmentRow(param=p.data_ptr(), states=ptrs, master=master,
+            return _C.SegmentRow(param=p.data_ptr(), states=ptrs, absmax=absmax_ptrs, master=master,
                                  numel=p.numel() * (2 if p.is_complex() else 1), param_dtype=pcode,
                                  state_dtype=_ENGINE_CODES[sdtype], group=gi, step_counter=step_ptr, step=step,
                                  stochastic_rounding=self._rounding[0], rounding_seed=self._rounding[1],
@@ -255,6 +261,7 @@ class SegmentPacking:
 
         now = row(step)
         keys = [k for k, need in zip(self._slot_keys, needed) if need]
+        keys += [self._absmax_key(k) for k in keys] if quantized else []  # (a replaced absmax is noticed too)
         keys += ["step"] if self._counts_steps else []
         keys += self._scalar_keys
         keys += ["master_param"] if master else []

@@ -22,8 +22,11 @@ _OPTIONS = {
     "accumulation_steps": "step() adds the gradients (any dtype, unscaled by a GradScaler) into f32 accumulators "
                           "and updates every k-th call with their mean: one large batch. A micro-batch with "
                           "Inf/NaN gradients skips its whole window.",
-    "state_dtype": "dtype of the optimizer states (e.g. torch.bfloat16: half the memory of f32 moments); None: "
-                   "the param's dtype, or f32 with master_weights.",
+    "state_dtype": "dtype of the optimizer states (e.g. torch.bfloat16: half the memory of f32 moments); "
+                   "torch.uint8: 8-bit block-wise states in bitsandbytes' format (element-wise algorithms; "
+                   "docs/8bit-states.md); None: the param's dtype, or f32 with master_weights.",
+    "min_8bit_size": "with state_dtype=torch.uint8: params of fewer elements keep full-precision states (as "
+                     "state_dtype=None), as bitsandbytes' min_8bit_size.",
     "stochastic_rounding": "16-bit states, and 16-bit params without a master copy (pure bf16 training), are "
                            "rounded stochastically, keyed on (seed, step, element index): unbiased, "
                            "reproducible, independent of threads.",

@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from ._tensors import number_error
+from . import _C
+from ._tensors import is_dense, number_error
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # The largest state['step'] the engine takes (src/python/module.cc): every f32 below it is an exact
@@ -24,11 +25,71 @@ class StateCreation:
         return self._master_weights and p.dtype in _LOW_PRECISION
 
     def _state_dtype(self, p: torch.Tensor) -> torch.dtype:
+        """The dtype of p's states; torch.uint8: 8-bit block-wise codes, each with an f32 absmax tensor."""
         if p.is_complex():  # states of p's dtype, as torch keeps them
             return p.dtype
-        if self._state_dtype_option is not None:
-            return self._state_dtype_option
+        option = self._state_dtype_option
+        if option is torch.uint8:
+            # bitsandbytes' policy: small tensors (biases, norms) keep full states, their memory is negligible
+            if p.numel() >= self._min_8bit_size:
+                return torch.uint8
+            option = None
+        if option is not None:
+            return option
         return torch.float32 if self._has_master(p) else p.dtype
+
+    def _absmax_key(self, key: str) -> str:
+        """The state key of the f32 absmax tensor (one value per block of _C.quant_block) of 8-bit state[key]."""
+        return key + "_absmax"
+
+    def _signed_map(self, key: str) -> bool:
+        """Whether 8-bit state[key] uses bitsandbytes' signed map ("dynamic"), else the unsigned one ("udynamic"):
+        the algorithm's choice (_C.algorithms[name]["unsigned_map_states"], one bit per state slot)."""
+        return not self._unsigned_maps >> self._slot_keys.index(key) & 1
+
+    def _dequantized(self, codes: torch.Tensor, absmax: torch.Tensor, key: str, what: str) -> torch.Tensor:
+        """The f32 values of 8-bit codes (laid out as `codes`, blocks in its memory order) with their absmax."""
+        blocks = -(-codes.numel() // _C.quant_block)
+        if not (isinstance(absmax, torch.Tensor) and absmax.numel() == blocks and absmax.is_floating_point()):
+            raise ValueError(f"fusedopt: {what} holds 8-bit codes but its absmax ('{self._absmax_key(key)}') is "
+                             f"{_describe(absmax)}; it needs {blocks} floating values (one per {_C.quant_block})")
+        if not is_dense(codes):
+            raise ValueError(f"fusedopt: {what} holds 8-bit codes that are not dense in memory "
+                             f"(strides {codes.stride()})")
+        absmax = absmax.detach().to(torch.float32).contiguous()
+        out = torch.empty_like(codes, dtype=torch.float32, memory_format=torch.preserve_format)
+        _C.dequantize(codes.data_ptr(), absmax.data_ptr(), codes.numel(), self._signed_map(key), out.data_ptr())
+        return out
+
+    def _ensure_quantized(self, p, state, key, gi, j, undo, hyper):
+        """state[key] as 8-bit codes laid out as p, with state[_absmax_key(key)] its f32 absmax: as it is when it
+        already is, else made from what is there (codes of another layout or a 16-bit absmax, an f32 state of an
+        optimizer without 8-bit states), or from the slot's initial value when missing.
+        Returns (codes, absmax, whether the state was created)."""
+        akey = self._absmax_key(key)
+        t, a = state.get(key), state.get(akey)
+        blocks = -(-p.numel() // _C.quant_block)
+        what = f"state '{key}' of parameter {self._name(gi, j)}"
+        if t is not None and t.numel() != p.numel():
+            raise ValueError(f"fusedopt: {what} has {t.numel()} elements but the parameter has {p.numel()}")
+        if t is not None and t.dtype == torch.uint8:
+            if (isinstance(a, torch.Tensor) and a.dtype == torch.float32 and a.numel() == blocks
+                    and a.is_contiguous() and a.device == p.device
+                    and (t.stride() == p.stride() or (t.is_contiguous() and p.is_contiguous()))):
+                return t, a, False
+            t = self._dequantized(t, a, key, what)
+        values = torch.empty_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        if t is None:
+            values.fill_(self._initial_state_value(key, self.param_groups[gi], p, hyper))
+        else:
+            values.copy_(t.detach().reshape(p.shape))
+        codes = torch.empty_like(p, dtype=torch.uint8, memory_format=torch.preserve_format)
+        absmax = torch.empty(blocks, dtype=torch.float32, device=p.device)
+        _C.quantize(values.data_ptr(), p.numel(), self._signed_map(key), codes.data_ptr(), absmax.data_ptr())
+        for k, new in ((key, codes), (akey, absmax)):  # a failed step puts the loaded tensors back
+            undo.append((state, k, state.get(k, _ABSENT)))
+            state[k] = new
+        return codes, absmax, t is None
 
     def _step_count(self, s, gi: int, j: int) -> float:
         """The value of a state['step'] (e.g. loaded from a state_dict), checked before the engine
@@ -76,6 +137,12 @@ class StateCreation:
                 t.stride() == p.stride() or (t.is_contiguous() and p.is_contiguous())) and (
                 self._flat is None or self._flat.in_slot(p, key, t)):
             return t, False
+        old = t
+        if t is not None and t.dtype == torch.uint8 and key != "master_param":
+            # 8-bit codes (a state_dict of 8-bit states, or a param now under min_8bit_size): their values
+            akey = self._absmax_key(key)
+            t = self._dequantized(t, state.get(akey), key, f"state '{key}' of parameter {self._name(gi, j)}")
+            undo.append((state, akey, state.pop(akey)))
         if t is not None and t.numel() != p.numel():
             raise ValueError(f"fusedopt: state '{key}' of parameter {self._name(gi, j)} has "
                              f"{t.numel()} elements but the parameter has {p.numel()}")
@@ -89,7 +156,7 @@ class StateCreation:
             new.copy_(p.detach())
         elif not (key == "momentum_buffer" and not self._counts_steps):  # SGD's is filled by the step
             new.fill_(fill)
-        undo.append((state, key, _ABSENT if t is None else t))  # a failed step puts a loaded tensor back
+        undo.append((state, key, _ABSENT if old is None else old))  # a failed step puts a loaded tensor back
         state[key] = new
         return new, t is None
 
@@ -110,20 +177,35 @@ class StateCreation:
         return new, t is None
 
     def _f32_states_to_keep(self, state_dict: dict) -> dict:
-        if not self._master_weights:
-            return {}
+        """What torch's load_state_dict would cast to each param's dtype and must not: by param index, copies of
+        the f32 master copies and moments of 16-bit params (master_weights=True), and of every 8-bit state
+        (uint8 codes, which torch casts to a floating param's dtype) with its f32 absmax."""
         params = [p for g in self.param_groups for p in g["params"]]
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         keep = {}
         for pid, sid in enumerate(saved_ids):
-            if pid >= len(params) or params[pid].dtype not in _LOW_PRECISION:
+            if pid >= len(params):
                 continue
             entry = state_dict["state"].get(sid, {})
-            kept = {k: v.detach().to(torch.float32, copy=True) for k, v in entry.items()
-                    if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point()}
+            kept = {}
+            if self._master_weights and params[pid].dtype in _LOW_PRECISION:
+                kept = {k: v.detach().to(torch.float32, copy=True) for k, v in entry.items()
+                        if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point()}
+            for k, v in entry.items():
+                if isinstance(v, torch.Tensor) and v.dtype == torch.uint8:
+                    kept[k] = v.detach().clone()
+                    absmax = entry.get(self._absmax_key(k))
+                    if isinstance(absmax, torch.Tensor) and absmax.is_floating_point():
+                        kept[self._absmax_key(k)] = absmax.detach().to(torch.float32, copy=True)
             if kept:
                 keep[pid] = kept
         return keep
+
+
+def _describe(t) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"a {t.dtype} tensor of {t.numel()} elements"
+    return "missing" if t is None else f"a {type(t).__name__}"
 
 
 def _roll_back(undo: list) -> None:

@@ -74,6 +74,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("fusedopt.distributed.DistributedOptimizer: the default process group is not "
                                "initialized; call torch.distributed.init_process_group('gloo') first")
+        if optimizer._state_dtype_option is torch.uint8:  # blocks would straddle shard edges (docs/8bit-states.md)
+            raise ValueError("fusedopt.distributed.DistributedOptimizer: the wrapped optimizer keeps 8-bit states "
+                             "(state_dtype=torch.uint8), which it does not shard or synchronize yet")
         if optimizer._flat is not None:
             raise ValueError("fusedopt.distributed.DistributedOptimizer: the wrapped optimizer has flatten=True; "
                              "the gradient buckets are already flat: pass flatten=False")

@@ -36,6 +36,7 @@ struct Adadelta {
   static constexpr const char* kTorchName = "Adadelta";
   static constexpr const char* kStepName = "AdadeltaStep";
   static constexpr StateNames kStates = {"square_avg", "acc_delta", ""};
+  static constexpr unsigned kUnsignedMapStates = 0b11;  // both >= 0
   static constexpr auto kFields =
       Fields(Field{"lr", &Hyper::lr}, Field{"rho", &Hyper::rho}, Field{"eps", &Hyper::eps},
              Field{"weight_decay", &Hyper::weight_decay}, Field{"maximize", &Hyper::maximize});

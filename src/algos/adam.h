@@ -42,6 +42,8 @@ struct Adam {
   static constexpr const char* kTorchName = "Adam";
   static constexpr const char* kStepName = "AdamStep";
   static constexpr StateNames kStates = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  // 8-bit codes of the second moments on the unsigned map, as bitsandbytes' Adam8bit keeps state2.
+  static constexpr unsigned kUnsignedMapStates = 0b110;
   static constexpr auto kFields =
       Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},
              Field{"beta2", &Hyper::beta2, "betas", 1}, Field{"eps", &Hyper::eps},
@@ -127,6 +129,7 @@ struct AdamW {
   static constexpr const char* kTorchName = "AdamW";
   static constexpr const char* kStepName = "AdamWStep";
   static constexpr StateNames kStates = Adam::kStates;
+  static constexpr unsigned kUnsignedMapStates = Adam::kUnsignedMapStates;
   static constexpr auto kFields =
       Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},
              Field{"beta2", &Hyper::beta2, "betas", 1}, Field{"eps", &Hyper::eps},

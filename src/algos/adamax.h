@@ -38,6 +38,7 @@ struct Adamax {
   static constexpr const char* kTorchName = "Adamax";
   static constexpr const char* kStepName = "AdamaxStep";
   static constexpr StateNames kStates = {"exp_avg", "exp_inf", ""};
+  static constexpr unsigned kUnsignedMapStates = 0b10;  // exp_inf >= 0
   static constexpr auto kFields =
       Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},
              Field{"beta2", &Hyper::beta2, "betas", 1}, Field{"eps", &Hyper::eps},

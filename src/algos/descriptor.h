@@ -5,6 +5,10 @@
 //                       coefficients its math body reads (src/math/scalars.h)
 //   kName, kStepName    "lion" (CLI, Python) and "LionStep" (error messages)
 //   kStates             torch's state_dict key of each Segment::state slot
+//   kUnsignedMapStates  optional bit set: the state slots whose 8-bit codes use the unsigned map
+//                       (fusedopt/quantize.h; non-negative states); the others use the signed one.
+//                       bitsandbytes' twins decide where they exist (Adam: exp_avg_sq; RMSprop's
+//                       and Adagrad's non-negative states stay signed there)
 //   kCountsSteps        optional, false where torch's state has no "step" (CountsSteps<A>())
 //   CountsBufferSteps(h)  optional: Segment::step counts the momentum buffer's steps (below)
 //   kTorchName          "RMSprop": the class name its reference gives it (torch.optim's, apex's

@@ -44,6 +44,7 @@ struct Nadam {
   static constexpr const char* kTorchName = "NAdam";
   static constexpr const char* kStepName = "NadamStep";
   static constexpr StateNames kStates = {"exp_avg", "exp_avg_sq", ""};
+  static constexpr unsigned kUnsignedMapStates = 0b10;  // exp_avg_sq >= 0
   static constexpr std::array<const char*, 1> kScalarStates = {"mu_product"};
   static constexpr auto kFields = Fields(
       Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},

@@ -44,6 +44,7 @@ struct Radam {
   static constexpr const char* kTorchName = "RAdam";
   static constexpr const char* kStepName = "RadamStep";
   static constexpr StateNames kStates = {"exp_avg", "exp_avg_sq", ""};
+  static constexpr unsigned kUnsignedMapStates = 0b10;  // exp_avg_sq >= 0
   static constexpr auto kFields =
       Fields(Field{"lr", &Hyper::lr}, Field{"beta1", &Hyper::beta1, "betas", 0},
              Field{"beta2", &Hyper::beta2, "betas", 1}, Field{"eps", &Hyper::eps},

@@ -48,6 +48,7 @@ struct Rmsproptf {
   static constexpr const char* kTorchName = "RMSpropTF";
   static constexpr const char* kStepName = "RmsproptfStep";
   static constexpr StateNames kStates = {"square_avg", "momentum_buffer", "grad_avg"};
+  static constexpr unsigned kUnsignedMapStates = 0b001;  // square_avg >= 0
   static constexpr auto kFields =
       Fields(Field{"lr", &Hyper::lr}, Field{"alpha", &Hyper::alpha}, Field{"eps", &Hyper::eps},
              Field{"weight_decay", &Hyper::weight_decay}, Field{"momentum", &Hyper::momentum},

@@ -36,6 +36,7 @@ struct Rprop {
   static constexpr const char* kTorchName = "Rprop";
   static constexpr const char* kStepName = "RpropStep";
   static constexpr StateNames kStates = {"prev", "step_size", ""};
+  static constexpr unsigned kUnsignedMapStates = 0b10;  // step_size > 0
   static constexpr auto kFields =
       Fields(Field{"lr", &Hyper::lr}, Field{"etaminus", &Hyper::etaminus, "etas", 0},
              Field{"etaplus", &Hyper::etaplus, "etas", 1},

@@ -239,6 +239,8 @@ inline std::string TorchDTypeName(DType t) {
       return "float16";
     case DType::kBF16:
       return "bfloat16";
+    case DType::kQ8:
+      return "uint8";
   }
   return "?";
 }

@@ -59,6 +59,8 @@ template <class Scalars>
 struct StepPlan {
   ChunkPlan chunks;
   std::vector<Scalars> scalars;  // one per segment
+  // Bit i: 8-bit codes of state slot i use the unsigned map (the descriptor's kUnsignedMapStates).
+  unsigned unsigned_map_states = 0;
 };
 
 }  // namespace fusedopt

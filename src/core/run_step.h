@@ -112,7 +112,7 @@ template <class A>
 void RunStepChunks(std::span<const typename A::Hyper> groups, std::span<const Segment> segments,
                    Runtime& runtime, const SegmentSumsHook* hook) {
   ValidateStep<A>(groups, segments);
-  StepPlan<typename A::Scalars> plan{ChunkPlan(segments), {}};
+  StepPlan<typename A::Scalars> plan{ChunkPlan(segments), {}, algos::UnsignedMapStates<A>()};
   plan.scalars.reserve(segments.size());
   constexpr std::size_t kScalars = algos::NumScalarStates<A>();
   // Per segment, the scalar states this step leaves (stored only once the update has run).

@@ -33,6 +33,22 @@ concept Factored = requires {
   A::kFactored;
 };
 
+// An algorithm whose states can be 8-bit block-wise codes (Segment::state_dtype kQ8): one whose
+// update is element-wise, so that a block of 256 elements can be updated and quantized on its own.
+template <class A>
+concept QuantizableStates = !TwoPhase<A> && !Factored<A>;
+
+// Bit i: the 8-bit codes of state slot i use the unsigned map (fusedopt/quantize.h), where the
+// descriptor's kUnsignedMapStates says so; the signed map otherwise.
+template <class A>
+constexpr unsigned UnsignedMapStates() {
+  if constexpr (requires { A::kUnsignedMapStates; }) {
+    return A::kUnsignedMapStates;
+  } else {
+    return 0;
+  }
+}
+
 // An algorithm with per-tensor scalar states (kScalarStates, InitialScalar, NextScalars).
 template <class A>
 concept HasScalarStates = requires {

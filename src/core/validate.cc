@@ -14,8 +14,11 @@ void ValidateSegment(std::string_view fn, std::size_t i, const Segment& s, std::
   if (s.group >= num_groups) {
     Fail(fn, "segment ", i, ": group ", s.group, " out of range (", num_groups, " groups)");
   }
-  for (DType t : {s.param_dtype, s.grad_dtype, s.state_dtype}) {
+  for (DType t : {s.param_dtype, s.grad_dtype}) {
     if (!ValidDType(t)) Fail(fn, "segment ", i, ": invalid dtype code ", static_cast<int>(t));
+  }
+  if (!ValidDType(s.state_dtype) && s.state_dtype != DType::kQ8) {
+    Fail(fn, "segment ", i, ": invalid state dtype code ", static_cast<int>(s.state_dtype));
   }
   if (s.master != nullptr && s.param_dtype == DType::kF32) {
     Fail(fn, "segment ", i, ": a master copy needs an f16 or bf16 param (param dtype is f32)");
@@ -37,9 +40,14 @@ void ValidateSegment(std::string_view fn, std::size_t i, const Segment& s, std::
 void ValidateStates(std::string_view fn, std::size_t i, const Segment& s, unsigned required,
                     const std::array<const char*, kMaxStates>& names) {
   for (int slot = 0; slot < kMaxStates; ++slot) {
-    if ((required >> slot & 1u) != 0 && s.state[slot] == nullptr) {
+    if ((required >> slot & 1u) == 0) continue;
+    if (s.state[slot] == nullptr) {
       Fail(fn, "segment ", i, ": state[", slot, "] (", names[slot], ") is null but numel is ",
            s.numel);
+    }
+    if (s.state_dtype == DType::kQ8 && s.absmax[slot] == nullptr) {
+      Fail(fn, "segment ", i, ": absmax[", slot, "] (", names[slot],
+           ") is null but its state is 8-bit (state dtype q8)");
     }
   }
 }

@@ -24,7 +24,8 @@ template <class... Args>
   throw Error(out.str());
 }
 
-// One of the DType enumerators (a raw code from a binding may be anything).
+// A dtype of params and grads: f32, f16 or bf16 (a raw code from a binding may be anything).
+// States may also be kQ8.
 bool ValidDType(DType t);
 
 // The checks of one segment that do not depend on its algorithm: group index, dtypes, master copy,
@@ -33,7 +34,8 @@ bool ValidDType(DType t);
 void ValidateSegment(std::string_view fn, std::size_t index, const Segment& s,
                      std::size_t num_groups);
 
-// Every state slot in `required` (bit i: state[i]) is non-null; names[i] is torch's state key.
+// Every state slot in `required` (bit i: state[i]) is non-null, and so is its absmax where the
+// states are 8-bit; names[i] is torch's state key.
 void ValidateStates(std::string_view fn, std::size_t index, const Segment& s, unsigned required,
                     const std::array<const char*, kMaxStates>& names);
 

@@ -293,6 +293,7 @@ struct Buffer<AnyStorage> {
       case DType::kBF16:
         return f(Buffer<hwy::bfloat16_t>(data, dtype));
       case DType::kF32:
+      case DType::kQ8:  // 8-bit states run as f32 parts (loop-inl.h: RunQuantizedPiece)
         break;
     }
     return f(Buffer<float>(data, dtype));

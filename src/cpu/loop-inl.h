@@ -8,13 +8,16 @@
 #    define FOPT_CPU_LOOP_INL_H_
 #  endif
 
+#  include <algorithm>
 #  include <cstddef>
+#  include <cstdint>
 #  include <type_traits>
 
 #  include "fusedopt/dtype.h"
 #  include "hwy/highway.h"
 #  include "src/core/plan.h"
 #  include "src/cpu/io-inl.h"
+#  include "src/cpu/quantize-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace fusedopt::HWY_NAMESPACE {
@@ -43,6 +46,7 @@ template <class F>
 HWY_INLINE void WithStorageType(DType t, const F& f) {
   switch (t) {
     case DType::kF32:
+    case DType::kQ8:  // never a param's or grad's (validated); 8-bit states run as f32 parts
       return f(StorageTag<float>{});
     case DType::kF16:
       return f(StorageTag<hwy::float16_t>{});
@@ -131,6 +135,70 @@ HWY_NOINLINE FOPT_FLATTEN void RunPiece(const Kernel& kernel, const Segment& seg
   kernel(Buffers(seg, begin), scalars, begin, end);
 }
 
+// Runs a piece with the buffer types WithSegmentBuffers picks for its segment.
+template <class Scalars, class Kernel>
+HWY_INLINE void RunTypedPiece(const Kernel& kernel, const Segment& seg, const Scalars& scalars,
+                              std::size_t begin, std::size_t end) {
+  WithSegmentBuffers(seg, [&](auto buffers) HWY_ATTR {
+    RunPiece<typename decltype(buffers)::type>(kernel, seg, scalars, begin, end);
+  });
+}
+
+// The part [begin, begin + n) of a segment as a segment of its own, its states in `states` (f32):
+// the kernel runs on it unchanged, with the f32-state loops it has anyway. Noise keys stay those
+// of the whole segment (global_offset moves with the part).
+inline Segment PartWithF32States(const Segment& seg, std::size_t begin, std::size_t n,
+                                 float (*states)[kQuantBlock]) {
+  Segment part = seg;
+  part.param = static_cast<char*>(seg.param) + begin * DTypeSize(seg.param_dtype);
+  part.grad = static_cast<const char*>(seg.grad) + begin * DTypeSize(seg.grad_dtype);
+  if (seg.master != nullptr) part.master = seg.master + begin;
+  for (int slot = 0; slot < kMaxStates; ++slot) {
+    part.state[slot] = seg.state[slot] != nullptr ? states[slot] : nullptr;
+  }
+  part.numel = n;
+  part.state_dtype = DType::kF32;
+  part.global_offset = seg.global_offset + begin;
+  return part;
+}
+
+// A piece of a segment with 8-bit states (fusedopt/quantize.h), block by block: each block's
+// states dequantized into f32 on the stack, updated by the kernel, quantized back with their new
+// absmax, all while the block is in L1. A block belongs to the piece that holds its first element,
+// which runs it whole even where it reaches into the next chunk: the chunk edges stay those of
+// every other segment, and no block is split between threads.
+template <class Scalars, class Kernel>
+HWY_INLINE void RunQuantizedPiece(const Kernel& kernel, const Segment& seg, const Scalars& scalars,
+                                  unsigned unsigned_map_states, std::size_t begin,
+                                  std::size_t end) {
+  const auto round_up = [](std::size_t i) {
+    return (i + kQuantBlock - 1) / kQuantBlock * kQuantBlock;
+  };
+  HWY_ALIGN float states[kMaxStates][kQuantBlock];
+  const QuantTables* tables[kMaxStates];
+  for (int slot = 0; slot < kMaxStates; ++slot) {
+    tables[slot] = &QuantTablesOf((unsigned_map_states >> slot & 1u) != 0 ? QuantMap::kUnsigned
+                                                                          : QuantMap::kSigned);
+  }
+  const std::size_t last = std::min(round_up(end), seg.numel);
+  for (std::size_t b = round_up(begin); b < last; b += kQuantBlock) {
+    const std::size_t n = std::min(kQuantBlock, seg.numel - b);
+    for (int slot = 0; slot < kMaxStates; ++slot) {
+      if (seg.state[slot] == nullptr) continue;
+      DequantizeBlock(*tables[slot], static_cast<const std::uint8_t*>(seg.state[slot]) + b,
+                      seg.absmax[slot][b / kQuantBlock], n, states[slot]);
+    }
+    const Segment part = PartWithF32States(seg, b, n, states);
+    RunTypedPiece(kernel, part, scalars, 0, n);
+    for (int slot = 0; slot < kMaxStates; ++slot) {
+      if (seg.state[slot] == nullptr) continue;
+      QuantizeBlock(*tables[slot], tables[slot]->zero_code != 0, states[slot], n,
+                    static_cast<std::uint8_t*>(seg.state[slot]) + b,
+                    &seg.absmax[slot][b / kQuantBlock]);
+    }
+  }
+}
+
 // Runs kernel(SegmentBuffers<...>, scalars, begin, end) on every piece of chunks
 // [chunk_begin, chunk_end) of a plan, with the buffer types WithSegmentBuffers picks for its
 // segment.
@@ -140,9 +208,11 @@ HWY_INLINE void RunPlanChunks(const StepPlan<Scalars>& plan, std::size_t chunk_b
   plan.chunks.ForEachPiece(
       chunk_begin, chunk_end, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
         const Segment& seg = plan.chunks.segments()[i];
-        WithSegmentBuffers(seg, [&](auto buffers) HWY_ATTR {
-          RunPiece<typename decltype(buffers)::type>(kernel, seg, plan.scalars[i], begin, end);
-        });
+        if (seg.state_dtype == DType::kQ8) {
+          RunQuantizedPiece(kernel, seg, plan.scalars[i], plan.unsigned_map_states, begin, end);
+        } else {
+          RunTypedPiece(kernel, seg, plan.scalars[i], begin, end);
+        }
       });
 }
 

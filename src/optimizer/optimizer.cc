@@ -53,6 +53,14 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
   if (options.master_weights && options.param_dtype == DType::kF32) {
     throw Error("FlatStorage: master_weights needs f16 or bf16 params (param_dtype is f32)");
   }
+  // 8-bit states need their absmax and quantized initial values, which the stateful Optimizer and
+  // its checkpoints do not keep yet: the step functions (Segment::absmax) and the Python classes
+  // take them (docs/8bit-states.md).
+  if (options.state_dtype == DType::kQ8) {
+    throw Error(
+        "FlatStorage: 8-bit states (state_dtype q8) are taken by the step functions and the "
+        "Python classes, not yet by Optimizer<> (docs/8bit-states.md)");
+  }
   if (options.accumulation_steps < 1) {
     throw Error("FlatStorage: invalid accumulation_steps: " +
                 std::to_string(options.accumulation_steps) + " (must be >= 1)");

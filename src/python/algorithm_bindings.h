@@ -166,8 +166,10 @@ pybind11::dict BenchChanges() {
 // function, "state_names": torch's keys of the state slots, "scalar_names": torch's keys of the
 // scalar states (Segment::scalars), "row_reductions": whether its step reads Segment::rows (AdamP),
 // "factored", "fields" (FieldEntry), "torch_name": the reference's class name, "counts_steps":
-// whether torch's state counts steps, "bench_changes"}. A Hyper's initial_scalars() are the values
-// fresh scalar states start from, initial_state(slot) the value a fresh state slot starts from.
+// whether torch's state counts steps, "bench_changes", "quantizable": whether its states may be
+// 8-bit, "unsigned_map_states": bit i, slot i's codes use the unsigned map}. A Hyper's
+// initial_scalars() are the values fresh scalar states start from, initial_state(slot) the value a
+// fresh state slot starts from.
 template <class A>
 pybind11::dict BindAlgorithm(pybind11::module_& m) {
   namespace py = pybind11;
@@ -232,6 +234,9 @@ pybind11::dict BindAlgorithm(pybind11::module_& m) {
   entry["torch_name"] = A::kTorchName;
   entry["counts_steps"] = algos::CountsSteps<A>();
   entry["bench_changes"] = BenchChanges<A>();
+  // Whether its states may be 8-bit (state dtype q8), and which slots use the unsigned map.
+  entry["quantizable"] = algos::QuantizableStates<A>;
+  entry["unsigned_map_states"] = algos::UnsignedMapStates<A>();
   return entry;
 }
 

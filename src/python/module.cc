@@ -15,6 +15,7 @@
 #include "fusedopt/error.h"
 #include "fusedopt/grad.h"
 #include "fusedopt/hyper.h"
+#include "fusedopt/quantize.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/scaler.h"
 #include "fusedopt/step.h"
@@ -30,6 +31,10 @@ namespace fusedopt {
 void BindSchedules(py::module_& m);    // schedule_bindings.cc
 void BindCheckpoint(py::module_& m);   // checkpoint_bindings.cc
 void BindDistributed(py::module_& m);  // distributed_bindings.cc
+
+inline QuantMap MapOf(bool is_signed) {
+  return is_signed ? QuantMap::kSigned : QuantMap::kUnsigned;
+}
 
 }  // namespace fusedopt
 
@@ -47,6 +52,32 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("pending", &StepReport::pending)
       .def_readonly("window_found_inf", &StepReport::window_found_inf);
   m.attr("algorithms") = BindAlgorithms<algos::All>(m);  // src/python/algorithm_bindings.h
+
+  // 8-bit block-wise states (fusedopt/quantize.h), by address: Python converts states with these
+  // (an f32 state loaded into an 8-bit optimizer, a state_dict's f32 view).
+  m.attr("quant_block") = kQuantBlock;
+  m.attr("min_8bit_size") = kMin8bitSize;
+  m.def(
+      "dynamic_map", [](bool is_signed) { return DynamicMap(MapOf(is_signed)); }, py::arg("signed"),
+      "bitsandbytes' create_dynamic_map(signed): 256 f32 values, ascending.");
+  m.def(
+      "quantize",
+      [](std::uintptr_t x, std::size_t n, bool is_signed, std::uintptr_t codes,
+         std::uintptr_t absmax) {
+        Quantize(Ptr<const float>(x), n, MapOf(is_signed), Ptr<std::uint8_t>(codes),
+                 Ptr<float>(absmax));
+      },
+      py::arg("x"), py::arg("n"), py::arg("signed"), py::arg("codes"), py::arg("absmax"),
+      "Quantizes n f32 values at address x into codes and one absmax per block of quant_block.");
+  m.def(
+      "dequantize",
+      [](std::uintptr_t codes, std::uintptr_t absmax, std::size_t n, bool is_signed,
+         std::uintptr_t out) {
+        Dequantize(Ptr<const std::uint8_t>(codes), Ptr<const float>(absmax), n, MapOf(is_signed),
+                   Ptr<float>(out));
+      },
+      py::arg("codes"), py::arg("absmax"), py::arg("n"), py::arg("signed"), py::arg("out"),
+      "out[i] = map[codes[i]] * absmax[i // quant_block], n f32 values at address out.");
 
   m.def(
       "grad_norm",

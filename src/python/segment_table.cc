@@ -35,7 +35,10 @@ std::int64_t NextStep(std::size_t segment, std::uintptr_t counter) {
 Segment ToSegment(const SegmentRow& row) {
   Segment s;
   s.param = Ptr<void>(row.param);
-  for (std::size_t k = 0; k < kMaxStates; ++k) s.state[k] = Ptr<void>(row.states[k]);
+  for (std::size_t k = 0; k < kMaxStates; ++k) {
+    s.state[k] = Ptr<void>(row.states[k]);
+    s.absmax[k] = Ptr<float>(row.absmax[k]);
+  }
   s.master = Ptr<float>(row.master);
   for (std::size_t k = 0; k < kMaxScalars; ++k) s.scalars[k] = Ptr<float>(row.scalars[k]);
   s.numel = row.numel;
@@ -103,29 +106,18 @@ void BindSegmentTable(py::module_& m) {
                        bool stochastic_rounding, std::uint64_t rounding_seed,
                        std::uint64_t global_offset,
                        const std::array<std::uintptr_t, kMaxScalars>& scalars, std::size_t rows,
-                       std::size_t cols) {
-             return SegmentRow{param,
-                               states,
-                               master,
-                               scalars,
-                               numel,
-                               param_dtype,
-                               state_dtype,
-                               group,
-                               step_counter,
-                               step,
-                               stochastic_rounding,
-                               rounding_seed,
-                               global_offset,
-                               rows,
-                               cols};
+                       std::size_t cols, const std::array<std::uintptr_t, kMaxStates>& absmax) {
+             return SegmentRow{param,         states,        absmax,      master,
+                               scalars,       numel,         param_dtype, state_dtype,
+                               group,         step_counter,  step,        stochastic_rounding,
+                               rounding_seed, global_offset, rows,        cols};
            }),
            py::kw_only(), py::arg("param"), py::arg("states"), py::arg("master"), py::arg("numel"),
            py::arg("param_dtype"), py::arg("state_dtype"), py::arg("group"),
            py::arg("step_counter"), py::arg("step"), py::arg("stochastic_rounding"),
            py::arg("rounding_seed"), py::arg("global_offset"),
            py::arg("scalars") = std::array<std::uintptr_t, kMaxScalars>{}, py::arg("rows") = 0,
-           py::arg("cols") = 0)
+           py::arg("cols") = 0, py::arg("absmax") = std::array<std::uintptr_t, kMaxStates>{})
       .def_readonly("param", &SegmentRow::param)
       .def_readonly("numel", &SegmentRow::numel)
       .def_readonly("param_dtype", &SegmentRow::param_dtype);

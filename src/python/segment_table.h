@@ -27,7 +27,9 @@ T* Ptr(std::uintptr_t address) {
 struct SegmentRow {
   std::uintptr_t param = 0;
   std::array<std::uintptr_t, kMaxStates> states{};  // Segment::state, 0 where unused
-  std::uintptr_t master = 0;                        // f32 master copy, or 0
+  // Segment::absmax: with 8-bit states (state_dtype q8), each used slot's f32 absmax, else 0
+  std::array<std::uintptr_t, kMaxStates> absmax{};
+  std::uintptr_t master = 0;  // f32 master copy, or 0
   // Segment::scalars: the address of each 0-d f32 state tensor of the algorithm (NAdam's
   // state['mu_product']), 0 where unused; the step reads them and writes them back itself.
   std::array<std::uintptr_t, kMaxScalars> scalars{};

@@ -1,0 +1,115 @@
+// One block of an 8-bit state (include/fusedopt/quantize.h), vectorized: codes to f32 before the
+// update, f32 to codes after it. Bit for bit what src/core/quantize.cc's Quantize and Dequantize
+// compute on every target (tests compare them).
+// Per-target header: toggling include guard.
+
+#if defined(FOPT_CPU_QUANTIZE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#  ifdef FOPT_CPU_QUANTIZE_INL_H_
+#    undef FOPT_CPU_QUANTIZE_INL_H_
+#  else
+#    define FOPT_CPU_QUANTIZE_INL_H_
+#  endif
+
+#  include <cstddef>
+#  include <cstdint>
+#  include <limits>
+
+#  include "hwy/highway.h"
+#  include "src/core/quantize_tables.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace fusedopt::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Calls body(d, i) for full f32 vectors over [0, n), then with a 1-lane tag for the rest.
+template <class Body>
+HWY_INLINE void ForEachBlockVector(std::size_t n, const Body& body) {
+  const hn::ScalableTag<float> d;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) body(d, i);
+  const hn::CappedTag<float, 1> d1;
+  for (; i < n; ++i) body(d1, i);
+}
+
+// out[i] = map[codes[i]] · absmax for the n < = kQuantBlock elements of one block.
+HWY_INLINE void DequantizeBlock(const QuantTables& t, const std::uint8_t* codes, float absmax,
+                                std::size_t n, float* out) {
+  ForEachBlockVector(n, [&](auto d, std::size_t i) HWY_ATTR {
+    const hn::RebindToSigned<decltype(d)> di;
+    const hn::Rebind<std::uint8_t, decltype(d)> du8;
+    const auto index = hn::PromoteTo(di, hn::LoadU(du8, codes + i));
+    hn::StoreU(hn::Mul(hn::GatherIndex(d, t.map.data(), index), hn::Set(d, absmax)), d, out + i);
+  });
+}
+
+// The codes of a vector of values already divided by their absmax: QuantizeValue
+// (src/core/quantize.cc) lane by lane.
+template <class D>
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> QuantizeVector(D d, const QuantTables& t, bool is_signed,
+                                                         hn::Vec<D> x) {
+  const hn::RebindToSigned<D> di;
+  const hn::RebindToUnsigned<D> du;
+  const auto magnitude = hn::Abs(x);
+  // The interval of |x| (clamped to the table), its entry, and one code more where |x| lies past
+  // the threshold inside it.
+  const auto bits = hn::Min(hn::Max(hn::BitCast(du, magnitude), hn::Set(du, kQuantIntervalBase)),
+                            hn::Set(du, kQuantIntervalTop));
+  const auto interval =
+      hn::ShiftRight<kQuantIntervalShift>(hn::Sub(bits, hn::Set(du, kQuantIntervalBase)));
+  const auto* entries = reinterpret_cast<const std::int32_t*>(t.interval.data());
+  const auto entry = hn::GatherIndex(di, entries, hn::BitCast(di, interval));
+  const auto offset = hn::BitCast(di, hn::And(bits, hn::Set(du, kNoThreshold - 1)));
+  auto code = hn::And(entry, hn::Set(di, 0xFF));
+  // (offsets and thresholds are below 2^16: signed compares are safe)
+  code =
+      hn::IfThenElse(hn::Gt(offset, hn::ShiftRight<8>(entry)), hn::Add(code, hn::Set(di, 1)), code);
+  const auto negative = hn::RebindMask(di, hn::Lt(x, hn::Zero(d)));
+  if (!is_signed) return hn::IfThenZeroElse(negative, code);
+  // Negatives mirror the positives (c ↔ 254 − c); 1.0 has no negative (code 0), and a negative
+  // value never takes the zero code (126 instead of 127).
+  const auto zero_code = hn::Set(di, t.zero_code);
+  auto mirrored = hn::Sub(hn::Set(di, 254), code);
+  mirrored = hn::IfThenElse(hn::Eq(code, zero_code), hn::Set(di, t.zero_code - 1), mirrored);
+  mirrored = hn::Max(mirrored, hn::Zero(di));  // 254 − 255
+  return hn::IfThenElse(negative, mirrored, code);
+}
+
+// Quantizes the n < = kQuantBlock values of one block: its absmax (max |x|, NaN if any x is), and
+// the codes of x / absmax, or the zero code everywhere where the absmax is 0 or not finite.
+HWY_INLINE void QuantizeBlock(const QuantTables& t, bool is_signed, const float* x, std::size_t n,
+                              std::uint8_t* codes, float* absmax) {
+  // The maximum ignores NaN (IfThenElse, not Max, whose NaN rule differs between targets) and
+  // counts them apart.
+  const hn::ScalableTag<float> dmax;
+  auto max_vec = hn::Zero(dmax);
+  float max_tail = 0.0f;
+  bool nan = false;
+  ForEachBlockVector(n, [&](auto d, std::size_t i) HWY_ATTR {
+    const auto v = hn::Abs(hn::LoadU(d, x + i));
+    if constexpr (hn::MaxLanes(d) == 1) {
+      const float one = hn::GetLane(v);
+      max_tail = one > max_tail ? one : max_tail;
+    } else {
+      max_vec = hn::IfThenElse(hn::Gt(v, max_vec), v, max_vec);
+    }
+    nan = nan || !hn::AllFalse(d, hn::IsNaN(v));
+  });
+  float max = hn::GetLane(hn::MaxOfLanes(dmax, max_vec));
+  max = max_tail > max ? max_tail : max;
+  *absmax = nan ? std::numeric_limits<float>::quiet_NaN() : max;
+  const bool zero_codes = !(max > 0.0f) || nan || max == std::numeric_limits<float>::infinity();
+  ForEachBlockVector(n, [&](auto d, std::size_t i) HWY_ATTR {
+    const hn::RebindToSigned<decltype(d)> di;
+    const hn::Rebind<std::uint8_t, decltype(d)> du8;
+    const auto code =
+        zero_codes ? hn::Set(di, t.zero_code)
+                   : QuantizeVector(d, t, is_signed, hn::Div(hn::LoadU(d, x + i), hn::Set(d, max)));
+    hn::StoreU(hn::DemoteTo(du8, code), du8, codes + i);
+  });
+}
+
+}  // namespace fusedopt::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // FOPT_CPU_QUANTIZE_INL_H_
