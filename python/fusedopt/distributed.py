@@ -74,9 +74,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("fusedopt.distributed.DistributedOptimizer: the default process group is not "
                                "initialized; call torch.distributed.init_process_group('gloo') first")
-        if optimizer._state_dtype_option is torch.uint8:  # blocks would straddle shard edges (docs/8bit-states.md)
-            raise ValueError("fusedopt.distributed.DistributedOptimizer: the wrapped optimizer keeps 8-bit states "
-                             "(state_dtype=torch.uint8), which it does not shard or synchronize yet")
+        # zero=1's slices would cut 256-element blocks and their absmax (docs/8bit-states.md); zero=0 steps whole
+        # tensors on every rank, as one process does.
+        if zero == 1 and optimizer._state_dtype_option is torch.uint8:
+            raise ValueError("fusedopt.distributed.DistributedOptimizer: zero=1 does not shard 8-bit states "
+                             "(state_dtype=torch.uint8) yet: use zero=0")
         if optimizer._flat is not None:
             raise ValueError("fusedopt.distributed.DistributedOptimizer: the wrapped optimizer has flatten=True; "
                              "the gradient buckets are already flat: pass flatten=False")

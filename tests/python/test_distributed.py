@@ -139,6 +139,11 @@ def rank_cases(resume_state: dict, checkpoint_dir: str) -> dict:
         _train(model, opt, "plain", rank, world, STEPS // 2)
         out[f"bf16-zero{zero}"] = [p.detach().clone() for p in model.parameters()]
         out[f"bf16-masters-zero{zero}"] = opt.consolidate_state_dict(to=0)
+    # 8-bit states with zero=0: every rank steps its whole tensors (the first weight's states are 8-bit).
+    model = _model()
+    opt = fusedopt.distributed.DistributedOptimizer(fusedopt.FusedAdamW8bit(model.parameters(), **KW["AdamW"]))
+    _train(model, opt, "plain", rank, world, STEPS // 2)
+    out["8bit-zero0"] = [p.detach().clone() for p in model.parameters()]
     # Resume 1 -> 2: a one-process run's params and state_dict, loaded into 2 ranks with zero=1.
     model = _model()
     with torch.no_grad():
@@ -185,6 +190,7 @@ def _rank_errors(rank: int) -> dict:
         errors["layout"] = str(e)
     # AdamP's sums run per row (LAMB's and LARS's per tensor, which zero=1 completes over the ranks).
     for why, make, zero in (("sliceable", lambda m: fusedopt.FusedAdamP(m.parameters()), 1),
+                            ("8bit-zero1", lambda m: fusedopt.FusedAdamW8bit(m.parameters()), 1),
                             ("flatten", lambda m: _fused("AdamW", m, flatten=True), 0),
                             ("device", lambda m: _fused("AdamW", m.to("meta")), 0)):
         try:
@@ -287,6 +293,19 @@ def test_errors_across_ranks(ranks):
         assert "FusedAdamP reads whole tensors" in rank["errors"]["sliceable"]
         assert "flatten=True" in rank["errors"]["flatten"]
         assert "is on meta" in rank["errors"]["device"]
+        assert "zero=1 does not shard 8-bit states" in rank["errors"]["8bit-zero1"]
+
+
+def test_8bit_states_with_zero0_equal_one_process(ranks):
+    """FusedAdamW8bit under zero=0 against FusedAdamW8bit in one process on the whole batch: the same on both
+    ranks, and as close to the one-process run as the averaged gradients' rounding allows (a code may flip)."""
+    for a, b in zip(ranks[0]["8bit-zero0"], ranks[1]["8bit-zero0"], strict=True):
+        assert torch.equal(a, b), "the ranks' params differ"
+    model = _model()
+    opt = fusedopt.FusedAdamW8bit(model.parameters(), **KW["AdamW"])
+    _train(model, opt, "plain", 0, 1, STEPS // 2)
+    assert opt.state[model[0].weight]["state1"].dtype == torch.uint8
+    _assert_close(ranks[0]["8bit-zero0"], [p.detach() for p in model.parameters()], rtol=1e-5)
 
 
 def test_zero1_slices_step_as_whole_tensors_with_masters_and_stochastic_rounding(ranks):
