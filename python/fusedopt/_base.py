@@ -20,6 +20,7 @@ from ._accumulation import AccumulationWindow
 from ._fallback import TorchFallback
 from ._flat import FlatStore
 from ._hypers import group_fields, hyper_arguments
+from ._in_backward import BackwardStep
 from ._packing import SegmentPacking, _Cached, _LastStep, _Packed
 from ._signals import _Relaid, _Skipped
 from ._state import StateCreation, _roll_back
@@ -28,12 +29,12 @@ from ._tensors import DTYPE_CODES, check_param
 # What a copy of an optimizer does not take over (besides torch's hooks, which torch's own copies drop too):
 # what is rebuilt from the copy's own params (caches keyed by tensor identity or address, the flat layout, the
 # master copies' marks: see __setstate__), and the attributes a GradScaler sets for one step.
-_NOT_COPIED = frozenset({"_flat", "_param_marks", "_segment_cache", "_last", "_offsets", "_overlap_free", "_wave_key",
+_NOT_COPIED = frozenset({"_flat", "_param_marks", "_backward_hooks", "_places", "_bucket", "_bucket_bytes", "_segment_cache", "_last", "_offsets", "_overlap_free", "_wave_key",
                          "_wave_plan", "_zero_grad_profile_name", "_warned_capturable_if_run_uncaptured",
                          "grad_scale", "found_inf", "_found_inf_out"})
 
 
-class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, StateCreation):
+class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, StateCreation, BackwardStep):
     """Put before the torch.optim class in the bases. Subclasses set the class attributes below."""
 
     _algorithm: str  # the engine's name of the update rule (a key of _C.algorithms)
@@ -64,7 +65,8 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
                  max_grad_norm: float | None = None, norm_type: float = 2.0, accumulation_steps: int = 1,
                  state_dtype: torch.dtype | None = None, min_8bit_size: int = _C.min_8bit_size,
-                 stochastic_rounding: bool = False, seed: int = 0, strict: bool = False, **kwargs):
+                 stochastic_rounding: bool = False, seed: int = 0, strict: bool = False,
+                 step_in_backward: bool = False, **kwargs):
         # strict=False: params (or steps) the engine cannot take go through the reference's own step
         # (see _torch_step); strict=True: they are errors.
         self._strict = bool(strict)
@@ -108,10 +110,16 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         self._overlap_free = False  # see _waves
         self._wave_key: list | None = None
         self._wave_plan: tuple | None = None
+        self._step_in_backward = False  # (add_param_group hooks new params once _init_backward_step has run)
+        self._backward_hooks = {}
+        self._places = None
+        self._bucket = []
+        self._bucket_bytes = 0
         super().__init__(params, *args, **kwargs)
         self._step_supports_amp_scaling = True  # honours grad_scale / found_inf set by GradScaler
         if flatten:
             self._flat = FlatStore(self)
+        self._init_backward_step(step_in_backward, flatten)
 
     def _check_8bit(self, flatten: bool) -> None:
         """state_dtype=torch.uint8 needs an element-wise step (the engine quantizes each block as it updates it)
@@ -158,6 +166,10 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             if self._strict:
                 check_param(p, _param_name(names, gi, j))
         self._duplicates |= len(set(group["params"])) < len(group["params"])
+        self._places = None
+        if self._step_in_backward:
+            for p in group["params"]:
+                self._hook(p)
         self._overlap_free = False
         self._offsets = None
         self._last = None
@@ -260,7 +272,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
                            ("_window_found_inf", False), ("last_grad_norm", None),
                            ("_rounding", (False, 0)), ("_offsets", None), ("_duplicates", False),
                            ("_overlap_free", False), ("_wave_key", None), ("_wave_plan", None),
-                           ("_strict", False)):
+                           ("_strict", False), ("_step_in_backward", False), ("_places", None)):
             self.__dict__.setdefault(key, value)
         self.__dict__.setdefault("_accumulators", {})
         self.__dict__.setdefault("_window", {})
@@ -268,6 +280,12 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         self.__dict__.setdefault("_torch_sums", {})
         self.__dict__["_segment_cache"] = {}
         self.__dict__["_last"] = None
+        self.__dict__["_backward_hooks"] = {}
+        self.__dict__["_bucket"], self.__dict__["_bucket_bytes"] = [], 0
+        if copied is not None and self._step_in_backward:  # a copy steps its own params in backward
+            for group in self.param_groups:
+                for p in group["params"]:
+                    self._hook(p)
         if copied is not None:  # a copy's params are new tensors: its marks and flat buffers are its own
             flatten, in_sync = copied
             self._param_marks = {p: (p.data_ptr(), p._version) for p in in_sync}
@@ -280,6 +298,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_no_scaler()
         # Set by (torch.amp or fusedopt).GradScaler.step(): skip on overflow, unscale in the step.
         # fusedopt.GradScaler leaves the overflow check to the step's pre-pass and reads the result
         # from _found_inf_out.

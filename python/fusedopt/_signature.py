@@ -34,6 +34,10 @@ _OPTIONS = {
     "strict": "params or steps the engine cannot take (another device or dtype, no storage of their own such as "
               "DTensors, sparse gradients, differentiable=True) are errors, instead of taking the reference's own "
               "(unfused) step with a warning.",
+    "step_in_backward": "params are updated inside backward(), 25 MiB of gradients at a time, as their "
+                        "post-accumulate-grad hooks fire, and their gradients released (p.grad = None): a step never "
+                        "holds the whole model's gradients; step() and zero_grad() then have nothing left to do. Not with "
+                        "max_grad_norm, accumulation_steps > 1, flatten=True or a GradScaler (docs/pytorch.md).",
 }
 
 

@@ -33,7 +33,7 @@ TWINS = {case.name: case.torch for case in CASES.values() if case.torch}  # the 
 REFERENCES = {case.name: case.torch.__init__ if case.torch else case.reference_init for case in CASES.values()}
 # fusedopt's own keyword-only options and their defaults (docs/pytorch.md, optim.py).
 OPTIONS = {"master_weights": False, "flatten": False, "max_grad_norm": None, "norm_type": 2.0, "accumulation_steps": 1,
-           "state_dtype": None, "min_8bit_size": 4096, "stochastic_rounding": False, "seed": 0, "strict": False}
+           "state_dtype": None, "min_8bit_size": 4096, "stochastic_rounding": False, "seed": 0, "strict": False, "step_in_backward": False}
 
 
 def _expected_options(name: str) -> dict:

@@ -1,0 +1,118 @@
+"""step_in_backward=True: params are updated during backward(), a bucket at a time: a param's post-accumulate-grad
+hook adds it to the bucket, and once the bucket holds BUCKET_BYTES of gradients (or backward ends) one engine call
+updates its params and releases their gradients (p.grad = None). A training step thus never holds more than a
+bucket of gradients (and the largest one), and each update runs soon after its gradients were written. The
+ordinary loop (opt.zero_grad(); loss.backward(); opt.step()) runs unchanged: step() and zero_grad() find nothing
+left to do. Buckets rather than single params: each engine call starts the OpenMP team, and backward's own
+kernels run between them; a call per param made a transformer's step 25-35 % slower on 2 cores (measured).
+
+Each update is the one the ordinary step computes for that param (the same segment, hyper-parameters and step
+count), bit for bit; so it is defined where one param's update needs no other param's gradient. Whatever needs
+every gradient first is refused when the optimizer is made: global-norm clipping (max_grad_norm), accumulation
+windows, a sum over tensors (BertAdam's per-group norm), flatten=True (its gradients live in one buffer), a
+param listed twice. A GradScaler cannot be seen before backward runs: step() raises when one calls it."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _C
+from ._packing import _Packed
+from ._state import _roll_back
+
+BUCKET_BYTES = 25 * 2**20  # of gradients per engine call (DDP's default bucket_cap_mb)
+
+
+class BackwardStep:
+    """The FusedOptimizerMixin part that steps params from backward's hooks."""
+
+    def _init_backward_step(self, enabled: bool, flatten: bool) -> None:
+        """Checks the options against step_in_backward and hooks every param (called once the groups exist)."""
+        self._step_in_backward = bool(enabled)
+        self._backward_hooks: dict[torch.Tensor, object] = {}
+        self._places: dict[torch.Tensor, tuple[int, int]] | None = None
+        self._bucket: list[torch.Tensor] = []  # params whose gradients wait for their update
+        self._bucket_bytes = 0
+        if not self._step_in_backward:
+            return
+        name = type(self).__name__
+        if self._max_grad_norm != float("inf"):
+            raise ValueError(f"{name}: step_in_backward=True cannot clip by max_grad_norm: the global norm needs "
+                             "every gradient before the first update (clip each param's gradient with a hook "
+                             "instead, or step after backward)")
+        if self._accumulation_steps > 1:
+            raise ValueError(f"{name}: step_in_backward=True does not take accumulation_steps="
+                             f"{self._accumulation_steps} yet: step after backward to accumulate")
+        if flatten:
+            raise ValueError(f"{name}: step_in_backward=True releases each gradient after its update; "
+                             "flatten=True keeps them in one buffer: pass one of them")
+        if _C.algorithms[self._algorithm]["sums_across_tensors"]:
+            raise ValueError(f"{name}: step_in_backward=True needs updates of one tensor at a time; "
+                             f"{self._algorithm}'s reads sums over all of a group's gradients")
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._hook(p)
+
+    def _hook(self, p: torch.Tensor) -> None:
+        if self._duplicates:
+            raise ValueError(f"{type(self).__name__}: step_in_backward=True steps each param once per backward; "
+                             "a param listed twice would be stepped twice by step()")
+        if p.requires_grad and p not in self._backward_hooks:
+            self._backward_hooks[p] = p.register_post_accumulate_grad_hook(self._backward_step)
+
+    def _backward_step(self, p: torch.Tensor) -> None:
+        """The hook: p joins the bucket, which is updated when full; the first hook of a backward pass queues the
+        update of what is left in the bucket when the pass ends."""
+        if p.grad is None:
+            return
+        if not self._bucket:
+            torch.autograd.Variable._execution_engine.queue_callback(self._flush_bucket)
+        self._bucket.append(p)
+        self._bucket_bytes += p.grad.numel() * p.grad.element_size()
+        if self._bucket_bytes >= BUCKET_BYTES:
+            self._flush_bucket()
+
+    def _flush_bucket(self) -> None:
+        """One engine call for the bucket's params, then their gradients released. A failed update leaves the
+        params, their states and their gradients as they were (and its exception leaves backward)."""
+        bucket, self._bucket, self._bucket_bytes = self._bucket, [], 0
+        if self._places is None:
+            self._places = {q: (gi, j) for gi, group in enumerate(self.param_groups)
+                            for j, q in enumerate(group["params"])}
+        hypers = self._group_hypers()
+        packed = _Packed(hypers)
+        undo: list = []
+        try:
+            for p in bucket:
+                place = self._places.get(p)
+                if place is None or p.grad is None:  # no longer in any group, or its gradient was taken away
+                    continue
+                gi, j = place
+                slots = hypers[gi].required_states()
+                needed = tuple(bool(slots >> k & 1) for k in range(len(self._slot_keys)))
+                needed = self._needed_states(p, needed) if self._factored else needed
+                row, grad_ptr, code = self._segment(p, p.grad, gi, j, needed, undo, True, hypers[gi])
+                if row is None:  # (grad_ptr is why)
+                    raise RuntimeError(f"fusedopt: step_in_backward: parameter {self._name(gi, j)}: {grad_ptr}")
+                packed.params.append(p)
+                packed.rows.append(row)
+                packed.grads.append(grad_ptr)
+                packed.codes.append(code)
+            packed.table = _C.SegmentTable(packed.rows)
+            self._run_engine(packed, 1.0, False, None)
+        except BaseException:
+            _roll_back(undo)
+            raise
+        for p in packed.params:
+            p.grad = None
+
+    def _check_no_scaler(self) -> None:
+        """step() with a GradScaler's attributes set: the hooks have already stepped with scaled gradients. (Also
+        updates a bucket that a backward pass ended without: torch.autograd.grad or an interrupted pass.)"""
+        if self._bucket:
+            self._flush_bucket()
+        if self._step_in_backward and (getattr(self, "grad_scale", None) is not None
+                                       or getattr(self, "found_inf", None) is not None):
+            raise RuntimeError(f"{type(self).__name__}: step_in_backward=True cannot take a GradScaler: the update "
+                               "ran inside backward, before the scaler could unscale the gradients or check them "
+                               "for Inf/NaN")

@@ -1,0 +1,153 @@
+"""step_in_backward=True (python/fusedopt/_in_backward.py): the ordinary loop, with each param updated inside
+backward from its post-accumulate-grad hook and its gradient released. Every algorithm whose updates are one
+tensor at a time gives the ordinary step's params and states bit for bit (f32, bf16 with f32 masters, 8-bit
+states); what needs every gradient first is refused before anything changes; a process's peak memory drops by
+the gradients it no longer holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import fusedopt
+import pytest
+from algorithm_cases import CASES
+from fusedopt import _C
+from fusedopt._in_backward import BUCKET_BYTES
+
+import torch
+
+STEPS = 4
+PER_TENSOR = [name for name in CASES if not _C.algorithms[name]["sums_across_tensors"]]
+VARIANTS = {"f32": {}, "bf16_masters": {"master_weights": True}, "uint8_states": {"state_dtype": torch.uint8}}
+
+
+def _model(dtype=torch.float32) -> torch.nn.Module:
+    torch.manual_seed(0)  # the first weight (5120 elements) is over min_8bit_size: 8-bit states where asked
+    return torch.nn.Sequential(torch.nn.Linear(64, 80), torch.nn.Tanh(), torch.nn.Linear(80, 4)).to(dtype)
+
+
+def _train(name: str, variant: str, in_backward: bool):
+    dtype = torch.bfloat16 if variant == "bf16_masters" else torch.float32
+    model = _model(dtype)
+    # (no global clipping: FusedLAMB's default, apex's max_grad_norm=1, needs every gradient first)
+    opt = CASES[name].fused(model.parameters(), **{**CASES[name].defaults, "max_grad_norm": None},
+                            **VARIANTS[variant], step_in_backward=in_backward)
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(16, 64, generator=g).to(dtype), torch.randn(16, 4, generator=g).to(dtype)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        if in_backward:
+            assert all(p.grad is None for p in model.parameters()), "a gradient outlived its update"
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()], opt.state_dict()
+
+
+@pytest.mark.parametrize("name, variant", [(name, variant) for name in PER_TENSOR for variant in VARIANTS
+                                           if variant != "uint8_states" or _C.algorithms[name]["quantizable"]])
+def test_bit_identical_to_the_ordinary_step(name, variant):
+    params, state = _train(name, variant, True)
+    want_params, want_state = _train(name, variant, False)
+    for a, b in zip(params, want_params, strict=True):
+        assert torch.equal(a, b)
+    assert state["state"].keys() == want_state["state"].keys()
+    for i, entry in want_state["state"].items():
+        assert entry.keys() == state["state"][i].keys()
+        for key, value in entry.items():
+            got = state["state"][i][key]
+            assert torch.equal(got, value) if isinstance(value, torch.Tensor) else got == value, key
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"max_grad_norm": 1.0}, "max_grad_norm"),
+    ({"accumulation_steps": 2}, "accumulation_steps=2"),
+    ({"flatten": True}, "flatten=True"),
+])
+def test_options_that_need_every_gradient_are_refused(options, message):
+    model = _model()
+    with pytest.raises(ValueError, match=message):
+        fusedopt.FusedAdamW(model.parameters(), step_in_backward=True, **options)
+    model[0].weight.grad = None
+    torch.nn.functional.mse_loss(model(torch.randn(2, 64)), torch.randn(2, 4)).backward()
+    assert model[0].weight.grad is not None, "a refused optimizer left a hook behind"
+
+
+def test_sums_across_tensors_are_refused():
+    name = next(n for n in CASES if _C.algorithms[n]["sums_across_tensors"])
+    with pytest.raises(ValueError, match="sums over all of a group's gradients"):
+        CASES[name].fused(_model().parameters(), **{"lr": 1e-3, **CASES[name].defaults}, max_grad_norm=None,
+                          step_in_backward=True)
+
+
+def test_a_grad_scaler_is_refused_at_its_step():
+    model = _model()
+    opt = fusedopt.FusedAdamW(model.parameters(), step_in_backward=True)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(torch.nn.functional.mse_loss(model(torch.randn(2, 64)), torch.randn(2, 4))).backward()
+    with pytest.raises(RuntimeError, match="cannot take a GradScaler"):
+        scaler.step(opt)
+
+
+def test_params_added_later_and_copies_step_in_backward():
+    import copy
+    model = _model()
+    opt = fusedopt.FusedAdamW(list(model[0].parameters()), step_in_backward=True)
+    opt.add_param_group({"params": list(model[2].parameters())})
+    twin = copy.deepcopy((model, opt))
+    for m, o in ((model, opt), twin):
+        torch.nn.functional.mse_loss(m(torch.ones(2, 64)), torch.zeros(2, 4)).backward()
+        assert all(p.grad is None for p in m.parameters())
+        assert all(o.state[p]["step"] == 1 for p in m.parameters())
+    for a, b in zip(model.parameters(), twin[0].parameters()):
+        assert torch.equal(a, b)
+
+
+_PEAK = r"""
+import json, sys, time, torch, fusedopt
+torch.set_num_threads(2)
+torch.manual_seed(0)
+in_backward = sys.argv[1] == "1"
+model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(12)])  # 50.4 M params
+opt = fusedopt.FusedAdamW(model.parameters(), lr=1e-4, step_in_backward=in_backward)
+x = torch.randn(8, 2048)
+times = []
+for step in range(4):
+    start = time.perf_counter()
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
+    times.append(time.perf_counter() - start)
+params = sum(p.numel() for p in model.parameters())
+# VmHWM: this address space's peak (getrusage's ru_maxrss would count the pytest worker's RSS at the vfork)
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"maxrss_kb": hwm, "params": params,
+                  "largest": max(p.numel() for p in model.parameters()), "step_s": sorted(times[1:])[1],
+                  "checksum": float(sum(p.double().sum() for p in model.parameters()))}))
+"""
+
+
+def _peak(in_backward: bool) -> dict:
+    # A fixed mmap threshold: every large tensor is its own mapping, returned to the system when freed, so that
+    # the peak RSS counts live tensors (glibc's default threshold rises after the first free, and freed tensors
+    # then stay in the heap, where the peak depends on its fragmentation).
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+    out = subprocess.run([sys.executable, "-c", _PEAK, "1" if in_backward else "0"], capture_output=True, text=True,
+                         timeout=300, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.xdist_group("memory")
+def test_peak_memory_drops_by_the_gradients_it_no_longer_holds():
+    """Separate processes, 4 steps of a 50 M-param model: with step_in_backward at most a bucket of gradients
+    (fusedopt._in_backward.BUCKET_BYTES) and the param being finished exist at a time, so the peak RSS is lower by
+    all the gradients but those."""
+    ordinary, hooked = _peak(False), _peak(True)
+    assert hooked["checksum"] == ordinary["checksum"], "the two runs trained differently"
+    saved_kb = (ordinary["maxrss_kb"] - hooked["maxrss_kb"])
+    held_kb = (BUCKET_BYTES + ordinary["largest"] * 4) / 1024
+    grads_kb = ordinary["params"] * 4 / 1024
+    assert saved_kb >= 0.9 * (grads_kb - held_kb), (
+        f"peak lower by {saved_kb / 1024:.0f} MiB; gradients: {grads_kb / 1024:.0f} MiB, {held_kb / 1024:.0f} of them held")
