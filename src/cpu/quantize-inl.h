@@ -56,7 +56,7 @@ struct MapLookup {
 };
 #  endif
 
-// out[i] = map[codes[i]] · absmax for the n < = kQuantBlock elements of one block.
+// out[i] = map[codes[i]] · absmax for the n <= kQuantBlock elements of one block.
 HWY_INLINE void DequantizeBlock(const QuantTables& t, const std::uint8_t* codes, float absmax,
                                 std::size_t n, float* out) {
 #  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -112,7 +112,7 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<D>> QuantizeVector(D d, const QuantTables&
   return hn::IfThenElse(negative, mirrored, code);
 }
 
-// Quantizes the n < = kQuantBlock values of one block: its absmax (max |x|, NaN if any x is), and
+// Quantizes the n <= kQuantBlock values of one block: its absmax (max |x|, NaN if any x is), and
 // the codes of x / absmax, or the zero code everywhere where the absmax is 0 or not finite.
 HWY_INLINE void QuantizeBlock(const QuantTables& t, bool is_signed, const float* x, std::size_t n,
                               std::uint8_t* codes, float* absmax) {
