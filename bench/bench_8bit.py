@@ -8,8 +8,8 @@ rounds repeated). Each impl gets its own params and fixed grads (same seed); onl
   bnb_8bit         bitsandbytes.optim.<X>8bit() on the CPU (its 0.50 CPU op); --no-bnb leaves it out (slow)
   deepspeed_cpu_adam  with --deepspeed (adam, adamw): DeepSpeed's CPU Adam, f32 states
 
-The table gives each impl's median ms, its speed relative to fused_8bit (the impl's median / fused_8bit's) and the
-bytes of optimizer state it keeps per parameter.
+The table gives each impl's median ms, its time relative to fused_8bit (the median and quartiles of the per-round
+ratios) and the bytes of optimizer state it keeps per parameter, and how many disturbed rounds were thrown away.
 
   scripts/bench-8bit --shapes gpt2_small --threads 2
   scripts/bench-8bit --numel 100000000 --threads 1 --json out.json
@@ -22,11 +22,11 @@ import json
 import pathlib
 import sys
 
-import torch
-
 import fusedopt
 from load_monitor import LoadMonitor  # bench/ is this file's folder
-from torch_bench import MODELS, make_params, summary, tensor_shapes, time_steps
+from torch_bench import MODELS, make_params, spread, summary, tensor_shapes, time_steps
+
+import torch
 
 LR = 1e-3
 TWINS = {"adamw": "AdamW8bit", "adam": "Adam8bit", "lion": "Lion8bit", "sgd": "SGD8bit",
@@ -79,9 +79,9 @@ def run(args: argparse.Namespace) -> dict:
                                args.rounds)
     results = {name: summary(samples[name]) | {"state_bytes_per_param": state_bytes_per_param(opt, numel)}
                for name, opt in optimizers.items()}
-    base = results["fused_8bit"]["median_ms"]
-    for r in results.values():
-        r["vs_fused_8bit"] = r["median_ms"] / base
+    base = results["fused_8bit"]["samples_ms"]
+    for r in results.values():  # each round's ratio: both impls stepped in that round, under its load
+        r["vs_fused_8bit"] = spread([x / b for x, b in zip(r["samples_ms"], base)])
     return {"optimizer": args.optimizer, "shapes": args.shapes or "flat", "tensors": len(dims), "numel": numel,
             "threads": torch.get_num_threads(), "rounds": args.rounds, "target": fusedopt.active_target(),
             "impls": results, "load": load}
@@ -90,10 +90,12 @@ def run(args: argparse.Namespace) -> dict:
 def text_table(result: dict) -> str:
     lines = [f"{result['optimizer']} on {result['shapes']} ({result['numel']:,} params, {result['threads']} threads, "
              f"target {result['target']})",
-             f"{'impl':<20} {'median ms':>10} {'x fused_8bit':>13} {'state B/param':>14}"]
+             f"{'impl':<20} {'median ms':>10} {'x fused_8bit (q1-q3)':>22} {'state B/param':>14}"]
     for name, r in result["impls"].items():
-        lines.append(f"{name:<20} {r['median_ms']:>10.2f} {r['vs_fused_8bit']:>13.2f} "
-                     f"{r['state_bytes_per_param']:>14.3f}")
+        ratio = r["vs_fused_8bit"]
+        lines.append(f"{name:<20} {r['median_ms']:>10.2f} {ratio['median']:>9.2f} ({ratio['q1']:.2f}-{ratio['q3']:.2f})"
+                     f" {r['state_bytes_per_param']:>14.3f}")
+    lines.append(f"rounds thrown away (disturbed): {result['load']['discarded']}")
     return "\n".join(lines)
 
 

@@ -1,5 +1,6 @@
 """step_in_backward=True against the ordinary fused step on a transformer: training-step time, timed interleaved
-in one process (two copies of one model, steps alternating, the order rotating), and each mode's peak memory,
+in one process (two copies of one model, one step of each per round, the order alternating, disturbed rounds
+thrown away and repeated), and each mode's peak memory,
 measured in a process of its own (peak RSS; glibc's mmap threshold fixed so that freed tensors leave the RSS). The
 default batch is small (1 x 64 tokens): with large batches the activations, not the gradients, set the peak.
 
@@ -17,12 +18,14 @@ import subprocess
 import sys
 import time
 
-import torch
-
 import fusedopt
+
+import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import train_models  # noqa: E402  (bench/ is this file's folder)
+from load_monitor import LoadMonitor, timed_rounds  # noqa: E402
+from torch_bench import spread  # noqa: E402
 
 MODES = {"ordinary": False, "in_backward": True}
 
@@ -42,20 +45,28 @@ def train_step(model, opt, batch) -> float:
 
 
 def timed(args) -> dict:
-    """Both modes in this process, step by step alternately: median ms per training step."""
+    """Both modes in this process, one training step each per round, the order alternating; a round during
+    which other processes took more than 5 % of the machine is thrown away and repeated (load_monitor.py).
+    Median ms per step, and the quartiles of the per-round ratio in_backward / ordinary."""
     runs = {mode: make(args, flag) for mode, flag in MODES.items()}
     batches = train_models.token_batches(4, args.batch_size, args.seq_len, args.vocab, seed=1)
-    ms = {mode: [] for mode in MODES}
-    for step in range(args.warmup + args.steps):
-        order = list(MODES) if step % 2 == 0 else list(reversed(MODES))
-        for mode in order:
-            t = train_step(*runs[mode], batches[step % len(batches)])
-            if step >= args.warmup:
-                ms[mode].append(t)
+    for step in range(args.warmup):
+        for mode in MODES:
+            train_step(*runs[mode], batches[step % len(batches)])
+
+    def one_round(r: int) -> dict[str, float]:
+        batch = batches[r % len(batches)]
+        order = list(MODES) if r % 2 == 0 else list(reversed(MODES))
+        return {mode: train_step(*runs[mode], batch) for mode in order}
+
+    kept = timed_rounds(one_round, args.steps, LoadMonitor(), args.steps)
+    ms = {mode: [r[mode] for r in kept.results] for mode in MODES}
     same = all(torch.equal(a, b) for a, b in zip(runs["ordinary"][0].parameters(),
                                                    runs["in_backward"][0].parameters()))
     params = sum(p.numel() for p in runs["ordinary"][0].parameters())
-    return {"params": params, "median_ms": {m: statistics.median(v) for m, v in ms.items()}, "bit_identical": same}
+    return {"params": params, "median_ms": {m: statistics.median(v) for m, v in ms.items()},
+            "ratio": spread([b / a for a, b in zip(ms["ordinary"], ms["in_backward"])]),
+            "load": kept.report(), "bit_identical": same}
 
 
 def peak_rss_kib() -> int:
@@ -98,6 +109,9 @@ def main() -> None:
     print(f"{'mode':<12} {'step ms':>9} {'peak MiB':>9}")
     for m in MODES:
         print(f"{m:<12} {result['median_ms'][m]:>9.1f} {result['peak_mib'][m]:>9.0f}")
+    ratio = result["ratio"]
+    print(f"in_backward / ordinary step time, per round: {ratio['median']:.3f} (quartiles {ratio['q1']:.3f}-"
+          f"{ratio['q3']:.3f}); rounds thrown away (disturbed): {result['load']['discarded']}")
     print(f"peak lower by {result['peak_mib']['ordinary'] - result['peak_mib']['in_backward']:.0f} MiB "
           f"(gradients: {result['grad_mib']:.0f} MiB)")
     if args.json:
