@@ -110,10 +110,11 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         self._overlap_free = False  # see _waves
         self._wave_key: list | None = None
         self._wave_plan: tuple | None = None
-        self._step_in_backward = False  # (add_param_group hooks new params once _init_backward_step has run)
-        self._backward_hooks = {}
-        self._places = None
-        self._bucket = []
+        # step_in_backward's (_in_backward.py): add_param_group hooks new params once _init_backward_step has run
+        self._step_in_backward = False
+        self._backward_hooks: dict[torch.Tensor, object] = {}
+        self._places: dict[torch.Tensor, tuple[int, int]] | None = None  # param -> (group, index)
+        self._bucket: list[torch.Tensor] = []  # params whose gradients wait for their update
         self._bucket_bytes = 0
         super().__init__(params, *args, **kwargs)
         self._step_supports_amp_scaling = True  # honours grad_scale / found_inf set by GradScaler
@@ -298,7 +299,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check_no_scaler()
+        self._close_backward_step()
         # Set by (torch.amp or fusedopt).GradScaler.step(): skip on overflow, unscale in the step.
         # fusedopt.GradScaler leaves the overflow check to the step's pre-pass and reads the result
         # from _found_inf_out.

@@ -29,10 +29,6 @@ class BackwardStep:
     def _init_backward_step(self, enabled: bool, flatten: bool) -> None:
         """Checks the options against step_in_backward and hooks every param (called once the groups exist)."""
         self._step_in_backward = bool(enabled)
-        self._backward_hooks: dict[torch.Tensor, object] = {}
-        self._places: dict[torch.Tensor, tuple[int, int]] | None = None
-        self._bucket: list[torch.Tensor] = []  # params whose gradients wait for their update
-        self._bucket_bytes = 0
         if not self._step_in_backward:
             return
         name = type(self).__name__
@@ -88,8 +84,7 @@ class BackwardStep:
                 if place is None or p.grad is None:  # no longer in any group, or its gradient was taken away
                     continue
                 gi, j = place
-                slots = hypers[gi].required_states()
-                needed = tuple(bool(slots >> k & 1) for k in range(len(self._slot_keys)))
+                needed = self._group_slots(hypers[gi])
                 needed = self._needed_states(p, needed) if self._factored else needed
                 row, grad_ptr, code = self._segment(p, p.grad, gi, j, needed, undo, True, hypers[gi])
                 if row is None:  # (grad_ptr is why)
@@ -106,9 +101,9 @@ class BackwardStep:
         for p in packed.params:
             p.grad = None
 
-    def _check_no_scaler(self) -> None:
-        """step() with a GradScaler's attributes set: the hooks have already stepped with scaled gradients. (Also
-        updates a bucket that a backward pass ended without: torch.autograd.grad or an interrupted pass.)"""
+    def _close_backward_step(self) -> None:
+        """At step(): updates a bucket that a backward pass ended without (an interrupted pass), and refuses a
+        GradScaler's step: the hooks have already stepped with scaled gradients."""
         if self._bucket:
             self._flush_bucket()
         if self._step_in_backward and (getattr(self, "grad_scale", None) is not None

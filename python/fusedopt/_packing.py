@@ -67,8 +67,7 @@ class SegmentPacking:
         seen: dict | None = {} if self._duplicates else None
         index = -1  # of the param in all groups' params
         for gi, group in enumerate(self.param_groups):
-            slots = hypers[gi].required_states()
-            needed = tuple(bool(slots >> k & 1) for k in range(len(self._slot_keys)))
+            needed = self._group_slots(hypers[gi])
             for j, p in enumerate(group["params"]):
                 g = p.grad if grads is None else grads.get(p)
                 index += 1
@@ -91,6 +90,12 @@ class SegmentPacking:
                 packed.grads.append(grad_ptr)
                 packed.codes.append(code)
         return packed
+
+    def _group_slots(self, hyper) -> tuple:
+        """Which state slots a group's params need under its Hyper (a factored algorithm's params may need fewer:
+        _needed_states)."""
+        slots = hyper.required_states()
+        return tuple(bool(slots >> k & 1) for k in range(len(self._slot_keys)))
 
     def _pack_unchanged(self, hypers: list) -> _Packed | None:
         """The common step, in bulk: when the same params hold gradients as at the last step() and
