@@ -200,7 +200,7 @@ class EngineOnly:
         opt = self.optimizer
         if self.packed is None:
             opt.step()
-            self.packed = opt._pack_unchanged(opt._group_hypers())
+            self.packed = opt._pack(opt._group_hypers(), [])
             return
         opt._run_engine(self.packed, 1.0, False, None)
 
@@ -345,6 +345,9 @@ def run(optimizer: str, shapes: str | None, numel: int | None, dtype_name: str, 
            for impl, r in results.items() if impl not in (*FUSEDOPT_IMPLS, ENGINE)},
         "round_ratio_spread": round_ratios(results, best_impl), "load": load,
         "dropin_overhead": results["fused"]["median_ms"] / engine - 1.0,
+        # fused / engine - 1 of each round (both stepped in it)
+        "dropin_overhead_spread": spread([f / e - 1.0 for f, e in zip(results["fused"]["samples_ms"],
+                                                                        results[ENGINE]["samples_ms"])]),
     }
 
 
@@ -385,7 +388,9 @@ def text_table(result: dict) -> str:
         else:
             lines.append(f"{impl:<{width}}{r['median_ms']:>11.3f}{r['min_ms']:>11.3f}"
                          f"{r['median_ms'] / best:>17.2f}x")
-    lines.append(f"drop-in overhead (fused / engine - 1): {result['dropin_overhead']:+.1%}")
+    s = result["dropin_overhead_spread"]
+    lines.append(f"drop-in overhead (fused / engine - 1): {result['dropin_overhead']:+.1%}; per round "
+                 f"{s['min']:+.1%} [{s['q1']:+.1%} {s['median']:+.1%} {s['q3']:+.1%}] {s['max']:+.1%}")
     load = result["load"]
     lines.append(f"rounds: {load['kept']} kept, {load['discarded']} thrown away as disturbed, "
                  f"{load['disturbed_kept']} disturbed kept; load average {load['loadavg_min']:.2f}-"

@@ -19,6 +19,7 @@ from . import _C
 from ._accumulation import AccumulationWindow
 from ._fallback import TorchFallback
 from ._flat import FlatStore
+from ._hooks import hooked_step
 from ._hypers import group_fields, hyper_arguments
 from ._in_backward import BackwardStep
 from ._packing import SegmentPacking, _Cached, _LastStep, _Packed
@@ -29,7 +30,7 @@ from ._tensors import DTYPE_CODES, check_param
 # What a copy of an optimizer does not take over (besides torch's hooks, which torch's own copies drop too):
 # what is rebuilt from the copy's own params (caches keyed by tensor identity or address, the flat layout, the
 # master copies' marks: see __setstate__), and the attributes a GradScaler sets for one step.
-_NOT_COPIED = frozenset({"_flat", "_param_marks", "_backward_hooks", "_places", "_bucket", "_bucket_bytes", "_segment_cache", "_last", "_offsets", "_overlap_free", "_wave_key",
+_NOT_COPIED = frozenset({"_flat", "_param_marks", "_backward_hooks", "_places", "_bucket", "_bucket_bytes", "_segment_cache", "_last", "_last_hypers", "_offsets", "_overlap_free", "_wave_key",
                          "_wave_plan", "_zero_grad_profile_name", "_warned_capturable_if_run_uncaptured",
                          "grad_scale", "found_inf", "_found_inf_out"})
 
@@ -45,6 +46,9 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("step")
+        if step is not None and not getattr(step, "hooked", False):  # a subclass's own step: the hooks run once
+            cls.step = hooked_step(step)
         algorithm = cls.__dict__.get("_algorithm")
         if algorithm is not None:  # what the engine says of it: its step and its state keys
             # _C's entry, or the one a class of another module's algorithm carries (_generic.generic_class)
@@ -70,6 +74,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         # strict=False: params (or steps) the engine cannot take go through the reference's own step
         # (see _torch_step); strict=True: they are errors.
         self._strict = bool(strict)
+        self._stepping = False  # inside step()'s hooks (see _hooks.hooked_step)
         if self._strict and kwargs.get("differentiable", False):
             raise RuntimeError(f"{type(self).__name__} does not support differentiable=True (strict=True)")
         self._warned: dict[torch.Tensor, None] = {}  # params the torch-step warning has named
@@ -106,6 +111,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         self._param_marks: dict[torch.Tensor, tuple[int, int]] = {}
         self._segment_cache: dict[torch.Tensor, _Cached] = {}  # see _segment
         self._last: _LastStep | None = None  # see _pack_unchanged
+        self._last_hypers: list[tuple[dict, Any]] = []  # see _group_hypers
         self._duplicates = False  # some group lists a param more than once (torch warns, and allows it)
         self._overlap_free = False  # see _waves
         self._wave_key: list | None = None
@@ -273,7 +279,8 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
                            ("_window_found_inf", False), ("last_grad_norm", None),
                            ("_rounding", (False, 0)), ("_offsets", None), ("_duplicates", False),
                            ("_overlap_free", False), ("_wave_key", None), ("_wave_plan", None),
-                           ("_strict", False), ("_step_in_backward", False), ("_places", None)):
+                           ("_strict", False), ("_step_in_backward", False), ("_places", None),
+                           ("_stepping", False)):
             self.__dict__.setdefault(key, value)
         self.__dict__.setdefault("_accumulators", {})
         self.__dict__.setdefault("_window", {})
@@ -281,6 +288,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         self.__dict__.setdefault("_torch_sums", {})
         self.__dict__["_segment_cache"] = {}
         self.__dict__["_last"] = None
+        self.__dict__["_last_hypers"] = []
         self.__dict__["_backward_hooks"] = {}
         self.__dict__["_bucket"], self.__dict__["_bucket_bytes"] = [], 0
         if copied is not None and self._step_in_backward:  # a copy steps its own params in backward
@@ -292,7 +300,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             self._param_marks = {p: (p.data_ptr(), p._version) for p in in_sync}
             self._flat = FlatStore(self) if flatten else None
 
-    @torch.no_grad()
+    @hooked_step
     def step(self, closure: Callable[[], Any] | None = None):
         """Performs one fused optimization step over all param groups (see torch.optim)."""
         loss = None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import operator
-from itertools import chain
 
 import torch
 
@@ -20,15 +19,22 @@ _ITEM_SIZES = {0: 4, 1: 2, 2: 2}  # bytes per element of each engine dtype code
 # (a complex64 tensor is read as its f32 real view; uint8 states are 8-bit block-wise codes, DType::kQ8)
 _ENGINE_CODES = {**DTYPE_CODES, torch.complex64: 0, torch.uint8: 3}
 _SPAN = operator.attrgetter("param", "numel", "param_dtype")  # of a _C.SegmentRow
-# Bound C methods, mapped over lists of tensors by the packing fast path (_pack_unchanged).
-_PARAMS = operator.itemgetter("params")
-_GRAD = operator.attrgetter("grad")
-_DTYPE = operator.attrgetter("dtype")
-_SHAPE = operator.attrgetter("shape")
-_VERSION = operator.attrgetter("_version")
-_DATA_PTR = torch.Tensor.data_ptr
 _REQUIRED_STATES = operator.methodcaller("required_states")
-_IS_CONTIGUOUS = torch.Tensor.is_contiguous
+
+
+def _load_unchanged():
+    """fusedopt._unchanged (src/python_torch), the unchanged step's check in C++, when this build has it and it was
+    compiled against the torch in use (it reads torch's C++ tensors); else None: every step packs param by param."""
+    try:
+        from . import _unchanged
+    except ImportError:
+        return None
+    return _unchanged if torch.__version__.split("+")[0] == _unchanged.torch_version else None
+
+
+_unchanged = _load_unchanged()
+# Its check of the state dicts: by their versions (CPython <= 3.11), else by lookups.
+_DICT_VERSIONS = _unchanged is not None and _unchanged.dict_versions
 
 
 class SegmentPacking:
@@ -50,12 +56,19 @@ class SegmentPacking:
         return self._wave_plan
 
     def _group_hypers(self) -> list:
-        hypers = []
+        """Each group's Hyper (see _hyper_arguments): the last step's object where the group's arguments are the same,
+        as making one costs more than comparing them."""
+        hypers, made = [], []
+        last = self._last_hypers
         for gi, group in enumerate(self.param_groups):
             try:
-                hypers.append(self._hyper(group))
+                arguments = self._hyper_arguments(group)
             except _BadNumber as e:
                 raise number_error(f"param_groups[{gi}]{e.field}", e.value, e.index) from None
+            same = gi < len(last) and last[gi][0] == arguments
+            hypers.append(last[gi][1] if same else self._hyper_type(**arguments))
+            made.append((arguments, hypers[-1]))
+        self._last_hypers = made
         return hypers
 
     def _pack(self, hypers: list, undo: list, grads: dict | None = None) -> _Packed:
@@ -99,73 +112,51 @@ class SegmentPacking:
 
     def _pack_unchanged(self, hypers: list) -> _Packed | None:
         """The common step, in bulk: when the same params hold gradients as at the last step() and
-        nothing its packing depended on has changed (the checks of _segment's cache, each mapped
-        over all params at once), the last step's segment table with this step's gradients.
-        Otherwise None: pack param by param."""
+        nothing its packing depended on has changed (what _segment's cache entries check, checked for
+        all params in one C++ call: _unchanged.LastStep.grads), the last step's segment table with this
+        step's gradients. Otherwise None: pack param by param."""
         last = self._last
-        if last is None or list(map(_REQUIRED_STATES, hypers)) != last.needed:
+        if last is None or (not all(map(operator.is_, hypers, last.hypers))
+                            and list(map(_REQUIRED_STATES, hypers)) != last.needed):
             return None
-        lists = list(map(_PARAMS, self.param_groups))  # (user code may edit them in place)
-        all_params = list(chain.from_iterable(lists))
-        if (list(map(len, lists)) != last.group_sizes
-                or not all(map(operator.is_, all_params, last.all_params))):
+        place_grad = None if self._flat is None else self._flat.place_grad  # flatten=True: a new p.grad
+        grads = last.check.grads(self.param_groups, self.state, place_grad)
+        if grads is None:
             return None
-        grads = list(map(_GRAD, all_params))
-        if [i for i, g in enumerate(grads) if g is None] != last.packed.none_at:
-            return None
-        if last.packed.none_at:
-            grads = [g for g in grads if g is not None]
-        params = last.packed.params
-        try:
-            grad_ptrs = list(map(_DATA_PTR, grads))
-            if not all(map(_IS_CONTIGUOUS, grads)):
-                return None
-        except RuntimeError:  # a sparse gradient: the param-by-param path names it
-            return None
-        codes = list(map(DTYPE_CODES.get, map(_DTYPE, grads)))
-        if (None in codes or list(map(_SHAPE, grads)) != last.shapes
-                or list(map(_DATA_PTR, params)) != last.param_ptrs
-                or not all(map(operator.is_, map(self.state.get, params), last.states))
-                or not all(map(operator.is_, map(dict.get, last.entry_dicts, last.entry_keys), last.entry_tensors))
-                or list(map(_DATA_PTR, last.entry_tensors)) != last.entry_ptrs
-                or list(map(_VERSION, last.masters)) != last.versions):
-            return None
-        if last.grad_slots is not None and grad_ptrs != last.grad_slots:  # flatten=True, new p.grad
-            for i, (address, slot) in enumerate(zip(grad_ptrs, last.grad_slots)):
-                if address != slot:
-                    g = self._flat.place_grad(params[i])
-                    grad_ptrs[i], codes[i] = g.data_ptr(), DTYPE_CODES[g.dtype]
         packed = _Packed(hypers)
-        packed.params, packed.none_at, packed.table = params, last.packed.none_at, last.packed.table
-        packed.grads, packed.codes = grad_ptrs, codes
+        packed.params, packed.none_at, packed.table = last.params, last.none_at, last.table
+        packed.grads, packed.codes = grads
         return packed
 
     def _remember(self, packed: _Packed) -> None:
         """After a step packed param by param: what _pack_unchanged checks at the next one. Not
-        with a param listed twice or params that overlap (their segments run in waves)."""
-        if self._duplicates or not self._overlap_free:
+        with a param listed twice or params that overlap (their segments run in waves), nor without
+        the _unchanged module (a build without torch's C++ API)."""
+        if _unchanged is None or self._duplicates or not self._overlap_free or not isinstance(self.state, dict):
             return
         cached = [self._segment_cache[p] for p in packed.params]
-        last = _LastStep()
-        lists = list(map(_PARAMS, self.param_groups))
-        last.all_params, last.group_sizes = list(chain.from_iterable(lists)), list(map(len, lists))
-        last.needed = list(map(_REQUIRED_STATES, packed.hypers))
-        last.shapes = [c.shape for c in cached]
-        last.param_ptrs = [c.param_ptr for c in cached]
-        last.states = [c.state for c in cached]
+        all_params = [p for group in self.param_groups for p in group["params"]]
         entries = [(c.state, key, t, address) for c in cached for key, t, address in c.tensors]
-        last.entry_dicts, last.entry_keys, last.entry_tensors, last.entry_ptrs = (
-            [e[k] for e in entries] for k in range(4))
-        with_master = [(p, c.version) for p, c in zip(packed.params, cached) if c.version is not None]
-        last.masters, last.versions = [m for m, _ in with_master], [v for _, v in with_master]
-        last.grad_slots = [c.grad_slot for c in cached] if self._flat is not None else None
+        none_at = set(packed.none_at)
+        check = _unchanged.LastStep(
+            state=self.state, all_params=all_params,
+            group_sizes=[len(group["params"]) for group in self.param_groups],
+            has_grad=[i not in none_at for i in range(len(all_params))],
+            params=packed.params, shapes=[tuple(c.shape) for c in cached],
+            param_ptrs=[c.param_ptr for c in cached], states=[c.state for c in cached],
+            entry_dicts=[e[0] for e in entries], entry_keys=[e[1] for e in entries],
+            entry_tensors=[e[2] for e in entries], entry_ptrs=[e[3] for e in entries],
+            versions=[-1 if c.version is None else c.version for c in cached],
+            grad_slots=[c.grad_slot for c in cached] if self._flat is not None else [],
+            dict_versions=_DICT_VERSIONS)
+        last = _LastStep()
+        last.hypers, last.needed = packed.hypers, list(map(_REQUIRED_STATES, packed.hypers))
+        last.check, last.params, last.none_at = check, packed.params, packed.none_at
         # The table of the next steps: the cached rows. They are this step's, except where SGD's
         # first step counted from a fresh buffer (the next ones count from the buffer it made).
-        last.packed = _Packed(packed.hypers)
-        last.packed.params, last.packed.none_at = packed.params, packed.none_at
         rows = [c.row for c in cached]
         same = packed.table is not None and all(map(operator.is_, rows, packed.rows))
-        last.packed.table = packed.table if same else _C.SegmentTable(rows)
+        last.table = packed.table if same else _C.SegmentTable(rows)
         self._last = last
 
     def _segment(self, p, g, gi, j, needed, undo, own_grad, hyper) -> tuple:
@@ -321,12 +312,11 @@ class _Cached:
 
 
 class _LastStep:
-    """What _pack_unchanged compares with: the cache entries of the last step's params, as lists
-    (one check maps over all of them at once), and that step's packing with its table."""
+    """What _pack_unchanged compares with: the groups' Hypers and the state slots they need, the C++ check of
+    everything else (_unchanged.LastStep), and the last step's packed params, params without a
+    gradient and segment table."""
 
-    __slots__ = ("all_params", "group_sizes", "needed", "shapes", "param_ptrs", "states", "entry_dicts", "entry_keys",
-                 "entry_tensors", "entry_ptrs", "masters", "versions", "grad_slots", "packed")
-
+    __slots__ = ("hypers", "needed", "check", "params", "none_at", "table")
 
 
 def _plan_waves(spans: list[tuple[int, int, int]]):

@@ -1,9 +1,11 @@
 """The bulk check that lets an unchanged step reuse the last step's segment table
-(_pack_unchanged in python/fusedopt/_base.py): every change user code can make between two steps
-must send the step back to packing param by param, with the result torch.optim gets."""
+(_pack_unchanged in python/fusedopt/_packing.py, its checks in C++: src/python_torch/unchanged_step.cc): every
+change user code can make between two steps must send the step back to packing param by param, with the result
+torch.optim gets."""
 
 import pytest
 from conftest import NAMES, compare_opts, run, set_grads
+from fusedopt import _packing
 from test_api import STATE_KEY, _bitwise, _pair
 
 
@@ -50,9 +52,13 @@ def _all_grads(params, t):
 @pytest.mark.parametrize("mutation", ["replace_state_tensor", "replace_step_counter", "drop_state",
                                       "move_param", "change_group", "drop_grad", "regroup"])
 @pytest.mark.parametrize("flatten", [False, True])
-def test_change_between_steps_is_noticed(name, mutation, flatten):
+@pytest.mark.parametrize("dict_versions", [True, False], ids=["dict_versions", "lookups"])
+def test_change_between_steps_is_noticed(name, mutation, flatten, dict_versions, monkeypatch):
     """Also with flatten=True, where each step's new p.grad (zero_grad sets them to None) is copied
-    into its slot of the flat buffer."""
+    into its slot of the flat buffer; the state dicts checked by their versions (CPython <= 3.11) and by lookups."""
+    if dict_versions and not _packing._unchanged.dict_versions:
+        pytest.skip("this Python has no dict versions")
+    monkeypatch.setattr(_packing, "_DICT_VERSIONS", dict_versions)
     change = _mutations(name).get(mutation)
     if change is None:
         pytest.skip(f"{name} keeps no state['step']")
@@ -86,3 +92,15 @@ def test_sgd_first_step_counts_from_a_fresh_buffer_once():
         tor.step()
         fus.step()
     compare_opts(fus, tor, "SGD", bitwise=True)
+
+
+def test_without_the_bulk_check_every_step_packs_param_by_param(monkeypatch):
+    """A build without fusedopt._unchanged (torch's C++ API absent when it was built, or another torch in use) packs
+    every step param by param, with the same results."""
+    assert _packing._unchanged is not None, "this build should have fusedopt._unchanged (scripts/build)"
+    monkeypatch.setattr(_packing, "_unchanged", None)
+    p_t, p_f, tor, fus = _pair("AdamW")
+    run(tor, p_t, 4, grads=_all_grads)
+    run(fus, p_f, 4, grads=_all_grads)
+    assert fus._last is None
+    compare_opts(fus, tor, "AdamW packed param by param", bitwise=_bitwise("AdamW"))

@@ -54,6 +54,71 @@ def test_every_hook_runs_as_with_torch(name):
     compare_opts(fus, ref, f"{name} hooks")
 
 
+def test_step_wrapper_does_what_torchs_does():
+    """fusedopt's own step wrapper (python/fusedopt/_hooks.py, in place of torch's profile_hook_step): the global hooks
+    around the optimizer's, in torch's order; a pre-hook's (args, kwargs) taken; a bad return refused as torch refuses
+    it; the profiler's label; the step run without grad and the grad mode restored, also when the step raises."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    logs = {}
+    handles = []
+    for key in ("ref", "fus"):
+        logs[key] = []
+    handles.append(register_optimizer_step_pre_hook(lambda o, a, k: logs[_kind(o)].append("global_pre")))
+    handles.append(register_optimizer_step_post_hook(lambda o, a, k: logs[_kind(o)].append("global_post")))
+    try:
+        p_ref, p_fus, ref, fus = _pair("AdamW")
+        for opt, key in ((ref, "ref"), (fus, "fus")):
+            opt.register_step_pre_hook(lambda o, a, k, log=logs[key]: log.append(("pre", len(a), torch.is_grad_enabled())))
+            opt.register_step_post_hook(lambda o, a, k, log=logs[key]: log.append("post"))
+        run(ref, p_ref, 1)
+        run(fus, p_fus, 1)
+    finally:
+        for h in handles:
+            h.remove()
+    assert logs["fus"] == logs["ref"] == ["global_pre", ("pre", 1, True), "post", "global_post"]
+
+    seen = []  # a pre-hook that passes a closure in: the step calls it, without grad around it but with it inside
+    fus.register_step_pre_hook(lambda o, a, k: (a, {"closure": lambda: seen.append(torch.is_grad_enabled())}))
+    fus.step()
+    assert seen == [True]
+    with torch.enable_grad():
+        fus.register_step_pre_hook(lambda o, a, k: 3)
+        with pytest.raises(RuntimeError, match="must return None or a tuple of"):
+            fus.step()
+        assert torch.is_grad_enabled()
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        _, p_fus, _, fus = _pair("AdamW")
+        run(fus, p_fus, 1)
+    assert "Optimizer.step#FusedAdamW.step" in {e.name for e in prof.events()}
+
+
+def _kind(opt):
+    return "fus" if type(opt).__name__.startswith("Fused") else "ref"
+
+
+def test_subclass_step_runs_the_hooks_once():
+    """A subclass whose own step calls the fused one (super().step()) runs each hook once, as a torch.optim subclass
+    does."""
+    FusedAdamW = FUSED["AdamW"]
+
+    class Sub(FusedAdamW):
+        def step(self, closure=None):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().step(closure)
+
+    _, p_fus, _, fus = _pair("AdamW")
+    sub = Sub(clone_params(p_fus), **BASE_KW["AdamW"])
+    log = []
+    sub.register_step_pre_hook(lambda o, a, k: log.append("pre"))
+    sub.register_step_post_hook(lambda o, a, k: log.append("post"))
+    run(sub, list(sub.param_groups[0]["params"]), 2)
+    run(fus, p_fus, 2)
+    assert log == ["pre", "post"] * 2 and sub.calls == 2
+    compare_opts(sub, fus, "subclass", bitwise=True)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_named_params_in_state_dict(name):
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
