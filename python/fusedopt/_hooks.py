@@ -45,17 +45,20 @@ def hooked_step(step):
 
 
 def _with_hooks(self, step, args, kwargs):
-    for pre_hook in chain(_global_optimizer_pre_hooks.values(), self._optimizer_step_pre_hooks.values()):
-        result = pre_hook(self, args, kwargs)
-        if result is not None:
-            if isinstance(result, tuple) and len(result) == 2:
-                args, kwargs = result
-            else:
-                raise RuntimeError(f"{step} must return None or a tuple of (new_args, new_kwargs), but got {result}.")
+    if _global_optimizer_pre_hooks or self._optimizer_step_pre_hooks:  # (most steps have none)
+        for pre_hook in chain(_global_optimizer_pre_hooks.values(), self._optimizer_step_pre_hooks.values()):
+            result = pre_hook(self, args, kwargs)
+            if result is not None:
+                if isinstance(result, tuple) and len(result) == 2:
+                    args, kwargs = result
+                else:
+                    raise RuntimeError(f"{step} must return None or a tuple of (new_args, new_kwargs), but got "
+                                       f"{result}.")
     out = _without_grad(step, args, kwargs)
     self._optimizer_step_code()
-    for post_hook in chain(self._optimizer_step_post_hooks.values(), _global_optimizer_post_hooks.values()):
-        post_hook(self, args, kwargs)
+    if self._optimizer_step_post_hooks or _global_optimizer_post_hooks:
+        for post_hook in chain(self._optimizer_step_post_hooks.values(), _global_optimizer_post_hooks.values()):
+            post_hook(self, args, kwargs)
     return out
 
 
