@@ -11,7 +11,8 @@ seed) and fixed random grads, set once and never zeroed, so only optimizer.step(
   fused_flat     fusedopt.Fused<X>(flatten=True); not for Adafactor (FusedAdafactor refuses it)
   engine         the C++ step alone: fusedopt's engine called on the segments a Fused<X> packed at
                  its first step, with no Python work per step but the call (what `fusedopt bench`
-                 times); fused / engine is what the drop-in's Python side costs
+                 times); fused / engine - 1 is what the drop-in's Python side costs (printed with its
+                 per-round spread)
 
 Lion, LAMB and RMSpropTF have no torch.optim twin; their references run instead of the three torch impls:
 
