@@ -40,19 +40,19 @@ using baselines::BenchRequiredStates;
 using baselines::FactoredTraffic;
 using baselines::FusedLoop;
 using baselines::FusedStep;
-using baselines::kAllTrafficStores;
+using baselines::kAllTrafficLoops;
 using baselines::LoopOptions;
 using baselines::PassClock;
 using baselines::PassTimes;
+using baselines::ReductionTraffic;
 using baselines::RunConvert;
 using baselines::SameTrafficGradRead;
-using baselines::SameTrafficReduce;
 using baselines::SameTrafficStep;
 using baselines::StandardLoop;
 using baselines::StandardStep;
 using baselines::TensorRef;
-using baselines::TrafficStores;
-using baselines::TrafficStoresName;
+using baselines::TrafficLoop;
+using baselines::TrafficLoopName;
 using tools::Algorithm;
 using tools::CheckedAdd;
 using tools::CheckedMul;
@@ -60,13 +60,11 @@ using tools::CheckFitsInMemory;
 using tools::Fill;
 using tools::FormatCount;
 using tools::GetModelShapes;
-using tools::HasReductionPass;
 using tools::IsFactored;
 using tools::LoadMonitor;
 using tools::Median;
 using tools::ModelShapes;
 using tools::ParseAlgorithm;
-using tools::ReductionReadsGradOnly;
 using tools::RoundLoad;
 using tools::TensorShape;
 
@@ -161,8 +159,8 @@ DType ParseDTypeOption(std::string_view option, const std::string& value) {
 
 // The traffic variants are timed as impls of their own, "same_traffic/<stores>".
 constexpr std::string_view kTrafficPrefix = "same_traffic/";
-std::string TrafficImplName(TrafficStores stores) {
-  return std::string(kTrafficPrefix) + TrafficStoresName(stores);
+std::string TrafficImplName(TrafficLoop loop) {
+  return std::string(kTrafficPrefix) + TrafficLoopName(loop);
 }
 
 // An integer when x is one (the bytes per param of a single tensor), else x.
@@ -282,15 +280,9 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   for (int slot = 0; slot < kMaxStates; ++slot)
     num_states += segments.empty() || segments[0].state[slot] == nullptr ? 0 : 1;
   // Bytes one fused step moves per element: param read+write, grad read, each state read+write;
-  // the training loop's pre-pass reads the grad once more; a two-phase step's reduction pass
-  // (LAMB) reads the param, the grad and each state once more (BertAdam's: the grad only).
-  const bool reduction_pass = HasReductionPass(algorithm);
-  const bool reduces_grad_only = ReductionReadsGradOnly(algorithm);
-  const std::size_t reduction_bytes =
-      !reduction_pass ? 0
-      : reduces_grad_only
-          ? DTypeSize(grad_dtype)
-          : DTypeSize(dtype) * (1 + static_cast<std::size_t>(num_states)) + DTypeSize(grad_dtype);
+  // the training loop's pre-pass reads the grad once more; a two-phase step's reduction pass reads
+  // what ReductionTraffic counts (LAMB: the param, the grad and each state once more).
+  const ReductionTraffic reduction_traffic(algorithm, segments);
   // A factored step (Adafactor) counts its passes instead (FactoredTraffic): 32 B/param for an f32
   // vector (stats: param, grad, variance read; update: param and variance read and written, grad
   // read), 24 for a matrix (stats: param, grad; norm: grad; update: param r+w, grad), per element
@@ -301,21 +293,17 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
       factored ? static_cast<double>(factored_traffic->bytes()) /
                          static_cast<double>(std::max<std::size_t>(numel, 1)) +
                      static_cast<double>(training_loop ? DTypeSize(grad_dtype) : 0)
-               : static_cast<double>(
-                     2 * DTypeSize(dtype) + DTypeSize(grad_dtype) * (training_loop ? 2 : 1) +
-                     2 * DTypeSize(dtype) * static_cast<std::size_t>(num_states) + reduction_bytes);
+               : static_cast<double>(2 * DTypeSize(dtype) +
+                                     DTypeSize(grad_dtype) * (training_loop ? 2 : 1) +
+                                     2 * DTypeSize(dtype) * static_cast<std::size_t>(num_states)) +
+                     static_cast<double>(reduction_traffic.bytes()) /
+                         static_cast<double>(std::max<std::size_t>(numel, 1));
   // The floor of every pass but the update's (reduction, norm: none for most algorithms), then the
   // update's.
-  const auto step_traffic = [&](TrafficStores stores) {
-    if (factored_traffic) return factored_traffic->Run(runtime, stores);
-    if (reduction_pass) {
-      if (reduces_grad_only) {
-        SameTrafficGradRead(segments, runtime);
-      } else {
-        SameTrafficReduce(segments, runtime);
-      }
-    }
-    SameTrafficStep(segments, runtime, stores);
+  const auto step_traffic = [&](TrafficLoop traffic_loop) {
+    if (factored_traffic) return factored_traffic->Run(runtime, traffic_loop);
+    reduction_traffic.Run(runtime, traffic_loop);
+    SameTrafficStep(segments, runtime, traffic_loop);
   };
 
   // `standard` steps on grads of the param dtype: a copy made here, untimed, if the dtypes differ.
@@ -326,7 +314,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   std::optional<FusedLoop> fused_loop;
   std::optional<StandardLoop> standard_loop;
   // One PassClock per traffic variant (training loop): each impl reports its own passes.
-  PassClock traffic_clocks[std::size(kAllTrafficStores)];
+  PassClock traffic_clocks[std::size(kAllTrafficLoops)];
   std::vector<Impl> impls;
   if (training_loop) {
     fused_loop.emplace(algorithm, hyper, segments, loop);
@@ -346,15 +334,16 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
         "standard_pipeline", [&] { standard_loop->Run(runtime); },
         [&]() -> const PassTimes& { return standard_loop->pass_ms(); },
         loop_report(*standard_loop));
-    for (const TrafficStores stores : kAllTrafficStores) {
-      PassClock* clock = &traffic_clocks[static_cast<std::size_t>(stores)];
+    for (std::size_t v = 0; v < std::size(kAllTrafficLoops); ++v) {
+      PassClock* clock = &traffic_clocks[v];
+      const TrafficLoop traffic_loop = kAllTrafficLoops[v];
       impls.emplace_back(
-          TrafficImplName(stores),
-          [&, clock, stores] {
+          TrafficImplName(traffic_loop),
+          [&, clock, traffic_loop] {
             clock->Start();
             SameTrafficGradRead(segments, runtime);
             clock->Lap("pre_pass");
-            step_traffic(stores);
+            step_traffic(traffic_loop);
             clock->Lap("step");
           },
           [clock]() -> const PassTimes& { return clock->times(); });
@@ -363,8 +352,9 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     impls.emplace_back("fused", [&] { FusedStep(algorithm, hyper, segments, runtime); });
     impls.emplace_back("standard",
                        [&] { StandardStep(algorithm, hyper, standard_segments, runtime); });
-    for (const TrafficStores stores : kAllTrafficStores) {
-      impls.emplace_back(TrafficImplName(stores), [&, stores] { step_traffic(stores); });
+    for (const TrafficLoop traffic_loop : kAllTrafficLoops) {
+      impls.emplace_back(TrafficImplName(traffic_loop),
+                         [&, traffic_loop] { step_traffic(traffic_loop); });
     }
   }
   const auto find = [&](std::string_view name) -> Impl* {
@@ -459,7 +449,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
                            {"target", ActiveTargetName()},
                            {"rounds", options.rounds},
                            {"bytes_per_param", JsonNumber(bytes_per_param)},
-                           {"reduction_pass", reduction_pass || factored}};
+                           {"reduction_pass", reduction_traffic.bytes() > 0 || factored}};
   if (grad_dtype != dtype || training_loop) report["grad_dtype"] = grad_dtype_name;
   if (training_loop) {
     report["loss_scale"] = options.loss_scale;

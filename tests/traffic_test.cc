@@ -1,8 +1,8 @@
 // The traffic kernels of the benchmark's ceiling (src/baselines/same_traffic.h) touch exactly the
 // bytes they claim: with c = 1 every written array must hold x + g over its whole range and nothing
-// else, for every param (and state) dtype, grad dtype, state count and store kind, on every SIMD
-// target; and the STREAM-style fill, copy and read cover every element. Sizes and offsets make
-// pieces that start unaligned, cross chunk edges and end in a tail.
+// else, for every param (and state) dtype, grad dtype, state count and loop (store kind, pace), on
+// every SIMD target; and the STREAM-style fill, copy and read cover every element. Sizes and
+// offsets make pieces that start unaligned, cross chunk edges and end in a tail.
 
 #include <gtest/gtest.h>
 
@@ -80,9 +80,9 @@ TEST_P(Traffic, StepWritesXPlusGradOnEveryWrittenArray) {
   for (const DType p : kDTypes) {
     for (const DType g : kDTypes) {
       for (int states = 0; states <= kMaxStates; ++states) {
-        for (const TrafficStores stores : kAllTrafficStores) {
+        for (const TrafficLoop loop : kAllTrafficLoops) {
           SCOPED_TRACE(std::string(DTypeName(p)) + " param and states x" + std::to_string(states) +
-                       ", " + std::string(DTypeName(g)) + " grad, " + TrafficStoresName(stores));
+                       ", " + std::string(DTypeName(g)) + " grad, " + TrafficLoopName(loop));
           std::vector<Array> arrays;
           arrays.reserve(2 * (2 + kMaxStates));
           std::vector<Segment> segments;
@@ -108,7 +108,7 @@ TEST_P(Traffic, StepWritesXPlusGradOnEveryWrittenArray) {
             }
             segments.push_back(seg);
           }
-          SameTrafficStep(segments, runtime, stores, 1.0f);
+          SameTrafficStep(segments, runtime, loop, 1.0f);
           std::size_t a = 0;
           for (std::size_t k = 0; k < 2; ++k) {
             Array& pa = arrays[a];
@@ -159,8 +159,7 @@ TEST(TrafficSegments, OtherStateDTypesAndMastersAreRefusedUntouched) {
   with_master.master = static_cast<float*>(master.data());
   for (const Segment& bad : {f32_states, with_master}) {
     const Segment segments[] = {ok, bad};
-    EXPECT_THROW(SameTrafficStep(segments, runtime, TrafficStores::kRegular, 1.0f),
-                 std::invalid_argument);
+    EXPECT_THROW(SameTrafficStep(segments, runtime, TrafficLoop{}, 1.0f), std::invalid_argument);
     EXPECT_THROW(SameTrafficReduce(segments, runtime), std::invalid_argument);
   }
   for (std::size_t i = 0; i < n; ++i) {
@@ -168,8 +167,15 @@ TEST(TrafficSegments, OtherStateDTypesAndMastersAreRefusedUntouched) {
     ASSERT_EQ(state.Get(i), Array::Pattern(i, 3)) << i;
     ASSERT_EQ(master.Get(i), Array::Pattern(i, 4)) << i;
   }
+  // A pace below 0, or with non-temporal stores, is refused too.
+  for (const TrafficLoop bad :
+       {TrafficLoop{TrafficStores::kRegular, -1}, TrafficLoop{TrafficStores::kStream, 2}}) {
+    EXPECT_THROW(SameTrafficStep({&ok, 1}, runtime, bad, 1.0f), std::invalid_argument);
+  }
+  EXPECT_THROW(SameTrafficReduce({&ok, 1}, runtime, -1), std::invalid_argument);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(param.Get(i), Array::Pattern(i, 1)) << i;
   // The one without states runs.
-  SameTrafficStep({&ok, 1}, runtime, TrafficStores::kRegular, 1.0f);
+  SameTrafficStep({&ok, 1}, runtime, TrafficLoop{}, 1.0f);
   EXPECT_EQ(param.Get(5), Array::Pattern(5, 1) + Array::Pattern(5, 2));
 }
 

@@ -107,6 +107,8 @@ struct Adamp {
   static constexpr int kReductions = 4;
   static constexpr int kRowValues = 2;
   static constexpr auto kReduce = RunAdampReduceChunk;
+  // A param of at most one dimension has no rows to reduce (reduce_row_length 0): kReduce skips it.
+  static bool ReducesSegment(const Segment& s) { return s.rows > 0; }
 
   // |cos| of the raw gradient and the param over one view row, as F.cosine_similarity(x, y, dim=1,
   // eps).abs_() (each norm clamped at eps), from the row's sums (the reference's f32 result only

@@ -142,7 +142,7 @@ struct BertAdam {
   // The reduction pass gives Σ(g·grad_scale)² of the tensor: it reads the gradient only (the
   // bench's and the doctor's traffic floor of the pass).
   static constexpr int kReductions = 1;
-  static constexpr bool kReducesGradOnly = true;
+  static constexpr ReductionReads kReductionReads = ReductionReads::kGrad;
   // Only clipping reads the sums: without it in any group the step is one pass.
   static bool NeedsReduction(const Hyper& h) { return h.max_grad_norm > 0.0; }
   static constexpr auto kReduce = RunBertAdamReduceChunk;

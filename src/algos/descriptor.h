@@ -43,8 +43,10 @@
 // (BertAdam: one gradient norm per (group, param dtype)), instead of Finish:
 //   FinishAll(groups, segments, sums, scalars)  with every segment's kReductions sums, in
 //                       segment order, and every segment's coefficients
-// and optionally kReducesGradOnly = true where kReduce reads the gradients only (the traffic floor
-// that `fusedopt bench` and the doctor count for the reduction pass), and NeedsReduction(h): false
+// and optionally kReductionReads (ReductionReads, below; kAll where absent): what kReduce reads,
+// and ReducesSegment(s): false for a segment kReduce skips (AdamP: a param of at most one
+// dimension), the traffic floor `fusedopt bench` and the doctor count for the reduction pass; and
+// NeedsReduction(h): false
 // for a group whose coefficients do not read the sums (the step skips the pass when no group does;
 // FinishAll is then not called and MakeScalars' values stand).
 // and, for a two-phase algorithm whose sums are per channel row (AdamP: of a param's view(size(0),
@@ -183,6 +185,11 @@ struct StandardOptions {
 
 // TwoPhase, FinishesAll, RowReductions, Factored, HasScalarStates, NumScalarStates: in
 // src/core/step_traits.h, which the engine's step templates read.
+
+// What a two-phase algorithm's reduction pass reads (descriptor kReductionReads): the gradient, the
+// param and every allocated state (LAMB's and AdamP's update before its norm), the param and the
+// gradient (LARS's norms), or the gradient only (BertAdam's gradient norm).
+enum class ReductionReads { kAll, kParamAndGrad, kGrad };
 
 // Whether torch's state of A keeps a per-param step count ("step"): all but SGD, Lion and LARS,
 // whose descriptors say kCountsSteps = false (their updates read only whether a momentum buffer is

@@ -98,6 +98,7 @@ struct Lars {
 
   // The reduction pass gives Σp² and Σg² of the tensor (g unscaled, as LARC reads p.grad).
   static constexpr int kReductions = 2;
+  static constexpr ReductionReads kReductionReads = ReductionReads::kParamAndGrad;
   static constexpr auto kReduce = RunLarsReduceChunk;
   // LARC's adaptive_lr in its f32 tensor ops, from the norms rounded once to f32 (torch.norm's
   // 0-d f32 results): tc·‖p‖ / (‖g‖ + ‖p‖·λ + eps), then in clip mode min(· / lr, 1) (Python's

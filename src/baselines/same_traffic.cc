@@ -1,10 +1,11 @@
 // same_traffic: the memory-bandwidth ceiling of the fused step (same_traffic.h). Built like the
 // real kernels (src/cpu/loop-inl.h): one parallel region per step over the kGrainElements chunks,
 // each piece of a segment run by a flattened loop instantiated for its storage types, its number
-// of states and its store kind, so the loop body tests nothing per vector. Its math is
-// one multiply-add per written array (x + c·g), which keeps the loads live and, with c = 0, the
-// values. SameTrafficReduce is the floor of a two-phase step's reduction pass (LAMB's Σp², Σu²):
-// the same loop reading the same arrays, storing nothing, one add per vector into a sum.
+// of states, its store kind and whether it is paced, so the loop body tests nothing per vector
+// (a paced loop runs its pace count). Its math is one multiply-add per written array (x + c·g),
+// which keeps the loads live and, with c = 0, the values; a paced loop adds its chain of divisions
+// (TrafficLoop). SameTrafficReduce is the floor of a two-phase step's reduction pass (LAMB's Σp²,
+// Σu²): the same loop reading the same arrays, storing nothing, one add per vector into a sum.
 // SameTrafficGradRead is the floor of the fused pre-pass (GradPrePass): one read of every gradient
 // in the step's chunks, one add per vector.
 
@@ -77,11 +78,15 @@ HWY_INLINE bool IsAligned(const T* p, std::size_t bytes) {
 // One piece [begin, end) of a segment, flattened like RunPiece (loop-inl.h): full vectors, then
 // 1-lane vectors for the tail. With kStream the full vectors use non-temporal stores once 1-lane
 // steps (at most one vector's worth) have aligned every written array; arrays that never align at
-// the same index keep regular stores. Returns the sum of the loaded values for kReduce, else 0.
-template <int kKind, class G, class P, int kStates, bool kStream>
-HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, std::size_t begin,
-                                             std::size_t end) {
+// the same index keep regular stores. kPaced (a step's loop): `pace` divisions per vector
+// (TrafficLoop). Returns the sum of the loaded values for kReduce, of the pace chains' results for
+// kPaced, else 0.
+template <int kKind, class G, class P, int kStates, bool kStream, bool kPaced = false>
+HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, int pace,
+                                             std::size_t begin, std::size_t end) {
   static_assert(kKind != kReduce || !kStream, "a reduction stores nothing");
+  static_assert(!kPaced || ((kKind == kStep || kKind == kReduce) && !kStream),
+                "only a step's loops are paced, with regular stores");
   const G* g = static_cast<const G*>(seg.grad);
   P* p = static_cast<P*>(seg.param);
   std::array<P*, kStates> s{};  // the allocated slots, in slot order (of the param's dtype)
@@ -90,25 +95,39 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, std::s
   }
   const hn::ScalableTag<float> d;
   const hn::CappedTag<float, 1> d1;
-  // kReduce: one running sum per vector type (full vectors, the 1-lane tail), so each vector costs
-  // one add on the loop-carried chain.
+  // kReduce and kPaced: one running sum per vector type (full vectors, the 1-lane tail), so each
+  // vector costs one add on the loop-carried chain.
   auto acc = hn::Zero(d);
   auto acc1 = hn::Zero(d1);
+  const auto accumulate = [&](auto v) HWY_ATTR {
+    if constexpr (hn::MaxLanes(hn::DFromV<decltype(v)>()) == 1) {
+      acc1 = hn::Add(acc1, v);
+    } else {
+      acc = hn::Add(acc, v);
+    }
+  };
   const auto body = [&](auto dv, std::size_t i, auto stream) HWY_ATTR {
     constexpr bool kNt = decltype(stream)::value;
+    if constexpr (kKind == kFill) {
+      TrafficStore<P, kNt>(dv, hn::Set(dv, c), p + i);
+      return;
+    }
+    const auto grad = Io<G>::Load(dv, g + i);
+    if constexpr (kPaced) {
+      // g / (|g| + 1)^pace, one division at a time: finite for a finite g, never subnormal for
+      // the gradients benchmarks fill (a subnormal operand can take a slow path).
+      const auto divisor = hn::Add(hn::Abs(grad), hn::Set(dv, 1.0f));
+      auto chain = grad;
+      for (int k = 0; k < pace; ++k) chain = hn::Div(chain, divisor);
+      accumulate(chain);
+    }
     if constexpr (kKind == kReduce) {
       // The step's loads (grad, param, each state), added up, then one add into the sum.
-      auto sum = hn::Add(Io<G>::Load(dv, g + i), Io<P>::Load(dv, p + i));
+      auto sum = hn::Add(grad, Io<P>::Load(dv, p + i));
       for (int k = 0; k < kStates; ++k) sum = hn::Add(sum, Io<P>::Load(dv, s[k] + i));
-      if constexpr (hn::MaxLanes(dv) == 1) {
-        acc1 = hn::Add(acc1, sum);
-      } else {
-        acc = hn::Add(acc, sum);
-      }
-    } else if constexpr (kKind == kFill) {
-      TrafficStore<P, kNt>(dv, hn::Set(dv, c), p + i);
+      accumulate(sum);
     } else {
-      const auto v = hn::Mul(Io<G>::Load(dv, g + i), hn::Set(dv, c));
+      const auto v = hn::Mul(grad, hn::Set(dv, c));
       if constexpr (kKind == kCopy) {
         TrafficStore<P, kNt>(dv, v, p + i);
       } else {
@@ -149,11 +168,7 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, std::s
   }
   for (; i + lanes <= end; i += lanes) body(d, i, std::false_type{});
   for (; i < end; ++i) body(d1, i, std::false_type{});
-  if constexpr (kKind == kReduce) {
-    return hn::GetLane(hn::SumOfLanes(d, acc)) + hn::GetLane(acc1);
-  } else {
-    return 0.0f;
-  }
+  return hn::GetLane(hn::SumOfLanes(d, acc)) + hn::GetLane(acc1);
 }
 
 // Calls f(std::integral_constant<int, n>) for n = count in [0, kMaxStates].
@@ -172,12 +187,12 @@ HWY_INLINE void WithStateCount(int count, const F& f) {
   }
 }
 
-// Runs TrafficPiece<kKind, G, P, kStates, kNt> on one piece of a step's segment, the
+// Runs TrafficPiece<kKind, G, P, kStates, kNt, kPaced> on one piece of a step's segment, the
 // template arguments from the segment (its storage types and allocated states); returns its sum.
 // The loops exist for the segments `fusedopt bench` and the doctor time, states in the param's
 // dtype and no master (CheckTrafficSegments), not for all 45 dtype and master combinations.
-template <int kKind, bool kNt>
-HWY_INLINE float SegmentTrafficPiece(const Segment& seg, float c, std::size_t begin,
+template <int kKind, bool kNt, bool kPaced = false>
+HWY_INLINE float SegmentTrafficPiece(const Segment& seg, float c, int pace, std::size_t begin,
                                      std::size_t end) {
   int states = 0;
   for (const void* state : seg.state) states += state != nullptr ? 1 : 0;
@@ -187,44 +202,55 @@ HWY_INLINE float SegmentTrafficPiece(const Segment& seg, float c, std::size_t be
       WithStateCount(states, [&](auto n) HWY_ATTR {
         using P = typename decltype(pt)::type;
         using G = typename decltype(gt)::type;
-        sum = TrafficPiece<kKind, G, P, decltype(n)::value, kNt>(seg, c, begin, end);
+        sum = TrafficPiece<kKind, G, P, decltype(n)::value, kNt, kPaced>(seg, c, pace, begin, end);
       });
     });
   });
   return sum;
 }
 
-// Runs chunks [chunk_begin, chunk_end) of a plan whose scalars are each segment's c. kCopy and
-// kFill exist for f32 segments without states only (the STREAM-style kernels).
-void TrafficChunks(const StepPlan<float>& plan, std::size_t chunk_begin, std::size_t chunk_end,
-                   int kind, bool stream) {
-  plan.chunks.ForEachPiece(chunk_begin, chunk_end,
-                           [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
-                             const Segment& seg = plan.chunks.segments()[i];
-                             const float c = plan.scalars[i];
-                             WithFlags(
-                                 [&](auto nt) HWY_ATTR {
-                                   constexpr bool kNt = decltype(nt)::value;
-                                   if (kind == kCopy) {
-                                     TrafficPiece<kCopy, float, float, 0, kNt>(seg, c, begin, end);
-                                   } else if (kind == kFill) {
-                                     TrafficPiece<kFill, float, float, 0, kNt>(seg, c, begin, end);
-                                   } else {
-                                     SegmentTrafficPiece<kStep, kNt>(seg, c, begin, end);
-                                   }
-                                 },
-                                 stream);
-                           });
+// Runs chunks [chunk_begin, chunk_end) of a plan whose scalars are each segment's c, with `pace`
+// divisions per vector (a step's regular loop only). kCopy and kFill exist for f32 segments
+// without states only (the STREAM-style kernels). Returns the sum of the pace chains (so that the
+// caller, behind the dynamic dispatch, keeps them).
+float TrafficChunks(const StepPlan<float>& plan, std::size_t chunk_begin, std::size_t chunk_end,
+                    int kind, bool stream, int pace) {
+  float sum = 0.0f;
+  plan.chunks.ForEachPiece(
+      chunk_begin, chunk_end, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
+        const Segment& seg = plan.chunks.segments()[i];
+        const float c = plan.scalars[i];
+        if (pace > 0) {
+          sum += SegmentTrafficPiece<kStep, false, true>(seg, c, pace, begin, end);
+          return;
+        }
+        WithFlags(
+            [&](auto nt) HWY_ATTR {
+              constexpr bool kNt = decltype(nt)::value;
+              if (kind == kCopy) {
+                TrafficPiece<kCopy, float, float, 0, kNt>(seg, c, 0, begin, end);
+              } else if (kind == kFill) {
+                TrafficPiece<kFill, float, float, 0, kNt>(seg, c, 0, begin, end);
+              } else {
+                SegmentTrafficPiece<kStep, kNt>(seg, c, 0, begin, end);
+              }
+            },
+            stream);
+      });
   if (stream) hwy::FlushStream();  // non-temporal stores are weakly ordered: done before we return
+  return sum;
 }
 
-// The reduction pass's traffic over chunks [chunk_begin, chunk_end): the step's loads of every
-// piece, nothing stored; returns the sum of the pieces' sums.
-float ReduceTrafficChunks(const ChunkPlan& plan, std::size_t chunk_begin, std::size_t chunk_end) {
+// The reduction pass's traffic over chunks [chunk_begin, chunk_end), with `pace` divisions per
+// vector: the step's loads of every piece, nothing stored; returns the sum of the pieces' sums.
+float ReduceTrafficChunks(const ChunkPlan& plan, std::size_t chunk_begin, std::size_t chunk_end,
+                          int pace) {
   float total = 0.0f;
   plan.ForEachPiece(
       chunk_begin, chunk_end, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
-        total += SegmentTrafficPiece<kReduce, false>(plan.segments()[i], 0.0f, begin, end);
+        const Segment& seg = plan.segments()[i];
+        total += pace > 0 ? SegmentTrafficPiece<kReduce, false, true>(seg, 0.0f, pace, begin, end)
+                          : SegmentTrafficPiece<kReduce, false>(seg, 0.0f, 0, begin, end);
       });
   return total;
 }
@@ -276,12 +302,12 @@ constexpr int kCopyKind = 1;
 constexpr int kFillKind = 2;
 
 void RunTraffic(std::span<const Segment> segments, const Runtime& runtime, int kind,
-                TrafficStores stores, float c) {
+                TrafficLoop loop, float c) {
   const StepPlan<float> plan{ChunkPlan(segments), std::vector<float>(segments.size(), c)};
-  const bool stream = stores == TrafficStores::kStream;
+  const bool stream = loop.stores == TrafficStores::kStream;
   ParallelForChunks(plan.chunks.num_chunks(), runtime.num_threads(),
                     [&](std::size_t c0, std::size_t c1) {
-                      HWY_DYNAMIC_DISPATCH(TrafficChunks)(plan, c0, c1, kind, stream);
+                      HWY_DYNAMIC_DISPATCH(TrafficChunks)(plan, c0, c1, kind, stream, loop.pace);
                     });
 }
 
@@ -316,14 +342,21 @@ const char* TrafficStoresName(TrafficStores stores) {
   return stores == TrafficStores::kStream ? "stream" : "store";
 }
 
-void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime,
-                     TrafficStores stores, float c) {
-  CheckTrafficSegments(segments);
-  RunTraffic(segments, runtime, kStepKind, stores, c);
+std::string TrafficLoopName(TrafficLoop loop) {
+  std::string name = TrafficStoresName(loop.stores);
+  if (loop.pace > 0) name += "_pace" + std::to_string(loop.pace);
+  return name;
 }
 
-void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime) {
-  SameTrafficStep(segments, runtime, TrafficStores::kRegular);
+void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime, TrafficLoop loop,
+                     float c) {
+  if (loop.pace < 0 || (loop.pace > 0 && loop.stores != TrafficStores::kRegular)) {
+    throw std::invalid_argument("same_traffic: pace " + std::to_string(loop.pace) + " with " +
+                                TrafficStoresName(loop.stores) +
+                                " stores; a pace is >= 0, and > 0 only with regular stores");
+  }
+  CheckTrafficSegments(segments);
+  RunTraffic(segments, runtime, kStepKind, loop, c);
 }
 
 // The sum of chunk(plan, c, c + 1) over all chunks, each computed by the thread that owns it.
@@ -339,9 +372,13 @@ float SumOverChunks(std::span<const Segment> segments, const Runtime& runtime, c
   return total;
 }
 
-float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime) {
+float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime, int pace) {
+  if (pace < 0) throw std::invalid_argument("same_traffic: pace " + std::to_string(pace) + " < 0");
   CheckTrafficSegments(segments);
-  return SumOverChunks(segments, runtime, HWY_DYNAMIC_DISPATCH(ReduceTrafficChunks));
+  return SumOverChunks(segments, runtime,
+                       [pace](const ChunkPlan& plan, std::size_t c0, std::size_t c1) {
+                         return HWY_DYNAMIC_DISPATCH(ReduceTrafficChunks)(plan, c0, c1, pace);
+                       });
 }
 
 float SameTrafficGradRead(std::span<const Segment> segments, const Runtime& runtime) {
@@ -356,13 +393,13 @@ double TrafficRead(const float* a, std::size_t n, const Runtime& runtime) {
 void TrafficFill(float* a, std::size_t n, float value, const Runtime& runtime,
                  TrafficStores stores) {
   const Segment s = F32Array(nullptr, a, n);
-  RunTraffic({&s, 1}, runtime, kFillKind, stores, value);
+  RunTraffic({&s, 1}, runtime, kFillKind, {.stores = stores}, value);
 }
 
 void TrafficCopy(const float* a, float* b, std::size_t n, const Runtime& runtime,
                  TrafficStores stores) {
   const Segment s = F32Array(a, b, n);
-  RunTraffic({&s, 1}, runtime, kCopyKind, stores, 1.0f);
+  RunTraffic({&s, 1}, runtime, kCopyKind, {.stores = stores}, 1.0f);
 }
 
 StreamBandwidth MeasureStreamBandwidth(std::size_t array_bytes, int rounds,

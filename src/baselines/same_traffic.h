@@ -22,20 +22,36 @@ inline constexpr TrafficStores kAllTrafficStores[] = {TrafficStores::kRegular,
                                                       TrafficStores::kStream};
 const char* TrafficStoresName(TrafficStores stores);  // "store" or "stream"
 
-// One step's traffic on every segment: x += c · g for the param and every allocated state, g the
-// gradient. c = 0 keeps every value (barring Inf/NaN gradients): what benchmarks run between real
-// steps on the same buffers. Ignores stochastic rounding. The segments are those `fusedopt bench`
-// and the doctor time: states in the param's dtype (grads of any), no master; others throw
-// std::invalid_argument.
-void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime,
-                     TrafficStores stores, float c = 0.0f);
+// One way to run a step's traffic: its stores, and its pace, a chain of `pace` dependent divisions
+// per vector between the loads and the stores whose result is only summed. Why pace a loop that
+// exists to be fast: on the 2-core Zen 4 a loop that issues its loads and stores back to back moved
+// a step's bytes 8-12% slower than the same loop with four divisions per vector (and with more it
+// became compute-bound), so the loop with the least math is not the fastest, and real kernels beat
+// it (fraction up to 1.10). `fusedopt bench` times every loop of kAllTrafficLoops and takes the
+// fastest as its ceiling.
+struct TrafficLoop {
+  TrafficStores stores = TrafficStores::kRegular;
+  int pace = 0;
+};
+inline constexpr TrafficLoop kAllTrafficLoops[] = {
+    {TrafficStores::kRegular, 0}, {TrafficStores::kStream, 0},  {TrafficStores::kRegular, 2},
+    {TrafficStores::kRegular, 3}, {TrafficStores::kRegular, 4}, {TrafficStores::kRegular, 6}};
+std::string TrafficLoopName(TrafficLoop loop);  // "store", "stream", "store_pace4"
 
-// The traffic of a two-phase step's reduction pass (LAMB's Σp², Σu², HasReductionPass in
-// standard.h), run before SameTrafficStep: the same loop over the same chunks reading what the
-// step reads (the gradient, the param or its f32 master, every allocated state) and writing
-// nothing, one add per loaded vector. Returns the sum of the loaded values (so the loads cannot be
-// dropped).
-float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime);
+// One step's traffic on every segment, run as `loop`: x += c · g for the param and every allocated
+// state, g the gradient. c = 0 keeps every value (barring Inf/NaN gradients): what benchmarks run
+// between real steps on the same buffers. Ignores stochastic rounding. The segments are those
+// `fusedopt bench` and the doctor time: states in the param's dtype (grads of any), no master;
+// others throw std::invalid_argument.
+void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime, TrafficLoop loop,
+                     float c = 0.0f);
+
+// The traffic of a two-phase step's reduction pass (LAMB's Σp², Σu², ReductionTraffic in
+// standard.h), run before SameTrafficStep: the same loop over the same chunks reading the
+// segments' gradient, param and every allocated state, and writing nothing, one add per loaded
+// vector, paced as TrafficLoop::pace says. Returns the sum of the loaded values (so the loads
+// cannot be dropped). A pace below 0 throws std::invalid_argument.
+float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime, int pace = 0);
 
 // STREAM-style kernels on f32 arrays of n elements, in the step's chunks and threads.
 double TrafficRead(const float* a, std::size_t n, const Runtime& runtime);  // returns the sum

@@ -460,6 +460,36 @@ StepResult FusedTrainingStep(Algorithm a, const BenchHyper& h, std::span<Segment
   });
 }
 
+ReductionTraffic::ReductionTraffic(Algorithm a, std::span<const Segment> segments) {
+  if (!tools::HasReductionPass(a)) return;
+  const algos::ReductionReads reads = tools::ReductionReadsOf(a);
+  grad_only_ = reads == algos::ReductionReads::kGrad;
+  for (Segment s : segments) {
+    if (!tools::ReducesSegment(a, s)) continue;
+    std::size_t per_element = DTypeSize(s.grad_dtype);
+    if (!grad_only_) per_element += DTypeSize(s.param_dtype);
+    for (void*& state : s.state) {
+      if (state == nullptr) continue;
+      if (reads == algos::ReductionReads::kAll) {
+        per_element += DTypeSize(s.state_dtype);
+      } else {
+        state = nullptr;
+      }
+    }
+    bytes_ += s.numel * per_element;
+    segments_.push_back(s);
+  }
+}
+
+void ReductionTraffic::Run(const Runtime& runtime, TrafficLoop loop) const {
+  if (segments_.empty()) return;
+  if (grad_only_) {
+    SameTrafficGradRead(segments_, runtime);
+  } else {
+    SameTrafficReduce(segments_, runtime, loop.pace);
+  }
+}
+
 FactoredTraffic::FactoredTraffic(Algorithm a, std::span<const Segment> segments) {
   WithDescriptor(a, [&](auto d) {
     using A = typename decltype(d)::type;
@@ -490,10 +520,10 @@ FactoredTraffic::FactoredTraffic(Algorithm a, std::span<const Segment> segments)
   });
 }
 
-void FactoredTraffic::Run(const Runtime& runtime, TrafficStores stores) const {
-  SameTrafficReduce(passes_, runtime);
+void FactoredTraffic::Run(const Runtime& runtime, TrafficLoop loop) const {
+  SameTrafficReduce(passes_, runtime, loop.pace);
   if (!matrices_.empty()) SameTrafficGradRead(matrices_, runtime);
-  SameTrafficStep(passes_, runtime, stores);
+  SameTrafficStep(passes_, runtime, loop);
 }
 
 void StandardStep(Algorithm a, const BenchHyper& h, std::span<const Segment> segments,

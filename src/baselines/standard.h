@@ -36,11 +36,29 @@ using tools::Algorithm;
 // small factors (matrices: row_var and col_var, rows + cols values per matrix, left out of the
 // bytes) once more, and the update pass reads and writes the param and those element-wise states
 // and reads the gradient.
+// The traffic floor of a two-phase step's reduction pass (tools::HasReductionPass): the segments
+// it reads (tools::ReducesSegment), as it reads them (tools::ReductionReadsOf: the gradient only;
+// the param and the gradient; or those and every allocated state). Empty for other algorithms.
+class ReductionTraffic {
+ public:
+  ReductionTraffic(Algorithm a, std::span<const Segment> segments);
+  // SameTrafficGradRead or SameTrafficReduce (paced as `loop`) over them; nothing when the pass
+  // reads nothing.
+  void Run(const Runtime& runtime, TrafficLoop loop) const;
+  std::size_t bytes() const { return bytes_; }  // what Run moves
+
+ private:
+  std::vector<Segment> segments_;  // the segments read, unread states dropped
+  bool grad_only_ = false;
+  std::size_t bytes_ = 0;
+};
+
 class FactoredTraffic {
  public:
   FactoredTraffic(Algorithm a, std::span<const Segment> segments);
-  // SameTrafficReduce (stats), SameTrafficGradRead (norm), SameTrafficStep (update) over them.
-  void Run(const Runtime& runtime, TrafficStores stores) const;
+  // SameTrafficReduce (stats), SameTrafficGradRead (norm), SameTrafficStep (update) over them,
+  // the first and last paced as `loop`.
+  void Run(const Runtime& runtime, TrafficLoop loop) const;
   std::size_t bytes() const { return bytes_; }  // what Run moves
 
  private:
@@ -86,7 +104,6 @@ StepResult FusedTrainingStep(Algorithm a, const BenchHyper& h, std::span<Segment
 // The descriptor's StandardStep (src/algos/descriptor.h) over the segments, every op one pass.
 void StandardStep(Algorithm a, const BenchHyper& h, std::span<const Segment> segments,
                   const Runtime& runtime);
-void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime);
 // The floor of the fused pre-pass: one read of every segment's gradient, in the step's chunks.
 // Returns the sum of all gradient elements (so the reads cannot be optimized away).
 float SameTrafficGradRead(std::span<const Segment> segments, const Runtime& runtime);

@@ -17,7 +17,8 @@ using baselines::BenchHyper;
 using tools::CheckedMul;
 using tools::HasReductionPass;
 using tools::IsFactored;
-using tools::ReductionReadsGradOnly;
+using tools::ReducesSegment;
+using tools::ReductionReadsOf;
 using tools::ShardsWithZeroOne;
 using tools::WithDescriptor;
 
@@ -186,9 +187,8 @@ OpCount CountFusedOps(const DoctorOptions& options) {
   const Model m = CheckedModel(options);
   const std::size_t states = FusedStates(m, options);
   // param read + write, grad read, each state read + write; a two-phase step's reduction pass
-  // reads the param, the grad and each state once more (BertAdam's the grad only; as `fusedopt
-  // bench` counts it); the
-  // pre-pass reads the grads again.
+  // reads what it reads once more (baselines::ReductionTraffic, as `fusedopt bench` counts it;
+  // the doctor's tensors are vectors, which AdamP's skips); the pre-pass reads the grads again.
   std::size_t passes = 2 + 1 + 2 * states;
   std::size_t ops = 1;
   if (IsFactored(m.algorithm)) {
@@ -198,8 +198,18 @@ OpCount CountFusedOps(const DoctorOptions& options) {
     passes = 3 + 5;
     ops = 2;
   }
-  if (HasReductionPass(m.algorithm)) {
-    passes += ReductionReadsGradOnly(m.algorithm) ? 1 : 1 + 1 + states;
+  if (HasReductionPass(m.algorithm) && ReducesSegment(m.algorithm, Segment{})) {
+    switch (ReductionReadsOf(m.algorithm)) {
+      case algos::ReductionReads::kGrad:
+        passes += 1;
+        break;
+      case algos::ReductionReads::kParamAndGrad:
+        passes += 2;
+        break;
+      case algos::ReductionReads::kAll:
+        passes += 2 + states;
+        break;
+    }
     ops += 1;
   }
   if (options.clip) {

@@ -38,13 +38,24 @@ bool HasReductionPass(Algorithm a) {
   return WithDescriptor(a, [](auto d) { return algos::TwoPhase<typename decltype(d)::type>; });
 }
 
-bool ReductionReadsGradOnly(Algorithm a) {
+algos::ReductionReads ReductionReadsOf(Algorithm a) {
   return WithDescriptor(a, [](auto d) {
     using A = typename decltype(d)::type;
-    if constexpr (requires { A::kReducesGradOnly; }) {
-      return A::kReducesGradOnly;
+    if constexpr (requires { A::kReductionReads; }) {
+      return A::kReductionReads;
     } else {
-      return false;
+      return algos::ReductionReads::kAll;
+    }
+  });
+}
+
+bool ReducesSegment(Algorithm a, const Segment& s) {
+  return WithDescriptor(a, [&](auto d) {
+    using A = typename decltype(d)::type;
+    if constexpr (requires { A::ReducesSegment(s); }) {
+      return A::ReducesSegment(s);
+    } else {
+      return true;
     }
   });
 }

@@ -33,12 +33,13 @@ std::string_view AlgorithmName(Algorithm a);
 std::string AlgorithmNames();
 
 // Whether the fused step of `a` is two-phase (descriptor algos::TwoPhase): a reduction pass that
-// reads the grad, the param and every state and writes nothing (per-tensor sums of squares) before
-// the update pass. The traffic ceiling and the bytes `fusedopt bench` reports include that pass.
+// reads (ReductionReadsOf) and writes nothing (per-tensor sums) before the update pass. The traffic
+// ceiling and the bytes `fusedopt bench` reports include that pass (baselines::ReductionTraffic).
 bool HasReductionPass(Algorithm a);
-// Whether that reduction pass reads the gradients only (descriptor kReducesGradOnly): its floor is
-// then one read of every gradient (SameTrafficGradRead), and its bytes the gradient's.
-bool ReductionReadsGradOnly(Algorithm a);
+// What that pass reads (descriptor kReductionReads), and whether it reads segment s at all
+// (descriptor ReducesSegment: AdamP skips params of at most one dimension).
+algos::ReductionReads ReductionReadsOf(Algorithm a);
+bool ReducesSegment(Algorithm a, const Segment& s);
 
 // Whether the fused step of `a` is factored (descriptor kFactored: RunFactoredStep, a stats pass, a
 // norm pass over the matrices and the update pass, over tiles).

@@ -148,6 +148,19 @@ TEST(DoctorCounts, Lamb) {
   ExpectCount(CountFusedOps(o), 3, 12, 192);
 }
 
+// A reduction pass counts what it reads (baselines::ReductionTraffic), as `fusedopt bench` does.
+TEST(DoctorCounts, ReductionPassesCountWhatTheyRead) {
+  // LARS (the doctor takes no momentum for it): ‖p‖² and ‖g‖² read the param and the grad (2), the
+  // update the param 2 and the grad 1: 2 ops, 5 passes, 5 × 32 = 160 bytes.
+  ExpectCount(CountFusedOps(Tiny("lars")), 2, 5, 160);
+  // BertAdam (clipping at 1.0 by default): the gradient norm reads the grad only (1), the update
+  // 7 (AdamW's): 2 ops, 8 passes.
+  ExpectCount(CountFusedOps(Tiny("bert_adam")), 2, 8, 256);
+  // AdamP on the doctor's vectors: never projected, so no reduction pass at all: AdamW's 1 op and
+  // 7 passes.
+  ExpectCount(CountFusedOps(Tiny("adamp")), 1, 7, 224);
+}
+
 TEST(DoctorCounts, Adafactor) {
   // The doctor's tensors are vectors (numels only): param.norm() 1, grad * grad 2,
   // variance.lerp_ 3, .clone() 2, .clamp_ 2, .rsqrt_() 2, update.mul_(grad) 3, update.norm() 1,
