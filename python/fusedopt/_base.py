@@ -90,7 +90,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
             raise ValueError(f"Invalid min_8bit_size: {min_8bit_size!r} (an int >= 0)")
         if state_dtype is torch.uint8:
-            self._check_8bit(flatten)
+            self._check_8bit()
         self._min_8bit_size = min_8bit_size
         if not isinstance(seed, int) or not 0 <= seed < 2**64:
             raise ValueError(f"Invalid seed: {seed!r} (an int in [0, 2**64))")
@@ -128,16 +128,11 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             self._flat = FlatStore(self)
         self._init_backward_step(step_in_backward, flatten)
 
-    def _check_8bit(self, flatten: bool) -> None:
-        """state_dtype=torch.uint8 needs an element-wise step (the engine quantizes each block as it updates it)
-        and, for now, params that keep their own tensors."""
-        name = type(self).__name__
+    def _check_8bit(self) -> None:
+        """state_dtype=torch.uint8 needs an element-wise step (the engine quantizes each block as it updates it)."""
         if not self._quantizable:
-            raise ValueError(f"fusedopt: {name} does not take state_dtype=torch.uint8 (8-bit block-wise states): "
-                             f"its step ('{self._algorithm}') is not element-wise")
-        if flatten:
-            raise ValueError(f"fusedopt: {name} does not take flatten=True with state_dtype=torch.uint8 (8-bit "
-                             "states) yet; pass flatten=False")
+            raise ValueError(f"fusedopt: {type(self).__name__} does not take state_dtype=torch.uint8 (8-bit "
+                             f"block-wise states): its step ('{self._algorithm}') is not element-wise")
 
     # ---- what each algorithm defines ----------------------------------------------------------
     def _hyper(self, group: dict) -> Any:

@@ -61,10 +61,18 @@ class StateCreation:
         _C.dequantize(codes.data_ptr(), absmax.data_ptr(), codes.numel(), self._signed_map(key), out.data_ptr())
         return out
 
+    @staticmethod
+    def _codes_role(key: str) -> str:
+        """The flat buffer (flatten=True) of the 8-bit codes of state[key]: not key's own, which holds the f32 values
+        of the params under min_8bit_size."""
+        return key + "/codes"
+
     def _ensure_quantized(self, p, state, key, gi, j, undo, hyper):
-        """state[key] as 8-bit codes laid out as p, with state[_absmax_key(key)] its f32 absmax: as it is when it
-        already is, else made from what is there (codes of another layout or a 16-bit absmax, an f32 state of an
-        optimizer without 8-bit states), or from the slot's initial value when missing.
+        """state[key] as 8-bit codes laid out as p (with flatten=True, in their slot of the flat uint8 buffer), with
+        state[_absmax_key(key)] its f32 absmax: as it is when it already is; codes outside their flat slot are
+        copied into it, their absmax kept; else made from what is there (codes of another layout or a 16-bit absmax,
+        an f32 state of an optimizer without 8-bit states), or from the slot's initial value when missing. A
+        block's codes never span two params: each param's blocks start at its own first element.
         Returns (codes, absmax, whether the state was created)."""
         akey = self._absmax_key(key)
         t, a = state.get(key), state.get(akey)
@@ -76,14 +84,22 @@ class StateCreation:
             if (isinstance(a, torch.Tensor) and a.dtype == torch.float32 and a.numel() == blocks
                     and a.is_contiguous() and a.device == p.device
                     and (t.stride() == p.stride() or (t.is_contiguous() and p.is_contiguous()))):
-                return t, a, False
+                if self._flat is None or self._flat.in_slot(p, self._codes_role(key), t):
+                    return t, a, False
+                slot = self._flat.state_slot(p, self._codes_role(key), torch.uint8, 0)  # in_slot knows p
+                slot.copy_(t.reshape(p.shape))
+                undo.append((state, key, t))
+                state[key] = slot
+                return slot, a, False
             t = self._dequantized(t, a, key, what)
         values = torch.empty_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
         if t is None:
             values.fill_(self._initial_state_value(key, self.param_groups[gi], p, hyper))
         else:
             values.copy_(t.detach().reshape(p.shape))
-        codes = torch.empty_like(p, dtype=torch.uint8, memory_format=torch.preserve_format)
+        codes = self._flat.state_slot(p, self._codes_role(key), torch.uint8, 0) if self._flat is not None else None
+        if codes is None:
+            codes = torch.empty_like(p, dtype=torch.uint8, memory_format=torch.preserve_format)
         absmax = torch.empty(blocks, dtype=torch.float32, device=p.device)
         _C.quantize(values.data_ptr(), p.numel(), self._signed_map(key), codes.data_ptr(), absmax.data_ptr())
         for k, new in ((key, codes), (akey, absmax)):  # a failed step puts the loaded tensors back

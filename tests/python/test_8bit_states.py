@@ -313,9 +313,38 @@ def test_uint8_states_refused(name):
         case.fused([torch.zeros(3, requires_grad=True)], **case.defaults, state_dtype=torch.uint8)
 
 
-def test_uint8_flatten_refused():
-    with pytest.raises(ValueError, match="flatten=True.*state_dtype=torch.uint8"):
-        fusedopt.FusedAdamW([torch.zeros(3, requires_grad=True)], state_dtype=torch.uint8, flatten=True)
+@pytest.mark.parametrize("name", QUANTIZABLE)
+def test_uint8_flatten_equals_unflattened(name):
+    """flatten=True keeps each param's codes in its slot of one flat uint8 buffer, its blocks starting at its own
+    first element: the same bits as flatten=False, also after grads and states are swapped out by user code."""
+    case = CASES[name]
+    sizes = [(70, 80), (300,), (4100,)]  # two quantized (the 4100 one ends in a partial block), one under 4096
+    params, grads = _inputs(sizes, 4)
+    flat = [p.clone().requires_grad_() for p in params]
+    plain = [p.clone().requires_grad_() for p in params]
+    of = case.fused(flat, **case.defaults, state_dtype=torch.uint8, flatten=True)
+    op = case.fused(plain, **case.defaults, state_dtype=torch.uint8)
+    for step, step_grads in enumerate(grads):
+        for x, y, g in zip(flat, plain, step_grads):
+            x.grad, y.grad = g.clone(), g.clone()  # a new grad tensor every step: moved into its slot
+        if step == 2:  # a state_dict of flatten=False loaded into the flattened optimizer: codes moved in
+            of.load_state_dict(copy.deepcopy(op.state_dict()))
+        of.step()
+        op.step()
+        for x, y in zip(flat, plain):
+            assert torch.equal(x, y)
+            assert of.state[x].keys() == op.state[y].keys()
+            for key, t in op.state[y].items():
+                assert torch.equal(of.state[x][key], t), key
+    codes = [of.state[x][k] for x in (flat[0], flat[2]) for k in of.state[x] if of.state[x][k].dtype == torch.uint8]
+    assert codes
+    for t in codes:  # every code tensor is a view into a flat buffer, each in its own slot
+        assert t._base is not None and t._base.dtype == torch.uint8 and t._base.numel() > t.numel()
+        p, key = next((p, k) for p in flat for k, v in of.state[p].items() if v is t)
+        assert of._flat.in_slot(p, of._codes_role(key), t)
+
+
+def test_min_8bit_size_refused():
     with pytest.raises(ValueError, match="min_8bit_size"):
         fusedopt.FusedAdamW([torch.zeros(3, requires_grad=True)], state_dtype=torch.uint8, min_8bit_size=-1)
 
