@@ -341,7 +341,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
           TrafficImplName(traffic_loop),
           [&, clock, traffic_loop] {
             clock->Start();
-            SameTrafficGradRead(segments, runtime);
+            SameTrafficGradRead(segments, runtime, traffic_loop.pace);
             clock->Lap("pre_pass");
             step_traffic(traffic_loop);
             clock->Lap("step");

@@ -16,6 +16,7 @@
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
 #include "src/baselines/same_traffic.h"
+#include "src/baselines/standard.h"
 
 namespace fusedopt::baselines {
 namespace {
@@ -173,6 +174,7 @@ TEST(TrafficSegments, OtherStateDTypesAndMastersAreRefusedUntouched) {
     EXPECT_THROW(SameTrafficStep({&ok, 1}, runtime, bad, 1.0f), std::invalid_argument);
   }
   EXPECT_THROW(SameTrafficReduce({&ok, 1}, runtime, -1), std::invalid_argument);
+  EXPECT_THROW(SameTrafficGradRead({&ok, 1}, runtime, -1), std::invalid_argument);
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(param.Get(i), Array::Pattern(i, 1)) << i;
   // The one without states runs.
   SameTrafficStep({&ok, 1}, runtime, TrafficLoop{}, 1.0f);

@@ -6,8 +6,9 @@
 // which keeps the loads live and, with c = 0, the values; a paced loop adds its chain of divisions
 // (TrafficLoop). SameTrafficReduce is the floor of a two-phase step's reduction pass (LAMB's Σp²,
 // Σu²): the same loop reading the same arrays, storing nothing, one add per vector into a sum.
-// SameTrafficGradRead is the floor of the fused pre-pass (GradPrePass): one read of every gradient
-// in the step's chunks, one add per vector.
+// SameTrafficGradRead is the floor of the fused pre-pass (GradPrePass) and of a reduction that
+// reads the gradients only: one read of every gradient in the step's chunks, one add per vector,
+// paced as the step.
 
 #include "src/baselines/same_traffic.h"
 
@@ -70,6 +71,17 @@ HWY_INLINE void TrafficStore(DF df, hn::Vec<DF> v, T* p) {
   }
 }
 
+// The pace of a paced loop (TrafficLoop): g / (|g| + 1)^pace, one division at a time; finite for a
+// finite g, never subnormal for the gradients benchmarks fill (a subnormal operand can take a slow
+// path).
+template <class V>
+HWY_INLINE V PaceChain(V grad, int pace) {
+  const auto divisor = hn::Add(hn::Abs(grad), hn::Set(hn::DFromV<V>(), 1.0f));
+  V chain = grad;
+  for (int k = 0; k < pace; ++k) chain = hn::Div(chain, divisor);
+  return chain;
+}
+
 template <class T>
 HWY_INLINE bool IsAligned(const T* p, std::size_t bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
@@ -113,14 +125,7 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, int pa
       return;
     }
     const auto grad = Io<G>::Load(dv, g + i);
-    if constexpr (kPaced) {
-      // g / (|g| + 1)^pace, one division at a time: finite for a finite g, never subnormal for
-      // the gradients benchmarks fill (a subnormal operand can take a slow path).
-      const auto divisor = hn::Add(hn::Abs(grad), hn::Set(dv, 1.0f));
-      auto chain = grad;
-      for (int k = 0; k < pace; ++k) chain = hn::Div(chain, divisor);
-      accumulate(chain);
-    }
+    if constexpr (kPaced) accumulate(PaceChain(grad, pace));
     if constexpr (kKind == kReduce) {
       // The step's loads (grad, param, each state), added up, then one add into the sum.
       auto sum = hn::Add(grad, Io<P>::Load(dv, p + i));
@@ -255,9 +260,12 @@ float ReduceTrafficChunks(const ChunkPlan& plan, std::size_t chunk_begin, std::s
   return total;
 }
 
-// Sum of every gradient element of chunks [chunk_begin, chunk_end): four vector accumulators, so
-// the adds never bound the loop, then 1-lane vectors for the tail of each piece.
-float GradReadChunks(const ChunkPlan& plan, std::size_t chunk_begin, std::size_t chunk_end) {
+// Sum of every gradient element of chunks [chunk_begin, chunk_end) (plus, kPaced, of each vector's
+// pace chain): four vector accumulators, so the adds never bound the loop, then 1-lane vectors for
+// the tail of each piece.
+template <bool kPaced>
+float GradReadPieces(const ChunkPlan& plan, std::size_t chunk_begin, std::size_t chunk_end,
+                     int pace) {
   const hn::ScalableTag<float> d;
   const std::size_t lanes = hn::Lanes(d);
   const hn::CappedTag<float, 1> d1;
@@ -272,18 +280,33 @@ float GradReadChunks(const ChunkPlan& plan, std::size_t chunk_begin, std::size_t
                       WithStorageType(seg.grad_dtype, [&](auto tag) HWY_ATTR {
                         using G = typename decltype(tag)::type;
                         const G* g = static_cast<const G*>(seg.grad);
+                        const auto load = [&](auto dv, std::size_t at) HWY_ATTR {
+                          const auto v = Io<G>::Load(dv, g + at);
+                          if constexpr (kPaced) {
+                            return hn::Add(v, PaceChain(v, pace));
+                          } else {
+                            return v;
+                          }
+                        };
                         std::size_t i = begin;
                         for (; i + 4 * lanes <= end; i += 4 * lanes) {
-                          acc0 = hn::Add(acc0, Io<G>::Load(d, g + i));
-                          acc1 = hn::Add(acc1, Io<G>::Load(d, g + i + lanes));
-                          acc2 = hn::Add(acc2, Io<G>::Load(d, g + i + 2 * lanes));
-                          acc3 = hn::Add(acc3, Io<G>::Load(d, g + i + 3 * lanes));
+                          acc0 = hn::Add(acc0, load(d, i));
+                          acc1 = hn::Add(acc1, load(d, i + lanes));
+                          acc2 = hn::Add(acc2, load(d, i + 2 * lanes));
+                          acc3 = hn::Add(acc3, load(d, i + 3 * lanes));
                         }
-                        for (; i < end; ++i) acc_tail = hn::Add(acc_tail, Io<G>::Load(d1, g + i));
+                        for (; i < end; ++i) acc_tail = hn::Add(acc_tail, load(d1, i));
                       });
                     });
   const auto sum = hn::Add(hn::Add(acc0, acc1), hn::Add(acc2, acc3));
   return hn::GetLane(hn::SumOfLanes(d, sum)) + hn::GetLane(acc_tail);
+}
+
+// GradReadPieces with `pace` divisions per vector.
+float GradReadChunks(const ChunkPlan& plan, std::size_t chunk_begin, std::size_t chunk_end,
+                     int pace) {
+  return pace > 0 ? GradReadPieces<true>(plan, chunk_begin, chunk_end, pace)
+                  : GradReadPieces<false>(plan, chunk_begin, chunk_end, 0);
 }
 
 }  // namespace fusedopt::baselines::HWY_NAMESPACE
@@ -381,8 +404,12 @@ float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtim
                        });
 }
 
-float SameTrafficGradRead(std::span<const Segment> segments, const Runtime& runtime) {
-  return SumOverChunks(segments, runtime, HWY_DYNAMIC_DISPATCH(GradReadChunks));
+float SameTrafficGradRead(std::span<const Segment> segments, const Runtime& runtime, int pace) {
+  if (pace < 0) throw std::invalid_argument("same_traffic: pace " + std::to_string(pace) + " < 0");
+  return SumOverChunks(segments, runtime,
+                       [pace](const ChunkPlan& plan, std::size_t c0, std::size_t c1) {
+                         return HWY_DYNAMIC_DISPATCH(GradReadChunks)(plan, c0, c1, pace);
+                       });
 }
 
 double TrafficRead(const float* a, std::size_t n, const Runtime& runtime) {

@@ -484,7 +484,7 @@ ReductionTraffic::ReductionTraffic(Algorithm a, std::span<const Segment> segment
 void ReductionTraffic::Run(const Runtime& runtime, TrafficLoop loop) const {
   if (segments_.empty()) return;
   if (grad_only_) {
-    SameTrafficGradRead(segments_, runtime);
+    SameTrafficGradRead(segments_, runtime, loop.pace);
   } else {
     SameTrafficReduce(segments_, runtime, loop.pace);
   }
@@ -522,7 +522,7 @@ FactoredTraffic::FactoredTraffic(Algorithm a, std::span<const Segment> segments)
 
 void FactoredTraffic::Run(const Runtime& runtime, TrafficLoop loop) const {
   SameTrafficReduce(passes_, runtime, loop.pace);
-  if (!matrices_.empty()) SameTrafficGradRead(matrices_, runtime);
+  if (!matrices_.empty()) SameTrafficGradRead(matrices_, runtime, loop.pace);
   SameTrafficStep(passes_, runtime, loop);
 }
 

@@ -42,7 +42,7 @@ using tools::Algorithm;
 class ReductionTraffic {
  public:
   ReductionTraffic(Algorithm a, std::span<const Segment> segments);
-  // SameTrafficGradRead or SameTrafficReduce (paced as `loop`) over them; nothing when the pass
+  // SameTrafficGradRead or SameTrafficReduce over them, paced as `loop`; nothing when the pass
   // reads nothing.
   void Run(const Runtime& runtime, TrafficLoop loop) const;
   std::size_t bytes() const { return bytes_; }  // what Run moves
@@ -57,7 +57,7 @@ class FactoredTraffic {
  public:
   FactoredTraffic(Algorithm a, std::span<const Segment> segments);
   // SameTrafficReduce (stats), SameTrafficGradRead (norm), SameTrafficStep (update) over them,
-  // the first and last paced as `loop`.
+  // each paced as `loop`.
   void Run(const Runtime& runtime, TrafficLoop loop) const;
   std::size_t bytes() const { return bytes_; }  // what Run moves
 
@@ -104,8 +104,10 @@ StepResult FusedTrainingStep(Algorithm a, const BenchHyper& h, std::span<Segment
 // The descriptor's StandardStep (src/algos/descriptor.h) over the segments, every op one pass.
 void StandardStep(Algorithm a, const BenchHyper& h, std::span<const Segment> segments,
                   const Runtime& runtime);
-// The floor of the fused pre-pass: one read of every segment's gradient, in the step's chunks.
-// Returns the sum of all gradient elements (so the reads cannot be optimized away).
-float SameTrafficGradRead(std::span<const Segment> segments, const Runtime& runtime);
+// The floor of the fused pre-pass: one read of every segment's gradient, in the step's chunks, with
+// `pace` divisions per vector (TrafficLoop). Returns the sum of all gradient elements (plus the
+// pace chains': so the reads cannot be optimized away). A pace below 0 throws
+// std::invalid_argument.
+float SameTrafficGradRead(std::span<const Segment> segments, const Runtime& runtime, int pace = 0);
 
 }  // namespace fusedopt::baselines

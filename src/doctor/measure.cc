@@ -77,7 +77,7 @@ Timings Measure(const Model& m, const DoctorOptions& o, bool time_standard,
   for (const TrafficLoop loop : baselines::kAllTrafficLoops) {
     impls.push_back({"same_traffic",
                      [&, loop] {
-                       if (o.clip) SameTrafficGradRead(segments, runtime);
+                       if (o.clip) SameTrafficGradRead(segments, runtime, loop.pace);
                        if (factored) return factored->Run(runtime, loop);
                        reduction.Run(runtime, loop);
                        SameTrafficStep(segments, runtime, loop);
