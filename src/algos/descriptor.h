@@ -46,9 +46,8 @@
 // and optionally kReductionReads (ReductionReads, below; kAll where absent): what kReduce reads,
 // and ReducesSegment(s): false for a segment kReduce skips (AdamP: a param of at most one
 // dimension), the traffic floor `fusedopt bench` and the doctor count for the reduction pass; and
-// NeedsReduction(h): false
-// for a group whose coefficients do not read the sums (the step skips the pass when no group does;
-// FinishAll is then not called and MakeScalars' values stand).
+// NeedsReduction(h): false for a group whose coefficients do not read the sums (the step skips the
+// pass when no group does; FinishAll is then not called and MakeScalars' values stand).
 // and, for a two-phase algorithm whose sums are per channel row (AdamP: of a param's view(size(0),
 // -1), Segment::rows rows of numel / rows elements; a segment with rows 0 is one row):
 //   kRowValues          how many floats per row Finish writes for the update pass

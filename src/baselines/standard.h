@@ -7,7 +7,8 @@
 //   (e.g. Adam's `denom`), freshly allocated per tensor as ATen's CPU allocator does.
 // - `same_traffic`: one pass that reads and writes exactly the bytes the fused step reads and
 //   writes (preceded, for a two-phase step, by a read-only pass over what its reduction reads),
-//   with trivial math: the memory-bandwidth ceiling of this machine, measured in the same run.
+//   with trivial math, run as each of the loops of kAllTrafficLoops (same_traffic.h): the fastest
+//   is the memory-bandwidth ceiling of this machine, measured in the same run.
 #pragma once
 
 #include <cstddef>
@@ -30,12 +31,6 @@ namespace fusedopt::baselines {
 // The algorithm the baselines run, as the tools name it (src/tool_util/algorithm.h).
 using tools::Algorithm;
 
-// The traffic floor of a factored step (IsFactored), the passes' bytes: the stats pass reads each
-// param, its gradient and the states it keeps element-wise (kStateShapes: a vector's variance,
-// 1×1 matrices' row_var and col_var), the norm pass reads the gradient of each param that keeps
-// small factors (matrices: row_var and col_var, rows + cols values per matrix, left out of the
-// bytes) once more, and the update pass reads and writes the param and those element-wise states
-// and reads the gradient.
 // The traffic floor of a two-phase step's reduction pass (tools::HasReductionPass): the segments
 // it reads (tools::ReducesSegment), as it reads them (tools::ReductionReadsOf: the gradient only;
 // the param and the gradient; or those and every allocated state). Empty for other algorithms.
@@ -53,6 +48,12 @@ class ReductionTraffic {
   std::size_t bytes_ = 0;
 };
 
+// The traffic floor of a factored step (IsFactored), the passes' bytes: the stats pass reads each
+// param, its gradient and the states it keeps element-wise (kStateShapes: a vector's variance,
+// 1×1 matrices' row_var and col_var), the norm pass reads the gradient of each param that keeps
+// small factors (matrices: row_var and col_var, rows + cols values per matrix, left out of the
+// bytes) once more, and the update pass reads and writes the param and those element-wise states
+// and reads the gradient.
 class FactoredTraffic {
  public:
   FactoredTraffic(Algorithm a, std::span<const Segment> segments);
