@@ -146,6 +146,41 @@ TEST(QuantizedStates, NearestCodeEqualsBruteForce) {
   }
 }
 
+// The run search (QuantRuns) needs no threshold lookup because each run's line puts every inner
+// threshold, and the value just above it, within kQuantRunBand of the code it starts, and the
+// values just past the run's lower edge inside its first code, clear of the band. With u monotone
+// in m, every value outside the band then floors to its code: checked here for every threshold of
+// both maps with the one rounding of the vector code's fused multiply-subtract.
+TEST(QuantizedStates, RunLinesPutEveryThresholdInsideTheBand) {
+  for (QuantMap which : {QuantMap::kSigned, QuantMap::kUnsigned}) {
+    SCOPED_TRACE(which == QuantMap::kSigned ? "signed" : "unsigned");
+    const QuantTables& t = QuantTablesOf(which);
+    const QuantRuns& runs = t.runs;
+    EXPECT_EQ(runs.first[0], t.zero_code);
+    EXPECT_EQ(runs.last[kQuantRuns - 1], 254);
+    for (int r = 0; r < kQuantRuns; ++r) {
+      SCOPED_TRACE("run " + std::to_string(r));
+      const auto i = static_cast<std::size_t>(r);
+      const auto u = [&](float m) { return std::fma(m, runs.slope[i], -runs.offset[i]); };
+      ASSERT_GT(runs.slope[i], 0.0f);
+      if (r > 0) {
+        ASSERT_EQ(runs.first[i], runs.last[i - 1] + 1);
+        ASSERT_EQ(runs.transition[i - 1], t.threshold[runs.last[i - 1]]);
+      }
+      const float edge = r == 0 ? 0.0f : std::nextafter(runs.transition[i - 1], 2.0f);
+      EXPECT_GT(u(edge), runs.first[i] + kQuantRunBand) << edge;
+      EXPECT_LT(u(edge), runs.first[i] + 1 - kQuantRunBand) << edge;
+      for (int c = runs.first[i]; c < runs.last[i]; ++c) {
+        const float threshold = t.threshold[static_cast<std::size_t>(c)];
+        for (float m : {threshold, std::nextafter(threshold, 2.0f)}) {
+          EXPECT_LT(std::fabs(u(m) - static_cast<float>(c + 1)), kQuantRunBand) << c << " " << m;
+        }
+      }
+    }
+    EXPECT_EQ(runs.top, t.threshold[254]);
+  }
+}
+
 // The vectorized search inside the step gives QuantizeValue's codes for every probe, on every
 // target: SGD's first step stores the gradient itself as its momentum (signed map), Adam with
 // beta2 = 0 stores g² as its second moment (unsigned map). Each block starts with a 1 so that its

@@ -51,6 +51,36 @@ std::array<float, 256> MakeDynamicMap(bool is_signed) {
   return map;
 }
 
+// Runs and their affine maps (QuantRuns): each run's line through its first and last inner
+// threshold at the codes they start. A run with one inner threshold (2 codes: decade 0 with the
+// zero code and decade 1 on the signed map) takes the run's lower edge (0, or the threshold from
+// the run below) at its first code + 0.5 as its other point.
+QuantRuns MakeRuns(const QuantTables& t, bool is_signed) {
+  QuantRuns runs{};
+  const int zero = t.zero_code;
+  const int codes_per_decade_0 = is_signed ? 1 : 2;
+  for (int r = 0; r < kQuantRuns; ++r) {
+    const int first = r == 0 ? zero : zero + ((1 << r) - 1) * codes_per_decade_0 + 1;
+    const int last = zero + ((2 << r) - 1) * codes_per_decade_0;
+    // inner thresholds: threshold[c] starts code c + 1, for c in [first, last)
+    const bool one_inner = first + 1 == last;
+    const double lower_edge = r == 0 ? 0.0 : t.threshold[static_cast<std::size_t>(first - 1)];
+    const double x0 = one_inner ? lower_edge : t.threshold[static_cast<std::size_t>(first)];
+    const double u0 = one_inner ? first + 0.5 : first + 1;
+    const double x1 = t.threshold[static_cast<std::size_t>(last - 1)];
+    const double slope = (last - u0) / (x1 - x0);
+    const auto i = static_cast<std::size_t>(r);
+    runs.slope[i] = static_cast<float>(slope);
+    runs.offset[i] = static_cast<float>(slope * x0 - u0);
+    runs.high[i] = static_cast<float>(last) + 0.5f;
+    if (r + 1 < kQuantRuns) runs.transition[i] = t.threshold[static_cast<std::size_t>(last)];
+    runs.first[i] = static_cast<std::uint8_t>(first);
+    runs.last[i] = static_cast<std::uint8_t>(last);
+  }
+  runs.top = t.threshold[254];
+  return runs;
+}
+
 QuantTables MakeTables(QuantMap which) {
   QuantTables t{};
   t.map = MakeDynamicMap(which == QuantMap::kSigned);
@@ -68,6 +98,7 @@ QuantTables MakeTables(QuantMap which) {
     const std::uint32_t offset = next - first < kNoThreshold ? next - first : kNoThreshold;
     t.interval[k] = static_cast<std::uint32_t>(code) | offset << 8;
   }
+  t.runs = MakeRuns(t, which == QuantMap::kSigned);
   return t;
 }
 

@@ -30,6 +30,27 @@ inline constexpr std::size_t kQuantIntervals =
 // and one integer compare per value.
 inline constexpr std::uint32_t kNoThreshold = 1u << kQuantIntervalShift;
 
+// The search without a lookup per value (src/cpu/quantize-inl.h). The non-negative half of a map
+// is seven runs of codes: the zero code with decade 0, then decades 1 to 6 (2^d codes each on the
+// signed map, 2^(d+1) on the unsigned one). Inside a run the thresholds lie evenly, so one line
+// u = fma(m, slope, −offset) puts each of them within kQuantRunBand of the code it starts, and
+// floor(u) is m's code; u is capped at the run's last code + 0.5 (past the run's top threshold u
+// keeps rising up to the next run's). Six compares with the thresholds between runs find m's run.
+// A value whose u lies within the band of an integer may be on either side of its threshold: its
+// vector takes the interval search instead (about 3 vectors in 100), so every code stays exact.
+// tests/quantized_state_test.cc checks every threshold, and the value above it, against the band.
+inline constexpr float kQuantRunBand = 1.0f / 1024;
+inline constexpr int kQuantRuns = 7;
+struct QuantRuns {
+  // per run (lanes 7-15 unused, for a 16-lane table lookup)
+  alignas(64) std::array<float, 16> slope;
+  alignas(64) std::array<float, 16> offset;
+  alignas(64) std::array<float, 16> high;            // its last code + 0.5
+  std::array<float, kQuantRuns - 1> transition;      // threshold[last code of run r]
+  float top;                                         // threshold[254]: m past it is 1.0 (255)
+  std::array<std::uint8_t, kQuantRuns> first, last;  // each run's codes
+};
+
 struct QuantTables {
   alignas(64) std::array<float, 256> map;
   // threshold[c]: where the nearest code of a magnitude turns from c to c + 1, f32((map[c] +
@@ -40,6 +61,7 @@ struct QuantTables {
   // signed map: codes 127..255).
   alignas(64) std::array<std::uint32_t, kQuantIntervals> interval;
   std::uint8_t zero_code;  // the code of 0: 127 signed, 0 unsigned
+  QuantRuns runs;
 };
 
 const QuantTables& QuantTablesOf(QuantMap map);

@@ -13,6 +13,7 @@
 #  include <cstddef>
 #  include <cstdint>
 #  include <limits>
+#  include <type_traits>
 
 #  include "hwy/highway.h"
 #  include "src/core/quantize_tables.h"
@@ -80,27 +81,89 @@ HWY_INLINE void DequantizeBlock(const QuantTables& t, const std::uint8_t* codes,
   });
 }
 
-// The codes of a vector of values already divided by their absmax: QuantizeValue
-// (src/core/quantize.cc) lane by lane.
+// The code of each magnitude m in [0, 1] on the non-negative half (codes zero_code..255), by its
+// interval: a gather and one compare (QuantizeValue's search, src/core/quantize.cc).
 template <class D>
-HWY_INLINE hn::Vec<hn::RebindToSigned<D>> QuantizeVector(D d, const QuantTables& t, bool is_signed,
-                                                         hn::Vec<D> x) {
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> IntervalCode(D /*d*/, const QuantTables& t,
+                                                       hn::Vec<D> m) {
   const hn::RebindToSigned<D> di;
   const hn::RebindToUnsigned<D> du;
-  const auto magnitude = hn::Abs(x);
-  // The interval of |x| (clamped to the table), its entry, and one code more where |x| lies past
-  // the threshold inside it.
-  const auto bits = hn::Min(hn::Max(hn::BitCast(du, magnitude), hn::Set(du, kQuantIntervalBase)),
+  // The interval of m (clamped to the table), its entry, and one code more where m lies past the
+  // threshold inside it.
+  const auto bits = hn::Min(hn::Max(hn::BitCast(du, m), hn::Set(du, kQuantIntervalBase)),
                             hn::Set(du, kQuantIntervalTop));
   const auto interval =
       hn::ShiftRight<kQuantIntervalShift>(hn::Sub(bits, hn::Set(du, kQuantIntervalBase)));
   const auto* entries = reinterpret_cast<const std::int32_t*>(t.interval.data());
   const auto entry = hn::GatherIndex(di, entries, hn::BitCast(di, interval));
   const auto offset = hn::BitCast(di, hn::And(bits, hn::Set(du, kNoThreshold - 1)));
-  auto code = hn::And(entry, hn::Set(di, 0xFF));
+  const auto code = hn::And(entry, hn::Set(di, 0xFF));
   // (offsets and thresholds are below 2^16: signed compares are safe)
-  code =
-      hn::IfThenElse(hn::Gt(offset, hn::ShiftRight<8>(entry)), hn::Add(code, hn::Set(di, 1)), code);
+  return hn::IfThenElse(hn::Gt(offset, hn::ShiftRight<8>(entry)), hn::Add(code, hn::Set(di, 1)),
+                        code);
+}
+
+// The run search (QuantRuns) where a vector has 8 lanes or more for its run table and a fused
+// multiply-subtract, so that u is the one rounding the band was checked for.
+template <class D>
+inline constexpr bool kRunSearch = (HWY_NATIVE_FMA != 0) && hn::MaxLanes(D()) >= 8;
+
+// A map's runs in registers, loaded once per block.
+template <class D>
+struct RunSearch {
+  hn::Vec<D> slope, offset, high, top;
+  hn::Vec<D> transition[kQuantRuns - 1];
+
+  RunSearch(D d, const QuantTables& t)
+      : slope(hn::Load(d, t.runs.slope.data())),
+        offset(hn::Load(d, t.runs.offset.data())),
+        high(hn::Load(d, t.runs.high.data())),
+        top(hn::Set(d, t.runs.top)) {
+    for (int r = 0; r + 1 < kQuantRuns; ++r) transition[r] = hn::Set(d, t.runs.transition[r]);
+  }
+
+  // The codes of magnitudes m, and in *near the lanes too close to a threshold to tell.
+  HWY_INLINE hn::Vec<hn::RebindToSigned<D>> Code(D d, hn::Vec<D> m, hn::Mask<D>* near) const {
+    const hn::RebindToSigned<D> di;
+    auto run = hn::Zero(di);
+    for (const auto& between : transition) {
+      run =
+          hn::IfThenElse(hn::RebindMask(di, hn::Gt(m, between)), hn::Add(run, hn::Set(di, 1)), run);
+    }
+    const auto index = hn::IndicesFromVec(d, run);
+    const auto u = hn::Min(
+        hn::MulSub(m, hn::TableLookupLanes(slope, index), hn::TableLookupLanes(offset, index)),
+        hn::TableLookupLanes(high, index));
+    *near = hn::Lt(hn::Abs(hn::Sub(u, hn::Round(u))), hn::Set(d, kQuantRunBand));
+    return hn::IfThenElse(hn::RebindMask(di, hn::Gt(m, top)), hn::Set(di, 255),
+                          hn::ConvertTo(di, u));
+  }
+};
+
+// A stand-in where the run search is not used.
+struct NoRunSearch {
+  template <class D>
+  NoRunSearch(D /*d*/, const QuantTables& /*t*/) {}
+};
+template <class D>
+using RunSearchFor = std::conditional_t<kRunSearch<D>, RunSearch<D>, NoRunSearch>;
+
+// The codes of a vector of values already divided by their absmax: QuantizeValue
+// (src/core/quantize.cc) lane by lane.
+template <class D, class Search>
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> QuantizeVector(D d, const QuantTables& t,
+                                                         const Search& search, bool is_signed,
+                                                         hn::Vec<D> x) {
+  const hn::RebindToSigned<D> di;
+  const auto magnitude = hn::Abs(x);
+  hn::Vec<decltype(di)> code;
+  if constexpr (kRunSearch<D>) {
+    hn::Mask<D> near;
+    code = search.Code(d, magnitude, &near);
+    if (HWY_UNLIKELY(!hn::AllFalse(d, near))) code = IntervalCode(d, t, magnitude);
+  } else {
+    code = IntervalCode(d, t, magnitude);
+  }
   const auto negative = hn::RebindMask(di, hn::Lt(x, hn::Zero(d)));
   if (!is_signed) return hn::IfThenZeroElse(negative, code);
   // Negatives mirror the positives (c ↔ 254 − c); 1.0 has no negative (code 0), and a negative
@@ -136,12 +199,13 @@ HWY_INLINE void QuantizeBlock(const QuantTables& t, bool is_signed, const float*
   max = max_tail > max ? max_tail : max;
   *absmax = nan ? std::numeric_limits<float>::quiet_NaN() : max;
   const bool zero_codes = !(max > 0.0f) || nan || max == std::numeric_limits<float>::infinity();
+  const RunSearchFor<decltype(dmax)> search(dmax, t);
   ForEachBlockVector(n, [&](auto d, std::size_t i) HWY_ATTR {
     const hn::RebindToSigned<decltype(d)> di;
+    const auto code = zero_codes ? hn::Set(di, t.zero_code)
+                                 : QuantizeVector(d, t, search, is_signed,
+                                                  hn::Div(hn::LoadU(d, x + i), hn::Set(d, max)));
     const hn::Rebind<std::uint8_t, decltype(d)> du8;
-    const auto code =
-        zero_codes ? hn::Set(di, t.zero_code)
-                   : QuantizeVector(d, t, is_signed, hn::Div(hn::LoadU(d, x + i), hn::Set(d, max)));
     hn::StoreU(hn::DemoteTo(du8, code), du8, codes + i);
   });
 }
