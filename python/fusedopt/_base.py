@@ -124,9 +124,9 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         self._bucket_bytes = 0
         super().__init__(params, *args, **kwargs)
         self._step_supports_amp_scaling = True  # honours grad_scale / found_inf set by GradScaler
+        self._init_backward_step(step_in_backward)  # (first: the flat store asks it where grads live)
         if flatten:
             self._flat = FlatStore(self)
-        self._init_backward_step(step_in_backward, flatten)
 
     def _check_8bit(self) -> None:
         """state_dtype=torch.uint8 needs an element-wise step (the engine quantizes each block as it updates it)."""
@@ -179,7 +179,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             self._flat.combine()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._flat is not None and not set_to_none:
+        if self._flat is not None and not set_to_none and not self._step_in_backward:
             self._flat.zero_grad()  # one memset per dtype; grads stay views into the flat buffer
             return
         super().zero_grad(set_to_none=set_to_none)
@@ -233,6 +233,9 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         whose grad is None hold zeros or stale values and are not read by the step."""
         if self._flat is None:
             raise RuntimeError(f"{type(self).__name__}.flat_grads() needs flatten=True")
+        if self._step_in_backward:
+            raise RuntimeError(f"{type(self).__name__}.flat_grads(): with step_in_backward=True each gradient is "
+                               "released inside backward, right after its update: there is no flat gradient")
         return self._flat.grad_buffers()
 
     def state_bytes(self) -> int:

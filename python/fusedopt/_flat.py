@@ -3,6 +3,9 @@ optimizer states become views into one flat buffer per dtype and role. zero_grad
 is then one memset per dtype, a distributed all-reduce can take the whole gradient in one call, and
 the step streams through contiguous memory.
 
+With step_in_backward=True the grads stay where autograd writes them: each is released right after its update
+inside backward, and a flat gradient buffer would only hold a second copy of the model's gradients.
+
 User code may swap any of these tensors out (p.data = ..., p.grad = new tensor, zero_grad with
 set_to_none=True followed by a fresh backward, load_state_dict). Before each step the store checks
 every tensor's address against its slot and copies a replaced one back into its slot
@@ -81,8 +84,11 @@ class FlatStore:
         self._block_of = {p: b for b in self._blocks.values() for p in b.offsets}
         for p in self._block_of:
             self._place_param(p)
-            if p.grad is not None:
+            if p.grad is not None and self._grads_in_slots():
                 self.place_grad(p)
+
+    def _grads_in_slots(self) -> bool:
+        return not self._opt._step_in_backward
 
     def _name(self, p: torch.Tensor) -> str:
         """p's name in error messages (only called on the way to an error)."""
@@ -101,7 +107,7 @@ class FlatStore:
             return True
         if p.data_ptr() != self._slot_address(block, "param", p):
             self._place_param(p)
-        if p.grad is not None and not self.grad_in_slot(p, p.grad):
+        if p.grad is not None and self._grads_in_slots() and not self.grad_in_slot(p, p.grad):
             self.place_grad(p)
         return False
 

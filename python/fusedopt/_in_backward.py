@@ -9,8 +9,10 @@ kernels run between them; a call per param made a transformer's step 25-35 % slo
 Each update is the one the ordinary step computes for that param (the same segment, hyper-parameters and step
 count), bit for bit; so it is defined where one param's update needs no other param's gradient. Whatever needs
 every gradient first is refused when the optimizer is made: global-norm clipping (max_grad_norm), accumulation
-windows, a sum over tensors (BertAdam's per-group norm), flatten=True (its gradients live in one buffer), a
-param listed twice. A GradScaler cannot be seen before backward runs: step() raises when one calls it."""
+windows (whose f32 sums hold every gradient anyway), a sum over tensors (BertAdam's per-group norm), a param
+listed twice. A GradScaler cannot be seen before backward runs: step() raises when one calls it. With
+flatten=True params and states are the flat store's views as in the ordinary step; gradients stay where autograd
+writes them (_flat.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 
 from . import _C
 from ._packing import _Packed
+from ._signals import _Relaid
 from ._state import _roll_back
 
 BUCKET_BYTES = 25 * 2**20  # of gradients per engine call (DDP's default bucket_cap_mb)
@@ -26,7 +29,7 @@ BUCKET_BYTES = 25 * 2**20  # of gradients per engine call (DDP's default bucket_
 class BackwardStep:
     """The FusedOptimizerMixin part that steps params from backward's hooks."""
 
-    def _init_backward_step(self, enabled: bool, flatten: bool) -> None:
+    def _init_backward_step(self, enabled: bool) -> None:
         """Checks the options against step_in_backward and hooks every param (called once the groups exist)."""
         self._step_in_backward = bool(enabled)
         if not self._step_in_backward:
@@ -38,10 +41,8 @@ class BackwardStep:
                              "instead, or step after backward)")
         if self._accumulation_steps > 1:
             raise ValueError(f"{name}: step_in_backward=True does not take accumulation_steps="
-                             f"{self._accumulation_steps} yet: step after backward to accumulate")
-        if flatten:
-            raise ValueError(f"{name}: step_in_backward=True releases each gradient after its update; "
-                             "flatten=True keeps them in one buffer: pass one of them")
+                             f"{self._accumulation_steps}: the window's f32 sums hold every gradient until its last "
+                             "backward, the memory stepping in backward saves; accumulate with the ordinary step")
         if _C.algorithms[self._algorithm]["sums_across_tensors"]:
             raise ValueError(f"{name}: step_in_backward=True needs updates of one tensor at a time; "
                              f"{self._algorithm}'s reads sums over all of a group's gradients")
@@ -76,30 +77,41 @@ class BackwardStep:
             self._places = {q: (gi, j) for gi, group in enumerate(self.param_groups)
                             for j, q in enumerate(group["params"])}
         hypers = self._group_hypers()
-        packed = _Packed(hypers)
         undo: list = []
         try:
-            for p in bucket:
-                place = self._places.get(p)
-                if place is None or p.grad is None:  # no longer in any group, or its gradient was taken away
-                    continue
-                gi, j = place
-                needed = self._group_slots(hypers[gi])
-                needed = self._needed_states(p, needed) if self._factored else needed
-                row, grad_ptr, code = self._segment(p, p.grad, gi, j, needed, undo, True, hypers[gi])
-                if row is None:  # (grad_ptr is why)
-                    raise RuntimeError(f"fusedopt: step_in_backward: parameter {self._name(gi, j)}: {grad_ptr}")
-                packed.params.append(p)
-                packed.rows.append(row)
-                packed.grads.append(grad_ptr)
-                packed.codes.append(code)
-            packed.table = _C.SegmentTable(packed.rows)
+            while True:
+                try:
+                    packed = self._pack_bucket(bucket, hypers, undo)
+                    break
+                except _Relaid:  # flatten=True laid the buffers out anew: pack again from the start
+                    pass
             self._run_engine(packed, 1.0, False, None)
         except BaseException:
             _roll_back(undo)
             raise
         for p in packed.params:
             p.grad = None
+
+    def _pack_bucket(self, bucket: list[torch.Tensor], hypers: list, undo: list) -> _Packed:
+        """The engine's segments of the bucket's params that are still in a group and still have a gradient."""
+        packed = _Packed(hypers)
+        for p in bucket:
+            place = self._places.get(p)
+            if place is None or p.grad is None:  # no longer in any group, or its gradient was taken away
+                continue
+            gi, j = place
+            needed = self._group_slots(hypers[gi])
+            needed = self._needed_states(p, needed) if self._factored else needed
+            # (own_grad=False: the gradient is read where it is, never moved into a flat slot)
+            row, grad_ptr, code = self._segment(p, p.grad, gi, j, needed, undo, False, hypers[gi])
+            if row is None:  # (grad_ptr is why)
+                raise RuntimeError(f"fusedopt: step_in_backward: parameter {self._name(gi, j)}: {grad_ptr}")
+            packed.params.append(p)
+            packed.rows.append(row)
+            packed.grads.append(grad_ptr)
+            packed.codes.append(code)
+        packed.table = _C.SegmentTable(packed.rows)
+        return packed
 
     def _close_backward_step(self) -> None:
         """At step(): updates a bucket that a backward pass ended without (an interrupted pass), and refuses a

@@ -21,7 +21,8 @@ import torch
 
 STEPS = 4
 PER_TENSOR = [name for name in CASES if not _C.algorithms[name]["sums_across_tensors"]]
-VARIANTS = {"f32": {}, "bf16_masters": {"master_weights": True}, "uint8_states": {"state_dtype": torch.uint8}}
+VARIANTS = {"f32": {}, "bf16_masters": {"master_weights": True}, "uint8_states": {"state_dtype": torch.uint8},
+            "flatten": {"flatten": True}, "flatten_uint8_states": {"flatten": True, "state_dtype": torch.uint8}}
 
 
 def _model(dtype=torch.float32) -> torch.nn.Module:
@@ -43,11 +44,16 @@ def _train(name: str, variant: str, in_backward: bool):
         if in_backward:
             assert all(p.grad is None for p in model.parameters()), "a gradient outlived its update"
         opt.step()
+    if in_backward and opt._flat is not None:  # the gradients never went into a flat buffer
+        with pytest.raises(RuntimeError, match="no flat gradient"):
+            opt.flat_grads()
+        assert all("grad" not in block.buffers for block in opt._flat._blocks.values())
     return [p.detach().clone() for p in model.parameters()], opt.state_dict()
 
 
 @pytest.mark.parametrize("name, variant", [(name, variant) for name in PER_TENSOR for variant in VARIANTS
-                                           if variant != "uint8_states" or _C.algorithms[name]["quantizable"]])
+                                           if "state_dtype" not in VARIANTS[variant]
+                                           or _C.algorithms[name]["quantizable"]])
 def test_bit_identical_to_the_ordinary_step(name, variant):
     params, state = _train(name, variant, True)
     want_params, want_state = _train(name, variant, False)
@@ -64,7 +70,6 @@ def test_bit_identical_to_the_ordinary_step(name, variant):
 @pytest.mark.parametrize("options, message", [
     ({"max_grad_norm": 1.0}, "max_grad_norm"),
     ({"accumulation_steps": 2}, "accumulation_steps=2"),
-    ({"flatten": True}, "flatten=True"),
 ])
 def test_options_that_need_every_gradient_are_refused(options, message):
     model = _model()
