@@ -20,6 +20,7 @@
 #include "fusedopt/communicator.h"
 #include "fusedopt/error.h"
 #include "fusedopt/optimizer.h"
+#include "fusedopt/quantize.h"
 #include "fusedopt/scaler.h"
 #include "src/algos/registry.h"
 #include "src/core/step_hooks.h"
@@ -342,6 +343,34 @@ TEST(ShardLayout, BucketsAreWholeChunksPerRankAndCoverEveryElementOnce) {
   EXPECT_EQ(layout.offsets[5], 41000u);
   EXPECT_EQ(layout.offsets[3], 41005u);
   EXPECT_EQ(layout.offsets[4], 41008u);
+}
+
+// 8-bit states (tensor_align = kQuantBlock): every tensor starts on a block edge and every shard
+// edge inside a tensor falls on one of its blocks' edges, so no block is split between ranks.
+TEST(ShardLayout, TensorAlignPutsShardEdgesOnBlockEdges) {
+  const std::vector<TensorSpec> tensors = {
+      {.numel = 1000}, {.numel = 70000}, {.numel = 3}, {.numel = 5000, .group = 1}};
+  for (int ranks = 1; ranks <= 3; ++ranks) {
+    const ShardLayout layout(tensors, 2, ranks, 3000, 0, kQuantBlock);
+    EXPECT_EQ(layout.tensor_align, kQuantBlock);
+    for (std::size_t offset : layout.offsets) EXPECT_EQ(offset % kQuantBlock, 0u) << offset;
+    EXPECT_EQ(layout.offsets[1], 1024u);  // after tensor 0's 1000 elements and a gap of 24
+    EXPECT_GE(layout.numel, layout.offsets[3] + 5000);
+    for (const ShardLayout::Bucket& b : layout.buckets) {
+      for (int r = 0; r < ranks; ++r) {
+        const std::size_t lo = b.begin + static_cast<std::size_t>(r) * b.shard;
+        for (const ShardLayout::Slice& s : layout.SlicesIn(lo, lo + b.shard)) {
+          EXPECT_EQ(s.first % kQuantBlock, 0u) << "tensor " << s.tensor;
+          EXPECT_TRUE((s.first + s.numel) % kQuantBlock == 0 ||
+                      s.first + s.numel == tensors[s.tensor].numel)
+              << "tensor " << s.tensor;
+        }
+      }
+    }
+    EXPECT_NE(layout.Hash(), ShardLayout(tensors, 2, ranks, 3000).Hash());
+  }
+  EXPECT_THROW(ShardLayout(tensors, 2, 2, 3000, 0, 0), Error);
+  EXPECT_THROW(ShardLayout(tensors, 2, 2, 3000, 64, kQuantBlock), Error);  // 64 % 256 != 0
 }
 
 TEST(ShardLayout, ShardSumsAddEachTensorInTheOrderOfTheFlatRange) {

@@ -85,14 +85,17 @@ struct ShardLayout {
     std::size_t numel = 0;
   };
 
-  // align: DistributedOptions::shard_align (0: auto).
+  // align: DistributedOptions::shard_align (0: auto). tensor_align: what each tensor's first
+  // element is rounded up to, a divisor of the shard alignment (8-bit states: kQuantBlock, so that
+  // every shard edge inside a tensor falls on one of its blocks' edges).
   ShardLayout(std::span<const TensorSpec> tensors, std::size_t num_groups, int ranks,
-              std::size_t bucket_elements, std::size_t align = 0);
+              std::size_t bucket_elements, std::size_t align = 0, std::size_t tensor_align = 1);
 
   int ranks = 1;
   std::size_t align = kGrainElements;  // what shards are rounded up to
+  std::size_t tensor_align = 1;        // what tensor offsets are rounded up to
   std::vector<std::size_t> offsets;    // each tensor's first element in the flat range
-  std::size_t numel = 0;               // elements of all tensors
+  std::size_t numel = 0;               // elements of all tensors and the gaps between them
   std::size_t padded = 0;              // the flat range with its padding: Σ P·shard
   std::size_t shard_total = 0;         // Σ shard: a rank's share of every bucket
   std::vector<Bucket> buckets;

@@ -31,7 +31,7 @@ from ._tensors import DTYPE_CODES, check_param
 # what is rebuilt from the copy's own params (caches keyed by tensor identity or address, the flat layout, the
 # master copies' marks: see __setstate__), and the attributes a GradScaler sets for one step.
 _NOT_COPIED = frozenset({"_flat", "_param_marks", "_backward_hooks", "_places", "_bucket", "_bucket_bytes", "_segment_cache", "_last", "_last_hypers", "_offsets", "_overlap_free", "_wave_key",
-                         "_wave_plan", "_zero_grad_profile_name", "_warned_capturable_if_run_uncaptured",
+                         "_wave_plan", "_whole_numels", "_zero_grad_profile_name", "_warned_capturable_if_run_uncaptured",
                          "grad_scale", "found_inf", "_found_inf_out"})
 
 
@@ -43,6 +43,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
     _sparse_message = ""  # torch's error text for a sparse gradient
     _clip_rule = 0  # how max_grad_norm clips: 0 torch's clip_grad_norm_, 1 apex FusedLAMB's
     _takes_sparse = False  # the reference's step takes sparse gradients (torch's SGD and Adagrad)
+    _per_tensor_state_keys: tuple[str, ...] = ()  # state_dict keys each param holds whole (bitsandbytes' qmaps)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -96,6 +97,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             raise ValueError(f"Invalid seed: {seed!r} (an int in [0, 2**64))")
         self._rounding = (bool(stochastic_rounding), seed)
         self._offsets: dict[torch.Tensor, int] | None = None  # see _global_offset
+        self._whole_numels: dict[torch.Tensor, int] | None = None  # ZeRO-1 pieces' tensor sizes (_state_dtype)
         self._accumulation_steps = accumulation_steps
         self._state_dtype_option = state_dtype
         self._accumulators: dict[torch.Tensor, torch.Tensor] = {}  # f32 gradient sums
@@ -275,7 +277,8 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         for key, value in (("_max_grad_norm", math.inf), ("_norm_code", 2), ("_accumulation_steps", 1),
                            ("_state_dtype_option", None), ("_min_8bit_size", _C.min_8bit_size), ("_micro_batches", 0),
                            ("_window_found_inf", False), ("last_grad_norm", None),
-                           ("_rounding", (False, 0)), ("_offsets", None), ("_duplicates", False),
+                           ("_rounding", (False, 0)), ("_offsets", None), ("_whole_numels", None),
+                           ("_duplicates", False),
                            ("_overlap_free", False), ("_wave_key", None), ("_wave_plan", None),
                            ("_strict", False), ("_step_in_backward", False), ("_places", None),
                            ("_stepping", False)):

@@ -98,15 +98,16 @@ def data_parallel_flats(params: list[torch.Tensor], cap: int, world: int) -> lis
 
 
 def sharded_flats(params: list[torch.Tensor], group_of: list[int], num_groups: int, cap: int,
-                  world: int) -> list[Flat]:
+                  world: int, tensor_align: int = 1) -> list[Flat]:
     """zero=1: a Flat per dtype (in the order of their first param) laid out by _C.ShardLayout: params in
-    registration order (group by group: `params` is), buckets of `cap` bytes of f32 gradient (as
-    DistributedOptions::bucket_bytes counts them), shards aligned as its shard_align = 0 picks."""
+    registration order (group by group: `params` is), each starting at a multiple of tensor_align, buckets of
+    `cap` bytes of f32 gradient (as DistributedOptions::bucket_bytes counts them), shards aligned as its
+    shard_align = 0 picks."""
     flats = []
     for dtype in dict.fromkeys(p.dtype for p in params):
         members = [i for i, p in enumerate(params) if p.dtype == dtype]
         layout = shard_layout([params[i] for i in members], [group_of[i] for i in members], num_groups,
-                              world, cap)
+                              world, cap, tensor_align=tensor_align)
         flat = Flat(dtype, [params[i] for i in members], list(layout.offsets), layout.padded)
         flat.layout = layout
         for begin, shard, _ in layout.buckets:
@@ -116,11 +117,11 @@ def sharded_flats(params: list[torch.Tensor], group_of: list[int], num_groups: i
 
 
 def shard_layout(params: list[torch.Tensor], groups: list[int], num_groups: int, world: int, bucket_bytes: int,
-                 align: int = 0):
+                 align: int = 0, tensor_align: int = 1):
     """The _C.ShardLayout of these params (with their group indices), as the C++ DistributedOptimizer builds
     it from TensorSpecs. Rows and columns are left 0: they only matter to the algorithms zero=1 refuses."""
     return _C.ShardLayout([(p.numel(), g, 0, 0) for p, g in zip(params, groups)], num_groups, world,
-                          bucket_bytes, align)
+                          bucket_bytes, align, tensor_align)
 
 
 def shard_slices(flats: list[Flat], rank: int) -> list[tuple[Flat, int, int, int, int]]:

@@ -43,7 +43,7 @@ class Shard:
         self.grads: list[tuple[torch.Tensor, torch.Tensor, Flat, int]] = []
         self.meta: list[tuple[int, int, int]] = []
         keys: list[tuple[int, int]] = []  # per shard param: (tensor index, bucket index) for the sums
-        groups, offsets = [], {}
+        groups, offsets, whole_numels = [], {}, {}
         for gi, items in enumerate(per_group):
             hyper = {k: v for k, v in optimizer.param_groups[gi].items() if k not in ("params", "param_names")}
             views = []
@@ -53,6 +53,7 @@ class Shard:
                 q.requires_grad_(True)
                 views.append(q)
                 offsets[q] = optimizer._global_offset(p) + first  # stochastic rounding keyed on the whole model
+                whole_numels[q] = p.numel()  # 8-bit states or not: the whole tensor's size decides
                 self.grads.append((q, flat.flat_grad[a:a + n], flat, a))
                 self.meta.append((index[p], first, first + n))
                 keys.append((tensor_ids[p], bucket))
@@ -69,6 +70,7 @@ class Shard:
             cls = type(optimizer) if step is None else _with_sums(type(optimizer), step, self.sums)
             self.optimizer = cls([g for g in groups if g["params"]], **_shard_options(optimizer))
             self.optimizer._offsets = offsets
+            self.optimizer._whole_numels = whole_numels
 
     def update(self, scale: float, grads: dict | None, inner) -> None:
         """Steps this rank's pieces from their gradient slots (or grads[view]: f32 sums), every gradient read as
@@ -149,6 +151,6 @@ def _shard_options(optimizer) -> dict:
     """The constructor options of the shard optimizer: the wrapped one's, but for clipping and accumulation,
     which DistributedOptimizer does over all ranks."""
     stochastic, seed = optimizer._rounding
-    return {"max_grad_norm": None, "master_weights": optimizer._master_weights,
-            "state_dtype": optimizer._state_dtype_option, "stochastic_rounding": stochastic, "seed": seed,
-            "strict": optimizer._strict}
+    return {"lr": optimizer.defaults["lr"], "max_grad_norm": None, "master_weights": optimizer._master_weights,
+            "state_dtype": optimizer._state_dtype_option, "min_8bit_size": optimizer._min_8bit_size,
+            "stochastic_rounding": stochastic, "seed": seed, "strict": optimizer._strict}

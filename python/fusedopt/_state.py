@@ -31,7 +31,9 @@ class StateCreation:
         option = self._state_dtype_option
         if option is torch.uint8:
             # bitsandbytes' policy: small tensors (biases, norms) keep full states, their memory is negligible
-            if p.numel() >= self._min_8bit_size:
+            # (a ZeRO-1 shard's piece goes by its whole tensor's size: _dist_shard.py)
+            numel = p.numel() if self._whole_numels is None else self._whole_numels.get(p, p.numel())
+            if numel >= self._min_8bit_size:
                 return torch.uint8
             option = None
         if option is not None:

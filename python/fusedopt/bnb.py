@@ -57,6 +57,8 @@ class _Bnb8bit(FusedOptimizerMixin, _Groups8bit):
     """What the twins share: the mixin's 8-bit states under bitsandbytes' keys, its state_dict layout, and the
     mapping of its group keys onto the engine algorithm's (_engine_group)."""
 
+    _per_tensor_state_keys = ("qmap1", "qmap2")
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if "_algorithm" in cls.__dict__:
@@ -71,6 +73,10 @@ class _Bnb8bit(FusedOptimizerMixin, _Groups8bit):
                              "taken; pass min_8bit_size and the hyper-parameters instead")
         # No bitsandbytes step to fall back on: a param the engine cannot take is an error.
         options.setdefault("strict", True)
+        # (state_dtype may be passed, as a ZeRO-1 shard's copy of the options does, but only as what it is)
+        if options.pop("state_dtype", torch.uint8) is not torch.uint8:
+            raise ValueError(f"{type(self).__name__}: its states are 8-bit (state_dtype=torch.uint8); for other "
+                             "state dtypes use the fusedopt.Fused* class of the algorithm")
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, two_state=two_state,
                          state_dtype=torch.uint8, min_8bit_size=min_8bit_size, **options)
 

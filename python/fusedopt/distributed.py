@@ -74,11 +74,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("fusedopt.distributed.DistributedOptimizer: the default process group is not "
                                "initialized; call torch.distributed.init_process_group('gloo') first")
-        # zero=1's slices would cut 256-element blocks and their absmax (docs/8bit-states.md); zero=0 steps whole
-        # tensors on every rank, as one process does.
-        if zero == 1 and optimizer._state_dtype_option is torch.uint8:
-            raise ValueError("fusedopt.distributed.DistributedOptimizer: zero=1 does not shard 8-bit states "
-                             "(state_dtype=torch.uint8) yet: use zero=0")
         if optimizer._flat is not None:
             raise ValueError("fusedopt.distributed.DistributedOptimizer: the wrapped optimizer has flatten=True; "
                              "the gradient buckets are already flat: pass flatten=False")
@@ -108,8 +103,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for gi, g in enumerate(optimizer.param_groups):
                 for p in g["params"]:
                     group_of.setdefault(p, gi)
+            # 8-bit states: each param starts on a block edge, so that every slice edge is one of its blocks'
+            # edges and a slice's blocks and absmax are the whole tensor's (docs/8bit-states.md)
+            tensor_align = _C.quant_block if optimizer._state_dtype_option is torch.uint8 else 1
             self._flats = sharded_flats(params, [group_of[p] for p in params], len(optimizer.param_groups), cap,
-                                        self._world)
+                                        self._world, tensor_align)
         else:
             self._flats = data_parallel_flats(params, cap, self._world)
         self._buckets: list[Bucket] = [b for f in self._flats for b in f.buckets]
@@ -523,7 +521,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._rank != to:
             return None
         params = [p for g in self._inner.param_groups for p in g["params"]]
-        state = merge_shards(shards, params)
+        state = merge_shards(shards, params, self._state_key_kinds())
         return {"state": state, "param_groups": mine["param_groups"]}
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -544,7 +542,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  "consolidate_state_dict to change the world size")
             shard_state = state_dict["state"]
         else:
-            shard_state = cut_state(state_dict["state"], self._shard.meta)
+            shard_state = cut_state(state_dict["state"], self._shard.meta, self._state_key_kinds())
         self._inner.load_state_dict({"state": {}, "param_groups": state_dict["param_groups"]})
         shard = self._shard.optimizer
         if shard is not None:
@@ -553,6 +551,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 g.update({k: v for k, v in self._inner.param_groups[gi].items()
                           if k not in ("params", "param_names")})
             shard.load_state_dict({"state": shard_state, "param_groups": groups})
+
+    def _state_key_kinds(self) -> dict[str, str]:
+        """The state keys merge_shards and cut_state do not cut element by element: 8-bit absmax ("blocks") and
+        bitsandbytes' maps ("whole")."""
+        inner = self._inner
+        kinds = dict.fromkeys(inner._per_tensor_state_keys, "whole")
+        if inner._state_dtype_option is torch.uint8:
+            kinds.update(dict.fromkeys((inner._absmax_key(k) for k in inner._slot_keys), "blocks"))
+        return kinds
 
     def __repr__(self) -> str:
         return (f"DistributedOptimizer(zero={self._zero}, rank {self._rank} of {self._world}, "

@@ -22,22 +22,28 @@ std::size_t RoundUp(std::size_t n, std::size_t multiple) {
 }  // namespace
 
 ShardLayout::ShardLayout(std::span<const TensorSpec> tensors, std::size_t num_groups, int ranks_,
-                         std::size_t bucket_elements, std::size_t align_)
-    : ranks(ranks_), specs_(tensors.begin(), tensors.end()) {
+                         std::size_t bucket_elements, std::size_t align_, std::size_t tensor_align_)
+    : ranks(ranks_), tensor_align(tensor_align_), specs_(tensors.begin(), tensors.end()) {
   if (ranks < 1) Fail(kFn, "invalid world size: ", ranks, " (must be >= 1)");
   if (bucket_elements == 0) Fail(kFn, "invalid bucket size: 0 (must be > 0)");
   if (align_ % 64 != 0) Fail(kFn, "invalid shard_align: ", align_, " (a multiple of 64; 0: auto)");
+  if (tensor_align == 0) Fail(kFn, "invalid tensor_align: 0 (must be >= 1)");
   // Group by group, as FlatStorage: the same element indices as a one-process Optimizer.
   offsets.resize(tensors.size());
   for (std::size_t g = 0; g < num_groups; ++g) {
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       if (tensors[i].group != g) continue;
+      numel = RoundUp(numel, tensor_align);
       offsets[i] = numel;
       numel += tensors[i].numel;
     }
   }
   const auto p = static_cast<std::size_t>(ranks);
   align = align_ != 0 ? align_ : 8 * p * kGrainElements <= numel ? kGrainElements : 256;
+  if (align % tensor_align != 0) {
+    Fail(kFn, "invalid tensor_align: ", tensor_align, " (must divide the shard alignment, ", align,
+         ")");
+  }
   const std::size_t full_shard = RoundUp((bucket_elements + p - 1) / p, align);
   while (padded < numel) {
     // The last bucket is only as large as what is left, rounded up per rank.
@@ -66,6 +72,7 @@ std::uint64_t ShardLayout::Hash() const {
   std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a's offset basis
   Mix(hash, static_cast<std::uint64_t>(ranks));
   Mix(hash, align);
+  Mix(hash, tensor_align);
   Mix(hash, specs_.size());
   for (const TensorSpec& s : specs_) {
     Mix(hash, s.numel);

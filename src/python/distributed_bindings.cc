@@ -37,7 +37,7 @@ using SpecTuple = std::tuple<std::size_t, std::uint32_t, std::size_t, std::size_
 using PySumsHook = std::function<std::vector<double>(std::vector<double>, std::size_t)>;
 
 ShardLayout MakeLayout(const std::vector<SpecTuple>& specs, std::size_t num_groups, int ranks,
-                       std::size_t bucket_bytes, std::size_t align) {
+                       std::size_t bucket_bytes, std::size_t align, std::size_t tensor_align) {
   std::vector<TensorSpec> tensors;
   tensors.reserve(specs.size());
   for (const auto& [numel, group, rows, cols] : specs) {
@@ -45,7 +45,7 @@ ShardLayout MakeLayout(const std::vector<SpecTuple>& specs, std::size_t num_grou
   }
   // Buckets hold bucket_bytes of f32 gradient, as DistributedOptimizer's constructor counts them.
   return ShardLayout(tensors, num_groups, ranks, (bucket_bytes + sizeof(float) - 1) / sizeof(float),
-                     align);
+                     align, tensor_align);
 }
 
 // The step over `table` (no pre-pass: the caller clipped and checked), with `hook` called between
@@ -101,9 +101,10 @@ void BindDistributed(py::module_& m) {
                           "fusedopt::ShardLayout (include/fusedopt/distributed.h): specs are "
                           "(numel, group, rows, cols) per tensor")
       .def(py::init(&MakeLayout), py::arg("specs"), py::arg("num_groups"), py::arg("ranks"),
-           py::arg("bucket_bytes"), py::arg("align") = 0)
+           py::arg("bucket_bytes"), py::arg("align") = 0, py::arg("tensor_align") = 1)
       .def_readonly("ranks", &ShardLayout::ranks)
       .def_readonly("align", &ShardLayout::align)
+      .def_readonly("tensor_align", &ShardLayout::tensor_align)
       .def_readonly("offsets", &ShardLayout::offsets)
       .def_readonly("numel", &ShardLayout::numel)
       .def_readonly("padded", &ShardLayout::padded)
