@@ -151,6 +151,7 @@ def rank_cases(resume_state: dict, checkpoint_dir: str) -> dict:
             _train(model, opt, "plain", rank, world, STEPS // 2)
             out[f"{name}-zero{zero}"] = [p.detach().clone() for p in model.parameters()]
             out[f"{name}-state-zero{zero}"] = opt.state_dict() if zero == 0 else opt.consolidate_state_dict(to=0)
+            out["state_bytes"][f"{name}-zero{zero}"] = opt.state_bytes()
         opt.load_state_dict(out[f"{name}-state-zero0"])
         out[f"{name}-reloaded"] = opt.consolidate_state_dict(to=0)
     # Resume 1 -> 2: a one-process run's params and state_dict, loaded into 2 ranks with zero=1.
@@ -338,6 +339,9 @@ def test_zero1_shards_8bit_states_as_zero0_steps_them(ranks):
         assert any(v.dtype == torch.uint8 for entry in whole.values() for v in _tensors(entry)), "no 8-bit state"
         _assert_states_equal(ranks[0][f"{name}-state-zero1"]["state"], whole)
         _assert_states_equal(ranks[0][f"{name}-reloaded"]["state"], whole)
+        for rank in ranks:  # each rank holds about half of the codes and absmax
+            zero0, zero1 = rank["state_bytes"][f"{name}-zero0"], rank["state_bytes"][f"{name}-zero1"]
+            assert zero1 <= 0.6 * zero0, (name, zero0, zero1)
 
 
 def _tensors(entry: dict) -> list[torch.Tensor]:
