@@ -130,6 +130,11 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         if flatten:
             self._flat = FlatStore(self)
 
+    def _constructor_hypers(self) -> dict:
+        """Constructor arguments that build another optimizer of this class whose defaults pass the constructor's
+        checks (a ZeRO-1 shard's: its groups then carry every hyper-parameter)."""
+        return {"lr": self.defaults["lr"]}
+
     def _check_8bit(self) -> None:
         """state_dtype=torch.uint8 needs an element-wise step (the engine quantizes each block as it updates it)."""
         if not self._quantizable:

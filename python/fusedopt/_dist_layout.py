@@ -7,7 +7,8 @@ bucket. zero=1 takes the C++ layer's layout, fusedopt::ShardLayout (include/fuse
 _C.ShardLayout): the params of each dtype group by group in one flat range, cut into buckets of P equal
 shards (of whole chunks where the model is large enough), rank r owning shard r of every bucket. Its shards
 are the ones fusedopt::DistributedOptimizer holds, element for element, and the whole-tensor sums of LAMB and
-LARS add up in the C++ order (_dist_shard.py)."""
+LARS add up in the C++ order (_dist_shard.py). With 8-bit states each param starts on a 256-element block edge
+(ShardLayout's tensor_align), which the C++ optimizer, without 8-bit states, never asks for."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from . import _C
 
 class Flat:
     """Params of one dtype laid end to end in `flat_grad` at `offsets` (and with zero=1 in `flat_param`, which
-    the params then view), `numel` elements with the padding."""
+    the params then view), `numel` elements with the padding (and with 8-bit states at zero=1, the gaps that
+    start each param on a block edge: zeros that nothing reads)."""
 
     def __init__(self, dtype: torch.dtype, params: list[torch.Tensor], offsets: list[int], numel: int):
         self.dtype = dtype

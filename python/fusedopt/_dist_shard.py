@@ -151,6 +151,7 @@ def _shard_options(optimizer) -> dict:
     """The constructor options of the shard optimizer: the wrapped one's, but for clipping and accumulation,
     which DistributedOptimizer does over all ranks."""
     stochastic, seed = optimizer._rounding
-    return {"lr": optimizer.defaults["lr"], "max_grad_norm": None, "master_weights": optimizer._master_weights,
-            "state_dtype": optimizer._state_dtype_option, "min_8bit_size": optimizer._min_8bit_size,
-            "stochastic_rounding": stochastic, "seed": seed, "strict": optimizer._strict}
+    return {**optimizer._constructor_hypers(), "max_grad_norm": None,
+            "master_weights": optimizer._master_weights, "state_dtype": optimizer._state_dtype_option,
+            "min_8bit_size": optimizer._min_8bit_size, "stochastic_rounding": stochastic, "seed": seed,
+            "strict": optimizer._strict}

@@ -59,5 +59,8 @@ def _cut(key: str, value, start: int, stop: int, kinds: dict):
         return value
     if kinds.get(key) == "blocks":
         block = _C.quant_block
+        if start % block:
+            raise RuntimeError(f"fusedopt.distributed: a slice starting at element {start} cuts a block of 8-bit "
+                               f"state '{key}' (blocks of {block}: the layout should start every slice on one)")
         return value.reshape(-1)[start // block:-(-stop // block)].clone()
     return value.reshape(-1)[start:stop].clone()

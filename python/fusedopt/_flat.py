@@ -84,10 +84,11 @@ class FlatStore:
         self._block_of = {p: b for b in self._blocks.values() for p in b.offsets}
         for p in self._block_of:
             self._place_param(p)
-            if p.grad is not None and self._grads_in_slots():
+            if p.grad is not None and self.grads_in_slots():
                 self.place_grad(p)
 
-    def _grads_in_slots(self) -> bool:
+    def grads_in_slots(self) -> bool:
+        """Whether grads move into the flat gradient buffer (not with step_in_backward=True)."""
         return not self._opt._step_in_backward
 
     def _name(self, p: torch.Tensor) -> str:
@@ -107,7 +108,7 @@ class FlatStore:
             return True
         if p.data_ptr() != self._slot_address(block, "param", p):
             self._place_param(p)
-        if p.grad is not None and self._grads_in_slots() and not self.grad_in_slot(p, p.grad):
+        if p.grad is not None and self.grads_in_slots() and not self.grad_in_slot(p, p.grad):
             self.place_grad(p)
         return False
 

@@ -102,8 +102,7 @@ class BackwardStep:
             gi, j = place
             needed = self._group_slots(hypers[gi])
             needed = self._needed_states(p, needed) if self._factored else needed
-            # (own_grad=False: the gradient is read where it is, never moved into a flat slot)
-            row, grad_ptr, code = self._segment(p, p.grad, gi, j, needed, undo, False, hypers[gi])
+            row, grad_ptr, code = self._segment(p, p.grad, gi, j, needed, undo, True, hypers[gi])
             if row is None:  # (grad_ptr is why)
                 raise RuntimeError(f"fusedopt: step_in_backward: parameter {self._name(gi, j)}: {grad_ptr}")
             packed.params.append(p)

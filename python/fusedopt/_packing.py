@@ -119,7 +119,8 @@ class SegmentPacking:
         if last is None or (not all(map(operator.is_, hypers, last.hypers))
                             and list(map(_REQUIRED_STATES, hypers)) != last.needed):
             return None
-        place_grad = None if self._flat is None else self._flat.place_grad  # flatten=True: a new p.grad
+        flat_grads = self._flat is not None and self._flat.grads_in_slots()
+        place_grad = self._flat.place_grad if flat_grads else None  # flatten=True: a new p.grad
         grads = last.check.grads(self.param_groups, self.state, place_grad)
         if grads is None:
             return None
@@ -147,7 +148,7 @@ class SegmentPacking:
             entry_dicts=[e[0] for e in entries], entry_keys=[e[1] for e in entries],
             entry_tensors=[e[2] for e in entries], entry_ptrs=[e[3] for e in entries],
             versions=[-1 if c.version is None else c.version for c in cached],
-            grad_slots=[c.grad_slot for c in cached] if self._flat is not None else [],
+            grad_slots=[c.grad_slot for c in cached] if self._flat is not None and self._flat.grads_in_slots() else [],
             dict_versions=_DICT_VERSIONS)
         last = _LastStep()
         last.hypers, last.needed = packed.hypers, list(map(_REQUIRED_STATES, packed.hypers))
@@ -265,7 +266,7 @@ class SegmentPacking:
         if state and attached is None:
             undo.append((self.state, p, _ABSENT))
             self.state[p] = attached = state
-        grad_slot = self._flat.grad_slot_address(p) if self._flat is not None else None
+        grad_slot = self._flat.grad_slot_address(p) if self._flat is not None and self._flat.grads_in_slots() else None
         # SGD's next steps find the buffer made by this one.
         self._segment_cache[p] = _Cached(needed, gi, p.data_ptr(), attached, tensors, p._version if master else None,
                                          now if step != 1 else row(2), p.shape, grad_slot)

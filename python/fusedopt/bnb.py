@@ -212,6 +212,10 @@ class FusedSGD8bit(_Bnb8bit):
         super().__init__(params, lr, (momentum, dampening), 0.0, weight_decay, args, min_8bit_size, False,
                          **options)
 
+    def _constructor_hypers(self) -> dict:
+        momentum, dampening = self.defaults["betas"]
+        return {"lr": self.defaults["lr"], "momentum": momentum, "dampening": dampening}
+
     def _engine_group(self, group):
         return {"lr": group["lr"], "momentum": group["betas"][0], "dampening": 0.0,
                 "weight_decay": group["weight_decay"], "nesterov": False, "maximize": False}

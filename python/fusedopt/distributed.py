@@ -177,8 +177,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         of ranks on this host (LOCAL_WORLD_SIZE where torchrun set it, else counted from the hosts' names,
         gathered with the layout)."""
         text = repr((self._zero, type(optimizer).__name__, self._group_sizes,
-                     [(f.dtype, [tuple(p.shape) for p in f.params], [(b.begin, b.shard) for b in f.buckets])
-                      for f in self._flats]))
+                     [(f.dtype, [tuple(p.shape) for p in f.params], list(f.offsets),
+                       [(b.begin, b.shard) for b in f.buckets]) for f in self._flats]))
         mine = torch.tensor([zlib.crc32(text.encode()), zlib.crc32(socket.gethostname().encode())],
                             dtype=torch.int64)
         hashes = [torch.zeros_like(mine) for _ in range(self._world)]
@@ -542,7 +542,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  "consolidate_state_dict to change the world size")
             shard_state = state_dict["state"]
         else:
-            shard_state = cut_state(state_dict["state"], self._shard.meta, self._state_key_kinds())
+            shard_state = cut_state(self._decoded_8bit(state_dict["state"]), self._shard.meta,
+                                    self._state_key_kinds())
         self._inner.load_state_dict({"state": {}, "param_groups": state_dict["param_groups"]})
         shard = self._shard.optimizer
         if shard is not None:
@@ -551,6 +552,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 g.update({k: v for k, v in self._inner.param_groups[gi].items()
                           if k not in ("params", "param_names")})
             shard.load_state_dict({"state": shard_state, "param_groups": groups})
+
+    def _decoded_8bit(self, state: dict) -> dict:
+        """A whole state with 8-bit codes, for a wrapped optimizer without 8-bit states: the codes decoded to f32
+        before they are cut (their blocks need not start where this layout's slices do), as one process decodes
+        them at its next step."""
+        inner = self._inner
+        if inner._state_dtype_option is torch.uint8:
+            return state
+        out = {}
+        for i, entry in state.items():
+            entry = dict(entry)
+            for key in inner._slot_keys:
+                codes, absmax = entry.get(key), entry.get(inner._absmax_key(key))
+                if isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8 and absmax is not None:
+                    del entry[inner._absmax_key(key)]
+                    entry[key] = inner._dequantized(codes, absmax, key, f"state '{key}' of parameter {i}")
+            out[i] = entry
+        return out
 
     def _state_key_kinds(self) -> dict[str, str]:
         """The state keys merge_shards and cut_state do not cut element by element: 8-bit absmax ("blocks") and

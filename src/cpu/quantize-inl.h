@@ -103,10 +103,12 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<D>> IntervalCode(D /*d*/, const QuantTable
                         code);
 }
 
-// The run search (QuantRuns) where a vector has 8 lanes or more for its run table and a fused
+// The run search (QuantRuns) where a vector has a fixed 8 or 16 lanes (its run table holds 7
+// entries in 16 floats; a scalable vector cannot be a struct member) and a fused
 // multiply-subtract, so that u is the one rounding the band was checked for.
 template <class D>
-inline constexpr bool kRunSearch = (HWY_NATIVE_FMA != 0) && hn::MaxLanes(D()) >= 8;
+inline constexpr bool kRunSearch = (HWY_NATIVE_FMA != 0) && !HWY_HAVE_SCALABLE
+                                   && hn::MaxLanes(D()) >= 8 && hn::MaxLanes(D()) <= 16;
 
 // A map's runs in registers, loaded once per block.
 template <class D>

@@ -37,6 +37,9 @@ CASES = {  # name: (algorithm, zero, variant)
 # under opt.no_sync() (DDP's way to accumulate).
 KW = {"AdamW": dict(lr=1e-2, weight_decay=0.1), "SGD": dict(lr=0.05, momentum=0.9, nesterov=True)}
 TRAINER_STEPS = 6
+TWINS = [("FusedAdam8bit", dict(lr=1e-2)), ("FusedLion8bit", dict(lr=1e-3, weight_decay=0.1)),
+         ("FusedSGD8bit", dict(lr=1e-2, momentum=0.9)), ("FusedRMSprop8bit", dict(lr=1e-3, alpha=0.9)),
+         ("FusedAdagrad8bit", dict(lr=1e-2)), ("FusedPagedAdamW8bit", dict(lr=1e-2))]
 MAX_NORM = 0.05  # below the gradients' norm: clipping is active at every step
 
 
@@ -139,8 +142,8 @@ def rank_cases(resume_state: dict, checkpoint_dir: str) -> dict:
         _train(model, opt, "plain", rank, world, STEPS // 2)
         out[f"bf16-zero{zero}"] = [p.detach().clone() for p in model.parameters()]
         out[f"bf16-masters-zero{zero}"] = opt.consolidate_state_dict(to=0)
-    # 8-bit states (both weights': the second, of 2400 elements, starts at element 39000 and is cut by a shard
-    # edge; the biases are under min_8bit_size): zero=0 steps whole tensors on every rank; zero=1's slices start
+    # 8-bit states (both weights': the second, of 2400 elements, starts at element 39168 and is cut by shard
+    # edges; the biases are under min_8bit_size): zero=0 steps whole tensors on every rank; zero=1's slices start
     # on block edges, so it steps them as zero=0 does. Its shards merged, and a whole state cut into them and
     # merged again, are the whole state.
     for name, make in (("8bit", lambda m: fusedopt.FusedAdamW8bit(m.parameters(), **KW["AdamW"], min_8bit_size=1024)),
@@ -154,6 +157,19 @@ def rank_cases(resume_state: dict, checkpoint_dir: str) -> dict:
             out["state_bytes"][f"{name}-zero{zero}"] = opt.state_bytes()
         opt.load_state_dict(out[f"{name}-state-zero0"])
         out[f"{name}-reloaded"] = opt.consolidate_state_dict(to=0)
+    # The whole 8-bit state into zero=1 without 8-bit states: decoded, then cut.
+    model = _model()
+    opt = fusedopt.distributed.DistributedOptimizer(_fused("SGD", model), zero=1, bucket_mb=0.05)
+    opt.load_state_dict(out["uint8-state-zero0"])
+    out["uint8-into-f32"] = opt.consolidate_state_dict(to=0)
+    # Every bitsandbytes twin at zero=1 (built with constructor arguments its checks take) steps as at zero=0.
+    for cls, kw in TWINS:
+        for zero in (0, 1):
+            model = _model()
+            opt = fusedopt.distributed.DistributedOptimizer(
+                getattr(fusedopt, cls)(model.parameters(), min_8bit_size=1024, **kw), zero=zero, bucket_mb=0.05)
+            _train(model, opt, "plain", rank, world, 3)
+            out[f"{cls}-zero{zero}"] = [p.detach().clone() for p in model.parameters()]
     # Resume 1 -> 2: a one-process run's params and state_dict, loaded into 2 ranks with zero=1.
     model = _model()
     with torch.no_grad():
@@ -342,6 +358,29 @@ def test_zero1_shards_8bit_states_as_zero0_steps_them(ranks):
         for rank in ranks:  # each rank holds about half of the codes and absmax
             zero0, zero1 = rank["state_bytes"][f"{name}-zero0"], rank["state_bytes"][f"{name}-zero1"]
             assert zero1 <= 0.6 * zero0, (name, zero0, zero1)
+
+
+def test_8bit_state_loads_into_zero1_without_8bit_states(ranks):
+    """A whole state of 8-bit codes (FusedSGD with state_dtype=torch.uint8) loaded at zero=1 into FusedSGD with
+    f32 states: the codes decoded to the values they stand for, then cut into the slices."""
+    whole, loaded = ranks[0]["uint8-state-zero0"]["state"], ranks[0]["uint8-into-f32"]["state"]
+    for i, entry in whole.items():
+        codes = entry["momentum_buffer"]
+        if codes.dtype != torch.uint8:
+            assert torch.equal(loaded[i]["momentum_buffer"], codes)
+            continue
+        values = torch.empty(codes.shape, dtype=torch.float32)
+        absmax = entry["momentum_buffer_absmax"]
+        fusedopt._C.dequantize(codes.data_ptr(), absmax.data_ptr(), codes.numel(), True, values.data_ptr())
+        assert "momentum_buffer_absmax" not in loaded[i]
+        assert torch.equal(loaded[i]["momentum_buffer"], values), i
+
+
+@pytest.mark.parametrize("cls", [cls for cls, _ in TWINS])
+def test_every_8bit_twin_steps_at_zero1_as_at_zero0(ranks, cls):
+    for rank in ranks:
+        for a, b in zip(rank[f"{cls}-zero0"], rank[f"{cls}-zero1"], strict=True):
+            assert torch.equal(a, b), cls
 
 
 def _tensors(entry: dict) -> list[torch.Tensor]:

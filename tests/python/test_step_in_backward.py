@@ -67,6 +67,29 @@ def test_bit_identical_to_the_ordinary_step(name, variant):
             assert torch.equal(got, value) if isinstance(value, torch.Tensor) else got == value, key
 
 
+def test_flatten_steps_a_gradient_left_for_step_where_it_is():
+    """A param frozen when the optimizer was made has no hook: unfrozen later, its gradient reaches step(), which
+    steps it as the ordinary step does, reading it where it is (no flat gradient buffer appears)."""
+    results = []
+    for in_backward in (True, False):
+        model = _model()
+        model[2].weight.requires_grad_(False)
+        opt = fusedopt.FusedAdamW(model.parameters(), flatten=True, step_in_backward=in_backward)
+        model[2].weight.requires_grad_(True)
+        for step in range(STEPS):
+            g = torch.Generator().manual_seed(step)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(torch.randn(16, 64, generator=g)),
+                                         torch.randn(16, 4, generator=g)).backward()
+            assert (model[2].weight.grad is not None) and (model[0].weight.grad is None) == in_backward
+            opt.step()
+        results.append([p.detach().clone() for p in model.parameters()])
+        if in_backward:
+            assert all("grad" not in block.buffers for block in opt._flat._blocks.values())
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"max_grad_norm": 1.0}, "max_grad_norm"),
     ({"accumulation_steps": 2}, "accumulation_steps=2"),
