@@ -8,7 +8,7 @@ import math
 import torch
 
 from ._packing import _Packed
-from ._signals import _Relaid, _Skipped
+from ._signals import _Skipped, packed_anew_until_laid_out
 from ._state import _roll_back
 from ._tensors import DTYPE_CODES, grad_shape_error
 
@@ -60,12 +60,8 @@ class AccumulationWindow:
             packed = _Packed([])
             if closes:
                 window = {**self._window, **dict.fromkeys(with_grad)}
-                while True:
-                    try:  # the step reads the sums
-                        packed = self._pack(self._group_hypers(), undo, {p: self._accumulators[p] for p in window})
-                        break
-                    except _Relaid:
-                        pass
+                sums = {p: self._accumulators[p] for p in window}  # the step reads the sums
+                packed = packed_anew_until_laid_out(lambda: self._pack(self._group_hypers(), undo, sums))
 
             def engine():
                 report = self._engine(packed, 1.0, False, micro_batch=batch)

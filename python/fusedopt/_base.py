@@ -23,7 +23,7 @@ from ._hooks import hooked_step
 from ._hypers import group_fields, hyper_arguments
 from ._in_backward import BackwardStep
 from ._packing import SegmentPacking, _Cached, _LastStep, _Packed
-from ._signals import _Relaid, _Skipped
+from ._signals import _Skipped, packed_anew_until_laid_out
 from ._state import StateCreation, _roll_back
 from ._tensors import DTYPE_CODES, check_param
 
@@ -341,12 +341,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             packed = None if grads is not None else self._pack_unchanged(hypers)
             if packed is None:
                 self._last = None
-                while True:
-                    try:
-                        packed = self._pack(hypers, undo, grads)
-                        break
-                    except _Relaid:  # flatten=True laid the buffers out anew: pack again from the start
-                        pass
+                packed = packed_anew_until_laid_out(lambda: self._pack(hypers, undo, grads))
             if packed.routed:
                 self._step_with_torch(packed, inv_scale, found_out)
             else:

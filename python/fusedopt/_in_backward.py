@@ -20,7 +20,7 @@ import torch
 
 from . import _C
 from ._packing import _Packed
-from ._signals import _Relaid
+from ._signals import packed_anew_until_laid_out
 from ._state import _roll_back
 
 BUCKET_BYTES = 25 * 2**20  # of gradients per engine call (DDP's default bucket_cap_mb)
@@ -79,12 +79,7 @@ class BackwardStep:
         hypers = self._group_hypers()
         undo: list = []
         try:
-            while True:
-                try:
-                    packed = self._pack_bucket(bucket, hypers, undo)
-                    break
-                except _Relaid:  # flatten=True laid the buffers out anew: pack again from the start
-                    pass
+            packed = packed_anew_until_laid_out(lambda: self._pack_bucket(bucket, hypers, undo))
             self._run_engine(packed, 1.0, False, None)
         except BaseException:
             _roll_back(undo)
