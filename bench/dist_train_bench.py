@@ -266,8 +266,9 @@ def run(args: argparse.Namespace) -> dict | None:
     }
     gathered = [None] * nproc if rank == 0 else None
     dist.gather_object(local, gathered, dst=0)
-    # The DDP wrappers and optimizers hold the process group: they go first, or a rank can abort at exit
-    # ("terminate called without an active exception").
+    # The DDP wrappers and optimizers hold the process group: they go first (the timed loop's last ones too),
+    # or a rank can abort at exit ("terminate called without an active exception").
+    module = opt = None
     runners.clear()
     gc.collect()
     dist.destroy_process_group()
