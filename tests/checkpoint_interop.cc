@@ -2,11 +2,13 @@
 // from a checkpoint (any writer's: this program's or fusedopt.save_checkpoint's), takes
 // micro-batches of known gradients and saves a checkpoint.
 //
-//   checkpoint_interop ALGO f32|bf16 MICRO_BATCHES OUT [IN]
+//   checkpoint_interop ALGO f32|bf16|q8 MICRO_BATCHES OUT [IN]
 //
 // Tensors: 300 elements and a 12 × 10 matrix in group 0, 7 elements in group 1 (half the lr);
 // params, with momentum 0.9 and weight_decay 0.01 where the algorithm has them. bf16: bf16 params
-// and grads, f32 master copies and states (the Python classes' policy with master_weights).
+// and grads, f32 master copies and states (the Python classes' policy with master_weights). q8:
+// f32 params, 8-bit states for the tensors of at least 100 elements (the Python classes'
+// state_dtype=torch.uint8 with min_8bit_size=100).
 // Micro-batch k's gradient element i of a tensor at flat offset o is Value(1000 + k, o + i) (the
 // test computes the same values); the file's counter "micro_batches" says how many came before.
 
@@ -27,7 +29,7 @@ namespace {
 float Value(unsigned seed, std::size_t i) { return test::HashedValue(seed, i); }
 
 template <class Hyper>
-int Run(bool bf16, int micro_batches, const std::string& out, const char* in) {
+int Run(const std::string& precision, int micro_batches, const std::string& out, const char* in) {
   Hyper h;
   if constexpr (requires { h.momentum; }) h.momentum = 0.9;
   if constexpr (requires { h.weight_decay; }) h.weight_decay = 0.01;
@@ -37,8 +39,10 @@ int Run(bool bf16, int micro_batches, const std::string& out, const char* in) {
   if constexpr (std::is_same_v<Hyper, AdampHyper>) matrix.rows = 12;
   if constexpr (std::is_same_v<Hyper, AdafactorHyper>) matrix.rows = 12, matrix.cols = 10;
   StorageOptions storage;
-  if (bf16) {
+  if (precision == "bf16") {
     storage = {.param_dtype = DType::kBF16, .grad_dtype = DType::kBF16, .master_weights = true};
+  } else if (precision == "q8") {
+    storage = {.state_dtype = DType::kQ8, .min_8bit_size = 100};
   }
   Optimizer<Hyper> opt({h, h1}, {{.numel = 300}, matrix, {.numel = 7, .group = 1}}, storage);
   std::int64_t done = 0;
@@ -69,7 +73,7 @@ int Run(bool bf16, int micro_batches, const std::string& out, const char* in) {
 
 int main(int argc, char** argv) {
   if (argc != 5 && argc != 6) {
-    std::fprintf(stderr, "usage: %s ALGO f32|bf16 MICRO_BATCHES OUT [IN]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s ALGO f32|bf16|q8 MICRO_BATCHES OUT [IN]\n", argv[0]);
     return 2;
   }
   const std::string algo = argv[1];
@@ -80,8 +84,8 @@ int main(int argc, char** argv) {
       using D = typename decltype(d)::type;
       if (algo != D::kName) return;
       found = true;
-      rc = fusedopt::Run<typename D::Hyper>(std::string(argv[2]) == "bf16", std::stoi(argv[3]),
-                                            argv[4], argc == 6 ? argv[5] : nullptr);
+      rc = fusedopt::Run<typename D::Hyper>(argv[2], std::stoi(argv[3]), argv[4],
+                                            argc == 6 ? argv[5] : nullptr);
     });
     if (!found) std::fprintf(stderr, "unknown algorithm %s\n", algo.c_str());
     return rc;

@@ -10,13 +10,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "fusedopt/quantize.h"
 #include "src/algos/registry.h"
 #include "tests/hyper_types.h"
 #include "tests/test_support.h"
@@ -73,7 +76,9 @@ std::vector<Variant> Variants() {
             .stochastic_rounding = true,
             .rounding_seed = 5},
            true},
-          {"accumulation 3", {.accumulation_steps = 3}, true}};
+          {"accumulation 3", {.accumulation_steps = 3}, true},
+          // The 300-element tensor 8-bit (two blocks, the second partial), the others f32.
+          {"8-bit states, scaler", {.state_dtype = DType::kQ8, .min_8bit_size = 256}, true}};
 }
 
 template <class Hyper>
@@ -115,6 +120,7 @@ std::vector<std::byte> Snapshot(Optimizer<Hyper>& opt, const LossScaler* scaler)
     put(s.param, s.numel * DTypeSize(s.param_dtype));
     for (int slot = 0; slot < kMaxStates; ++slot) {
       if (s.state[slot] != nullptr) put(s.state[slot], s.numel * DTypeSize(s.state_dtype));
+      if (s.absmax[slot] != nullptr) put(s.absmax[slot], NumQuantBlocks(s.numel) * sizeof(float));
     }
     if (s.master != nullptr) put(s.master, s.numel * sizeof(float));
     put(st.scalars(t).data(), sizeof(float) * kMaxScalars);
@@ -171,6 +177,10 @@ TYPED_TEST(CheckpointEveryAlgorithm, ResumesBitForBit) {
   constexpr int kBefore = 4, kAfter = 4;  // with accumulation 3: saved inside a window
   for (const Variant& v : Variants()) {
     SCOPED_TRACE(v.name);
+    if (v.storage.state_dtype == DType::kQ8 &&
+        !algos::QuantizableStates<algos::DescriptorOf<Hyper>>) {
+      continue;
+    }
     const std::string path = dir.File("a.safetensors");
     LossScaler scaler_a({.init_scale = 1024.0f, .growth_interval = 2});
     Optimizer<Hyper> a(Groups<Hyper>(1.0), Tensors<Hyper>(), v.storage);
@@ -197,6 +207,46 @@ TYPED_TEST(CheckpointEveryAlgorithm, ResumesBitForBit) {
     EXPECT_EQ(Snapshot(a, sa), Snapshot(b, sb));
     EXPECT_EQ(a.group(0).lr, b.group(0).lr);
   }
+}
+
+// A checkpoint moves between 8-bit and f32 states: f32 states load into an 8-bit optimizer as
+// Quantize of them, and 8-bit ones into an f32 optimizer as their dequantized values (the Python
+// classes convert so too).
+TEST(Checkpoint, ConvertsBetweenEightBitAndF32States) {
+  TempDir dir;
+  const std::vector<TensorSpec> specs = {{.numel = 600}};
+  const StorageOptions q8{.state_dtype = DType::kQ8, .min_8bit_size = 256};
+  Optimizer<AdamWHyper> f32(Groups<AdamWHyper>(1.0), specs),
+      eight(Groups<AdamWHyper>(1.0), specs, q8);
+  for (Optimizer<AdamWHyper>* opt : {&f32, &eight}) {
+    WriteParams(*opt, 1);
+    for (int k = 0; k < 3; ++k) MicroBatch(*opt, nullptr, k);
+  }
+  SaveCheckpoint(f32, dir.File("f32.safetensors"));
+  SaveCheckpoint(eight, dir.File("q8.safetensors"));
+
+  Optimizer<AdamWHyper> into_q8(Groups<AdamWHyper>(1.0), specs, q8);
+  LoadCheckpoint(into_q8, dir.File("f32.safetensors"));
+  Optimizer<AdamWHyper> into_f32(Groups<AdamWHyper>(1.0), specs);
+  LoadCheckpoint(into_f32, dir.File("q8.safetensors"));
+  const QuantMap maps[] = {QuantMap::kSigned, QuantMap::kUnsigned, QuantMap::kUnsigned};
+  for (int slot = 0; slot < kMaxStates; ++slot) {  // exp_avg, exp_avg_sq, max_exp_avg_sq
+    SCOPED_TRACE("slot " + std::to_string(slot));
+    const std::span<float> values = f32.storage().state<float>(0, slot);
+    std::vector<std::uint8_t> codes(600);
+    std::vector<float> absmax(NumQuantBlocks(600));
+    Quantize(values.data(), values.size(), maps[slot], codes.data(), absmax.data());
+    EXPECT_TRUE(std::ranges::equal(into_q8.storage().state<std::uint8_t>(0, slot), codes));
+    EXPECT_TRUE(std::ranges::equal(into_q8.storage().absmax(0, slot), absmax));
+
+    const std::span<std::uint8_t> saved = eight.storage().state<std::uint8_t>(0, slot);
+    std::vector<float> decoded(600);
+    Dequantize(saved.data(), eight.storage().absmax(0, slot).data(), 600, maps[slot],
+               decoded.data());
+    EXPECT_TRUE(std::ranges::equal(into_f32.storage().state<float>(0, slot), decoded));
+  }
+  EXPECT_TRUE(
+      std::ranges::equal(into_f32.storage().params<float>(0), eight.storage().params<float>(0)));
 }
 
 // Every refusal: the optimizer and the scaler are bit-identical afterwards.

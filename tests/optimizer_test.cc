@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -22,11 +23,13 @@
 #include "fusedopt/dtype.h"
 #include "fusedopt/error.h"
 #include "fusedopt/hyper.h"
+#include "fusedopt/quantize.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
 #include "src/algos/registry.h"
 #include "tests/hyper_types.h"
 #include "tests/reference/reference.h"
+#include "tests/test_support.h"
 
 namespace fusedopt {
 namespace {
@@ -42,6 +45,8 @@ Bytes Copy(const void* data, std::size_t bytes) {
 bool SameBytes(const void* a, const void* b, std::size_t bytes) {
   return bytes == 0 || std::memcmp(a, b, bytes) == 0;
 }
+
+float Value(unsigned seed, std::size_t i) { return test::HashedValue(seed, i); }
 
 std::uintptr_t Address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
@@ -533,9 +538,12 @@ TYPED_TEST(OptimizerOf, StartsEachStateWhereTorchStartsIt) {
     specs.push_back({33, g});
   }
   specs.push_back({40000, 0});  // several chunks
-  for (const DType state_dtype : {DType::kF32, DType::kBF16}) {
+  for (const DType state_dtype : {DType::kF32, DType::kBF16, DType::kQ8}) {
     SCOPED_TRACE(DTypeName(state_dtype));
-    Optimizer<Hyper> opt(groups, specs, {.state_dtype = state_dtype});
+    if (state_dtype == DType::kQ8 && !algos::QuantizableStates<algos::DescriptorOf<Hyper>>) {
+      continue;
+    }
+    Optimizer<Hyper> opt(groups, specs, {.state_dtype = state_dtype, .min_8bit_size = 0});
     for (std::size_t i = 0; i < specs.size(); ++i) {
       const std::vector<float>& want = cases[specs[i].group].second;
       const unsigned slots = RequiredStates(groups[specs[i].group]);
@@ -545,6 +553,15 @@ TYPED_TEST(OptimizerOf, StartsEachStateWhereTorchStartsIt) {
         if (state_dtype == DType::kF32) {
           for (const float x : opt.storage().template state<float>(i, k))
             ASSERT_EQ(x, want[k]) << "tensor " << i << ", slot " << k;
+        } else if (state_dtype == DType::kQ8) {  // a constant block reads back exactly
+          const QuantMap map = (algos::UnsignedMapStates<algos::DescriptorOf<Hyper>>() >> k & 1u)
+                                   ? QuantMap::kUnsigned
+                                   : QuantMap::kSigned;
+          const std::span<std::uint8_t> codes = opt.storage().template state<std::uint8_t>(i, k);
+          std::vector<float> values(codes.size());
+          Dequantize(codes.data(), opt.storage().absmax(i, k).data(), codes.size(), map,
+                     values.data());
+          for (const float x : values) ASSERT_EQ(x, want[k]) << "tensor " << i << ", slot " << k;
         } else {
           for (const std::uint16_t x : opt.storage().template state<std::uint16_t>(i, k))
             ASSERT_EQ(x, F32ToBF16(want[k])) << "tensor " << i << ", slot " << k;
@@ -575,6 +592,77 @@ TYPED_TEST(OptimizerOf, StartsEachStateWhereTorchStartsIt) {
           ASSERT_EQ(x, want.at(1 + k)) << "tensor " << i << ", slot " << k;
       }
     }
+  }
+}
+
+// With 8-bit states (state_dtype kQ8) every tensor of at least min_8bit_size elements keeps codes
+// and an absmax per block, the smaller ones f32 states. A step from states that quantize exactly
+// (the initial ones: each block one value) is the f32 step: its params are the f32 optimizer's,
+// bit for bit, and its codes and absmax are Quantize (tested against bitsandbytes' maps in
+// quantized_state_test.cc) of the f32 optimizer's new states. The small tensor stays the f32
+// optimizer's through every step. An algorithm that reduces over whole tensors or factors its
+// states refuses 8-bit states at construction.
+TYPED_TEST(OptimizerOf, EightBitStatesStepAsF32AndQuantizeTheResult) {
+  using Hyper = TypeParam;
+  using Descriptor = algos::DescriptorOf<Hyper>;
+  Hyper h;
+  if constexpr (requires { h.momentum; }) h.momentum = 0.9;
+  if constexpr (requires { h.weight_decay; }) h.weight_decay = 0.01;
+  // Quantized: 300 elements (a partial second block), 4096 (the default min_8bit_size) and an
+  // empty tensor; f32: 255 elements.
+  const std::vector<TensorSpec> specs = {{300, 0}, {255, 0}, {0, 0}, {4096, 0}};
+  const StorageOptions q8{.state_dtype = DType::kQ8, .min_8bit_size = 256};
+  if constexpr (!algos::QuantizableStates<Descriptor>) {
+    try {
+      Optimizer<Hyper> refused({h}, specs, q8);
+      ADD_FAILURE() << "8-bit states were taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("8-bit states"), std::string::npos) << e.what();
+    }
+  } else {
+    Optimizer<Hyper> f32({h}, specs), eight({h}, specs, q8);
+    ASSERT_EQ(eight.storage().segments()[1].state_dtype, DType::kF32);
+    constexpr unsigned kUnsigned = algos::UnsignedMapStates<Descriptor>();
+    for (int step = 0; step < 3; ++step) {
+      for (Optimizer<Hyper>* opt : {&f32, &eight}) {
+        for (const Segment& s : opt->storage().segments()) {
+          for (std::size_t i = 0; i < s.numel; ++i) {
+            if (step == 0) StoreFromF32(s.param, s.param_dtype, i, Value(1, s.global_offset + i));
+            StoreFromF32(const_cast<void*>(s.grad), s.grad_dtype, i,
+                         Value(10 + static_cast<unsigned>(step), s.global_offset + i));
+          }
+        }
+        opt->Step();
+      }
+      SCOPED_TRACE("step " + std::to_string(step + 1));
+      EXPECT_EQ(Capture(f32.storage().segments()[1]), Capture(eight.storage().segments()[1]));
+      if (step > 0) continue;
+      for (std::size_t t : {std::size_t{0}, std::size_t{3}}) {
+        const Segment& a = f32.storage().segments()[t];
+        const Segment& b = eight.storage().segments()[t];
+        ASSERT_EQ(b.state_dtype, DType::kQ8);
+        EXPECT_TRUE(SameBytes(a.param, b.param, a.numel * sizeof(float))) << "tensor " << t;
+        for (int k = 0; k < kMaxStates; ++k) {
+          ASSERT_EQ(a.state[k] == nullptr, b.state[k] == nullptr);
+          if (a.state[k] == nullptr) continue;
+          const QuantMap map = (kUnsigned >> k & 1u) ? QuantMap::kUnsigned : QuantMap::kSigned;
+          std::vector<std::uint8_t> codes(a.numel);
+          std::vector<float> absmax(NumQuantBlocks(a.numel));
+          Quantize(static_cast<const float*>(a.state[k]), a.numel, map, codes.data(),
+                   absmax.data());
+          EXPECT_TRUE(SameBytes(codes.data(), b.state[k], a.numel))
+              << "tensor " << t << ", slot " << k;
+          const std::span<float> kept = eight.storage().absmax(t, k);
+          EXPECT_TRUE(std::ranges::equal(absmax, kept)) << "tensor " << t << ", slot " << k;
+        }
+      }
+    }
+    // Per param: one byte per state and 4 per 256 elements for the quantized tensors, 4 per state
+    // for the f32 one.
+    const double states = std::popcount(RequiredStates(h));
+    const double want = states * ((300 + 4096) * 1.0 + (2 + 16) * 4.0 + 255 * 4.0) / 4651;
+    EXPECT_DOUBLE_EQ(eight.storage().state_bytes_per_param(), want);
+    EXPECT_THROW(eight.storage().absmax(1, std::countr_zero(RequiredStates(h))), Error);
   }
 }
 

@@ -18,6 +18,11 @@
 //   fusedopt::LossScaler scaler;                  // dynamic, torch.amp.GradScaler's policy
 //   ... backward of loss * scaler.scale() into opt.storage().grads ...
 //   fusedopt::StepResult r = opt.Step({.scaler = &scaler, .max_grad_norm = 1.0});
+//
+// With state_dtype kQ8 the element-wise algorithms keep 8-bit block-wise states (quantize.h), as
+// the Python classes' state_dtype=torch.uint8 does: each state of a tensor of at least
+// min_8bit_size elements is its codes and one f32 absmax per block; smaller tensors keep f32
+// states.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +40,7 @@
 #include "fusedopt/error.h"
 #include "fusedopt/grad.h"
 #include "fusedopt/hyper.h"
+#include "fusedopt/quantize.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/scaler.h"
 #include "fusedopt/step.h"
@@ -57,7 +63,11 @@ struct TensorSpec {
 struct StorageOptions {
   DType param_dtype = DType::kF32;
   DType grad_dtype = DType::kF32;
+  // kQ8: 8-bit codes with an f32 absmax per block for the tensors of at least min_8bit_size
+  // elements, f32 states for the others (bitsandbytes' policy: biases and norms are too small to
+  // matter and quantize worst); only for the element-wise algorithms (QuantizableStates).
   DType state_dtype = DType::kF32;
+  std::size_t min_8bit_size = kMin8bitSize;
   bool master_weights = false;  // keep an f32 master copy of f16/bf16 params
   // > 1: Step() adds the gradients into f32 accumulators and updates every k-th call (one large
   // batch: the accumulated mean of the micro-batch gradients).
@@ -82,7 +92,8 @@ class FlatStorage {
   // here.
   std::span<const Segment> segments() const { return segments_; }
 
-  // Typed views; T must have the size of the dtype (float for f32, std::uint16_t for f16/bf16).
+  // Typed views; T must have the size of the dtype (float for f32, std::uint16_t for f16/bf16,
+  // std::uint8_t for the codes of 8-bit states).
   template <class T>
   std::span<T> params(std::size_t tensor) {
     return View<T>(segments_.at(tensor).param, options_.param_dtype, tensor);
@@ -97,8 +108,11 @@ class FlatStorage {
     if (slot < 0 || slot >= kMaxStates || segments_.at(tensor).state[slot] == nullptr) {
       throw Error("FlatStorage: state slot " + std::to_string(slot) + " is not allocated");
     }
-    return View<T>(segments_.at(tensor).state[slot], options_.state_dtype, tensor);
+    return View<T>(segments_.at(tensor).state[slot], segments_.at(tensor).state_dtype, tensor);
   }
+  // The absmax of an 8-bit state slot, one per block of kQuantBlock elements; throws
+  // fusedopt::Error for a slot that is not allocated or a tensor whose states are not 8-bit.
+  std::span<float> absmax(std::size_t tensor, int slot);
   std::span<float> master(std::size_t tensor);
   // The kMaxScalars per-tensor scalar states (Segment::scalars, e.g. NAdam's mu_product), zero
   // until set (Optimizer<> sets the algorithm's initial values).
@@ -106,8 +120,8 @@ class FlatStorage {
   // The f32 gradient accumulator of a tensor (accumulation_steps > 1 only).
   std::span<float> accumulator(std::size_t tensor);
 
-  // Bytes the optimizer keeps per parameter beyond the param and its gradient: states, master
-  // copy and accumulator.
+  // Bytes the optimizer keeps per parameter beyond the param and its gradient: states (8-bit ones
+  // with their absmax), master copy and accumulator.
   double state_bytes_per_param() const;
 
   // All grads (params) of all tensors as one flat range, group by group.
@@ -115,9 +129,10 @@ class FlatStorage {
   void* flat_params() { return params_.get(); }
 
   void ZeroGrad();
-  // Allocates (zero-filled) the state slots in `slots` (bit i: Segment::state[i]) that are not
-  // allocated yet.
-  void AllocateStates(unsigned slots);
+  // Allocates (zero-filled: 8-bit codes and absmax too, which the owner then sets to its initial
+  // values) the state slots in `slots` (bit i: Segment::state[i]) that are not allocated yet;
+  // returns those it allocated.
+  unsigned AllocateStates(unsigned slots);
   // Copies params into the master copy (done for each tensor before its first step).
   void SyncMaster(std::size_t tensor);
 
@@ -137,10 +152,18 @@ class FlatStorage {
     return {static_cast<T*>(data), segments_.at(tensor).numel};
   }
 
+  // Where tensor i's states start in a state arena (bytes: 8-bit codes and f32 states share it)
+  // and its absmax in an absmax arena (floats).
+  struct StateOffsets {
+    std::size_t bytes = 0, blocks = 0;
+  };
+
   StorageOptions options_;
   std::size_t total_numel_ = 0;
+  std::size_t state_bytes_ = 0, absmax_blocks_ = 0;  // of one slot's arenas
+  std::vector<StateOffsets> state_offsets_;
   Arena params_, grads_, master_, accumulators_;
-  Arena states_[kMaxStates];
+  Arena states_[kMaxStates], absmax_[kMaxStates];
   std::vector<float> scalars_;  // kMaxScalars per tensor
   std::vector<Segment> segments_;
 };
@@ -198,6 +221,10 @@ class Optimizer {
 
  private:
   friend struct OptimizerCheckpoint<Hyper>;
+
+  // Sets the state slots in `slots` of every tensor to the algorithm's initial values (8-bit ones
+  // quantized, so that their codes are those the Python classes start from).
+  void ResetStates(unsigned slots);
 
   std::vector<Hyper> groups_;
   FlatStorage storage_;

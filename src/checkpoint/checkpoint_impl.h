@@ -14,6 +14,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "fusedopt/checkpoint.h"
+#include "fusedopt/quantize.h"
 #include "src/checkpoint/optimizer_checkpoint.h"
 
 namespace fusedopt {
@@ -120,6 +122,12 @@ typename OptimizerCheckpoint<Hyper>::Manifest OptimizerCheckpoint<Hyper>::Manife
       auto [numel, shape] = checkpoint_detail::StateShape<Descriptor>(s, slot);
       entry[key] = add(prefix + key, s.state_dtype, std::move(shape), s.state[slot], numel,
                        std::pair(i, slot));
+      if (s.state_dtype == DType::kQ8) {  // the Python classes' key for the codes' absmax
+        const std::size_t blocks = NumQuantBlocks(numel);
+        const auto n = static_cast<std::int64_t>(blocks);
+        entry[key + "_absmax"] =
+            add(prefix + key + "_absmax", DType::kF32, {n}, s.absmax[slot], blocks);
+      }
     }
     for (std::size_t k = 0; k < algos::NumScalarStates<Descriptor>(); ++k) {
       if constexpr (algos::HasScalarStates<Descriptor>) {
@@ -291,14 +299,13 @@ CheckpointCounters OptimizerCheckpoint<Hyper>::Load(Optimizer<Hyper>& opt, const
       const int slot = SlotOf(key);
       if (slot >= 0) {
         const auto [numel, shape] = checkpoint_detail::StateShape<Descriptor>(s, slot);
-        const auto from = floats(v, what, numel, &dtype);
         slots |= 1u << slot;
         if (checkpoint_detail::kMomentumBufferOnFirstStep<Hyper>) buffer_steps[i] = 1;
-        plan.push_back([=, &opt] {
-          const Segment& now = opt.storage_.segments()[i];  // the slot may be new
-          CopyConverting(from, dtype, now.state[slot], now.state_dtype, numel);
-        });
+        plan.push_back(PlanStateCopy(opt, table, entry, where, key, i, slot, numel));
         continue;
+      }
+      if (key.ends_with("_absmax") && SlotOf(key.substr(0, key.size() - 7)) >= 0) {
+        continue;  // read with its codes
       }
       const int scalar = ScalarOf(key);
       if (scalar < 0) {
@@ -361,12 +368,8 @@ CheckpointCounters OptimizerCheckpoint<Hyper>::Load(Optimizer<Hyper>& opt, const
   // Everything checked: apply. States the file does not hold start afresh.
   opt.groups_ = std::move(groups);
   opt.storage_.AllocateStates(slots);
+  opt.ResetStates((1u << kMaxStates) - 1);
   for (const Segment& s : opt.storage_.segments()) {
-    for (int slot = 0; slot < kMaxStates; ++slot) {
-      if (s.state[slot] == nullptr) continue;
-      const float init = Descriptor::InitialState(opt.groups_[s.group], slot);
-      for (std::size_t k = 0; k < s.numel; ++k) StoreFromF32(s.state[slot], s.state_dtype, k, init);
-    }
     if constexpr (algos::HasScalarStates<Descriptor>) {
       for (std::size_t k = 0; k < algos::NumScalarStates<Descriptor>(); ++k) {
         *s.scalars[k] = Descriptor::InitialScalar(opt.groups_[s.group], static_cast<int>(k));
@@ -379,6 +382,62 @@ CheckpointCounters OptimizerCheckpoint<Hyper>::Load(Optimizer<Hyper>& opt, const
   opt.window_ = window;
   if (restored.has_value()) *scaler = *restored;
   return counters;
+}
+
+template <class Hyper>
+std::function<void()> OptimizerCheckpoint<Hyper>::PlanStateCopy(
+    Optimizer<Hyper>& opt, const checkpoint_meta::TensorTable& table, const Json& entry,
+    const std::string& where, const std::string& key, std::size_t i, int slot, std::size_t numel) {
+  const std::string& path = table.path();
+  const std::string what = where + "." + key;
+  const Json& v = entry[key];
+  if (!v.is_object() || !v.contains("tensor") || !v["tensor"].is_string()) {
+    Refuse(path, what + " is " + v.dump() + ", not a tensor");
+  }
+  const std::string name = v["tensor"].get<std::string>();
+  const DType here = opt.storage_.segments()[i].state_dtype;  // fixed per tensor, not per slot
+  const QuantMap map = (algos::UnsignedMapStates<Descriptor>() >> slot & 1u) ? QuantMap::kUnsigned
+                                                                             : QuantMap::kSigned;
+  // The slot may be allocated only when the plan runs: each copy looks its buffers up then.
+  if (!table.HoldsCodes(name)) {
+    DType dtype;
+    const auto from = table.Floats(name, numel, &dtype);
+    return [=, &opt] {
+      const Segment& now = opt.storage_.segments()[i];
+      if (here != DType::kQ8) {
+        CopyConverting(from, dtype, now.state[slot], here, numel);
+        return;
+      }
+      std::vector<float> values(numel);
+      CopyConverting(from, dtype, values.data(), DType::kF32, numel);
+      Quantize(values.data(), numel, map, static_cast<std::uint8_t*>(now.state[slot]),
+               now.absmax[slot]);
+    };
+  }
+  // 8-bit codes, with their absmax under the Python classes' key.
+  const std::string akey = key + "_absmax";
+  const Json& a = entry.contains(akey) ? entry[akey] : Json();
+  if (!a.is_object() || !a.contains("tensor") || !a["tensor"].is_string()) {
+    Refuse(path, what + " holds 8-bit codes, but " + where + "." + akey + " (their absmax) is " +
+                     a.dump() + ", not a tensor");
+  }
+  const auto codes = table.Codes(name, numel);
+  DType dtype;
+  const auto absmax = table.Floats(a["tensor"].get<std::string>(), NumQuantBlocks(numel), &dtype);
+  return [=, &opt] {
+    const Segment& now = opt.storage_.segments()[i];
+    if (here == DType::kQ8) {
+      std::memcpy(now.state[slot], codes.data(), numel);
+      CopyConverting(absmax, dtype, now.absmax[slot], DType::kF32, NumQuantBlocks(numel));
+      return;
+    }
+    std::vector<float> scale(NumQuantBlocks(numel)), values(numel);
+    CopyConverting(absmax, dtype, scale.data(), DType::kF32, scale.size());
+    Dequantize(reinterpret_cast<const std::uint8_t*>(codes.data()), scale.data(), numel, map,
+               values.data());
+    CopyConverting(std::as_bytes(std::span<const float>(values)), DType::kF32, now.state[slot],
+                   here, numel);
+  };
 }
 
 template <class Hyper>

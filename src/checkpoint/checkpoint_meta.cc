@@ -60,6 +60,18 @@ std::span<const std::byte> TensorTable::Floats(const std::string& name, std::siz
   return std::span<const std::byte>(file_.data).subspan(e.offset, e.nbytes);
 }
 
+bool TensorTable::HoldsCodes(const std::string& name) const { return Get(name).dtype == "U8"; }
+
+std::span<const std::byte> TensorTable::Codes(const std::string& name, std::size_t numel) const {
+  const CheckpointEntry& e = Get(name);
+  if (e.dtype != "U8") Refuse(path_, name + " is " + e.dtype + "; U8 (8-bit codes) expected");
+  if (e.nbytes != numel) {
+    Refuse(path_, name + " has " + std::to_string(e.nbytes) +
+                      " codes; this optimizer's state has " + std::to_string(numel) + " elements");
+  }
+  return std::span<const std::byte>(file_.data).subspan(e.offset, e.nbytes);
+}
+
 double TensorTable::Scalar(const std::string& name) const {
   const CheckpointEntry& e = Get(name);
   const std::byte* p = file_.data.data() + e.offset;

@@ -244,9 +244,19 @@ inline std::string TorchDTypeName(DType t) {
   }
   return "?";
 }
-// "F32", "F16", "BF16": the file's dtype names.
+// "F32", "F16", "BF16", and "U8" for 8-bit codes: the file's dtype names.
 inline std::string FileDTypeName(DType t) {
-  return t == DType::kF32 ? "F32" : (t == DType::kF16 ? "F16" : "BF16");
+  switch (t) {
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kQ8:
+      return "U8";
+  }
+  return "?";
 }
 
 // The tensors of a read file by name, each looked up with the checks a loader needs.
@@ -257,6 +267,10 @@ class TensorTable {
   // The entry called `name` with `numel` elements of F32, F16 or BF16 (its dtype in *dtype);
   // refuses one that is missing, of another size or another dtype.
   std::span<const std::byte> Floats(const std::string& name, std::size_t numel, DType* dtype) const;
+  // Whether the entry called `name` (refused when missing) holds 8-bit codes (U8).
+  bool HoldsCodes(const std::string& name) const;
+  // The entry called `name`: `numel` U8 codes; refuses one of another size or dtype.
+  std::span<const std::byte> Codes(const std::string& name, std::size_t numel) const;
   // A 0-d (or 1-element) F32, F64, I64 or I32 entry as a double: a step count or a scalar state.
   double Scalar(const std::string& name) const;
   const std::string& path() const { return path_; }

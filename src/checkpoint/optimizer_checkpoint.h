@@ -158,6 +158,15 @@ struct OptimizerCheckpoint {
   static CheckpointCounters LoadDistributed(DistributedOptimizer<Hyper>& d, const std::string& path,
                                             LossScaler* scaler);
 
+  // The copy of saved state slot `key` of tensor i (numel elements) into the optimizer, planned
+  // once its tensors are checked: float states, or 8-bit codes with their "<key>_absmax", each
+  // converted to this tensor's state dtype (quantized or dequantized where one side is 8-bit).
+  static std::function<void()> PlanStateCopy(Optimizer<Hyper>& opt,
+                                             const checkpoint_meta::TensorTable& table,
+                                             const Json& entry, const std::string& where,
+                                             const std::string& key, std::size_t i, int slot,
+                                             std::size_t numel);
+
   static int SlotOf(const std::string& key);
   static int ScalarOf(const std::string& key);
 };

@@ -49,6 +49,11 @@ DistributedOptimizer<Hyper>::DistributedOptimizer(std::vector<Hyper> groups,
   if (storage_.accumulation_steps != 1) {
     Fail(kFn, "invalid accumulation_steps: ", storage_.accumulation_steps, " (must be 1)");
   }
+  if (storage_.state_dtype == DType::kQ8) {
+    Fail(kFn,
+         "8-bit states (state_dtype q8) are taken by Optimizer<> and by the Python "
+         "DistributedOptimizer, not yet by the C++ one");
+  }
   if (storage_.master_weights && storage_.param_dtype == DType::kF32) {
     Fail(kFn, "master_weights needs f16 or bf16 params (param_dtype is f32)");
   }

@@ -4,6 +4,7 @@
 
 #include "fusedopt/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -15,6 +16,15 @@
 #include "src/optimizer/tensor_specs.h"
 
 namespace fusedopt {
+
+void optimizer_detail::FillQuantized(std::uint8_t* codes, float* absmax, std::size_t n,
+                                     QuantMap map, float value) {
+  const std::vector<float> block(std::min(n, kQuantBlock), value);
+  for (std::size_t b = 0; b < NumQuantBlocks(n); ++b) {
+    Quantize(block.data(), std::min(kQuantBlock, n - b * kQuantBlock), map, codes + b * kQuantBlock,
+             absmax + b);
+  }
+}
 
 void CheckTensorSpecs(const char* who, std::span<const TensorSpec> tensors,
                       std::size_t num_groups) {
@@ -53,25 +63,27 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
   if (options.master_weights && options.param_dtype == DType::kF32) {
     throw Error("FlatStorage: master_weights needs f16 or bf16 params (param_dtype is f32)");
   }
-  // 8-bit states need their absmax and quantized initial values, which the stateful Optimizer and
-  // its checkpoints do not keep yet: the step functions (Segment::absmax) and the Python classes
-  // take them (docs/8bit-states.md).
-  if (options.state_dtype == DType::kQ8) {
-    throw Error(
-        "FlatStorage: 8-bit states (state_dtype q8) are taken by the step functions and the "
-        "Python classes, not yet by Optimizer<> (docs/8bit-states.md)");
-  }
   if (options.accumulation_steps < 1) {
     throw Error("FlatStorage: invalid accumulation_steps: " +
                 std::to_string(options.accumulation_steps) + " (must be >= 1)");
   }
-  // Lay tensors out group by group, keeping their order within a group.
+  // Lay tensors out group by group, keeping their order within a group. State arenas are laid
+  // out alike; with 8-bit states a tensor's codes take a byte per element, and each tensor starts
+  // on 4 bytes so that the f32 states of small ones stay aligned.
   std::vector<std::size_t> offsets(tensors.size());
+  std::vector<DType> state_dtypes(tensors.size(), options.state_dtype);
+  state_offsets_.resize(tensors.size());
+  const bool q8 = options.state_dtype == DType::kQ8;
   for (std::size_t g = 0; g < num_groups; ++g) {
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       if (tensors[i].group != g) continue;
       offsets[i] = total_numel_;
       total_numel_ += tensors[i].numel;
+      if (q8 && tensors[i].numel < options.min_8bit_size) state_dtypes[i] = DType::kF32;
+      if (q8) state_bytes_ = (state_bytes_ + 3) / 4 * 4;
+      state_offsets_[i] = {state_bytes_, absmax_blocks_};
+      state_bytes_ += tensors[i].numel * DTypeSize(state_dtypes[i]);
+      if (state_dtypes[i] == DType::kQ8) absmax_blocks_ += NumQuantBlocks(tensors[i].numel);
     }
   }
   CheckTensorSpecs("FlatStorage", tensors, num_groups);
@@ -92,7 +104,7 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
     s.group = tensors[i].group;
     s.param_dtype = options.param_dtype;
     s.grad_dtype = options.grad_dtype;
-    s.state_dtype = options.state_dtype;
+    s.state_dtype = state_dtypes[i];
     s.param = params_.get() + o * param_size;
     s.grad = grads_.get() + o * grad_size;
     s.stochastic_rounding = options.stochastic_rounding;
@@ -104,19 +116,34 @@ FlatStorage::FlatStorage(std::span<const TensorSpec> tensors, std::size_t num_gr
   AllocateStates(state_slots);
 }
 
-void FlatStorage::AllocateStates(unsigned slots) {
-  const std::size_t state_size = DTypeSize(options_.state_dtype);
+unsigned FlatStorage::AllocateStates(unsigned slots) {
+  unsigned allocated = 0;
   for (int slot = 0; slot < kMaxStates; ++slot) {
     if ((slots >> slot & 1u) == 0 || states_[slot] || total_numel_ == 0) continue;
-    states_[slot] = Allocate(total_numel_ * state_size);
-    // Offsets in the state arena are those in the param arena.
-    for (Segment& s : segments_) {
-      const auto offset =
-          static_cast<std::size_t>(static_cast<std::byte*>(s.param) - params_.get()) /
-          DTypeSize(options_.param_dtype);
-      s.state[slot] = states_[slot].get() + offset * state_size;
+    states_[slot] = Allocate(state_bytes_);
+    absmax_[slot] = Allocate(absmax_blocks_ * sizeof(float));
+    for (std::size_t i = 0; i < segments_.size(); ++i) {
+      Segment& s = segments_[i];
+      s.state[slot] = states_[slot].get() + state_offsets_[i].bytes;
+      if (s.state_dtype == DType::kQ8) {
+        s.absmax[slot] = reinterpret_cast<float*>(absmax_[slot].get()) + state_offsets_[i].blocks;
+      }
     }
+    allocated |= 1u << slot;
   }
+  return allocated;
+}
+
+std::span<float> FlatStorage::absmax(std::size_t tensor, int slot) {
+  const Segment& s = segments_.at(tensor);
+  if (slot < 0 || slot >= kMaxStates || s.state[slot] == nullptr) {
+    throw Error("FlatStorage: state slot " + std::to_string(slot) + " is not allocated");
+  }
+  if (s.state_dtype != DType::kQ8) {
+    throw Error("FlatStorage: tensor " + std::to_string(tensor) + " keeps " +
+                std::string(DTypeName(s.state_dtype)) + " states, which have no absmax");
+  }
+  return {s.absmax[slot], NumQuantBlocks(s.numel)};
 }
 
 std::span<float> FlatStorage::master(std::size_t tensor) {
@@ -138,8 +165,16 @@ std::span<float> FlatStorage::accumulator(std::size_t tensor) {
 }
 
 double FlatStorage::state_bytes_per_param() const {
+  if (total_numel_ == 0) return 0.0;
   double bytes = 0.0;
-  for (const Arena& state : states_) bytes += state ? DTypeSize(options_.state_dtype) : 0;
+  for (const Segment& s : segments_) {
+    for (int slot = 0; slot < kMaxStates; ++slot) {
+      if (s.state[slot] == nullptr) continue;
+      bytes += static_cast<double>(s.numel * DTypeSize(s.state_dtype));
+      if (s.state_dtype == DType::kQ8) bytes += NumQuantBlocks(s.numel) * sizeof(float);
+    }
+  }
+  bytes /= static_cast<double>(total_numel_);
   if (master_) bytes += sizeof(float);
   if (accumulators_) bytes += sizeof(float);
   return bytes;

@@ -4,12 +4,15 @@
 // algos::DescriptorOf finds through algos::DescriptorFor).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "fusedopt/optimizer.h"
+#include "fusedopt/quantize.h"
 #include "src/algos/registry.h"
 #include "src/core/training_step_impl.h"
 
@@ -24,6 +27,9 @@ unsigned AllRequiredStates(const std::vector<Hyper>& groups) {
   return slots;
 }
 
+// Codes and absmax of n elements that all hold `value`, block by block as Quantize sets them.
+void FillQuantized(std::uint8_t* codes, float* absmax, std::size_t n, QuantMap map, float value);
+
 }  // namespace optimizer_detail
 
 template <class Hyper>
@@ -37,22 +43,46 @@ Optimizer<Hyper>::Optimizer(std::vector<Hyper> groups, std::vector<TensorSpec> t
       window_{.steps = storage_.options().accumulation_steps} {
   // Validate the hyper-parameters now rather than at the first step.
   FusedStep(std::span<const Hyper>(groups_), {}, *runtime_);
-  // States start at 0 (the arenas are zero-filled) except where the algorithm says otherwise
-  // (InitialState: a sum torch creates eagerly, filled with a hyper-parameter).
-  for (const Segment& s : storage_.segments()) {
-    for (int slot = 0; slot < kMaxStates; ++slot) {
-      const float init = algos::DescriptorOf<Hyper>::InitialState(groups_[s.group], slot);
-      if (init == 0.0f || s.state[slot] == nullptr) continue;
-      for (std::size_t k = 0; k < s.numel; ++k) StoreFromF32(s.state[slot], s.state_dtype, k, init);
-    }
-  }
-  // Scalar states start from the algorithm's initial values.
   using Descriptor = algos::DescriptorOf<Hyper>;
+  if (storage_.options().state_dtype == DType::kQ8 && !algos::QuantizableStates<Descriptor>) {
+    throw Error(std::string("Optimizer: 8-bit states (state_dtype q8) are for the element-wise "
+                            "algorithms; ") +
+                Descriptor::kName +
+                (algos::Factored<Descriptor> ? " keeps factored states"
+                                             : " reduces over whole tensors first"));
+  }
+  ResetStates(optimizer_detail::AllRequiredStates(groups_));
+  // Scalar states start from the algorithm's initial values.
   if constexpr (algos::HasScalarStates<Descriptor>) {
     for (std::size_t i = 0; i < storage_.num_tensors(); ++i) {
       const std::uint32_t group = storage_.segments()[i].group;
       for (std::size_t k = 0; k < algos::NumScalarStates<Descriptor>(); ++k) {
         storage_.scalars(i)[k] = Descriptor::InitialScalar(groups_[group], static_cast<int>(k));
+      }
+    }
+  }
+}
+
+template <class Hyper>
+void Optimizer<Hyper>::ResetStates(unsigned slots) {
+  using Descriptor = algos::DescriptorOf<Hyper>;
+  for (const Segment& s : storage_.segments()) {
+    for (int slot = 0; slot < kMaxStates; ++slot) {
+      if ((slots >> slot & 1u) == 0 || s.state[slot] == nullptr) continue;
+      // States start at 0 except where the algorithm says otherwise (InitialState: a sum torch
+      // creates eagerly, filled with a hyper-parameter).
+      const float init = Descriptor::InitialState(groups_[s.group], slot);
+      if (s.state_dtype == DType::kQ8) {
+        const QuantMap map = (algos::UnsignedMapStates<Descriptor>() >> slot & 1u)
+                                 ? QuantMap::kUnsigned
+                                 : QuantMap::kSigned;
+        optimizer_detail::FillQuantized(static_cast<std::uint8_t*>(s.state[slot]), s.absmax[slot],
+                                        s.numel, map, init);
+      } else if (init == 0.0f) {  // +0 is all zero bits in every float dtype
+        std::memset(s.state[slot], 0, s.numel * DTypeSize(s.state_dtype));
+      } else {
+        for (std::size_t k = 0; k < s.numel; ++k)
+          StoreFromF32(s.state[slot], s.state_dtype, k, init);
       }
     }
   }
@@ -90,7 +120,7 @@ StepResult Optimizer<Hyper>::StepTensors(std::span<const std::size_t> tensors,
   }
   // Validate the (live) hyper-parameters before anything is written.
   FusedStep(std::span<const Hyper>(groups_), {}, *runtime_);
-  storage_.AllocateStates(optimizer_detail::AllRequiredStates(groups_));
+  ResetStates(storage_.AllocateStates(optimizer_detail::AllRequiredStates(groups_)));
   const float inv_scale = options.scaler != nullptr ? options.scaler->inv_scale() : 1.0f;
 
   std::vector<Segment> segments;

@@ -3,8 +3,9 @@
 The C++ legs are tests/checkpoint_interop.cc (a fusedopt::Optimizer<> that owns its params): C++ trains 2
 micro-batches and saves; Python loads that file into the fused class (params included), trains 2 more and saves;
 C++ loads the Python file, trains 2 more and saves. Every param and state tensor of the last file equals those
-of one C++ run of 6 micro-batches, bit for bit, and Python's state after its leg equals C++'s after 4. The
-gradients are the same values on both sides (the C++ program's hash, computed here with numpy)."""
+of one C++ run of 6 micro-batches, bit for bit, and Python's state after its leg equals C++'s after 4: f32, bf16
+params with f32 masters, and 8-bit states (codes and absmax). The gradients are the same values on both sides (the
+C++ program's hash, computed here with numpy)."""
 
 from __future__ import annotations
 
@@ -50,9 +51,11 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-@pytest.mark.parametrize("precision", ["f32", "bf16"])
+@pytest.mark.parametrize("precision", ["f32", "bf16", "q8"])
 @pytest.mark.parametrize("algo", sorted(CLASSES))
 def test_cpp_python_cpp_equals_one_cpp_run(tmp_path, algo, precision):
+    if precision == "q8" and not _C.algorithms[algo].get("quantizable", False):
+        pytest.skip(f"{algo} takes no 8-bit states")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     cpp(algo, precision, 6, tmp_path / "whole.safetensors")
     cpp(algo, precision, 2, tmp_path / "a.safetensors")
@@ -60,7 +63,7 @@ def test_cpp_python_cpp_equals_one_cpp_run(tmp_path, algo, precision):
 
     # Python: other initial params and hyper-parameters; the file restores both.
     params = [torch.nn.Parameter(torch.full(s, 0.5, dtype=dtype)) for s in SHAPES]
-    kw = {"master_weights": True} if precision == "bf16" else {}
+    kw = {"bf16": {"master_weights": True}, "q8": {"state_dtype": torch.uint8, "min_8bit_size": 100}}.get(precision, {})
     kw.update(CASES[algo].checkpoint_interop_options)
     opt = CLASSES[algo]([{"params": params[:2]}, {"params": params[2:]}], lr=0.123, **kw)
     extra = fusedopt.load_checkpoint(opt, tmp_path / "a.safetensors")
@@ -76,7 +79,7 @@ def test_cpp_python_cpp_equals_one_cpp_run(tmp_path, algo, precision):
     for name, t in four.items():
         if name.startswith("param.") or name.endswith(("exp_avg", "exp_avg_sq", "master_param", "momentum_buffer",
                                                        "row_var", "col_var", "variance", "mu_product", "eta", "mu",
-                                                       "ax", "prev", "step_size")):
+                                                       "ax", "prev", "step_size", "_absmax")):
             assert name in python, f"{name} missing from Python's checkpoint"
             assert torch.equal(bits(python[name]), bits(t)), name
     whole, resumed = tensors(tmp_path / "whole.safetensors"), tensors(tmp_path / "c.safetensors")
