@@ -24,6 +24,7 @@
 #include "bench/rounds.h"
 #include "fusedopt/grad.h"
 #include "fusedopt/optimizer.h"
+#include "fusedopt/quantize.h"
 #include "fusedopt/runtime.h"
 #include "src/baselines/elementwise.h"
 #include "src/baselines/pipeline.h"
@@ -60,6 +61,7 @@ using tools::CheckFitsInMemory;
 using tools::Fill;
 using tools::FormatCount;
 using tools::GetModelShapes;
+using tools::HasQuantizableStates;
 using tools::IsFactored;
 using tools::LoadMonitor;
 using tools::Median;
@@ -67,6 +69,7 @@ using tools::ModelShapes;
 using tools::ParseAlgorithm;
 using tools::RoundLoad;
 using tools::TensorShape;
+using tools::UnsignedMapStatesOf;
 
 namespace {
 
@@ -148,6 +151,39 @@ class ConvertedGrads {
   std::unique_ptr<std::byte[], Free> data_;
 };
 
+// Why `standard` (and `standard_pipeline`) are left out with 8-bit states.
+constexpr std::string_view kNoStandardQ8 =
+    "no for-loop step keeps 8-bit states (torch.optim keeps them in the param dtype; "
+    "scripts/bench-8bit times bitsandbytes' 8-bit CPU step)";
+
+// --state-dtype: true for q8; false for the param dtype (empty, or --dtype's value). Throws
+// std::invalid_argument naming the option for another value, or q8 with an algorithm that keeps
+// no 8-bit states.
+bool ParseStateDTypeOption(const BenchOptions& options, Algorithm algorithm) {
+  const std::string& value = options.state_dtype;
+  if (value.empty() || value == options.dtype) return false;
+  if (value != "q8") {
+    throw std::invalid_argument(
+        "--state-dtype: unknown value '" + value + "'; known: " + options.dtype +
+        " (--dtype: states in the param dtype, the default) or q8 (8-bit block-wise states)");
+  }
+  if (!HasQuantizableStates(algorithm)) {
+    std::string takers;
+    for (std::size_t i = 0; i < algos::All::kSize; ++i) {
+      if (!HasQuantizableStates(Algorithm{i})) continue;
+      if (!takers.empty()) takers += ", ";
+      takers += tools::AlgorithmName(Algorithm{i});
+    }
+    throw std::invalid_argument(
+        "--state-dtype q8: --optimizer " + std::string(tools::AlgorithmName(algorithm)) +
+        " keeps no 8-bit states (" +
+        (IsFactored(algorithm) ? "its states are factored"
+                               : "two-phase: it reduces over whole tensors before the update") +
+        "); the element-wise algorithms do: " + takers);
+  }
+  return true;
+}
+
 DType ParseDTypeOption(std::string_view option, const std::string& value) {
   DType dtype = DType::kF32;
   if (!ParseDType(value, &dtype)) {
@@ -181,6 +217,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   const std::string grad_dtype_name =
       options.grad_dtype.empty() ? options.dtype : options.grad_dtype;
   const DType grad_dtype = ParseDTypeOption("--grad-dtype", grad_dtype_name);
+  const bool q8 = ParseStateDTypeOption(options, algorithm);
   if (options.loss_scale != "none" && options.loss_scale != "static" &&
       options.loss_scale != "dynamic") {
     throw std::invalid_argument("--loss-scale: unknown value '" + options.loss_scale +
@@ -237,11 +274,14 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
 
   const BenchHyper hyper;
   // The buffers below, checked before they are allocated (--numel comes from the command line):
-  // param, grad and states, grads converted to the param dtype, the loop's copy of the grads.
+  // param, grad and states (8-bit: a code, and an absmax per block counted as a byte), grads
+  // converted to the param dtype (for `standard`: not with 8-bit states), the loop's copy of the
+  // grads.
+  const unsigned state_slots = BenchRequiredStates(algorithm, hyper);
   const std::size_t bytes_per_element =
-      DTypeSize(dtype) *
-          (1 + static_cast<std::size_t>(std::popcount(BenchRequiredStates(algorithm, hyper))) +
-           (grad_dtype != dtype ? 1 : 0)) +
+      DTypeSize(dtype) * (1 + (grad_dtype != dtype && !q8 ? 1 : 0)) +
+      (q8 ? std::size_t{2} : DTypeSize(dtype)) *
+          static_cast<std::size_t>(std::popcount(state_slots)) +
       DTypeSize(grad_dtype) * (training_loop ? 2 : 1);
   const std::string what = options.numel != 0 ? "--numel " + std::to_string(options.numel)
                                               : "--shapes " + options.shapes;
@@ -249,10 +289,25 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   for (const TensorSpec& t : tensors) total_numel = CheckedAdd(total_numel, t.numel, what);
   CheckFitsInMemory(CheckedMul(total_numel, bytes_per_element, what), what);
   Runtime runtime(options.threads);
+  // 8-bit states for every tensor (min_8bit_size 0: the step's format, not the Python classes'
+  // policy), starting from zeros quantized with each slot's map, as a fresh 8-bit state does.
   FlatStorage storage(tensors, 1,
-                      {.param_dtype = dtype, .grad_dtype = grad_dtype, .state_dtype = dtype},
-                      BenchRequiredStates(algorithm, hyper));
+                      {.param_dtype = dtype,
+                       .grad_dtype = grad_dtype,
+                       .state_dtype = q8 ? DType::kQ8 : dtype,
+                       .min_8bit_size = 0},
+                      state_slots);
   std::vector<Segment> segments(storage.segments().begin(), storage.segments().end());
+  std::size_t blocks = 0;  // absmax values per 8-bit state
+  for (const Segment& s : segments) {
+    for (int slot = 0; slot < kMaxStates && q8; ++slot) {
+      if (s.state[slot] == nullptr) continue;
+      const bool unsigned_map = (UnsignedMapStatesOf(algorithm) >> slot & 1u) != 0;
+      QuantizeFill(0.0f, s.numel, unsigned_map ? QuantMap::kUnsigned : QuantMap::kSigned,
+                   static_cast<std::uint8_t*>(s.state[slot]), s.absmax[slot]);
+    }
+    blocks += q8 ? NumQuantBlocks(s.numel) : 0;
+  }
   const std::size_t numel = storage.total_numel();
   // Gradients: today's uniform values, or, for the training loop, what backward of loss · scale
   // leaves: roughly normal values of standard deviation sigma (unscaled) times the initial scale.
@@ -279,9 +334,11 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   int num_states = 0;
   for (int slot = 0; slot < kMaxStates; ++slot)
     num_states += segments.empty() || segments[0].state[slot] == nullptr ? 0 : 1;
-  // Bytes one fused step moves per element: param read+write, grad read, each state read+write;
-  // the training loop's pre-pass reads the grad once more; a two-phase step's reduction pass reads
-  // what ReductionTraffic counts (LAMB: the param, the grad and each state once more).
+  // Bytes one fused step moves per element: param read+write, grad read, each state read+write
+  // (8-bit states: a code read+write per element, and an f32 absmax read+write per block of
+  // kQuantBlock elements: AdamW f32 16.06 B/param at 100 M); the training loop's pre-pass reads the
+  // grad once more; a two-phase step's reduction pass reads what ReductionTraffic counts (LAMB: the
+  // param, the grad and each state once more).
   const ReductionTraffic reduction_traffic(algorithm, segments);
   // A factored step (Adafactor) counts its passes instead (FactoredTraffic): 32 B/param for an f32
   // vector (stats: param, grad, variance read; update: param and variance read and written, grad
@@ -289,15 +346,18 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   // of each tensor; the training loop's pre-pass reads the grad once more.
   std::optional<FactoredTraffic> factored_traffic;
   if (factored) factored_traffic.emplace(algorithm, segments);
+  const std::size_t state_size = q8 ? 1 : DTypeSize(dtype);
+  const double per_param = 1.0 / static_cast<double>(std::max<std::size_t>(numel, 1));
+  // 8-bit states: each state's absmax per param.
+  const double absmax_per_param = static_cast<double>(blocks * sizeof(float)) * per_param;
   const double bytes_per_param =
-      factored ? static_cast<double>(factored_traffic->bytes()) /
-                         static_cast<double>(std::max<std::size_t>(numel, 1)) +
+      factored ? static_cast<double>(factored_traffic->bytes()) * per_param +
                      static_cast<double>(training_loop ? DTypeSize(grad_dtype) : 0)
                : static_cast<double>(2 * DTypeSize(dtype) +
                                      DTypeSize(grad_dtype) * (training_loop ? 2 : 1) +
-                                     2 * DTypeSize(dtype) * static_cast<std::size_t>(num_states)) +
-                     static_cast<double>(reduction_traffic.bytes()) /
-                         static_cast<double>(std::max<std::size_t>(numel, 1));
+                                     2 * state_size * static_cast<std::size_t>(num_states)) +
+                     2.0 * absmax_per_param * num_states +
+                     static_cast<double>(reduction_traffic.bytes()) * per_param;
   // The floor of every pass but the update's (reduction, norm: none for most algorithms), then the
   // update's.
   const auto step_traffic = [&](TrafficLoop traffic_loop) {
@@ -307,9 +367,10 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   };
 
   // `standard` steps on grads of the param dtype: a copy made here, untimed, if the dtypes differ.
+  // With 8-bit states there is no `standard` (kNoStandardQ8).
   std::vector<Segment> standard_segments = segments;
   std::optional<ConvertedGrads> converted;
-  if (grad_dtype != dtype) converted.emplace(standard_segments, runtime);
+  if (grad_dtype != dtype && !q8) converted.emplace(standard_segments, runtime);
 
   std::optional<FusedLoop> fused_loop;
   std::optional<StandardLoop> standard_loop;
@@ -318,7 +379,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   std::vector<Impl> impls;
   if (training_loop) {
     fused_loop.emplace(algorithm, hyper, segments, loop);
-    standard_loop.emplace(algorithm, hyper, segments, loop);
+    if (!q8) standard_loop.emplace(algorithm, hyper, segments, loop);
     const auto loop_report = [](const auto& l) {
       return [p = &l](nlohmann::json& j) {
         j["skipped_steps"] = p->skipped_steps();
@@ -328,12 +389,14 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     impls.emplace_back(
         "fused", [&] { fused_loop->Run(runtime); },
         [&]() -> const PassTimes& { return fused_loop->pass_ms(); }, loop_report(*fused_loop));
-    impls.emplace_back("standard",
-                       [&] { StandardStep(algorithm, hyper, standard_segments, runtime); });
-    impls.emplace_back(
-        "standard_pipeline", [&] { standard_loop->Run(runtime); },
-        [&]() -> const PassTimes& { return standard_loop->pass_ms(); },
-        loop_report(*standard_loop));
+    if (!q8) {
+      impls.emplace_back("standard",
+                         [&] { StandardStep(algorithm, hyper, standard_segments, runtime); });
+      impls.emplace_back(
+          "standard_pipeline", [&] { standard_loop->Run(runtime); },
+          [&]() -> const PassTimes& { return standard_loop->pass_ms(); },
+          loop_report(*standard_loop));
+    }
     for (std::size_t v = 0; v < std::size(kAllTrafficLoops); ++v) {
       PassClock* clock = &traffic_clocks[v];
       const TrafficLoop traffic_loop = kAllTrafficLoops[v];
@@ -350,8 +413,10 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     }
   } else {
     impls.emplace_back("fused", [&] { FusedStep(algorithm, hyper, segments, runtime); });
-    impls.emplace_back("standard",
-                       [&] { StandardStep(algorithm, hyper, standard_segments, runtime); });
+    if (!q8) {
+      impls.emplace_back("standard",
+                         [&] { StandardStep(algorithm, hyper, standard_segments, runtime); });
+    }
     for (const TrafficLoop traffic_loop : kAllTrafficLoops) {
       impls.emplace_back(TrafficImplName(traffic_loop),
                          [&, traffic_loop] { step_traffic(traffic_loop); });
@@ -377,6 +442,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   progress << "fusedopt bench: " << options.optimizer << " on " << shapes_name << " ("
            << tensors.size() << " tensors, " << FormatCount(numel) << " params), " << options.dtype;
   if (grad_dtype != dtype) progress << " (grads " << grad_dtype_name << ")";
+  if (q8) progress << ", 8-bit states (q8)";
   if (training_loop) {
     progress << ", loss scale " << options.loss_scale << ", clip ";
     if (loop.clips()) {
@@ -445,12 +511,17 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
                            {"tensors", tensors.size()},
                            {"numel", numel},
                            {"dtype", options.dtype},
+                           {"state_dtype", q8 ? "q8" : options.dtype},
                            {"threads", runtime.num_threads()},
                            {"target", ActiveTargetName()},
                            {"rounds", options.rounds},
                            {"bytes_per_param", JsonNumber(bytes_per_param)},
                            {"reduction_pass", reduction_traffic.bytes() > 0 || factored}};
   if (grad_dtype != dtype || training_loop) report["grad_dtype"] = grad_dtype_name;
+  if (q8) {
+    report["left_out"]["standard"] = kNoStandardQ8;
+    if (training_loop) report["left_out"]["standard_pipeline"] = kNoStandardQ8;
+  }
   if (training_loop) {
     report["loss_scale"] = options.loss_scale;
     report["loss_scale_init"] = init_scale;
@@ -484,7 +555,8 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   std::erase_if(impls, [](const Impl& impl) { return impl.name.starts_with(kTrafficPrefix); });
 
   const double fused_ms = Median(find("fused")->ms);
-  const double standard_ms = Median(find("standard")->ms);
+  const Impl* standard = find("standard");  // none with 8-bit states (kNoStandardQ8)
+  const double standard_ms = standard != nullptr ? Median(standard->ms) : 0.0;
   const double traffic_ms = Median(find("same_traffic")->ms);
   const Impl* pipeline = find("standard_pipeline");
   const double pipeline_ms = pipeline != nullptr ? Median(pipeline->ms) : 0.0;
@@ -492,7 +564,8 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   for (const Impl& impl : impls) name_width = std::max(name_width, impl.name.size() + 2);
   table << std::left << std::setw(static_cast<int>(name_width)) << "impl" << std::right
         << std::setw(11) << "median ms" << std::setw(10) << "min ms" << std::setw(10) << "Gparam/s"
-        << std::setw(9) << "GB/s" << std::setw(13) << "vs standard";
+        << std::setw(9) << "GB/s";
+  if (standard != nullptr) table << std::setw(13) << "vs standard";
   if (pipeline != nullptr) table << std::setw(16) << "vs std_pipeline";
   table << std::setw(17) << "vs same_traffic"
         << "\n";
@@ -512,22 +585,31 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     table << std::left << std::setw(static_cast<int>(name_width)) << impl.name << std::right
           << std::fixed << std::setprecision(3) << std::setw(11) << median << std::setw(10) << min
           << std::setw(10) << gparams << std::setprecision(1) << std::setw(9) << gbps
-          << std::setprecision(2) << std::setw(12) << standard_ms / median << "x";
+          << std::setprecision(2);
+    if (standard != nullptr) table << std::setw(12) << standard_ms / median << "x";
     if (pipeline != nullptr) table << std::setw(15) << pipeline_ms / median << "x";
     table << std::setw(17) << traffic_ms / median << "\n";
   }
-  report["speedup_vs_standard"] = standard_ms / fused_ms;
   report["bandwidth_fraction"] = traffic_ms / fused_ms;
-  report["round_ratio_spread"] = {
-      {"speedup_vs_standard", RoundRatioSpread(find("standard")->ms, find("fused")->ms)},
-      {"bandwidth_fraction", RoundRatioSpread(find("same_traffic")->ms, find("fused")->ms)}};
+  report["round_ratio_spread"]["bandwidth_fraction"] =
+      RoundRatioSpread(find("same_traffic")->ms, find("fused")->ms);
+  table << std::setprecision(2);
+  if (standard != nullptr) {
+    report["speedup_vs_standard"] = standard_ms / fused_ms;
+    report["round_ratio_spread"]["speedup_vs_standard"] =
+        RoundRatioSpread(standard->ms, find("fused")->ms);
+    table << "speedup_vs_standard = " << standard_ms / fused_ms << "   ";
+  }
   report["load"] = LoadReport(loads, discarded);
-  table << "speedup_vs_standard = " << std::setprecision(2) << standard_ms / fused_ms;
   if (pipeline != nullptr) {
     report["speedup_vs_standard_pipeline"] = pipeline_ms / fused_ms;
-    table << "   speedup_vs_standard_pipeline = " << pipeline_ms / fused_ms;
+    table << "speedup_vs_standard_pipeline = " << pipeline_ms / fused_ms << "   ";
   }
-  table << "   bandwidth_fraction = " << traffic_ms / fused_ms << "\n";
+  table << "bandwidth_fraction = " << traffic_ms / fused_ms << "\n";
+  if (report.contains("left_out")) {
+    for (const auto& [name, why] : report["left_out"].items())
+      table << name << ": left out, " << why.get<std::string>() << "\n";
+  }
   table << std::setprecision(3) << "same_traffic: the best of";
   for (const auto& [name, entry] : report["same_traffic_variants"].items())
     table << " " << name << " " << entry["median_ms"].get<double>() << " ms";

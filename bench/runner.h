@@ -1,8 +1,8 @@
 // `fusedopt bench`: fused, standard and the same_traffic variants (and, with --loss-scale or
-// --clip, standard_pipeline) run interleaved in one process on the same buffers, warm-up first,
-// then rounds in a balanced order (RoundOrder in runner.cc), reported as medians and ratios, the
-// fastest same_traffic variant as the ceiling (never asserted in tests: the machine is shared and
-// noisy).
+// --clip, standard_pipeline; with 8-bit states neither standard impl) run interleaved in one
+// process on the same buffers, warm-up first, then rounds in a balanced order (RoundOrder in
+// runner.cc), reported as medians and ratios, the fastest same_traffic variant as the ceiling
+// (never asserted in tests: the machine is shared and noisy).
 #pragma once
 
 #include <cstddef>
@@ -19,6 +19,11 @@ struct BenchOptions {
   std::size_t numel = 0;  // one flat tensor of this size
   std::string dtype = "f32";  // params and states, as torch keeps states in the param dtype
   std::string grad_dtype;     // gradients; empty: dtype
+  // States: empty or dtype (the param dtype, as torch keeps them), or "q8": 8-bit block-wise codes
+  // with one f32 absmax per kQuantBlock elements (fusedopt/quantize.h; element-wise algorithms
+  // only). With q8 there is no `standard` (nor `standard_pipeline`): no for-loop step keeps 8-bit
+  // states; same_traffic moves the 8-bit step's bytes.
+  std::string state_dtype;
   // With loss scaling or clipping the impls become a training-loop step (src/baselines/pipeline.h)
   // and `standard_pipeline` joins them.
   std::string loss_scale = "none";  // none, static or dynamic (torch.amp.GradScaler's policy)

@@ -45,6 +45,10 @@ std::uint8_t QuantizeValue(float x, QuantMap map);
 // zero code everywhere: it reads back as zeros, or as NaN when its absmax is not finite.
 void Quantize(const float* x, std::size_t n, QuantMap map, std::uint8_t* codes, float* absmax);
 
+// Quantize of n values that all equal `value`, without a buffer of them: the codes and absmax a
+// fresh state filled with its initial value starts from.
+void QuantizeFill(float value, std::size_t n, QuantMap map, std::uint8_t* codes, float* absmax);
+
 // out[i] = map[codes[i]] · absmax[i / kQuantBlock].
 void Dequantize(const std::uint8_t* codes, const float* absmax, std::size_t n, QuantMap map,
                 float* out);

@@ -1,14 +1,15 @@
 // same_traffic: the memory-bandwidth ceiling of the fused step (same_traffic.h). Built like the
 // real kernels (src/cpu/loop-inl.h): one parallel region per step over the kGrainElements chunks,
-// each piece of a segment run by a flattened loop instantiated for its storage types, its number
-// of states, its store kind and whether it is paced, so the loop body tests nothing per vector
-// (a paced loop runs its pace count). Its math is one multiply-add per written array (x + c·g),
-// which keeps the loads live and, with c = 0, the values; a paced loop adds its chain of divisions
-// (TrafficLoop). SameTrafficReduce is the floor of a two-phase step's reduction pass (LAMB's Σp²,
-// Σu²): the same loop reading the same arrays, storing nothing, one add per vector into a sum.
-// SameTrafficGradRead is the floor of the fused pre-pass (GradPrePass) and of a reduction that
-// reads the gradients only: one read of every gradient in the step's chunks, one add per vector,
-// paced as the step.
+// each piece of a segment run by a flattened loop instantiated for its storage types (8-bit states:
+// u8 codes), its number of states, its store kind and whether it is paced, so the loop body tests
+// nothing per vector (a paced loop runs its pace count). Its math is one multiply-add per written
+// array (x + c·g), which keeps the loads live and, with c = 0, the values; a paced loop adds its
+// chain of divisions (TrafficLoop). With 8-bit states a piece then reads and writes each state's
+// absmax of the blocks it owns (x + c·x). SameTrafficReduce is the floor of a two-phase step's
+// reduction pass (LAMB's Σp², Σu²): the same loop reading the same arrays, storing nothing, one add
+// per vector into a sum. SameTrafficGradRead is the floor of the fused pre-pass (GradPrePass) and
+// of a reduction that reads the gradients only: one read of every gradient in the step's chunks,
+// one add per vector, paced as the step.
 
 #include "src/baselines/same_traffic.h"
 
@@ -24,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fusedopt/quantize.h"
 #include "src/baselines/standard.h"
 #include "src/core/parallel.h"
 #include "src/core/plan.h"
@@ -49,10 +51,35 @@ using fusedopt::HWY_NAMESPACE::WithStorageType;
 // a reduction (the step's reads, nothing written), a copy (a read, p written) or a fill.
 enum Kind : int { kStep, kCopy, kFill, kReduce };
 
-// Stores an f32 vector as T. 16-bit values are converted by Highway's demotion, which truncates
-// (not the real kernels' rounding: enough for values that c = 0 leaves exact). Stream needs an
-// aligned address (the caller's job) and, in Highway 1.0.3 on x86, writes 16 bytes even for a
-// smaller vector: those stay regular stores.
+// Loads T as an f32 vector: Io<T> for f32, f16 and bf16; an 8-bit state's codes (u8) widened to
+// i32 and converted, the codes' values 0..255 (not the states they stand for: a traffic loop needs
+// the bytes, not the map).
+template <class T, class DF>
+HWY_INLINE hn::Vec<DF> TrafficLoad(DF df, const T* p) {
+  if constexpr (std::is_same_v<T, std::uint8_t>) {
+    const hn::RebindToSigned<DF> di;
+    return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(hn::Rebind<std::uint8_t, DF>(), p)));
+  } else {
+    return Io<T>::Load(df, p);
+  }
+}
+
+// An f32 vector as the lanes of T that are stored: 16-bit values by Highway's demotion, which
+// truncates (not the real kernels' rounding: enough for values that c = 0 leaves exact); codes by
+// truncation to i32, then the saturating demotion to u8 (exact for the whole numbers 0..255).
+template <class T, class DF>
+HWY_INLINE auto TrafficDemote(DF /*df*/, hn::Vec<DF> v) {
+  const hn::Rebind<T, DF> dt;
+  if constexpr (std::is_same_v<T, std::uint8_t>) {
+    return hn::DemoteTo(dt, hn::ConvertTo(hn::RebindToSigned<DF>(), v));
+  } else {
+    return hn::DemoteTo(dt, v);
+  }
+}
+
+// Stores an f32 vector as T (TrafficDemote). Stream needs an aligned address (the caller's job)
+// and, in Highway 1.0.3 on x86, writes 16 bytes even for a smaller vector: those stay regular
+// stores.
 template <class T, bool kStream, class DF>
 HWY_INLINE void TrafficStore(DF df, hn::Vec<DF> v, T* p) {
   if constexpr (std::is_same_v<T, float>) {
@@ -64,9 +91,9 @@ HWY_INLINE void TrafficStore(DF df, hn::Vec<DF> v, T* p) {
   } else {
     const hn::Rebind<T, DF> dt;
     if constexpr (kStream && hn::MaxLanes(hn::Rebind<T, DF>()) * sizeof(T) >= 16) {
-      hn::Stream(hn::DemoteTo(dt, v), dt, p);
+      hn::Stream(TrafficDemote<T>(df, v), dt, p);
     } else {
-      hn::StoreU(hn::DemoteTo(dt, v), dt, p);
+      hn::StoreU(TrafficDemote<T>(df, v), dt, p);
     }
   }
 }
@@ -91,19 +118,26 @@ HWY_INLINE bool IsAligned(const T* p, std::size_t bytes) {
 // 1-lane vectors for the tail. With kStream the full vectors use non-temporal stores once 1-lane
 // steps (at most one vector's worth) have aligned every written array; arrays that never align at
 // the same index keep regular stores. kPaced (a step's loop): `pace` divisions per vector
-// (TrafficLoop). Returns the sum of the loaded values for kReduce, of the pace chains' results for
-// kPaced, else 0.
-template <int kKind, class G, class P, int kStates, bool kStream, bool kPaced = false>
+// (TrafficLoop). S is the states' storage type: P, or std::uint8_t for 8-bit states (a step's
+// loop only), whose absmax of the blocks the piece owns are then read and written too. Returns the
+// sum of the loaded values for kReduce, of the pace chains' results for kPaced, else 0.
+template <int kKind, class G, class P, class S, int kStates, bool kStream, bool kPaced = false>
 HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, int pace,
                                              std::size_t begin, std::size_t end) {
   static_assert(kKind != kReduce || !kStream, "a reduction stores nothing");
   static_assert(!kPaced || ((kKind == kStep || kKind == kReduce) && !kStream),
                 "only a step's loops are paced, with regular stores");
+  constexpr bool kQ8 = std::is_same_v<S, std::uint8_t>;
+  static_assert(std::is_same_v<S, P> || (kQ8 && kKind == kStep && kStates > 0),
+                "states of another type than the param's are a step's 8-bit codes");
   const G* g = static_cast<const G*>(seg.grad);
   P* p = static_cast<P*>(seg.param);
-  std::array<P*, kStates> s{};  // the allocated slots, in slot order (of the param's dtype)
+  std::array<S*, kStates> s{};           // the allocated slots, in slot order
+  std::array<float*, kStates> absmax{};  // 8-bit states: each one's absmax
   for (int slot = 0, k = 0; slot < kMaxStates && k < kStates; ++slot) {
-    if (seg.state[slot] != nullptr) s[k++] = static_cast<P*>(seg.state[slot]);
+    if (seg.state[slot] == nullptr) continue;
+    absmax[k] = seg.absmax[slot];
+    s[k++] = static_cast<S*>(seg.state[slot]);
   }
   const hn::ScalableTag<float> d;
   const hn::CappedTag<float, 1> d1;
@@ -141,7 +175,7 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, int pa
         const auto x = hn::Add(Io<P>::Load(dv, p + i), v);
         const auto state = [&](auto k) HWY_ATTR {
           if constexpr (decltype(k)::value < kStates) {
-            return hn::Add(Io<P>::Load(dv, s[decltype(k)::value] + i), v);
+            return hn::Add(TrafficLoad(dv, s[decltype(k)::value] + i), v);
           } else {
             return v;  // no such state: never stored
           }
@@ -151,9 +185,9 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, int pa
         const auto x2 = state(std::integral_constant<int, 2>{});
         static_assert(kMaxStates == 3);
         TrafficStore<P, kNt>(dv, x, p + i);
-        if constexpr (kStates > 0) TrafficStore<P, kNt>(dv, x0, s[0] + i);
-        if constexpr (kStates > 1) TrafficStore<P, kNt>(dv, x1, s[1] + i);
-        if constexpr (kStates > 2) TrafficStore<P, kNt>(dv, x2, s[2] + i);
+        if constexpr (kStates > 0) TrafficStore<S, kNt>(dv, x0, s[0] + i);
+        if constexpr (kStates > 1) TrafficStore<S, kNt>(dv, x1, s[1] + i);
+        if constexpr (kStates > 2) TrafficStore<S, kNt>(dv, x2, s[2] + i);
       }
     }
   };
@@ -162,7 +196,7 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, int pa
   if constexpr (kStream) {
     const auto aligned = [&](std::size_t at) HWY_ATTR {
       bool ok = IsAligned(p + at, lanes * sizeof(P));
-      for (int k = 0; k < kStates; ++k) ok = ok && IsAligned(s[k] + at, lanes * sizeof(P));
+      for (int k = 0; k < kStates; ++k) ok = ok && IsAligned(s[k] + at, lanes * sizeof(S));
       return ok;
     };
     const std::size_t peel_end = std::min(end, begin + lanes);
@@ -173,6 +207,33 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, int pa
   }
   for (; i + lanes <= end; i += lanes) body(d, i, std::false_type{});
   for (; i < end; ++i) body(d1, i, std::false_type{});
+  if constexpr (kQ8) {
+    // The absmax of the blocks whose first element lies in [begin, end), as the real step's
+    // RunQuantizedPiece runs a block whole in the piece that holds its first element: each read
+    // and written once, x + c·x (kept with c = 0), with regular stores (1/64 of the codes' bytes,
+    // seldom aligned with them).
+    const std::size_t block_end = (end + kQuantBlock - 1) / kQuantBlock;
+    const auto absmax_body = [&](auto dv, std::size_t b) HWY_ATTR {
+      const auto cv = hn::Set(dv, c);
+      const auto scaled = [&](auto k) HWY_ATTR {
+        if constexpr (decltype(k)::value < kStates) {
+          const auto a = hn::LoadU(dv, absmax[decltype(k)::value] + b);
+          return hn::Add(a, hn::Mul(a, cv));
+        } else {
+          return cv;  // no such state: never stored
+        }
+      };
+      const auto a0 = scaled(std::integral_constant<int, 0>{});
+      const auto a1 = scaled(std::integral_constant<int, 1>{});
+      const auto a2 = scaled(std::integral_constant<int, 2>{});
+      hn::StoreU(a0, dv, absmax[0] + b);
+      if constexpr (kStates > 1) hn::StoreU(a1, dv, absmax[1] + b);
+      if constexpr (kStates > 2) hn::StoreU(a2, dv, absmax[2] + b);
+    };
+    std::size_t b = (begin + kQuantBlock - 1) / kQuantBlock;
+    for (; b + lanes <= block_end; b += lanes) absmax_body(d, b);
+    for (; b < block_end; ++b) absmax_body(d1, b);
+  }
   return hn::GetLane(hn::SumOfLanes(d, acc)) + hn::GetLane(acc1);
 }
 
@@ -192,22 +253,32 @@ HWY_INLINE void WithStateCount(int count, const F& f) {
   }
 }
 
-// Runs TrafficPiece<kKind, G, P, kStates, kNt, kPaced> on one piece of a step's segment, the
+// Runs TrafficPiece<kKind, G, P, S, kStates, kNt, kPaced> on one piece of a step's segment, the
 // template arguments from the segment (its storage types and allocated states); returns its sum.
 // The loops exist for the segments `fusedopt bench` and the doctor time, states in the param's
-// dtype and no master (CheckTrafficSegments), not for all 45 dtype and master combinations.
+// dtype or (a step's loops) 8-bit states, and no master (CheckTrafficSegments), not for all 45
+// dtype and master combinations.
 template <int kKind, bool kNt, bool kPaced = false>
 HWY_INLINE float SegmentTrafficPiece(const Segment& seg, float c, int pace, std::size_t begin,
                                      std::size_t end) {
   int states = 0;
   for (const void* state : seg.state) states += state != nullptr ? 1 : 0;
+  const bool q8 = seg.state_dtype == DType::kQ8 && states > 0;
   float sum = 0.0f;
   WithStorageType(seg.param_dtype, [&](auto pt) HWY_ATTR {
     WithStorageType(seg.grad_dtype, [&](auto gt) HWY_ATTR {
       WithStateCount(states, [&](auto n) HWY_ATTR {
         using P = typename decltype(pt)::type;
         using G = typename decltype(gt)::type;
-        sum = TrafficPiece<kKind, G, P, decltype(n)::value, kNt, kPaced>(seg, c, pace, begin, end);
+        constexpr int kStates = decltype(n)::value;
+        if constexpr (kKind == kStep && kStates > 0) {
+          if (q8) {
+            sum = TrafficPiece<kKind, G, P, std::uint8_t, kStates, kNt, kPaced>(seg, c, pace, begin,
+                                                                                end);
+            return;
+          }
+        }
+        sum = TrafficPiece<kKind, G, P, P, kStates, kNt, kPaced>(seg, c, pace, begin, end);
       });
     });
   });
@@ -233,9 +304,9 @@ float TrafficChunks(const StepPlan<float>& plan, std::size_t chunk_begin, std::s
             [&](auto nt) HWY_ATTR {
               constexpr bool kNt = decltype(nt)::value;
               if (kind == kCopy) {
-                TrafficPiece<kCopy, float, float, 0, kNt>(seg, c, 0, begin, end);
+                TrafficPiece<kCopy, float, float, float, 0, kNt>(seg, c, 0, begin, end);
               } else if (kind == kFill) {
-                TrafficPiece<kFill, float, float, 0, kNt>(seg, c, 0, begin, end);
+                TrafficPiece<kFill, float, float, float, 0, kNt>(seg, c, 0, begin, end);
               } else {
                 SegmentTrafficPiece<kStep, kNt>(seg, c, 0, begin, end);
               }
@@ -334,19 +405,33 @@ void RunTraffic(std::span<const Segment> segments, const Runtime& runtime, int k
                     });
 }
 
-// The segments the step and reduction loops exist for (SegmentTrafficPiece).
-void CheckTrafficSegments(std::span<const Segment> segments) {
+// The segments the step and reduction loops exist for (SegmentTrafficPiece): no master; states in
+// the param dtype, or, for a step (not a reduction pass: the two-phase steps keep no 8-bit
+// states), 8-bit states with every allocated state's absmax.
+void CheckTrafficSegments(std::span<const Segment> segments, bool step) {
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     const bool has_states = std::any_of(std::begin(s.state), std::end(s.state),
                                         [](const void* state) { return state != nullptr; });
-    if (s.master != nullptr || (has_states && s.state_dtype != s.param_dtype)) {
-      throw std::invalid_argument(
-          "same_traffic: segment " + std::to_string(i) + " has " +
-          (s.master != nullptr ? std::string("an f32 master")
-                               : "states of dtype " + std::string(DTypeName(s.state_dtype)) +
-                                     " beside params of " + std::string(DTypeName(s.param_dtype))) +
-          "; the traffic loops exist for states in the param dtype without master");
+    const bool q8 = has_states && s.state_dtype == DType::kQ8;
+    std::string problem;
+    if (s.master != nullptr) {
+      problem = "an f32 master";
+    } else if (q8 && !step) {
+      problem = "8-bit states (the reduction pass is that of two-phase steps, which keep none)";
+    } else if (q8) {
+      for (int slot = 0; slot < kMaxStates && problem.empty(); ++slot) {
+        if (s.state[slot] != nullptr && s.absmax[slot] == nullptr)
+          problem = "8-bit state " + std::to_string(slot) + " without absmax";
+      }
+    } else if (has_states && s.state_dtype != s.param_dtype) {
+      problem = "states of dtype " + std::string(DTypeName(s.state_dtype)) + " beside params of " +
+                std::string(DTypeName(s.param_dtype));
+    }
+    if (!problem.empty()) {
+      throw std::invalid_argument("same_traffic: segment " + std::to_string(i) + " has " + problem +
+                                  "; the traffic loops exist for states in the param dtype or "
+                                  "8-bit states with their absmax, without master");
     }
   }
 }
@@ -378,7 +463,7 @@ void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime, 
                                 TrafficStoresName(loop.stores) +
                                 " stores; a pace is >= 0, and > 0 only with regular stores");
   }
-  CheckTrafficSegments(segments);
+  CheckTrafficSegments(segments, /*step=*/true);
   RunTraffic(segments, runtime, kStepKind, loop, c);
 }
 
@@ -397,7 +482,7 @@ float SumOverChunks(std::span<const Segment> segments, const Runtime& runtime, c
 
 float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime, int pace) {
   if (pace < 0) throw std::invalid_argument("same_traffic: pace " + std::to_string(pace) + " < 0");
-  CheckTrafficSegments(segments);
+  CheckTrafficSegments(segments, /*step=*/false);
   return SumOverChunks(segments, runtime,
                        [pace](const ChunkPlan& plan, std::size_t c0, std::size_t c1) {
                          return HWY_DYNAMIC_DISPATCH(ReduceTrafficChunks)(plan, c0, c1, pace);

@@ -41,8 +41,13 @@ std::string TrafficLoopName(TrafficLoop loop);  // "store", "stream", "store_pac
 // One step's traffic on every segment, run as `loop`: x += c · g for the param and every allocated
 // state, g the gradient. c = 0 keeps every value (barring Inf/NaN gradients): what benchmarks run
 // between real steps on the same buffers. Ignores stochastic rounding. The segments are those
-// `fusedopt bench` and the doctor time: states in the param's dtype (grads of any), no master;
-// others throw std::invalid_argument.
+// `fusedopt bench` and the doctor time: states in the param's dtype (grads of any), or 8-bit
+// states (state_dtype kQ8, fusedopt/quantize.h), no master; others throw std::invalid_argument.
+// 8-bit states move the 8-bit step's bytes: per element each state's code (1 B read, 1 B written,
+// code += c · g on the code's value 0..255, the new value truncated and saturated to a byte), and
+// per block of kQuantBlock elements each state's absmax (4 B read, 4 B written, absmax += c ·
+// absmax), a block's absmax moved by the piece that holds its first element, as the real step
+// does. The store kinds and paces of `loop` apply to the elements; absmax uses regular stores.
 void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime, TrafficLoop loop,
                      float c = 0.0f);
 
@@ -50,7 +55,8 @@ void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime, 
 // standard.h), run before SameTrafficStep: the same loop over the same chunks reading the
 // segments' gradient, param and every allocated state, and writing nothing, one add per loaded
 // vector, paced as TrafficLoop::pace says. Returns the sum of the loaded values (so the loads
-// cannot be dropped). A pace below 0 throws std::invalid_argument.
+// cannot be dropped). A pace below 0, and 8-bit states (two-phase steps keep none), throw
+// std::invalid_argument.
 float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime, int pace = 0);
 
 // STREAM-style kernels on f32 arrays of n elements, in the step's chunks and threads.

@@ -150,6 +150,14 @@ void Quantize(const float* x, std::size_t n, QuantMap map, std::uint8_t* codes, 
   }
 }
 
+void QuantizeFill(float value, std::size_t n, QuantMap map, std::uint8_t* codes, float* absmax) {
+  const std::vector<float> block(std::min(n, kQuantBlock), value);
+  for (std::size_t b = 0; b * kQuantBlock < n; ++b) {
+    Quantize(block.data(), std::min(kQuantBlock, n - b * kQuantBlock), map, codes + b * kQuantBlock,
+             absmax + b);
+  }
+}
+
 void Dequantize(const std::uint8_t* codes, const float* absmax, std::size_t n, QuantMap map,
                 float* out) {
   const std::array<float, 256>& m = DynamicMap(map);

@@ -4,7 +4,6 @@
 
 #include "fusedopt/optimizer.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -16,15 +15,6 @@
 #include "src/optimizer/tensor_specs.h"
 
 namespace fusedopt {
-
-void optimizer_detail::FillQuantized(std::uint8_t* codes, float* absmax, std::size_t n,
-                                     QuantMap map, float value) {
-  const std::vector<float> block(std::min(n, kQuantBlock), value);
-  for (std::size_t b = 0; b < NumQuantBlocks(n); ++b) {
-    Quantize(block.data(), std::min(kQuantBlock, n - b * kQuantBlock), map, codes + b * kQuantBlock,
-             absmax + b);
-  }
-}
 
 void CheckTensorSpecs(const char* who, std::span<const TensorSpec> tensors,
                       std::size_t num_groups) {

@@ -27,9 +27,6 @@ unsigned AllRequiredStates(const std::vector<Hyper>& groups) {
   return slots;
 }
 
-// Codes and absmax of n elements that all hold `value`, block by block as Quantize sets them.
-void FillQuantized(std::uint8_t* codes, float* absmax, std::size_t n, QuantMap map, float value);
-
 }  // namespace optimizer_detail
 
 template <class Hyper>
@@ -76,8 +73,7 @@ void Optimizer<Hyper>::ResetStates(unsigned slots) {
         const QuantMap map = (algos::UnsignedMapStates<Descriptor>() >> slot & 1u)
                                  ? QuantMap::kUnsigned
                                  : QuantMap::kSigned;
-        optimizer_detail::FillQuantized(static_cast<std::uint8_t*>(s.state[slot]), s.absmax[slot],
-                                        s.numel, map, init);
+        QuantizeFill(init, s.numel, map, static_cast<std::uint8_t*>(s.state[slot]), s.absmax[slot]);
       } else if (init == 0.0f) {  // +0 is all zero bits in every float dtype
         std::memset(s.state[slot], 0, s.numel * DTypeSize(s.state_dtype));
       } else {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "src/core/step_hooks.h"
+#include "src/core/step_traits.h"
 
 namespace fusedopt::tools {
 
@@ -62,6 +63,16 @@ bool ReducesSegment(Algorithm a, const Segment& s) {
 
 bool IsFactored(Algorithm a) {
   return WithDescriptor(a, [](auto d) { return algos::Factored<typename decltype(d)::type>; });
+}
+
+bool HasQuantizableStates(Algorithm a) {
+  return WithDescriptor(
+      a, [](auto d) { return algos::QuantizableStates<typename decltype(d)::type>; });
+}
+
+unsigned UnsignedMapStatesOf(Algorithm a) {
+  return WithDescriptor(
+      a, [](auto d) { return algos::UnsignedMapStates<typename decltype(d)::type>(); });
 }
 
 bool ShardsWithZeroOne(Algorithm a) {

@@ -45,6 +45,12 @@ bool ReducesSegment(Algorithm a, const Segment& s);
 // norm pass over the matrices and the update pass, over tiles).
 bool IsFactored(Algorithm a);
 
+// Whether the fused step of `a` takes 8-bit states (Segment::state_dtype kQ8; descriptor
+// algos::QuantizableStates: an element-wise update, neither two-phase nor factored), and which of
+// its state slots then use the unsigned map (bit i: slot i; the descriptor's kUnsignedMapStates).
+bool HasQuantizableStates(Algorithm a);
+unsigned UnsignedMapStatesOf(Algorithm a);
+
 // Whether DistributedOptimizer's ZeRO-1 takes `a` (src/core/step_hooks.h, kZeroOneShards).
 bool ShardsWithZeroOne(Algorithm a);
 

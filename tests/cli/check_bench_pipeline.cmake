@@ -1,7 +1,8 @@
 # cli.bench_pipeline: `fusedopt bench --json` on tiny sizes (2 rounds), its JSON keys checked with
 # string(JSON) in a cmake -P script (no Python): the default impls and keys, the training-loop
-# step (--grad-dtype, --loss-scale, --clip) with standard_pipeline and no skipped step, and bad
-# option values (a non-zero exit naming the option and the value). Timings are never asserted.
+# step (--grad-dtype, --loss-scale, --clip) with standard_pipeline and no skipped step, 8-bit states
+# (--state-dtype q8), and bad option values (a non-zero exit naming the option and the value).
+# Timings are never asserted.
 # Run with -DFUSEDOPT=<the CLI> -DWORK_DIR=<a scratch dir> -DFOPT_CMAKE_DIR=<cmake/>.
 include(${FOPT_CMAKE_DIR}/FoptCheckJson.cmake)
 set(tiny --numel 70000 --rounds 2 --warmup 1)
@@ -55,6 +56,31 @@ foreach(key speedup_vs_standard_pipeline loss_scale clip grad_dtype state_bytes_
 endforeach()
 expect_no_key("${json}" impls standard_pipeline)
 
+# 8-bit states: no standard impl (left_out says why), same_traffic moving the 8-bit step's bytes:
+# AdamW with f32 params and grads, 70000 params in 274 blocks: 12 + 2 states × 2 B per param, and
+# 2 states × (4 B read + 4 B written) per block: 16.0626 B/param. With --loss-scale, no
+# standard_pipeline either, and the pre-pass reads the grads once more (+4 B).
+run_bench(q8 --optimizer adamw --state-dtype q8 ${tiny})
+foreach(impl fused same_traffic)
+  expect_impl("${json}" ${impl})
+endforeach()
+expect_no_key("${json}" impls standard)
+expect_no_key("${json}" speedup_vs_standard)
+expect_key("${json}" q8 state_dtype)
+expect_key("${json}" "*" left_out standard)
+string(JSON bytes GET "${json}" bytes_per_param)
+if(NOT bytes GREATER 16.062 OR NOT bytes LESS 16.063)
+  message(FATAL_ERROR "adamw with q8 states: bytes_per_param ${bytes}, expected 16.0626")
+endif()
+run_bench(q8_loop --optimizer adamw --state-dtype q8 --loss-scale dynamic ${tiny})
+expect_no_key("${json}" impls standard_pipeline)
+expect_key("${json}" "*" left_out standard_pipeline)
+expect_key("${json}" 0 impls fused skipped_steps)
+string(JSON bytes GET "${json}" bytes_per_param)
+if(NOT bytes GREATER 20.062 OR NOT bytes LESS 20.063)
+  message(FATAL_ERROR "adamw with q8 states, loss scaling: bytes_per_param ${bytes}, expected 20.0626")
+endif()
+
 # The acceptance configuration, tiny: bf16 grads of f32 params, dynamic loss scale, clip 1.0.
 run_bench(pipeline --optimizer adamw --grad-dtype bf16 --loss-scale dynamic --clip 1.0 ${tiny})
 foreach(impl fused standard standard_pipeline same_traffic)
@@ -89,7 +115,8 @@ expect_key("${json}" 0 impls standard_pipeline skipped_steps)
 expect_no_key("${json}" impls standard_pipeline passes_median_ms norm)
 
 # Bad values: a non-zero exit and a message naming the option and the value.
-foreach(bad "--loss-scale;bogus" "--grad-dtype;f64" "--clip;abc" "--clip=-1" "--clip;0")
+foreach(bad "--loss-scale;bogus" "--grad-dtype;f64" "--clip;abc" "--clip=-1" "--clip;0"
+            "--state-dtype;bogus" "--state-dtype;q8;--optimizer;lamb")
   execute_process(COMMAND ${FUSEDOPT} bench ${tiny} ${bad}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   list(GET bad 0 option)

@@ -1,5 +1,6 @@
 // `fusedopt bench`: fused vs standard (for-loop) vs same_traffic steps, interleaved; with
-// --loss-scale/--clip a training-loop step, plus standard_pipeline.
+// --loss-scale/--clip a training-loop step, plus standard_pipeline; with --state-dtype q8, 8-bit
+// states and no standard impl.
 
 #include <cstddef>
 #include <iostream>
@@ -92,6 +93,12 @@ Command AddBenchCommand(CLI::App& app) {
   parser->add_option(
       "--grad-dtype", options.grad_dtype,
       "Gradients: f32, bf16 or f16 (default: --dtype; params and states keep --dtype)");
+  parser->add_option("--state-dtype", options.state_dtype,
+                     "States: --dtype's (the default, as torch keeps them), or q8: 8-bit "
+                     "block-wise codes with one f32 absmax per 256 elements (bitsandbytes' format; "
+                     "element-wise algorithms only). With q8, same_traffic moves the 8-bit step's "
+                     "bytes, and standard (and standard_pipeline) are left out: no for-loop step "
+                     "keeps 8-bit states");
   parser
       ->add_option("--loss-scale", options.loss_scale,
                    "none, static (2^16) or dynamic (torch GradScaler policy, from 2^16); not none: "
