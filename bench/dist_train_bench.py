@@ -12,6 +12,13 @@ implementation trains its own deep copy of that one initialisation:
   ddp_fused        DDP + fusedopt.FusedAdamW
   zero0            fusedopt.distributed.DistributedOptimizer(fusedopt.FusedAdamW(...), zero=0), no DDP
   zero1            the same with zero=1 (optimizer state sharded across the ranks)
+  fsdp2_torch      FSDP2 (fully_shard on every block of a ModuleList, then the root) + torch.optim.AdamW
+                   (foreach=False: the for-loop, torch's default for DTensor params)
+  fsdp2_torch_fused  the same with torch.optim.AdamW(fused=True)
+  fsdp2_fused      the same with fusedopt.FusedAdamW (the step over the rank's local shards)
+
+The FSDP2 rows are asked for by name (--impls); --fsdp2-bf16 gives them MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=f32): bf16 compute, the optimizer stepping the f32 shards.
 
 DDP runs with forward_sync_buffers=False (no buffer broadcast before every forward; the
 DistributedOptimizer syncs no buffers either) and bucket_cap_mb = --bucket-mb, the
@@ -36,6 +43,8 @@ alike. Per impl, over the steps after --warmup:
 
   scripts/bench-train --model transformer_small --nproc 2 --json r.json
   scripts/bench-train --model transformer_small --nproc 2 --impls ddp_fused,zero0,zero1 --steps 30
+  scripts/bench-train --model transformer_small --d-model 512 --n-layer 6 --vocab 2048 --nproc 2 \
+      --impls fsdp2_torch,fsdp2_torch_fused,fsdp2_fused [--fsdp2-bf16]
 """
 
 from __future__ import annotations
@@ -70,8 +79,13 @@ IMPLS = {
     "ddp_fused": "DDP + fusedopt.FusedAdamW",
     "zero0": "fusedopt.distributed zero=0",
     "zero1": "fusedopt.distributed zero=1",
+    "fsdp2_torch": "FSDP2 + torch.optim.AdamW (for-loop)",
+    "fsdp2_torch_fused": "FSDP2 + torch.optim.AdamW (fused=True)",
+    "fsdp2_fused": "FSDP2 + fusedopt.FusedAdamW",
 }
-TORCH_VARIANTS = {"ddp_torch": {"foreach": False}, "ddp_torch_fused": {"fused": True}}
+DEFAULT_IMPLS = ["ddp_torch", "ddp_torch_fused", "ddp_fused", "zero0", "zero1"]
+TORCH_VARIANTS = {"ddp_torch": {"foreach": False}, "ddp_torch_fused": {"fused": True},
+                  "fsdp2_torch": {"foreach": False}, "fsdp2_torch_fused": {"fused": True}}
 ZERO = {"zero0": 0, "zero1": 1}
 PHASES = ("forward", "backward", "optimizer", "zero_grad")
 BARRIER_PROBES = 20
@@ -165,12 +179,34 @@ def build(impl: str, base: torch.nn.Module, args: argparse.Namespace, fd) -> tup
         inner = fusedopt.FusedAdamW(model.parameters(), **kwargs)
         opt = fd.DistributedOptimizer(inner, zero=ZERO[impl], bucket_mb=args.bucket_mb, process_group=None)
         return model, opt, list(model.parameters())
+    if impl.startswith("fsdp2_"):
+        shard_fsdp2(model, args)
+        if impl == "fsdp2_fused":
+            opt = fusedopt.FusedAdamW(model.parameters(), **kwargs)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), **kwargs, **TORCH_VARIANTS[impl])
+        return model, opt, list(model.parameters())
     ddp = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False, bucket_cap_mb=args.bucket_mb)
     if impl == "ddp_fused":
         opt = fusedopt.FusedAdamW(model.parameters(), **kwargs)
     else:
         opt = torch.optim.AdamW(model.parameters(), **kwargs, **TORCH_VARIANTS[impl])
     return ddp, opt, list(model.parameters())
+
+
+def shard_fsdp2(model: torch.nn.Module, args: argparse.Namespace) -> None:
+    """fully_shard as torch's recipes apply it: every block of the model's ModuleLists, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    kw = {"mesh": mesh}
+    if args.fsdp2_bf16:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for blocks in [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]:
+        for block in blocks:
+            fully_shard(block, **kw)
+    fully_shard(model, **kw)
 
 
 def train_step(module, opt, loss_fn, batch, warmup: bool) -> dict:
@@ -260,7 +296,9 @@ def run(args: argparse.Namespace) -> dict | None:
         impl: {
             "records": records[impl],
             "state": state_bytes(runners[impl][1]),
-            "checksum": sum(float(p.detach().double().sum()) for p in runners[impl][2]),
+            # (a DTensor param's whole values: a collective, which every rank runs in the same order)
+            "checksum": sum(float((p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double().sum())
+                            for p in runners[impl][2]),
         }
         for impl in impls
     }
@@ -357,6 +395,11 @@ def report(args, impls, skipped, gathered, sent, numel, grad_bytes, per_barrier)
         "impls": rows,
         "zero0_vs_ddp_fused_samples_per_s": ratio(get("zero0", "samples_per_s"), get("ddp_fused", "samples_per_s")),
         "zero1_vs_zero0_state_bytes": ratio(get("zero1", "state_bytes"), get("zero0", "state_bytes")),
+        "fsdp2_bf16": args.fsdp2_bf16,
+        # the FSDP2 rows' optimizer step: torch's over fusedopt's (each the median over the timed steps)
+        "fsdp2_optimizer_speedup": {
+            impl: ratio(rows[impl]["phases_ms"]["optimizer"], rows["fsdp2_fused"]["phases_ms"]["optimizer"])
+            for impl in ("fsdp2_torch", "fsdp2_torch_fused") if impl in rows and "fsdp2_fused" in rows},
         "max_loss_rel_diff_first10": loss_diff,
         "forward_ms_spread": (max(forward) - min(forward)) / min(forward),
         "run_s": time.perf_counter() - STARTED,
@@ -414,6 +457,7 @@ def title(result: dict) -> str:
         f"{result['model']} / adamw, {result['nproc']} ranks (gloo) x {result['threads_per_rank']} threads on "
         f"{env['cores']} cores, global batch {result['batch_size']}, {result['steps']} timed rounds "
         f"(+{result['warmup']} warm-up), torch {env['torch_version']}, {env['target']}"
+        + (", FSDP2 rows in bf16 compute" if result.get("fsdp2_bf16") else "")
     )
 
 
@@ -421,13 +465,14 @@ def notes(result: dict) -> list[str]:
     out = [
         f"ring all-reduce reference 2(P-1)/P * grad bytes: {result['ring_allreduce_bytes_per_rank'] / 1e6:.2f} MB/rank/"
         f"step ({result['grad_bytes'] / 1e6:.2f} MB of f32 grads)",
-        f"zero=0 vs DDP+FusedAdamW samples/s: {fmt(result['zero0_vs_ddp_fused_samples_per_s'], '.3f')}"
-        + ("x" if result["zero0_vs_ddp_fused_samples_per_s"] is not None else ""),
-        f"zero=1 state bytes / zero=0 state bytes: {fmt(result['zero1_vs_zero0_state_bytes'], '.3f')}",
         f"max loss rel diff over the first {train_bench.LOSS_CHECK_STEPS} steps (rank 0): "
         f"{result['max_loss_rel_diff_first10']:.2e}; forward times differ by "
         f"{100 * result['forward_ms_spread']:.1f} % across impls (the noise floor)",
     ]
+    if result["zero0_vs_ddp_fused_samples_per_s"] is not None:
+        out.append(f"zero=0 vs DDP+FusedAdamW samples/s: {fmt(result['zero0_vs_ddp_fused_samples_per_s'], '.3f')}x")
+    if result["zero1_vs_zero0_state_bytes"] is not None:
+        out.append(f"zero=1 state bytes / zero=0 state bytes: {fmt(result['zero1_vs_zero0_state_bytes'], '.3f')}")
     noisy = [
         i
         for i, r in result["impls"].items()
@@ -440,6 +485,8 @@ def notes(result: dict) -> list[str]:
             f"note: sent bytes of {', '.join(noisy)}: mean and median step differ by over 1 %; other traffic on lo "
             "during the run (see lo_tx_bytes_steps in the JSON)"
         )
+    for impl, speedup in result.get("fsdp2_optimizer_speedup", {}).items():
+        out.append(f"optimizer step, {IMPLS[impl]} / {IMPLS['fsdp2_fused']}: {fmt(speedup, '.2f')}x")
     if result["barrier_bytes"] is None:
         out.append("note: no `lo` interface in /proc/net/dev: bytes sent not measured")
     unsynced = [i for i, r in result["impls"].items() if not r["params_equal_across_ranks"]]
@@ -472,8 +519,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, help="ranks (torchrun --nproc-per-node; under torchrun: WORLD_SIZE)")
     parser.add_argument("--model", choices=train_models.MODELS, default="transformer_small")
-    parser.add_argument("--impls", type=functools.partial(train_bench.impl_list, impls=IMPLS), default=list(IMPLS),
-                        help="comma-separated (default: all)")
+    parser.add_argument("--impls", type=functools.partial(train_bench.impl_list, impls=IMPLS),
+                        default=list(DEFAULT_IMPLS), help=f"comma-separated (default: {','.join(DEFAULT_IMPLS)})")
+    parser.add_argument("--fsdp2-bf16", action="store_true",
+                        help="the FSDP2 rows compute in bf16 (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32))")
     parser.add_argument("--batch-size", type=int, default=32, help="global, split across the ranks (default 32)")
     parser.add_argument("--image-size", type=int, default=32, help="image models (default 32)")
     parser.add_argument("--num-classes", "--classes", type=int, help="image models (default 1000; digits: 10)")

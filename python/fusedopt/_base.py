@@ -25,7 +25,7 @@ from ._in_backward import BackwardStep
 from ._packing import SegmentPacking, _Cached, _LastStep, _Packed
 from ._signals import _Skipped, packed_anew_until_laid_out
 from ._state import StateCreation, _roll_back
-from ._tensors import DTYPE_CODES, check_param
+from ._tensors import DTYPE_CODES, check_param, is_dtensor, mark
 
 # What a copy of an optimizer does not take over (besides torch's hooks, which torch's own copies drop too):
 # what is rebuilt from the copy's own params (caches keyed by tensor identity or address, the flat layout, the
@@ -231,7 +231,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             p = params[pid]
             self.state[p].update(saved)
             if "master_param" in saved:  # the loaded master is the truth for the current param
-                self._param_marks[p] = (p.data_ptr(), p._version)
+                self._param_marks[p] = mark(p)
         # With flatten=True the loaded states move into their flat slots at the next step.
 
     def flat_grads(self) -> list[torch.Tensor]:
@@ -268,7 +268,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         copies (in state) are in sync with them. Not what __setstate__ rebuilds over the copy's own params."""
         state = {k: v for k, v in self.__dict__.items() if k not in _NOT_COPIED and not k.startswith("_optimizer_")}
         state["_copied"] = (self._flat is not None,
-                            [p for p, mark in self._param_marks.items() if mark == (p.data_ptr(), p._version)])
+                            [p for p, last in self._param_marks.items() if last == mark(p)])
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -303,7 +303,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
                     self._hook(p)
         if copied is not None:  # a copy's params are new tensors: its marks and flat buffers are its own
             flatten, in_sync = copied
-            self._param_marks = {p: (p.data_ptr(), p._version) for p in in_sync}
+            self._param_marks = {p: mark(p) for p in in_sync}
             self._flat = FlatStore(self) if flatten else None
 
     @hooked_step
@@ -342,7 +342,10 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             if packed is None:
                 self._last = None
                 packed = packed_anew_until_laid_out(lambda: self._pack(hypers, undo, grads))
-            if packed.routed:
+            # (the Inf/NaN check and the norm of clipping span every rank's shards of DTensor params)
+            global_checks = (self._max_grad_norm != math.inf or found_out is not None) and any(
+                map(is_dtensor, packed.params))
+            if packed.routed or global_checks:
                 self._step_with_torch(packed, inv_scale, found_out)
             else:
                 self._run_engine(packed, inv_scale, found_out is not None, found_out)

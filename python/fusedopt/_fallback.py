@@ -15,7 +15,7 @@ import torch
 from . import _C
 from ._packing import _Packed
 from ._signals import _Skipped
-from ._tensors import grad_route_reason, route_error, route_reason
+from ._tensors import dtensor_route_reason, grad_route_reason, is_dtensor, route_error, route_reason
 
 _LIBRARY_DIRS = (os.path.dirname(__file__), os.path.dirname(torch.__file__))  # see _user_stacklevel
 
@@ -31,7 +31,7 @@ class TorchFallback:
             raise RuntimeError(f"parameter {self._name(gi, j)}: {self._sparse_message}")
         if self.defaults.get("differentiable", False):
             return "differentiable=True (the fused step records no autograd graph)"
-        route = route_reason(p) or grad_route_reason(g, p)
+        route = self._dtensor_route(p, g) if is_dtensor(p) else route_reason(p) or grad_route_reason(g, p)
         if route is None:
             return None
         if self._strict:
@@ -40,9 +40,26 @@ class TorchFallback:
             raise route_error(route, self._name(gi, j))
         return route[1]
 
+    def _dtensor_route(self, p: torch.Tensor, g: torch.Tensor) -> tuple[type, str] | None:
+        """route_reason for a DTensor param p (FSDP2, tensor parallel) with gradient g: the engine steps its local
+        shard where the update is element-wise and needs nothing but the shard. Whole-tensor reductions (LAMB's
+        and LARS's trust ratios, AdamP's rows, Adafactor's factors) take the reference's step, whose DTensor ops
+        reduce across the shards."""
+        if not self._quantizable:  # (the engine's element-wise algorithms are those that take 8-bit states)
+            return TypeError, (f"it is a DTensor and the '{self._algorithm}' step reduces over whole tensors, of "
+                               "which this rank holds a shard")
+        if self._state_dtype_option is torch.uint8:
+            return TypeError, "it is a DTensor, and 8-bit states of DTensor shards are not supported yet"
+        if self._accumulation_steps > 1:
+            return TypeError, "it is a DTensor, and accumulation_steps > 1 over DTensor shards is not supported yet"
+        if self._step_in_backward:
+            return TypeError, "it is a DTensor, and step_in_backward=True over DTensor shards is not supported yet"
+        return dtensor_route_reason(p, g)
+
     def _step_with_torch(self, packed: _Packed, grad_scale: float, found_out) -> None:
         """A step where some params take the reference's own step (packed.routed; see _torch_step)
-        and the rest the engine's. What spans both partitions is done here, once for all params,
+        and the rest the engine's, or where the engine steps DTensor shards whose gradients must be checked
+        or clipped as whole tensors (over every rank's shards). What spans both partitions is done here, once for all params,
         before either runs: the Inf/NaN check for fusedopt.GradScaler and the global norm of
         max_grad_norm (torch's clip_grad_norm_ norm, in double); the clip coefficient then scales the
         gradients of both, as the engine folds it into grad_scale. The engine checks the
@@ -69,6 +86,9 @@ class TorchFallback:
             if packed.grads:
                 self._engine(packed, grad_scale, False, max_grad_norm=math.inf)
 
+        if not packed.routed:  # (DTensor params: only the checks needed every rank's gradients)
+            engine()
+            return
         if grad_scale == 1.0:
             self._torch_step({p: p.grad for p in packed.routed}, then=engine)
         else:  # as torch's GradScaler.unscale_ multiplies, by an f32 factor
@@ -223,7 +243,9 @@ def _grad_norm(grads: list[torch.Tensor], code: int) -> float:
         return 0.0
     order = {2: 2.0, 1: 1.0, 0: math.inf}[code]
     norms = [torch.linalg.vector_norm(g.to_dense() if g.is_sparse else g, order,
-                                      dtype=torch.complex128 if g.is_complex() else torch.float64).cpu()
+                                      dtype=torch.complex128 if g.is_complex() else torch.float64)
              for g in grads if g.device.type != "meta"]  # (no values: shape-only, and torch's step takes it)
+    # a DTensor's norm is its shards' norms reduced over the mesh: the same value on every rank
+    norms = [(n.full_tensor() if is_dtensor(n) else n).cpu() for n in norms]
     return float(torch.linalg.vector_norm(torch.stack(norms), order)) if norms else 0.0
 

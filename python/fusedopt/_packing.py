@@ -13,7 +13,7 @@ from . import _C
 from ._hypers import _BadNumber
 from ._signals import _Relaid
 from ._state import _ABSENT
-from ._tensors import DTYPE_CODES, first_overlap, grad_shape_error, number_error
+from ._tensors import DTYPE_CODES, first_overlap, grad_shape_error, is_dtensor, local, mark, number_error
 
 _ITEM_SIZES = {0: 4, 1: 2, 2: 2}  # bytes per element of each engine dtype code
 # (a complex64 tensor is read as its f32 real view; uint8 states are 8-bit block-wise codes, DType::kQ8)
@@ -135,6 +135,8 @@ class SegmentPacking:
         the _unchanged module (a build without torch's C++ API)."""
         if _unchanged is None or self._duplicates or not self._overlap_free or not isinstance(self.state, dict):
             return
+        if any(map(is_dtensor, packed.params)):  # (the C++ check reads tensors' own memory, which a DTensor lacks)
+            return
         cached = [self._segment_cache[p] for p in packed.params]
         all_params = [p for group in self.param_groups for p in group["params"]]
         entries = [(c.state, key, t, address) for c in cached for key, t, address in c.tensors]
@@ -172,12 +174,16 @@ class SegmentPacking:
         dtype, shape and layout are checked). `own_grad`: g is p.grad (with flatten=True, it goes into
         its slot), not an accumulator."""
         c = self._segment_cache.get(p)
-        if c is not None and c.needed == needed and c.group == gi and c.param_ptr == p.data_ptr() and (
-                c.version is None or c.version == p._version):
+        shard = local(p)  # (a DTensor's memory on this rank; a plain tensor itself)
+        if c is not None and c.needed == needed and c.group == gi and c.param_ptr == shard.data_ptr() and (
+                c.version is None or c.version == shard._version):
             state = self.state.get(p)
             intact = state is c.state
             for key, t, address in c.tensors:
-                intact = intact and state.get(key) is t and t.data_ptr() == address
+                intact = intact and state.get(key) is t and local(t).data_ptr() == address
+            if shard is not p:  # a DTensor: its gradient's shard is what the engine reads, laid out as p's shard
+                intact = intact and is_dtensor(g) and g.placements == p.placements
+                g = local(g)
             if intact and not g.is_sparse and g.is_contiguous() and g.shape == c.shape:
                 gcode = DTYPE_CODES.get(g.dtype)
                 grad_ptr = g.data_ptr()
@@ -195,7 +201,8 @@ class SegmentPacking:
         route = self._route(p, g, gi, j)
         if route is not None:
             return None, route, None
-        if self._flat is not None:
+        shard = local(p)
+        if self._flat is not None and shard is p:  # (a DTensor's shard stays where FSDP2 or TP keeps it)
             # Re-combine a param or grad replaced since the last step. If that needs a new layout,
             # the segments packed so far point into the old one.
             if self._flat.place(p):
@@ -218,7 +225,7 @@ class SegmentPacking:
             elif need:
                 t, fresh = self._ensure_state(p, state, key, sdtype, gi, j, undo, hyper)
             if need:
-                ptrs[slot] = t.data_ptr()
+                ptrs[slot] = local(t).data_ptr()
                 fresh_buffer |= fresh
         step_ptr, step = 0, 0
         if self._counts_steps:
@@ -237,18 +244,18 @@ class SegmentPacking:
             scalar_ptrs[k] = self._ensure_scalar(state, key, gi, j, k, undo).data_ptr()
         master = 0
         if self._has_master(p):
-            mark = self._param_marks.get(p, _ABSENT)
-            if mark != (p.data_ptr(), p._version):
+            last_mark = self._param_marks.get(p, _ABSENT)
+            if last_mark != mark(p):
                 # First step, or the param was changed outside the optimizer (a model checkpoint
                 # loaded into it, p.data = ...): the master copy restarts from the param.
                 if "master_param" in state:
                     undo.append((state, "master_param", state.pop("master_param")))
-                undo.append((self._param_marks, p, mark))
-            self._param_marks[p] = (p.data_ptr(), p._version)  # our raw writes leave both as they are
-            master = self._ensure_state(p, state, "master_param", torch.float32, gi, j, undo)[0].data_ptr()
+                undo.append((self._param_marks, p, last_mark))
+            self._param_marks[p] = mark(p)  # our raw writes leave both as they are
+            master = local(self._ensure_state(p, state, "master_param", torch.float32, gi, j, undo)[0]).data_ptr()
         def row(step):
-            return _C.SegmentRow(param=p.data_ptr(), states=ptrs, absmax=absmax_ptrs, master=master,
-                                 numel=p.numel() * (2 if p.is_complex() else 1), param_dtype=pcode,
+            return _C.SegmentRow(param=shard.data_ptr(), states=ptrs, absmax=absmax_ptrs, master=master,
+                                 numel=shard.numel() * (2 if p.is_complex() else 1), param_dtype=pcode,
                                  state_dtype=_ENGINE_CODES[sdtype], group=gi, step_counter=step_ptr, step=step,
                                  stochastic_rounding=self._rounding[0], rounding_seed=self._rounding[1],
                                  global_offset=self._global_offset(p), scalars=scalar_ptrs,
@@ -262,15 +269,17 @@ class SegmentPacking:
         keys += ["step"] if self._counts_steps else []
         keys += self._scalar_keys
         keys += ["master_param"] if master else []
-        tensors = tuple((k, state[k], state[k].data_ptr()) for k in keys)
+        tensors = tuple((k, state[k], local(state[k]).data_ptr()) for k in keys)
         if state and attached is None:
             undo.append((self.state, p, _ABSENT))
             self.state[p] = attached = state
-        grad_slot = self._flat.grad_slot_address(p) if self._flat is not None and self._flat.grads_in_slots() else None
+        grad_slot = (self._flat.grad_slot_address(p) if self._flat is not None and self._flat.grads_in_slots()
+                     and shard is p else None)
         # SGD's next steps find the buffer made by this one.
-        self._segment_cache[p] = _Cached(needed, gi, p.data_ptr(), attached, tensors, p._version if master else None,
-                                         now if step != 1 else row(2), p.shape, grad_slot)
-        return now, g.data_ptr(), gcode
+        self._segment_cache[p] = _Cached(needed, gi, shard.data_ptr(), attached, tensors,
+                                         shard._version if master else None, now if step != 1 else row(2),
+                                         local(g).shape, grad_slot)
+        return now, local(g).data_ptr(), gcode
 
     def _global_offset(self, p: torch.Tensor) -> int:
         """Index of p's first element in all params of all groups laid end to end: the element index
@@ -281,7 +290,20 @@ class SegmentPacking:
                 for q in group["params"]:
                     self._offsets.setdefault(q, total)
                     total += q.numel()
+        if self._rounding[0] and is_dtensor(p):  # where this rank's shard starts (only stochastic rounding reads it)
+            return self._offsets[p] + _shard_offset(p)
         return self._offsets[p]
+
+
+def _shard_offset(p) -> int:
+    """The index, in DTensor p's elements in row-major order, of its local shard's first element. The shard's
+    elements are consecutive there under Shard(0), so their stochastic rounding noise is that of the whole tensor
+    in one process; under other placements it depends on the world size (docs/fsdp2.md)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, starts = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    strides = [math.prod(p.shape[d + 1:]) for d in range(len(p.shape))]
+    return sum(start * stride for start, stride in zip(starts, strides))
 
 
 class _Packed:

@@ -9,7 +9,7 @@ import math
 import torch
 
 from . import _C
-from ._tensors import is_dense, number_error
+from ._tensors import is_dense, is_dtensor, number_error, shard_of
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # The largest state['step'] the engine takes (src/python/module.cc): every f32 below it is an exact
@@ -151,6 +151,11 @@ class StateCreation:
         if shape is not None:
             return self._ensure_shaped_state(p, state, key, dtype, shape, gi, j, undo)
         t = state.get(key)
+        if t is not None and is_dtensor(p) and t.shape == p.shape:  # as torch.optim keeps it: a DTensor laid out as p
+            shard = shard_of(t, p)
+            if shard is not t:
+                undo.append((state, key, t))
+                state[key] = t = shard
         if t is not None and t.dtype == dtype and t.numel() == p.numel() and (
                 t.stride() == p.stride() or (t.is_contiguous() and p.is_contiguous())) and (
                 self._flat is None or self._flat.in_slot(p, key, t)):

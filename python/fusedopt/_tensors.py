@@ -3,6 +3,8 @@ before its address may be handed to it."""
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 # fusedopt::DType codes (include/fusedopt/dtype.h).
@@ -15,6 +17,63 @@ def dtype_code(t: torch.Tensor, what: str) -> int:
     if code is None:
         raise TypeError(f"fusedopt: {what} has dtype {t.dtype}; supported dtypes are {SUPPORTED}")
     return code
+
+
+def is_dtensor(t) -> bool:
+    """t is a DTensor (FSDP2's fully_shard, tensor parallel). None exists before torch.distributed.tensor is imported,
+    so the common case costs one dict lookup."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose memory holds t's elements on this rank: a DTensor's local shard (an alias, which the engine
+    updates in place), else t."""
+    return t._local_tensor if is_dtensor(t) else t
+
+
+def mark(p: torch.Tensor) -> tuple[int, int]:
+    """(address, version counter) of p's memory on this rank: what changes when p is written behind the
+    optimizer's back (a DTensor's shard is written by FSDP2 itself, not through the wrapper)."""
+    t = local(p)
+    return t.data_ptr(), t._version
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """t as one plain tensor: a DTensor gathered (a collective; for a reduction's result, the reduction across the
+    ranks, which DTensor's item() and bool() skip: they read this rank's partial value), else t."""
+    return t.full_tensor() if is_dtensor(t) else t
+
+
+def shard_of(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """A state t (of p's shape) for DTensor param p: t itself when it is a DTensor laid out as p, else a DTensor of
+    p's mesh and placements holding t's values, e.g. a plain tensor of the whole state loaded from a torch.save'd
+    state_dict (this rank keeps its slice of it), or a DTensor of other placements (gathered first: a collective,
+    which every rank runs alike, as it loaded alike)."""
+    if is_dtensor(t) and t.device_mesh == p.device_mesh and t.placements == p.placements:
+        return t
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    whole = t.full_tensor() if is_dtensor(t) else t
+    shape, starts = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    piece = whole.reshape(p.shape)[tuple(slice(a, a + n) for a, n in zip(starts, shape))]
+    # (a copy: the shard is updated in place, and must not write into the loaded tensor, which may be another
+    # optimizer's live state)
+    return DTensor.from_local(piece.clone(memory_format=torch.contiguous_format), p.device_mesh, p.placements,
+                              run_check=False, shape=p.shape, stride=p.stride())
+
+
+def dtensor_route_reason(p: torch.Tensor, g: torch.Tensor) -> tuple[type, str] | None:
+    """As route_reason and grad_route_reason together, for a DTensor param p and its gradient g: the engine
+    steps p's local shard with g's, which must be a DTensor of the same mesh and placements (then its shard is
+    laid out as p's)."""
+    if not is_dtensor(g):
+        return TypeError, f"it is a DTensor but its gradient is a {type(g).__name__}"
+    if g.device_mesh != p.device_mesh or g.placements != p.placements:
+        return ValueError, (f"its gradient's placements {g.placements} (mesh {g.device_mesh}) are not the "
+                            f"parameter's {p.placements} (mesh {p.device_mesh})")
+    return route_reason(local(p)) or grad_route_reason(local(g), local(p))
 
 
 def route_reason(p: torch.Tensor) -> tuple[type, str] | None:
@@ -66,7 +125,7 @@ def route_error(route: tuple[type, str], name: str) -> Exception:
 
 def check_param(p: torch.Tensor, name: str) -> None:
     """strict=True: a parameter the engine cannot take fails when it joins the optimizer."""
-    route = route_reason(p)
+    route = route_reason(local(p))  # (a DTensor: its shard; the step checks the rest, _route)
     if route is not None:
         raise route_error(route, name)
 

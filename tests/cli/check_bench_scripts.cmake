@@ -26,6 +26,7 @@ endfunction()
 run_script(bench-torch fopt_scripts_torch.json --optimizer sgd --numel 1000 --rounds 1 --warmup 0)
 run_script(bench-train fopt_scripts_train.json --model mobilenet_v1 --image-size 8 --num-classes 10
            --batch-size 2 --steps 1 --warmup 0 --impls fused)
-# The data-parallel comparison: 2 ranks under torchrun, every impl once.
+# The data-parallel comparison: 2 ranks under torchrun, every impl once (the FSDP2 rows by name).
 run_script(bench-train fopt_scripts_dist.json --nproc 2 --model transformer_small --n-layer 1 --d-model 32
-           --seq-len 8 --vocab 64 --batch-size 4 --steps 1 --warmup 0 --timeout 120)
+           --seq-len 8 --vocab 64 --batch-size 4 --steps 1 --warmup 0 --timeout 120
+           --impls ddp_torch,ddp_torch_fused,ddp_fused,zero0,zero1,fsdp2_torch,fsdp2_torch_fused,fsdp2_fused)

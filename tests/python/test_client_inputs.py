@@ -1,9 +1,9 @@
 """Regression tests of issue #29's items 2, 5, 6 and 12: what clients hand the fused optimizers that torch (or
 the class's reference) takes.
 
-- item 2: DTensor params and grads (FSDP2's fully_shard, tensor parallel) have no storage of their own; they
-  take torch's own step (an error under strict=True), as do fusedopt.clip_grad_norm_/clip_grad_value_ and
-  GradScaler with them. Checked against torch's optimizers on the same DTensors, bit for bit.
+- item 2: DTensor params and grads (FSDP2's fully_shard, tensor parallel) have no storage of their own; the
+  fused step takes their local shards (issue #32, test_fsdp2.py), fusedopt.clip_grad_norm_/clip_grad_value_
+  take torch's own path, and both GradScalers work with them. Checked against torch on the same DTensors.
 - item 5: every class's signature is its twin's (names, kinds, defaults) followed by fusedopt's keyword-only
   options, which its docstring documents; a factory that filters kwargs by signature (timm, HF) works.
 - item 6: meta-device params step as torch steps them (shape only), with max_grad_norm and accumulation too.
@@ -217,15 +217,8 @@ _DTENSOR = r'''
 import os, tempfile, warnings
 import torch, torch.distributed as dist
 import fusedopt
-from algorithm_cases import CASES
-from conftest import BASE_KW
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-
-# every torch twin
-FUSED = {case.name: case.fused for case in CASES.values() if case.torch}
-TORCH = {case.name: case.torch for case in CASES.values() if case.torch}
 
 
 def params(placement):
@@ -243,21 +236,22 @@ def grads(ps, t, placement, scale=1.0, inf=False):
         p.grad = distribute_tensor(v, mesh, [placement])
 
 
-def same(a, b, what):
+def close(a, b, what):
+    # the fused AdamW and torch's differ by torch's fp32 sqrt, which is not correctly rounded
     assert type(a) is type(b), (what, type(a), type(b))
     if isinstance(a, DTensor):
         assert a.placements == b.placements, what
         a, b = a.full_tensor(), b.full_tensor()
-    assert a.dtype == b.dtype and torch.equal(a.view(-1).view(torch.int32) if a.is_floating_point() else a,
-                                              b.view(-1).view(torch.int32) if b.is_floating_point() else b), what
+    a, b = a.detach().double(), b.detach().double()
+    assert torch.linalg.vector_norm(a - b) <= 1e-6 * torch.linalg.vector_norm(b), what
 
 
 def compare(fo, to, fps, tps, what):
     for i, (p, q) in enumerate(zip(fps, tps)):
-        same(p.detach(), q.detach(), f"{what}: param {i}")
+        close(p, q, f"{what}: param {i}")
         assert fo.state[p].keys() == to.state[q].keys(), what
         for k in to.state[q]:
-            same(fo.state[p][k], to.state[q][k], f"{what}: param {i} state {k}")
+            close(fo.state[p][k], to.state[q][k], f"{what}: param {i} state {k}")
 
 
 store = tempfile.NamedTemporaryFile(delete=False)
@@ -266,33 +260,6 @@ dist.init_process_group("gloo", init_method=f"file://{store.name}", rank=0, worl
 try:
     mesh = init_device_mesh("cpu", (1,))
     for placement in (Replicate(), Shard(0)):
-        for name in FUSED:
-            kw = BASE_KW.get(name, {})
-            fps, tps = params(placement), params(placement)
-            fo, to = FUSED[name](fps, **kw), TORCH[name](tps, foreach=False, **kw)
-            for t in range(3):
-                grads(fps, t, placement)
-                grads(tps, t, placement)
-                try:
-                    to.step()
-                except RuntimeError as e:  # (a torch step whose in-place op DTensor refuses on a Shard(0) DTensor)
-                    error = e
-                else:
-                    error = None
-                with warnings.catch_warnings(record=True) as w:
-                    warnings.simplefilter("always")
-                    try:
-                        fo.step()
-                    except RuntimeError as e:
-                        assert error is not None and str(error) in str(e), (name, e, error)
-                    else:
-                        assert error is None, (name, error)
-                assert t or "DTensor without storage of its own" in str(w[0].message), [str(x.message) for x in w]
-                if error is not None:  # (fusedopt's failed step changes nothing; torch's leaves the state it made)
-                    assert t > 0 or not fo.state, name
-                    break
-                compare(fo, to, fps, tps, f"{name} {placement} step {t}")
-
         # clip_grad_norm_ / clip_grad_value_, and both GradScalers (unscale_ + clip, or the step's own check;
         # an Inf in step 1 skips it)
         for fused_scaler in (True, False):
@@ -321,33 +288,17 @@ try:
         fusedopt.clip_grad_value_(fps, 0.5)
         torch.nn.utils.clip_grad_value_(tps, 0.5)
         for p, q in zip(fps, tps):
-            same(p.grad, q.grad, "clip_grad_value_")
+            assert torch.equal(p.grad.full_tensor(), q.grad.full_tensor()), "clip_grad_value_"
+        # strict=True: the fused step takes DTensors where its update is element-wise; Adafactor's factored one
+        # is an error naming the param
+        fps = params(placement)
+        grads(fps, 0, placement)
+        fusedopt.FusedAdamW(fps, strict=True).step()
         try:
-            fusedopt.FusedAdamW(params(placement), strict=True)
-            raise AssertionError("strict=True took a DTensor")
+            fusedopt.FusedAdafactor(fps, strict=True).step()
+            raise AssertionError("strict=True took a DTensor for Adafactor")
         except TypeError as e:
-            assert "parameter 0 of group 0" in str(e) and "DTensor without storage of its own" in str(e), e
-
-    # FSDP2: a model trained with fully_shard, as with torch's AdamW
-    def model():
-        torch.manual_seed(0)
-        m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-        for part in (m[0], m[2], m):
-            fully_shard(part)
-        return m
-
-    fm, tm = model(), model()
-    fo = fusedopt.FusedAdamW(fm.parameters(), lr=0.01, weight_decay=0.1)
-    to = torch.optim.AdamW(tm.parameters(), lr=0.01, weight_decay=0.1, foreach=False)
-    x = torch.randn(4, 6)
-    for t in range(3):
-        for m, opt in ((fm, fo), (tm, to)):
-            opt.zero_grad()
-            m(x).square().sum().backward()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                opt.step()
-    compare(fo, to, list(fm.parameters()), list(tm.parameters()), "fully_shard")
+            assert "parameter 0 of group 0" in str(e) and "reduces over whole tensors" in str(e), e
 finally:
     dist.destroy_process_group()
     os.unlink(store.name)
@@ -355,9 +306,9 @@ print("dtensor checks passed")
 '''
 
 
-def test_dtensor_params_take_torchs_step():
+def test_dtensor_params_with_scalers_clipping_and_strict():
     """A 1-process gloo group in a fresh interpreter (no default group leaks into other tests); Replicate and
-    Shard(0) DTensors; every torch twin, both GradScalers and the clipping functions; a model under FSDP2's
-    fully_shard: against torch bit for bit."""
+    Shard(0) DTensors: both GradScalers and the clipping functions against torch's; strict=True. (Several ranks,
+    every class, FSDP2 models and DCP: test_fsdp2.py.)"""
     out = run_isolated(_DTENSOR, timeout=300)
     assert out.returncode == 0 and "dtensor checks passed" in out.stdout, out.stdout + out.stderr[-3000:]

@@ -45,6 +45,8 @@ from torch.optim.optimizer import required
 
 import torch
 
+from .._tensors import whole
+
 __all__ = ["BertAdamReference", "SCHEDULES", "schedule_factor", "update"]
 
 SCHEDULES = ("warmup_linear", "warmup_constant", "warmup_cosine", "warmup_poly")
@@ -107,7 +109,7 @@ class BertAdamReference(torch.optim.Optimizer):
                     # The norm correctly rounded to the NPU's grad.float() (f16/f32 there; float64 stays
                     # float64): the device's own summation order is unknown, and a float32 sum on the CPU
                     # would be neither its nor exact.
-                    total_norm = torch.linalg.vector_norm(flat, dtype=torch.float64).to(
+                    total_norm = whole(torch.linalg.vector_norm(flat, dtype=torch.float64)).to(
                         torch.promote_types(flat.dtype, torch.float32))
                     clip_coef = group["max_grad_norm"] / (total_norm + 1e-6)
                     if clip_coef < 1.0:

@@ -39,6 +39,8 @@ import math
 
 import torch
 
+from .._tensors import whole
+
 __all__ = ["LambReference", "update"]
 
 
@@ -97,7 +99,7 @@ class LambReference(torch.optim.Optimizer):
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("LambReference does not support sparse gradients")
-                total += (p.grad.double() ** 2).sum().item()
+                total += whole((p.grad.double() ** 2).sum()).item()
         grad_norm = math.sqrt(total)
         max_grad_norm = self.defaults["max_grad_norm"]
         coef = None
@@ -116,7 +118,7 @@ class LambReference(torch.optim.Optimizer):
 
 def _norm(t: torch.Tensor) -> float:
     """||t|| accumulated in double (complex: of its real view)."""
-    return (torch.view_as_real(t) if t.is_complex() else t).double().norm().item()
+    return whole((torch.view_as_real(t) if t.is_complex() else t).double().norm()).item()
 
 
 def update(p: torch.Tensor, sg: torch.Tensor, state: dict, group) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import torch
 
+from .._tensors import whole
 from ._per_param import PerParamReference
 
 __all__ = ["LarcSGD", "LarsReference", "update"]
@@ -73,9 +74,9 @@ class LarsReference(PerParamReference):
 
 def _norm(t: torch.Tensor) -> torch.Tensor:
     """The float64 norm of a tensor (complex: of its real view), rounded once to the tensor's (real) dtype: a 0-d
-    tensor."""
+    tensor (of a DTensor: its shards' norms reduced, a plain tensor)."""
     real = torch.view_as_real(t) if t.is_complex() else t
-    return torch.linalg.vector_norm(real, dtype=torch.float64).to(real.dtype)
+    return whole(torch.linalg.vector_norm(real, dtype=torch.float64)).to(real.dtype)
 
 
 def update(p: torch.Tensor, d: torch.Tensor, states, group) -> None:
