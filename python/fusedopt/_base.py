@@ -23,6 +23,7 @@ from ._hooks import hooked_step
 from ._hypers import group_fields, hyper_arguments
 from ._in_backward import BackwardStep
 from ._packing import SegmentPacking, _Cached, _LastStep, _Packed
+from ._shards import step_with_mesh_sums
 from ._signals import _Skipped, packed_anew_until_laid_out
 from ._state import StateCreation, _roll_back
 from ._tensors import DTYPE_CODES, check_param, is_dtensor, mark
@@ -389,6 +390,13 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
                 rows, grads, codes = ([x[i] for i in order] for x in (packed.rows, grads, codes))
                 table = _C.SegmentTable(rows)
         max_norm = self._max_grad_norm if max_grad_norm is None else max_grad_norm
+        sums = _C.zero_one.get(self._algorithm, {}).get("step_with_sums")
+        if sums is not None and any(map(is_dtensor, packed.params)):  # LAMB, LARS: norms over every rank's shards
+            if check or max_norm != math.inf or micro_batch is not None or "wave_ends" in kw:
+                raise RuntimeError("fusedopt: a step over DTensor shards takes no pre-pass, accumulation or waves "
+                                   "(internal error)")
+            return step_with_mesh_sums(sums, _C.zero_one[self._algorithm]["reductions"], packed.params,
+                                       packed.hypers, table, grads, codes, grad_scale, torch.get_num_threads())
         return type(self)._engine_step(packed.hypers, table, grads, codes, grad_scale, torch.get_num_threads(),
                                        max_norm, self._norm_code, self._clip_rule, check, **kw)
 

@@ -15,7 +15,7 @@ import torch
 from . import _C
 from ._packing import _Packed
 from ._signals import _Skipped
-from ._tensors import dtensor_route_reason, grad_route_reason, is_dtensor, route_error, route_reason
+from ._tensors import dtensor_route_reason, grad_route_reason, is_dtensor, local, route_error, route_reason
 
 _LIBRARY_DIRS = (os.path.dirname(__file__), os.path.dirname(torch.__file__))  # see _user_stacklevel
 
@@ -42,10 +42,11 @@ class TorchFallback:
 
     def _dtensor_route(self, p: torch.Tensor, g: torch.Tensor) -> tuple[type, str] | None:
         """route_reason for a DTensor param p (FSDP2, tensor parallel) with gradient g: the engine steps its local
-        shard where the update is element-wise and needs nothing but the shard. Whole-tensor reductions (LAMB's
-        and LARS's trust ratios, AdamP's rows, Adafactor's factors) take the reference's step, whose DTensor ops
-        reduce across the shards."""
-        if not self._quantizable:  # (the engine's element-wise algorithms are those that take 8-bit states)
+        shard where the update is element-wise, and LAMB's and LARS's with their per-tensor norms added up over
+        the ranks (_shards.py). The other whole-tensor reductions (AdamP's rows, BertAdam's clipping per group,
+        Adafactor's factors) take the reference's step, whose DTensor ops reduce across the shards."""
+        # (the engine's element-wise algorithms are those that take 8-bit states)
+        if not self._quantizable and _C.zero_one.get(self._algorithm, {}).get("step_with_sums") is None:
             return TypeError, (f"it is a DTensor and the '{self._algorithm}' step reduces over whole tensors, of "
                                "which this rank holds a shard")
         if self._state_dtype_option is torch.uint8:
@@ -238,14 +239,36 @@ def _user_stacklevel() -> int:
 
 
 def _grad_norm(grads: list[torch.Tensor], code: int) -> float:
-    """The norm of all gradients as one vector (code as norm_type_code), in double."""
+    """The norm of all gradients as one vector (code as norm_type_code), in double. A DTensor gradient's norm is
+    that of its whole tensor, the same on every rank: each shard's norm on its rank, combined over the mesh dims
+    the tensor is sharded along, one collective for all tensors of a mesh and placements (torch's clip_grad_norm_
+    makes one per tensor)."""
     if not grads:
         return 0.0
     order = {2: 2.0, 1: 1.0, 0: math.inf}[code]
-    norms = [torch.linalg.vector_norm(g.to_dense() if g.is_sparse else g, order,
-                                      dtype=torch.complex128 if g.is_complex() else torch.float64)
-             for g in grads if g.device.type != "meta"]  # (no values: shape-only, and torch's step takes it)
-    # a DTensor's norm is its shards' norms reduced over the mesh: the same value on every rank
-    norms = [(n.full_tensor() if is_dtensor(n) else n).cpu() for n in norms]
-    return float(torch.linalg.vector_norm(torch.stack(norms), order)) if norms else 0.0
 
+    def norm(g):
+        return torch.linalg.vector_norm(g.to_dense() if g.is_sparse else g, order,
+                                        dtype=torch.complex128 if g.is_complex() else torch.float64)
+
+    norms, sharded = [], {}
+    for g in grads:
+        if g.device.type == "meta":  # (no values: shape-only, and torch's step takes it)
+            continue
+        if is_dtensor(g):
+            sharded.setdefault((g.device_mesh, tuple(g.placements)), []).append(local(g))
+        else:
+            norms.append(norm(g).cpu())
+    if sharded:
+        from torch.distributed.tensor import DTensor, Partial, Replicate
+
+        for (mesh, placements), shards in sharded.items():
+            # (each shard's norm ** order, added up (max for inf) over the ranks, then ** (1 / order))
+            # (an empty shard, a rank past a tensor's last row, adds 0: torch has no inf norm of no elements)
+            local_norms = [norm(t).abs().cpu() if t.numel() else torch.zeros((), dtype=torch.float64) for t in shards]
+            powered = torch.stack(local_norms) ** (1.0 if order == math.inf else order)
+            op = "max" if order == math.inf else "sum"
+            parts = [Partial(op) if placement.is_shard() else Replicate() for placement in placements]
+            whole = DTensor.from_local(powered, mesh, parts, run_check=False).full_tensor()
+            norms.extend(whole if order == math.inf else whole ** (1.0 / order))
+    return float(torch.linalg.vector_norm(torch.stack(norms), order)) if norms else 0.0

@@ -25,8 +25,13 @@ SHAPES = [((5, 3), "shard0"), ((2, 4), "shard0"), ((7,), "shard0"), ((64, 80), "
 STEPS = 4
 
 
-def _kw(case) -> dict:
-    return {**case.defaults, **case.required_options}
+# Options that make a class's whole-tensor terms matter: LARS's default clip=True caps its trust ratio at 1 with
+# these gradients, so that the norms would not show.
+OPTIONS = {"lars": dict(clip=False, momentum=0.9, weight_decay=1e-4)}
+
+
+def _kw(name: str, case) -> dict:
+    return {**case.defaults, **case.required_options, **OPTIONS.get(name, {})}
 
 
 def _placement(kind: str):
@@ -61,14 +66,33 @@ def rank_every_class() -> dict:
     from torch.distributed.tensor import distribute_tensor
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    out = {}
+    out = {"clip norms": {}}
+    # clipping by the 1-norm and the inf-norm (2: rank_fsdp2_models): the norm of the whole gradients
+    for norm_type in (1.0, math.inf):
+        g = torch.Generator().manual_seed(0)
+        whole = [torch.randn(shape, generator=g) for shape, _ in SHAPES]
+        dps = [torch.nn.Parameter(distribute_tensor(w.clone(), mesh, [_placement(kind)]))
+               for w, (_, kind) in zip(whole, SHAPES)]
+        pps = [torch.nn.Parameter(w.clone()) for w in whole]
+        kw = dict(lr=0.01, max_grad_norm=0.5, norm_type=norm_type)
+        sharded, plain = fusedopt.FusedAdamW(dps, **kw), fusedopt.FusedAdamW(pps, **kw)
+        norms = []
+        for t in range(2):
+            for k, (dp, pp) in enumerate(zip(dps, pps)):
+                pp.grad = _grad(pp.shape, t, k)
+                dp.grad = distribute_tensor(pp.grad.clone(), mesh, dp.placements)
+            sharded.step()
+            plain.step()
+            norms.append((sharded.last_grad_norm, plain.last_grad_norm))
+        out["clip norms"][norm_type] = {"norms": norms,
+                                        "params": [(dp.full_tensor(), pp.detach().clone()) for dp, pp in zip(dps, pps)]}
     for name, case in CASES.items():
         g = torch.Generator().manual_seed(0)
         whole = [torch.randn(shape, generator=g) for shape, _ in SHAPES]
         dps = [torch.nn.Parameter(distribute_tensor(w.clone(), mesh, [_placement(kind)]))
                for w, (_, kind) in zip(whole, SHAPES)]
         pps = [torch.nn.Parameter(w.clone()) for w in whole]
-        sharded, plain = case.fused(dps, **_kw(case)), case.fused(pps, **_kw(case))
+        sharded, plain = case.fused(dps, **_kw(name, case)), case.fused(pps, **_kw(name, case))
         refused = None  # the error of a reference step that DTensor's ops refused, and whether it changed nothing
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -328,12 +352,27 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+@pytest.mark.parametrize("norm_type", [1.0, math.inf])
+def test_clipping_by_other_norms_spans_the_shards(every_class, norm_type):
+    """max_grad_norm with norm_type 1 and inf over DTensor params (an empty shard at 3 ranks): the norm of the whole
+    gradients, as the one-process run finds it (1e-12), the same on every rank, and the params within 1e-6."""
+    for rank in every_class:
+        got = rank["clip norms"][norm_type]
+        for sharded, plain in got["norms"]:
+            assert abs(sharded - plain) <= 1e-12 * plain, (sharded, plain)
+        for sharded, plain in got["params"]:
+            assert _relative(sharded, plain) <= 1e-6
+    assert len({str(r["clip norms"][norm_type]["norms"]) for r in every_class}) == 1
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_class_steps_dtensor_shards_as_one_process(every_class, name):
     """The element-wise classes step each rank's shard in the fused pass: params and states are the bits of the same
     class on the whole tensors, the states DTensors with the param's placements (as torch.optim makes them), the
-    step counts plain tensors. The classes whose step reduces over whole tensors take their reference's step on the
-    DTensors (with a warning saying so): within 1e-5 of the fused one-process run where DTensor's ops take the
+    step counts plain tensors. LAMB and LARS step their shards fused too, each tensor's norms added up over the
+    ranks: within 1e-6 of the one-process run. The other classes whose step reduces over whole tensors take their
+    reference's step on the DTensors (with a warning saying so): within 1e-5 of the fused one-process run where
+    DTensor's ops take the
     shards, else raising DTensor's error with nothing changed (AdamP views unevenly sharded rows as one row;
     torch.optim.Adafactor's own step squares a partial norm in place)."""
     ranks = every_class
@@ -342,7 +381,8 @@ def test_every_class_steps_dtensor_shards_as_one_process(every_class, name):
             assert _bits_equal(a, b), "the ranks' params differ"
     got = ranks[0][name]
     element_wise = fusedopt._C.algorithms[name].get("quantizable", False)
-    if not element_wise:
+    norms_across_ranks = fusedopt._C.zero_one[name]["step_with_sums"] is not None  # LAMB, LARS
+    if not element_wise and not norms_across_ranks:
         assert got["routed"] and "reduces over whole tensors" in got["routed"][0], got["routed"]
         if got["refused"] is not None:
             message, unchanged = got["refused"]
@@ -355,14 +395,16 @@ def test_every_class_steps_dtensor_shards_as_one_process(every_class, name):
     assert not got["routed"], got["routed"]
     for k, ((sharded, plain), placements, (dstates, pstates)) in enumerate(
             zip(got["params"], got["placements"], got["states"])):
-        assert _bits_equal(sharded, plain), f"param {k} {SHAPES[k]}"
+        # (LAMB's and LARS's norms add the shards' sums: the one-process sums within their rounding)
+        same = _bits_equal if element_wise else lambda a, b: _relative(a, b) <= 1e-6
+        assert same(sharded, plain), f"param {k} {SHAPES[k]}"
         assert dstates.keys() == pstates.keys(), (k, dstates.keys(), pstates.keys())
         for key, (kind, where, value) in dstates.items():
             if key == "step" or pstates[key][0] != "Tensor" or value.dim() == 0:
                 assert kind == pstates[key][0] and torch.equal(torch.as_tensor(value), torch.as_tensor(pstates[key][2]))
                 continue
             assert kind == "DTensor" and where == placements, (k, key, kind, where)
-            assert _bits_equal(value, pstates[key][2]), f"param {k} state {key}"
+            assert same(value, pstates[key][2]), f"param {k} state {key}"
 
 
 @pytest.fixture(scope="module")
