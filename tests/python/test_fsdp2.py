@@ -117,7 +117,8 @@ def rank_every_class() -> dict:
     return out
 
 
-def _mlp(mesh, mp_policy=None, dtype=torch.float32):
+def _mlp(mesh, dtype=torch.float32, **policies):
+    """A small MLP, fully_shard-ed on `mesh` with `policies` (mp_policy, offload_policy); unsharded for mesh None."""
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
@@ -125,9 +126,8 @@ def _mlp(mesh, mp_policy=None, dtype=torch.float32):
                             torch.nn.Linear(5, 2)).to(dtype)
     if mesh is None:
         return m
-    kw = {} if mp_policy is None else {"mp_policy": mp_policy}
     for part in (m[0], m[2], m[4], m):
-        fully_shard(part, mesh=mesh, **kw)
+        fully_shard(part, mesh=mesh, **policies)
     return m
 
 
@@ -137,25 +137,29 @@ def rank_fsdp2_models() -> dict:
     rank only."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
     from torch.distributed.tensor import distribute_tensor
 
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    bf16 = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
+    offload = {"offload_policy": CPUOffloadPolicy(pin_memory=False)}  # (pinning needs an accelerator)
+    # run -> (fused class, reference, the fused model's policies, the reference model's)
     runs = {
         "adamw": (lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1),
-                  lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1, foreach=False), None),
+                  lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1, foreach=False), {}, {}),
         "sgd": (lambda ps: fusedopt.FusedSGD(ps, lr=0.05, momentum=0.9, nesterov=True),
-                lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, foreach=False), None),
+                lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, foreach=False), {}, {}),
         "adamw flatten": (lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1, flatten=True),
-                          lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1), None),
+                          lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1), {}, {}),
         "adam bf16 compute": (lambda ps: fusedopt.FusedAdam(ps, lr=0.01),
-                              lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=False), bf16),
+                              lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=False), bf16, bf16),
+        "adamw cpu offload": (lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1),
+                              lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1), offload, {}),
     }
     out = {}
-    for run, (fused, reference, policy) in runs.items():
-        fm, rm = _mlp(mesh, policy), _mlp(mesh, policy)
+    for run, (fused, reference, fused_policies, reference_policies) in runs.items():
+        fm, rm = _mlp(mesh, **fused_policies), _mlp(mesh, **reference_policies)
         fo, ro = fused(fm.parameters()), reference(rm.parameters())
         torch.manual_seed(1 + rank)
         for _ in range(20):
@@ -191,7 +195,7 @@ def rank_fsdp2_models() -> dict:
 
     # bf16 params with f32 master copies (master_weights=True): against the same class on the unsharded model in
     # one process, stepped with the gathered gradients
-    fm, pm = _mlp(mesh, dtype=torch.bfloat16), _mlp(None, dtype=torch.bfloat16)
+    fm, pm = _mlp(mesh, torch.bfloat16), _mlp(None, torch.bfloat16)
     fo = fusedopt.FusedAdamW(fm.parameters(), lr=0.01, weight_decay=0.1, master_weights=True)
     po = fusedopt.FusedAdamW(pm.parameters(), lr=0.01, weight_decay=0.1, master_weights=True)
     for _ in range(10):
@@ -421,12 +425,13 @@ def test_fsdp2_models_train_as_with_torchs_optimizers(fsdp2_models):
     """fully_shard models trained for 20 steps on per-rank batches: fused == torch's twin bit for bit where the rule
     has no square root (SGD), within 1e-6 otherwise (torch's fp32 sqrt is not correctly rounded); flatten=True (the
     DTensor shards stay where FSDP2 keeps them) == flatten=False bit for bit; with bf16 compute the optimizer steps
-    the f32 shards."""
+    the f32 shards; CPUOffloadPolicy(pin_memory=False), which torch 2.13 runs on a CPU-only host, == no offload
+    bit for bit (the step is the CPU-resident sharded step either way)."""
     got = fsdp2_models[0]
-    for run in ("adamw", "sgd", "adamw flatten", "adam bf16 compute"):
+    for run in ("adamw", "sgd", "adamw flatten", "adam bf16 compute", "adamw cpu offload"):
         for k, (fused, reference, dtype) in enumerate(got[run]):
             assert dtype == "torch.float32"
-            if run in ("sgd", "adamw flatten"):
+            if run in ("sgd", "adamw flatten", "adamw cpu offload"):
                 assert _bits_equal(fused, reference), (run, k)
             else:
                 assert _relative(fused, reference) <= 1e-6, (run, k)
