@@ -260,6 +260,38 @@ def rank_fsdp2_models() -> dict:
     return out
 
 
+def rank_hsdp() -> dict:
+    """HSDP on 4 ranks: fully_shard over a 2-D mesh (2 replicas x 2 shards: placements (Replicate(), Shard(0))),
+    every rank on the same batch; LAMB (per-tensor norms) and AdamW with clipping against the same classes on the
+    unsharded model in one process, stepped with the gathered gradients."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    out = {}
+    for name, make in {"lamb": lambda ps: fusedopt.FusedLAMB(ps, lr=0.01),
+                       "adamw clip": lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, max_grad_norm=0.5)}.items():
+        fm, pm = _mlp(mesh), _mlp(None)
+        fo, po = make(fm.parameters()), make(pm.parameters())
+        for t in range(5):
+            fo.zero_grad()
+            fm(torch.randn(4, 6, generator=torch.Generator().manual_seed(t))).square().sum().backward()
+            for p, q in zip(fm.parameters(), pm.parameters()):
+                q.grad = p.grad.full_tensor()
+            fo.step()
+            po.step()
+        out[name] = [(p.full_tensor(), q.detach().clone(), tuple(map(repr, p.placements)))
+                     for p, q in zip(fm.parameters(), pm.parameters())]
+    # LAMB's trust ratio is a quotient of norms, blind to a factor both would share: the sums hook itself, on this
+    # rank's sums (1 and rank + 1 per tensor), adds them up over the 2 shards of the tensor, not the 2 replicas
+    from fusedopt._shards import MeshSums
+
+    params = list(fm.parameters())
+    rank = torch.distributed.get_rank()
+    out["sums"] = MeshSums(params, 2)([1.0, rank + 1.0] * len(params), 2)
+    out["shard rank"] = mesh.get_local_rank("shard")
+    return out
+
+
 def _dcp_model(mesh):
     from torch.distributed.fsdp import fully_shard
 
@@ -472,6 +504,23 @@ def test_clipping_and_the_scaler_span_the_ranks(fsdp2_models):
     assert a["scales"] == b["scales"] and a["scales"][2] == a["scales"][1] / 2
     for sharded, plain in a["params"]:
         assert _relative(sharded, plain) <= 1e-6
+
+
+def test_hsdp_norms_count_each_shard_once():
+    """On a 2-D mesh (HSDP: replicated x sharded) the per-tensor sums (LAMB's hook) and the clipping norm add up the
+    shards over the sharded dim only: the hook's totals are the two shards' sums, and LAMB and clipped AdamW are the
+    one-process run within 1e-6, on every rank."""
+    ranks = run_ranks("test_fsdp2:rank_hsdp", 4, timeout=300)
+    for r, rank in enumerate(ranks):
+        # ranks r and r ^ 1 hold the two shards of one replica (the mesh is [[0, 1], [2, 3]])
+        assert rank["shard rank"] == r % 2
+        tensors = len(rank["lamb"])
+        assert rank["sums"] == [2.0, (r + 1) + (r ^ 1) + 1.0] * tensors, rank["sums"]
+        for name in ("lamb", "adamw clip"):
+            params = rank[name]
+            for sharded, plain, placements in params:
+                assert placements == ("Replicate()", "Shard(dim=0)"), placements
+                assert _relative(sharded, plain) <= 1e-6, name
 
 
 @pytest.fixture(scope="module")
