@@ -26,7 +26,7 @@ from ._packing import SegmentPacking, _Cached, _LastStep, _Packed
 from ._shards import step_with_mesh_sums
 from ._signals import _Skipped, packed_anew_until_laid_out
 from ._state import StateCreation, _roll_back
-from ._tensors import DTYPE_CODES, check_param, is_dtensor, mark
+from ._tensors import DTYPE_CODES, check_param, is_dtensor, local, mark
 
 # What a copy of an optimizer does not take over (besides torch's hooks, which torch's own copies drop too):
 # what is rebuilt from the copy's own params (caches keyed by tensor identity or address, the flat layout, the
@@ -195,7 +195,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
     def state_dict(self) -> dict:
         """torch's state_dict; inside an accumulation window also the window (key "fusedopt_window": where it
         stands and its f32 sums, by param index), which load_state_dict takes back and torch.optim ignores."""
-        state_dict = super().state_dict()
+        state_dict = self._exported(super().state_dict())
         if self._micro_batches:
             index: dict[torch.Tensor, int] = {}
             for p in chain.from_iterable(g["params"] for g in self.param_groups):
@@ -251,7 +251,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         master copies, step counters and the f32 gradient sums of accumulation_steps > 1."""
         tensors = [t for s in self.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         tensors += self._accumulators.values()
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(local(t).numel() * t.element_size() for t in tensors)  # (a DTensor's: this rank's shard)
 
     def resync_master_weights(self) -> None:
         """With master_weights=True: restart every f32 master copy from its param at the next step.

@@ -49,8 +49,6 @@ class TorchFallback:
         if not self._quantizable and _C.zero_one.get(self._algorithm, {}).get("step_with_sums") is None:
             return TypeError, (f"it is a DTensor and the '{self._algorithm}' step reduces over whole tensors, of "
                                "which this rank holds a shard")
-        if self._state_dtype_option is torch.uint8:
-            return TypeError, "it is a DTensor, and 8-bit states of DTensor shards are not supported yet"
         if self._accumulation_steps > 1:
             return TypeError, "it is a DTensor, and accumulation_steps > 1 over DTensor shards is not supported yet"
         if self._step_in_backward:

@@ -9,7 +9,7 @@ import math
 import torch
 
 from . import _C
-from ._tensors import is_dense, is_dtensor, number_error, shard_of
+from ._tensors import is_dense, is_dtensor, local, number_error, shard_of
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # The largest state['step'] the engine takes (src/python/module.cc): every f32 below it is an exact
@@ -50,7 +50,14 @@ class StateCreation:
         return not self._unsigned_maps >> self._slot_keys.index(key) & 1
 
     def _dequantized(self, codes: torch.Tensor, absmax: torch.Tensor, key: str, what: str) -> torch.Tensor:
-        """The f32 values of 8-bit codes (laid out as `codes`, blocks in its memory order) with their absmax."""
+        """The f32 values of 8-bit codes (laid out as `codes`, blocks in its memory order) with their absmax; of a
+        DTensor's codes (their blocks counted in this rank's shard), a DTensor laid out as the codes."""
+        if is_dtensor(codes):
+            from torch.distributed.tensor import DTensor
+
+            out = self._dequantized(local(codes), absmax, key, what)
+            return DTensor.from_local(out, codes.device_mesh, codes.placements, run_check=False, shape=codes.shape,
+                                      stride=codes.stride())
         blocks = -(-codes.numel() // _C.quant_block)
         if not (isinstance(absmax, torch.Tensor) and absmax.numel() == blocks and absmax.is_floating_point()):
             raise ValueError(f"fusedopt: {what} holds 8-bit codes but its absmax ('{self._absmax_key(key)}') is "
@@ -74,11 +81,14 @@ class StateCreation:
         state[_absmax_key(key)] its f32 absmax: as it is when it already is; codes outside their flat slot are
         copied into it, their absmax kept; else made from what is there (codes of another layout or a 16-bit absmax,
         an f32 state of an optimizer without 8-bit states), or from the slot's initial value when missing. A
-        block's codes never span two params: each param's blocks start at its own first element.
+        block's codes never span two params: each param's blocks start at its own first element (a DTensor's: at
+        its shard's first element on this rank; the absmax, one per block of the shard, a plain tensor).
         Returns (codes, absmax, whether the state was created)."""
         akey = self._absmax_key(key)
         t, a = state.get(key), state.get(akey)
-        blocks = -(-p.numel() // _C.quant_block)
+        if t is not None and t.dtype != torch.uint8 and is_dtensor(p) and t.shape == p.shape:
+            t = shard_of(t, p)  # (values, as a DTensor's 8-bit states are exported: StateCreation._exported)
+        blocks = -(-local(p).numel() // _C.quant_block)
         what = f"state '{key}' of parameter {self._name(gi, j)}"
         if t is not None and t.numel() != p.numel():
             raise ValueError(f"fusedopt: {what} has {t.numel()} elements but the parameter has {p.numel()}")
@@ -103,7 +113,8 @@ class StateCreation:
         if codes is None:
             codes = torch.empty_like(p, dtype=torch.uint8, memory_format=torch.preserve_format)
         absmax = torch.empty(blocks, dtype=torch.float32, device=p.device)
-        _C.quantize(values.data_ptr(), p.numel(), self._signed_map(key), codes.data_ptr(), absmax.data_ptr())
+        _C.quantize(local(values).data_ptr(), local(p).numel(), self._signed_map(key), local(codes).data_ptr(),
+                    absmax.data_ptr())
         for k, new in ((key, codes), (akey, absmax)):  # a failed step puts the loaded tensors back
             undo.append((state, k, state.get(k, _ABSENT)))
             state[k] = new
@@ -198,6 +209,28 @@ class StateCreation:
         undo.append((state, key, _ABSENT if t is None else t))  # a failed step puts a loaded tensor back
         state[key] = new
         return new, t is None
+
+    def _exported(self, state_dict: dict) -> dict:
+        """state_dict (torch's, of this optimizer) with the 8-bit states of DTensor params as their f32 values, a
+        DTensor of the param's layout each, and no absmax: each rank's absmax counts the blocks of its own shard,
+        which a DCP checkpoint (which reshards DTensors and keeps one copy of a plain tensor) could not restore. A
+        load quantizes them again at the next step: bit for bit the same codes where the shards are the same."""
+        index: dict[torch.Tensor, int] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                index.setdefault(p, len(index))
+        for p, i in index.items():
+            entry = state_dict["state"].get(i)
+            if not is_dtensor(p) or not entry:
+                continue
+            codes = [k for k, v in entry.items() if isinstance(v, torch.Tensor) and v.dtype == torch.uint8
+                     and self._absmax_key(k) in entry]
+            if codes:
+                entry = dict(entry)  # (torch's state_dict holds the optimizer's own dicts)
+                for k in codes:
+                    entry[k] = self._dequantized(entry[k], entry.pop(self._absmax_key(k)), k, f"state '{k}'")
+                state_dict["state"][i] = entry
+        return state_dict
 
     def _f32_states_to_keep(self, state_dict: dict) -> dict:
         """What torch's load_state_dict would cast to each param's dtype and must not: by param index, copies of

@@ -117,6 +117,57 @@ def rank_every_class() -> dict:
     return out
 
 
+# 8-bit states over 2 ranks: every shard a whole number of 256-element blocks (8 rows x 64, 2 rows x 128; a
+# replicated 32 x 16 whole on each rank), and a vector under min_8bit_size (f32 states)
+SHAPES_8BIT = [((16, 64), "shard0"), ((4, 128), "shard0"), ((32, 16), "replicate"), ((7,), "shard0")]
+
+
+def rank_8bit() -> dict:
+    """8-bit states (state_dtype=torch.uint8, and bitsandbytes' twin) on DTensor params, against the same class on
+    the whole tensors in one process; a state_dict taken after 2 steps, loaded into a fresh optimizer (over other
+    values of the params) and continued."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    out = {}
+    makers = {"uint8": lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, state_dtype=torch.uint8, min_8bit_size=256),
+              "twin": lambda ps: fusedopt.FusedAdamW8bit(ps, lr=0.01, min_8bit_size=256)}
+    for name, make in makers.items():
+        g = torch.Generator().manual_seed(0)
+        whole = [torch.randn(shape, generator=g) for shape, _ in SHAPES_8BIT]
+        dps = [torch.nn.Parameter(distribute_tensor(w.clone(), mesh, [_placement(kind)]))
+               for w, (_, kind) in zip(whole, SHAPES_8BIT)]
+        pps = [torch.nn.Parameter(w.clone()) for w in whole]
+        sharded, plain = make(dps), make(pps)
+        resumed = None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for t in range(4):
+                if t == 2:  # a state_dict round trip at the same world size
+                    saved = copy.deepcopy(sharded.state_dict())
+                    entry = dict(saved["state"][0])  # (the twin's: bitsandbytes' nested layout)
+                    entry.update(entry.pop("__bnb_optimizer_quant_state__", {}))
+                    kinds = {k: (type(v).__name__, str(v.dtype)) for k, v in entry.items()
+                             if isinstance(v, torch.Tensor)}
+                    resumed = make(dps)
+                    resumed.load_state_dict(saved)
+                    sharded = resumed
+                for k, (dp, pp) in enumerate(zip(dps, pps)):
+                    pp.grad = _grad(pp.shape, t, k)
+                    dp.grad = distribute_tensor(pp.grad.clone(), mesh, dp.placements)
+                sharded.step()
+                plain.step()
+        state = sharded.state[dps[0]]
+        out[name] = {"routed": [str(w.message) for w in caught if "reference's own" in str(w.message)],
+                     "params": [(dp.full_tensor(), pp.detach().clone()) for dp, pp in zip(dps, pps)],
+                     "codes": {k: type(v).__name__ for k, v in state.items() if isinstance(v, torch.Tensor)
+                               and v.dtype == torch.uint8},
+                     "saved kinds": kinds}
+    return out
+
+
 def _mlp(mesh, dtype=torch.float32, **policies):
     """A small MLP, fully_shard-ed on `mesh` with `policies` (mp_policy, offload_policy); unsharded for mesh None."""
     from torch.distributed.fsdp import fully_shard
@@ -504,6 +555,24 @@ def test_clipping_and_the_scaler_span_the_ranks(fsdp2_models):
     assert a["scales"] == b["scales"] and a["scales"][2] == a["scales"][1] / 2
     for sharded, plain in a["params"]:
         assert _relative(sharded, plain) <= 1e-6
+
+
+def test_8bit_states_on_dtensor_shards():
+    """8-bit states of DTensor params: the codes a DTensor of the param's layout, each shard quantized in blocks
+    from its own first element (so where every shard is a whole number of blocks, the one-process run bit for bit,
+    with the small vector's f32 states too); the state_dict holds their f32 values as DTensors (no absmax, which
+    counts each rank's blocks), and loading it continues the run bit for bit. The bitsandbytes twin alike."""
+    got = run_ranks("test_fsdp2:rank_8bit", 2, timeout=300)[0]
+    for name in ("uint8", "twin"):
+        run = got[name]
+        assert not run["routed"], run["routed"]
+        assert set(run["codes"].values()) == {"DTensor"} and run["codes"], run["codes"]
+        kinds = run["saved kinds"]
+        states = ("exp_avg", "exp_avg_sq") if name == "uint8" else ("state1", "state2")
+        assert all(kinds[key] == ("DTensor", "torch.float32") for key in states), kinds
+        assert not any("absmax" in key for key in kinds), kinds
+        for k, (sharded, plain) in enumerate(run["params"]):
+            assert _bits_equal(sharded, plain), (name, k)
 
 
 def test_hsdp_norms_count_each_shard_once():
