@@ -244,6 +244,30 @@ def rank_fsdp2_models() -> dict:
     out["whole state dict"] = [(p.full_tensor(), q.detach().clone(), type(fo.state[p]["exp_avg"]).__name__)
                                for p, q in zip(fm.parameters(), pm.parameters())]
 
+    # a full state dict (StateDictOptions(full_state_dict=True): DSD gathers every state) set into a fresh optimizer
+    # of the same model: the run continues as the uninterrupted one, bit for bit
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    full = StateDictOptions(full_state_dict=True)
+    fm, um = _mlp(mesh), _mlp(mesh)
+    fo, uo = fusedopt.FusedAdamW(fm.parameters(), lr=0.01), fusedopt.FusedAdamW(um.parameters(), lr=0.01)
+    for t in range(4):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(t))
+        if t == 2:
+            saved = get_optimizer_state_dict(fm, fo, options=full)
+            fm.zero_grad(set_to_none=True)  # (as at a start: DSD initializes the fresh optimizer's state first)
+            fo = fusedopt.FusedAdamW(fm.parameters(), lr=0.01)
+            set_optimizer_state_dict(fm, fo, saved, options=full)
+        for m, opt in ((fm, fo), (um, uo)):
+            opt.zero_grad()
+            m(x).square().sum().backward()
+            opt.step()
+    out["full state dict"] = [(p.full_tensor(), q.full_tensor()) for p, q in zip(fm.parameters(), um.parameters())]
+
     # bf16 params with f32 master copies (master_weights=True): against the same class on the unsharded model in
     # one process, stepped with the gathered gradients
     fm, pm = _mlp(mesh, torch.bfloat16), _mlp(None, torch.bfloat16)
@@ -579,6 +603,13 @@ def test_a_whole_state_dict_loads_into_the_sharded_optimizer(fsdp2_models):
     the states become DTensors of the params' layout, and the next steps equal the one-process run bit for bit."""
     for k, (sharded, plain, kind) in enumerate(fsdp2_models[0]["whole state dict"]):
         assert kind == "DTensor" and _bits_equal(sharded, plain), k
+
+
+def test_a_full_state_dict_of_dsd_resumes_bit_for_bit(fsdp2_models):
+    """get_optimizer_state_dict(..., StateDictOptions(full_state_dict=True)) gathers the states; set into a fresh
+    optimizer with the same options, the run continues as the uninterrupted one, bit for bit."""
+    for k, (resumed, uninterrupted) in enumerate(fsdp2_models[0]["full state dict"]):
+        assert _bits_equal(resumed, uninterrupted), k
 
 
 def test_tensor_parallel_mlp_trains_as_one_process(fsdp2_models):
