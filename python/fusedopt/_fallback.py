@@ -15,7 +15,15 @@ import torch
 from . import _C
 from ._packing import _Packed
 from ._signals import _Skipped
-from ._tensors import dtensor_route_reason, grad_route_reason, is_dtensor, local, route_error, route_reason
+from ._tensors import (
+    dtensor_route_reason,
+    grad_route_reason,
+    is_dtensor,
+    local,
+    partial_over_shards,
+    route_error,
+    route_reason,
+)
 
 _LIBRARY_DIRS = (os.path.dirname(__file__), os.path.dirname(torch.__file__))  # see _user_stacklevel
 
@@ -258,7 +266,7 @@ def _grad_norm(grads: list[torch.Tensor], code: int) -> float:
         else:
             norms.append(norm(g).cpu())
     if sharded:
-        from torch.distributed.tensor import DTensor, Partial, Replicate
+        from torch.distributed.tensor import DTensor
 
         for (mesh, placements), shards in sharded.items():
             # (each shard's norm ** order, added up (max for inf) over the ranks, then ** (1 / order))
@@ -266,7 +274,6 @@ def _grad_norm(grads: list[torch.Tensor], code: int) -> float:
             local_norms = [norm(t).abs().cpu() if t.numel() else torch.zeros((), dtype=torch.float64) for t in shards]
             powered = torch.stack(local_norms) ** (1.0 if order == math.inf else order)
             op = "max" if order == math.inf else "sum"
-            parts = [Partial(op) if placement.is_shard() else Replicate() for placement in placements]
-            whole = DTensor.from_local(powered, mesh, parts, run_check=False).full_tensor()
+            whole = DTensor.from_local(powered, mesh, partial_over_shards(placements, op), run_check=False).full_tensor()
             norms.extend(whole if order == math.inf else whole ** (1.0 / order))
     return float(torch.linalg.vector_norm(torch.stack(norms), order)) if norms else 0.0

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ._tensors import is_dtensor
+from ._tensors import is_dtensor, partial_over_shards
 
 
 class MeshSums:
@@ -27,15 +27,14 @@ class MeshSums:
                 self.groups.setdefault((p.device_mesh, tuple(p.placements)), []).append(i)
 
     def __call__(self, sums: list[float], k: int) -> list[float]:
-        from torch.distributed.tensor import DTensor, Partial, Replicate
+        from torch.distributed.tensor import DTensor
 
         self.called = True
         out = list(sums)
         for (mesh, placements), segments in self.groups.items():
             mine = torch.tensor([sums[i * k + j] for i in segments for j in range(k)] if sums else
                                 [0.0] * (len(segments) * k), dtype=torch.float64)
-            # summed over the mesh dims the tensor is sharded along; a replicated dim holds the same shard twice
-            parts = [Partial("sum") if placement.is_shard() else Replicate() for placement in placements]
+            parts = partial_over_shards(placements, "sum")
             total = DTensor.from_local(mine, mesh, parts, run_check=False).full_tensor().tolist()
             if sums:
                 for n, i in enumerate(segments):

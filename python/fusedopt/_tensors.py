@@ -45,6 +45,16 @@ def whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if is_dtensor(t) else t
 
 
+def partial_over_shards(placements, op: str) -> list:
+    """The placements of a per-rank partial result (a shard's norm or sums) of a tensor laid out by `placements`:
+    Partial(op) along every mesh dim the tensor is sharded along (Shard, and FSDP's _StridedShard of a tensor-
+    parallel shard, which is no Shard to is_shard()), Replicate along the others, whose ranks hold the same
+    values and must not add them twice."""
+    from torch.distributed.tensor import Partial, Replicate
+
+    return [Replicate() if placement.is_replicate() else Partial(op) for placement in placements]
+
+
 def shard_of(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """A state t (of p's shape) for DTensor param p: t itself when it is a DTensor laid out as p, else a DTensor of
     p's mesh and placements holding t's values, e.g. a plain tensor of the whole state loaded from a torch.save'd

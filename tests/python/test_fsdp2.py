@@ -391,6 +391,30 @@ def rank_hsdp() -> dict:
     rank = torch.distributed.get_rank()
     out["sums"] = MeshSums(params, 2)([1.0, rank + 1.0] * len(params), 2)
     out["shard rank"] = mesh.get_local_rank("shard")
+
+    # FSDP x TP on the same 2 x 2 mesh: tensor parallel within each pair, fully_shard across them (2-D placements
+    # such as (Shard(0), Shard(1))), every rank on the same batch; LAMB and clipped AdamW against one process
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    for name, make in {"fsdp x tp lamb": lambda ps: fusedopt.FusedLAMB(ps, lr=0.01),
+                       "fsdp x tp adamw clip": lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, max_grad_norm=0.5)}.items():
+        torch.manual_seed(0)
+        fm = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+        pm = copy.deepcopy(fm)
+        parallelize_module(fm, mesh2["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(fm, mesh=mesh2["dp"])
+        fo, po = make(fm.parameters()), make(pm.parameters())
+        for t in range(5):
+            fo.zero_grad()
+            fm(torch.randn(4, 6, generator=torch.Generator().manual_seed(t))).square().sum().backward()
+            for p, q in zip(fm.parameters(), pm.parameters()):
+                q.grad = p.grad.full_tensor()
+            fo.step()
+            po.step()
+        out[name] = [(p.full_tensor(), q.detach().clone(), tuple(map(repr, p.placements)))
+                     for p, q in zip(fm.parameters(), pm.parameters())]
     return out
 
 
@@ -654,17 +678,21 @@ def test_8bit_states_on_dtensor_shards():
 def test_hsdp_norms_count_each_shard_once():
     """On a 2-D mesh (HSDP: replicated x sharded) the per-tensor sums (LAMB's hook) and the clipping norm add up the
     shards over the sharded dim only: the hook's totals are the two shards' sums, and LAMB and clipped AdamW are the
-    one-process run within 1e-6, on every rank."""
+    one-process run within 1e-6, on every rank. The same under FSDP x TP (fully_shard across pairs of ranks that
+    split each layer: placements sharded along both mesh dims)."""
     ranks = run_ranks("test_fsdp2:rank_hsdp", 4, timeout=300)
     for r, rank in enumerate(ranks):
         # ranks r and r ^ 1 hold the two shards of one replica (the mesh is [[0, 1], [2, 3]])
         assert rank["shard rank"] == r % 2
         tensors = len(rank["lamb"])
         assert rank["sums"] == [2.0, (r + 1) + (r ^ 1) + 1.0] * tensors, rank["sums"]
-        for name in ("lamb", "adamw clip"):
+        for name in ("lamb", "adamw clip", "fsdp x tp lamb", "fsdp x tp adamw clip"):
             params = rank[name]
             for sharded, plain, placements in params:
-                assert placements == ("Replicate()", "Shard(dim=0)"), placements
+                if name.startswith("fsdp x tp"):  # (FSDP's dim of a TP shard is a _StridedShard)
+                    assert len(placements) == 2 and "Shard(dim=0" in placements[0], placements
+                else:
+                    assert placements == ("Replicate()", "Shard(dim=0)"), placements
                 assert _relative(sharded, plain) <= 1e-6, name
 
 
