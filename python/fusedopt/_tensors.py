@@ -62,14 +62,12 @@ def shard_of(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     which every rank runs alike, as it loaded alike)."""
     if is_dtensor(t) and t.device_mesh == p.device_mesh and t.placements == p.placements:
         return t
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    whole = t.full_tensor() if is_dtensor(t) else t
-    shape, starts = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
-    piece = whole.reshape(p.shape)[tuple(slice(a, a + n) for a, n in zip(starts, shape))]
-    # (a copy: the shard is updated in place, and must not write into the loaded tensor, which may be another
-    # optimizer's live state)
+    values = t.full_tensor() if is_dtensor(t) else t
+    # (src_data_rank None: each rank cuts its own piece, no communication; a copy, as the shard is updated in
+    # place and must not write into the loaded tensor, which may be another optimizer's live state)
+    piece = distribute_tensor(values.reshape(p.shape), p.device_mesh, p.placements, src_data_rank=None).to_local()
     return DTensor.from_local(piece.clone(memory_format=torch.contiguous_format), p.device_mesh, p.placements,
                               run_check=False, shape=p.shape, stride=p.stride())
 

@@ -407,6 +407,9 @@ def rank_hsdp() -> dict:
         fully_shard(fm, mesh=mesh2["dp"])
         fo, po = make(fm.parameters()), make(pm.parameters())
         for t in range(5):
+            if t == 3:  # the one-process state dict (plain tensors) into a fresh optimizer: each rank cuts its piece
+                fo = make(fm.parameters())
+                fo.load_state_dict(copy.deepcopy(po.state_dict()))
             fo.zero_grad()
             fm(torch.randn(4, 6, generator=torch.Generator().manual_seed(t))).square().sum().backward()
             for p, q in zip(fm.parameters(), pm.parameters()):
@@ -679,7 +682,8 @@ def test_hsdp_norms_count_each_shard_once():
     """On a 2-D mesh (HSDP: replicated x sharded) the per-tensor sums (LAMB's hook) and the clipping norm add up the
     shards over the sharded dim only: the hook's totals are the two shards' sums, and LAMB and clipped AdamW are the
     one-process run within 1e-6, on every rank. The same under FSDP x TP (fully_shard across pairs of ranks that
-    split each layer: placements sharded along both mesh dims)."""
+    split each layer: placements sharded along both mesh dims), whose optimizers load the one-process state dict
+    (plain tensors) midway."""
     ranks = run_ranks("test_fsdp2:rank_hsdp", 4, timeout=300)
     for r, rank in enumerate(ranks):
         # ranks r and r ^ 1 hold the two shards of one replica (the mesh is [[0, 1], [2, 3]])
