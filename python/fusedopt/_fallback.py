@@ -59,8 +59,10 @@ class TorchFallback:
                                "which this rank holds a shard")
         if self._accumulation_steps > 1:
             return TypeError, "it is a DTensor, and accumulation_steps > 1 over DTensor shards is not supported yet"
-        if self._step_in_backward:
-            return TypeError, "it is a DTensor, and step_in_backward=True over DTensor shards is not supported yet"
+        if self._step_in_backward and not self._quantizable:
+            # (each bucket's norms would be one collective, and buckets end where each rank's shard bytes say)
+            return TypeError, ("it is a DTensor, and step_in_backward=True over DTensor shards is for the "
+                               "element-wise algorithms")
         return dtensor_route_reason(p, g)
 
     def _step_with_torch(self, packed: _Packed, grad_scale: float, found_out) -> None:

@@ -207,6 +207,8 @@ def rank_fsdp2_models() -> dict:
                               lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=False), bf16, bf16),
         "adamw cpu offload": (lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1),
                               lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1), offload, {}),
+        "adamw step_in_backward": (lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1, step_in_backward=True),
+                                   lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1), {}, {}),
     }
     out = {}
     for run, (fused, reference, fused_policies, reference_policies) in runs.items():
@@ -220,6 +222,16 @@ def rank_fsdp2_models() -> dict:
                 m(x).square().sum().backward()
                 opt.step()
         out[run] = [(p.full_tensor(), q.full_tensor(), str(p.dtype)) for p, q in zip(fm.parameters(), rm.parameters())]
+        if run == "adamw step_in_backward":  # (the updates ran in backward's hooks, which released the gradients)
+            out["grads left in backward"] = [p.grad is not None for p in fm.parameters()]
+    # LARS in backward would make a collective per bucket, where buckets end by each rank's shard bytes: refused
+    fm = _mlp(mesh)
+    fo = fusedopt.FusedLARS(fm.parameters(), lr=0.01, step_in_backward=True)
+    try:
+        fm(torch.randn(4, 6)).square().sum().backward()
+        out["lars in backward"] = None
+    except RuntimeError as e:
+        out["lars in backward"] = str(e)
 
     # a whole (plain-tensor) state dict of the one-process optimizer loads into the sharded one: each rank keeps
     # its part of every state, as DTensors of the param's layout, and the next steps are the one-process ones
@@ -587,12 +599,16 @@ def test_fsdp2_models_train_as_with_torchs_optimizers(fsdp2_models):
     has no square root (SGD), within 1e-6 otherwise (torch's fp32 sqrt is not correctly rounded); flatten=True (the
     DTensor shards stay where FSDP2 keeps them) == flatten=False bit for bit; with bf16 compute the optimizer steps
     the f32 shards; CPUOffloadPolicy(pin_memory=False), which torch 2.13 runs on a CPU-only host, == no offload
-    bit for bit (the step is the CPU-resident sharded step either way)."""
+    bit for bit (the step is the CPU-resident sharded step either way); step_in_backward=True (each bucket of
+    shards updated from the post-accumulate-grad hooks once FSDP2 has reduce-scattered its gradients) == the
+    ordinary step bit for bit, no gradient left."""
     got = fsdp2_models[0]
-    for run in ("adamw", "sgd", "adamw flatten", "adam bf16 compute", "adamw cpu offload"):
+    assert got["grads left in backward"] == [False] * len(got["adamw step_in_backward"])
+    assert "step_in_backward=True over DTensor shards is for the element-wise" in (got["lars in backward"] or "")
+    for run in ("adamw", "sgd", "adamw flatten", "adam bf16 compute", "adamw cpu offload", "adamw step_in_backward"):
         for k, (fused, reference, dtype) in enumerate(got[run]):
             assert dtype == "torch.float32"
-            if run in ("sgd", "adamw flatten", "adamw cpu offload"):
+            if run in ("sgd", "adamw flatten", "adamw cpu offload", "adamw step_in_backward"):
                 assert _bits_equal(fused, reference), (run, k)
             else:
                 assert _relative(fused, reference) <= 1e-6, (run, k)
