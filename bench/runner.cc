@@ -302,8 +302,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
   for (const Segment& s : segments) {
     for (int slot = 0; slot < kMaxStates && q8; ++slot) {
       if (s.state[slot] == nullptr) continue;
-      const bool unsigned_map = (UnsignedMapStatesOf(algorithm) >> slot & 1u) != 0;
-      QuantizeFill(0.0f, s.numel, unsigned_map ? QuantMap::kUnsigned : QuantMap::kSigned,
+      QuantizeFill(0.0f, s.numel, SlotMap(UnsignedMapStatesOf(algorithm), slot),
                    static_cast<std::uint8_t*>(s.state[slot]), s.absmax[slot]);
     }
     blocks += q8 ? NumQuantBlocks(s.numel) : 0;

@@ -31,6 +31,12 @@ inline constexpr std::size_t NumQuantBlocks(std::size_t numel) {
 // ones. Which state uses which is its algorithm's choice (the descriptor's kUnsignedMapStates).
 enum class QuantMap : std::uint8_t { kSigned = 0, kUnsigned = 1 };
 
+// The map of state slot `slot`'s codes, given the bit set of the slots that use the unsigned one
+// (an algorithm's kUnsignedMapStates).
+inline constexpr QuantMap SlotMap(unsigned unsigned_map_states, int slot) {
+  return (unsigned_map_states >> slot & 1u) != 0 ? QuantMap::kUnsigned : QuantMap::kSigned;
+}
+
 // The 256 values of a map, ascending, bit for bit those of bitsandbytes' create_dynamic_map.
 const std::array<float, 256>& DynamicMap(QuantMap map);
 

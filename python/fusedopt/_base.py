@@ -67,6 +67,11 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             # state_dtype=torch.uint8 (8-bit block-wise states): an element-wise step, and each slot's map
             cls._quantizable = entry.get("quantizable", False)
             cls._unsigned_maps = entry.get("unsigned_map_states", 0)
+            # LAMB, LARS: the two-phase step whose per-tensor sums a hook completes across ranks, and how many
+            # sums a segment has (None, 0 for the others)
+            sharded = _C.zero_one.get(algorithm, {})
+            cls._step_with_sums = staticmethod(sharded.get("step_with_sums"))
+            cls._sums_per_segment = sharded.get("reductions", 0)
 
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
                  max_grad_norm: float | None = None, norm_type: float = 2.0, accumulation_steps: int = 1,
@@ -390,13 +395,12 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
                 rows, grads, codes = ([x[i] for i in order] for x in (packed.rows, grads, codes))
                 table = _C.SegmentTable(rows)
         max_norm = self._max_grad_norm if max_grad_norm is None else max_grad_norm
-        sums = _C.zero_one.get(self._algorithm, {}).get("step_with_sums")
-        if sums is not None and any(map(is_dtensor, packed.params)):  # LAMB, LARS: norms over every rank's shards
+        if self._step_with_sums is not None and any(map(is_dtensor, packed.params)):  # norms over every rank's shards
             if check or max_norm != math.inf or micro_batch is not None or "wave_ends" in kw:
                 raise RuntimeError("fusedopt: a step over DTensor shards takes no pre-pass, accumulation or waves "
                                    "(internal error)")
-            return step_with_mesh_sums(sums, _C.zero_one[self._algorithm]["reductions"], packed.params,
-                                       packed.hypers, table, grads, codes, grad_scale, torch.get_num_threads())
+            return step_with_mesh_sums(self._step_with_sums, self._sums_per_segment, packed.params, packed.hypers,
+                                       table, grads, codes, grad_scale, torch.get_num_threads())
         return type(self)._engine_step(packed.hypers, table, grads, codes, grad_scale, torch.get_num_threads(),
                                        max_norm, self._norm_code, self._clip_rule, check, **kw)
 

@@ -12,7 +12,6 @@ with shards of whole chunks, the one-process sums bit for bit."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import torch.distributed as dist
 
@@ -20,6 +19,7 @@ import torch
 
 from . import _C
 from ._dist_layout import Flat, shard_slices
+from ._shards import stepped_report
 
 
 class Shard:
@@ -140,8 +140,7 @@ def _with_sums(cls, step, sums: TensorSums):
             raise RuntimeError("fusedopt.distributed: a ZeRO-1 shard step takes no pre-pass, accumulation or "
                                "waves (internal error)")
         step(hypers, table, grads, codes, grad_scale, num_threads, sums)
-        return SimpleNamespace(stepped=True, found_inf=False, grad_norm=None, clip_coef=1.0, pending=0,
-                               window_found_inf=False)
+        return stepped_report()
 
     return type(cls.__name__, (cls,), {"_engine_step": staticmethod(engine_step), "__module__": cls.__module__,
                                        "__qualname__": cls.__qualname__})

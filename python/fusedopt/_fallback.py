@@ -54,7 +54,7 @@ class TorchFallback:
         the ranks (_shards.py). The other whole-tensor reductions (AdamP's rows, BertAdam's clipping per group,
         Adafactor's factors) take the reference's step, whose DTensor ops reduce across the shards."""
         # (the engine's element-wise algorithms are those that take 8-bit states)
-        if not self._quantizable and _C.zero_one.get(self._algorithm, {}).get("step_with_sums") is None:
+        if not self._quantizable and self._step_with_sums is None:
             return TypeError, (f"it is a DTensor and the '{self._algorithm}' step reduces over whole tensors, of "
                                "which this rank holds a shard")
         if self._accumulation_steps > 1:

@@ -47,6 +47,13 @@ class MeshSums:
             self([], self.k)
 
 
+def stepped_report() -> SimpleNamespace:
+    """What the engine's plain step reports, for a step through a sums hook (_C.<name>_step_with_sums reports
+    nothing): it stepped, with no pre-pass and no accumulation."""
+    return SimpleNamespace(stepped=True, found_inf=False, grad_norm=None, clip_coef=1.0, pending=0,
+                           window_found_inf=False)
+
+
 def step_with_mesh_sums(step, k: int, params: list, hypers, table, grads, codes, grad_scale: float,
                         num_threads: int):
     """One two-phase step (`step`: _C.<name>_step_with_sums, k sums per segment) over segments of which some are
@@ -57,5 +64,4 @@ def step_with_mesh_sums(step, k: int, params: list, hypers, table, grads, codes,
         step(hypers, table, grads, codes, grad_scale, num_threads, sums)
     finally:
         sums.join()
-    return SimpleNamespace(stepped=True, found_inf=False, grad_norm=None, clip_coef=1.0, pending=0,
-                           window_found_inf=False)
+    return stepped_report()

@@ -396,8 +396,7 @@ std::function<void()> OptimizerCheckpoint<Hyper>::PlanStateCopy(
   }
   const std::string name = v["tensor"].get<std::string>();
   const DType here = opt.storage_.segments()[i].state_dtype;  // fixed per tensor, not per slot
-  const QuantMap map = (algos::UnsignedMapStates<Descriptor>() >> slot & 1u) ? QuantMap::kUnsigned
-                                                                             : QuantMap::kSigned;
+  const QuantMap map = SlotMap(algos::UnsignedMapStates<Descriptor>(), slot);
   // The slot may be allocated only when the plan runs: each copy looks its buffers up then.
   if (!table.HoldsCodes(name)) {
     DType dtype;

@@ -177,8 +177,7 @@ HWY_INLINE void RunQuantizedPiece(const Kernel& kernel, const Segment& seg, cons
   HWY_ALIGN float states[kMaxStates][kQuantBlock];
   const QuantTables* tables[kMaxStates];
   for (int slot = 0; slot < kMaxStates; ++slot) {
-    tables[slot] = &QuantTablesOf((unsigned_map_states >> slot & 1u) != 0 ? QuantMap::kUnsigned
-                                                                          : QuantMap::kSigned);
+    tables[slot] = &QuantTablesOf(SlotMap(unsigned_map_states, slot));
   }
   const std::size_t last = std::min(round_up(end), seg.numel);
   for (std::size_t b = round_up(begin); b < last; b += kQuantBlock) {

@@ -70,10 +70,8 @@ void Optimizer<Hyper>::ResetStates(unsigned slots) {
       // creates eagerly, filled with a hyper-parameter).
       const float init = Descriptor::InitialState(groups_[s.group], slot);
       if (s.state_dtype == DType::kQ8) {
-        const QuantMap map = (algos::UnsignedMapStates<Descriptor>() >> slot & 1u)
-                                 ? QuantMap::kUnsigned
-                                 : QuantMap::kSigned;
-        QuantizeFill(init, s.numel, map, static_cast<std::uint8_t*>(s.state[slot]), s.absmax[slot]);
+        QuantizeFill(init, s.numel, SlotMap(algos::UnsignedMapStates<Descriptor>(), slot),
+                     static_cast<std::uint8_t*>(s.state[slot]), s.absmax[slot]);
       } else if (init == 0.0f) {  // +0 is all zero bits in every float dtype
         std::memset(s.state[slot], 0, s.numel * DTypeSize(s.state_dtype));
       } else {

@@ -374,6 +374,25 @@ def rank_fsdp2_models() -> dict:
     return out
 
 
+def _against_one_process(fm, pm, make, reload_at: int | None = None) -> list:
+    """`make`'s optimizer on the distributed model fm and on the unsharded model pm, 5 steps of the same batch on
+    every rank, pm's gradients gathered from fm's; at step reload_at fm's optimizer is made anew from pm's state dict
+    (plain tensors). Returns per param (fm's whole values, pm's, fm's placements)."""
+    fo, po = make(fm.parameters()), make(pm.parameters())
+    for t in range(5):
+        if t == reload_at:  # each rank cuts its piece of every state
+            fo = make(fm.parameters())
+            fo.load_state_dict(copy.deepcopy(po.state_dict()))
+        fo.zero_grad()
+        fm(torch.randn(4, 6, generator=torch.Generator().manual_seed(t))).square().sum().backward()
+        for p, q in zip(fm.parameters(), pm.parameters()):
+            q.grad = p.grad.full_tensor()
+        fo.step()
+        po.step()
+    return [(p.full_tensor(), q.detach().clone(), tuple(map(repr, p.placements)))
+            for p, q in zip(fm.parameters(), pm.parameters())]
+
+
 def rank_hsdp() -> dict:
     """HSDP on 4 ranks: fully_shard over a 2-D mesh (2 replicas x 2 shards: placements (Replicate(), Shard(0))),
     every rank on the same batch; LAMB (per-tensor norms) and AdamW with clipping against the same classes on the
@@ -384,17 +403,8 @@ def rank_hsdp() -> dict:
     out = {}
     for name, make in {"lamb": lambda ps: fusedopt.FusedLAMB(ps, lr=0.01),
                        "adamw clip": lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, max_grad_norm=0.5)}.items():
-        fm, pm = _mlp(mesh), _mlp(None)
-        fo, po = make(fm.parameters()), make(pm.parameters())
-        for t in range(5):
-            fo.zero_grad()
-            fm(torch.randn(4, 6, generator=torch.Generator().manual_seed(t))).square().sum().backward()
-            for p, q in zip(fm.parameters(), pm.parameters()):
-                q.grad = p.grad.full_tensor()
-            fo.step()
-            po.step()
-        out[name] = [(p.full_tensor(), q.detach().clone(), tuple(map(repr, p.placements)))
-                     for p, q in zip(fm.parameters(), pm.parameters())]
+        fm = _mlp(mesh)
+        out[name] = _against_one_process(fm, _mlp(None), make)
     # LAMB's trust ratio is a quotient of norms, blind to a factor both would share: the sums hook itself, on this
     # rank's sums (1 and rank + 1 per tensor), adds them up over the 2 shards of the tensor, not the 2 replicas
     from fusedopt._shards import MeshSums
@@ -417,19 +427,7 @@ def rank_hsdp() -> dict:
         pm = copy.deepcopy(fm)
         parallelize_module(fm, mesh2["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
         fully_shard(fm, mesh=mesh2["dp"])
-        fo, po = make(fm.parameters()), make(pm.parameters())
-        for t in range(5):
-            if t == 3:  # the one-process state dict (plain tensors) into a fresh optimizer: each rank cuts its piece
-                fo = make(fm.parameters())
-                fo.load_state_dict(copy.deepcopy(po.state_dict()))
-            fo.zero_grad()
-            fm(torch.randn(4, 6, generator=torch.Generator().manual_seed(t))).square().sum().backward()
-            for p, q in zip(fm.parameters(), pm.parameters()):
-                q.grad = p.grad.full_tensor()
-            fo.step()
-            po.step()
-        out[name] = [(p.full_tensor(), q.detach().clone(), tuple(map(repr, p.placements)))
-                     for p, q in zip(fm.parameters(), pm.parameters())]
+        out[name] = _against_one_process(fm, pm, make, reload_at=3)
     return out
 
 
