@@ -109,11 +109,20 @@ std::vector<TensorSpec> TensorsFor() {
 struct Setup {
   bool bf16 = false;      // bf16 params and states, rounded stochastically
   bool pre_pass = false;  // a loss scaler and clipping
+  bool q8 = false;        // bf16 params rounded stochastically, 8-bit states
 };
 
 constexpr std::size_t kBucketBytes = 40000 * sizeof(float);
 
 StorageOptions StorageFor(const Setup& s) {
+  // Tensors 1 and 4 (40000 and 30000 elements) get 8-bit states, 0 and 3 keep f32 ones.
+  if (s.q8) {
+    return {.param_dtype = DType::kBF16,
+            .state_dtype = DType::kQ8,
+            .min_8bit_size = 2000,
+            .stochastic_rounding = true,
+            .rounding_seed = 11};
+  }
   if (!s.bf16) return {};
   return {.param_dtype = DType::kBF16,
           .state_dtype = DType::kBF16,
@@ -165,6 +174,20 @@ void FillGrads(std::span<float> g, int step, std::size_t tensor, float scale) {
   }
 }
 
+// A tensor's state slot as f32 (8-bit codes decoded with their absmax).
+template <class Hyper>
+std::vector<float> StateOf(Optimizer<Hyper>& opt, std::size_t t, int slot) {
+  const Segment& s = opt.storage().segments()[t];
+  std::vector<float> out(s.numel);
+  if (s.state_dtype == DType::kQ8) {
+    Dequantize(static_cast<const std::uint8_t*>(s.state[slot]), s.absmax[slot], s.numel,
+               SlotMap(algos::UnsignedMapStates<algos::DescriptorOf<Hyper>>(), slot), out.data());
+  } else {
+    for (std::size_t i = 0; i < s.numel; ++i) out[i] = LoadAsF32(s.state[slot], s.state_dtype, i);
+  }
+  return out;
+}
+
 bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
@@ -202,7 +225,13 @@ void ExpectSameAsOptimizer(const Setup& setup, Communicator& comm, DistributedOp
     const StepResult b = dist.Step(so);
     ASSERT_EQ(a.stepped, b.stepped);
     if (comm.size() == 1 && a.grad_norm) {
-      EXPECT_EQ(*a.grad_norm, *b.grad_norm);
+      // With 8-bit states tensors start on block edges of the flat range, whose chunks then hold
+      // other elements than the Optimizer's: the same norm, rounded in another order.
+      if (setup.q8) {
+        EXPECT_NEAR(*a.grad_norm, *b.grad_norm, 1e-12 * *a.grad_norm);
+      } else {
+        EXPECT_EQ(*a.grad_norm, *b.grad_norm);
+      }
     }
   }
   EXPECT_EQ(scaler_a.scale(), scaler_b.scale());
@@ -215,10 +244,7 @@ void ExpectSameAsOptimizer(const Setup& setup, Communicator& comm, DistributedOp
       const unsigned required = RequiredStates(Groups<Hyper>()[0]);
       if ((required >> slot & 1u) == 0 || A::kStates[slot][0] == 0) continue;
       if constexpr (algos::Factored<A>) continue;  // factored states are not param-shaped
-      const std::vector<float> all =
-          storage.state_dtype == DType::kF32
-              ? AsF32(opt.storage().template state<float>(t, slot), storage.state_dtype)
-              : AsF32(opt.storage().template state<std::uint16_t>(t, slot), storage.state_dtype);
+      const std::vector<float> all = StateOf(opt, t, slot);
       for (const auto& slice : dist.state(t, slot)) {
         const std::vector<float> part(
             all.begin() + static_cast<std::ptrdiff_t>(slice.first),
@@ -243,15 +269,19 @@ template <class T>
 class DistributedEveryAlgorithm : public ::testing::Test {};
 TYPED_TEST_SUITE(DistributedEveryAlgorithm, test::HyperTypes<algos::All>);
 
-// One process: zero 0 (pipelined and not) and zero 1 equal the Optimizer bit for bit, with f32
-// and with bf16 params and states rounded stochastically, with and without scaler and clipping.
+// One process: zero 0 (pipelined and not) and zero 1 equal the Optimizer bit for bit, with f32,
+// with bf16 params and states rounded stochastically and (the element-wise algorithms) with 8-bit
+// states, with and without scaler and clipping.
 TYPED_TEST(DistributedEveryAlgorithm, OneRankEqualsTheOptimizerBitForBit) {
   using Hyper = TypeParam;
   using A = algos::DescriptorOf<Hyper>;
-  for (const bool bf16 : {false, true}) {
+  for (const char* states : {"f32", "bf16", "q8"}) {
+    if (states == std::string("q8") && !algos::QuantizableStates<A>) continue;
     for (const bool pre_pass : {false, true}) {
-      const Setup setup{.bf16 = bf16, .pre_pass = pre_pass};
-      SCOPED_TRACE(std::string(bf16 ? "bf16 " : "f32 ") + (pre_pass ? "scaler+clip" : "plain"));
+      const Setup setup{.bf16 = states == std::string("bf16"),
+                        .pre_pass = pre_pass,
+                        .q8 = states == std::string("q8")};
+      SCOPED_TRACE(std::string(states) + (pre_pass ? " scaler+clip" : " plain"));
       for (const bool pipeline : {true, false}) {
         LocalCommunicator comm;
         ExpectSameAsOptimizer<Hyper>(setup, comm, {.zero = 0, .pipeline = pipeline});
@@ -265,9 +295,9 @@ TYPED_TEST(DistributedEveryAlgorithm, OneRankEqualsTheOptimizerBitForBit) {
 }
 
 // Rank r of P under ZeRO-1, given the reduced gradients: its shard's update is the same slice of
-// the unsharded update, bit for bit (stochastic rounding keyed on global indices included). AdamP,
-// BertAdam and Adafactor, whose sums are per row, across tensors or factored, are refused. AdamP,
-// BertAdam and Adafactor, whose sums are per row, across tensors or factored, are refused.
+// the unsharded update, bit for bit (stochastic rounding keyed on global indices included; 8-bit
+// states, whose blocks no shard edge cuts, too). AdamP, BertAdam and Adafactor, whose sums are per
+// row, across tensors or factored, are refused.
 TYPED_TEST(DistributedEveryAlgorithm, ShardStepIsTheSliceOfTheFullStep) {
   using Hyper = TypeParam;
   using A = algos::DescriptorOf<Hyper>;
@@ -282,11 +312,14 @@ TYPED_TEST(DistributedEveryAlgorithm, ShardStepIsTheSliceOfTheFullStep) {
     for (const std::size_t align : {kGrainElements, std::size_t{256}}) {
       for (const int ranks : {2, 3}) {
         for (int rank = 0; rank < ranks; ++rank) {
-          SCOPED_TRACE("rank " + std::to_string(rank) + " of " + std::to_string(ranks) +
-                       ", shards of " + std::to_string(align));
-          PlayRank comm(rank, ranks);
-          ExpectSameAsOptimizer<Hyper>({.bf16 = true}, comm,
-                                       {.zero = 1, .average = false, .shard_align = align});
+          for (const bool q8 : {false, true}) {
+            if (q8 && !algos::QuantizableStates<A>) continue;
+            SCOPED_TRACE("rank " + std::to_string(rank) + " of " + std::to_string(ranks) +
+                         ", shards of " + std::to_string(align) + (q8 ? ", 8-bit" : ", bf16"));
+            PlayRank comm(rank, ranks);
+            ExpectSameAsOptimizer<Hyper>({.bf16 = !q8, .q8 = q8}, comm,
+                                         {.zero = 1, .average = false, .shard_align = align});
+          }
         }
       }
     }
@@ -433,6 +466,26 @@ TEST(Distributed, ZeroOneHoldsAShareOfTheState) {
   }
 }
 
+TEST(Distributed, EightBitStatesTakeAByteAndAnAbsmaxPerBlock) {
+  const std::vector<TensorSpec> tensors = {{.numel = 600000}, {.numel = 3000}, {.numel = 400000}};
+  const StorageOptions storage{.state_dtype = DType::kQ8};  // the 3000 keep f32 states
+  const std::size_t per_slot =
+      1000000 + 4 * (NumQuantBlocks(600000) + NumQuantBlocks(400000)) + 4 * 3000;
+  LocalCommunicator one;
+  EXPECT_EQ(
+      DistributedOptimizer<AdamWHyper>({{}}, tensors, storage, one, {.zero = 0}).state_bytes(),
+      2 * per_slot);
+  std::size_t sum = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    PlayRank comm(rank, 2);
+    sum +=
+        DistributedOptimizer<AdamWHyper>({{}}, tensors, storage, comm, {.zero = 1}).state_bytes();
+  }
+  // The ranks' shares add up to the whole, but for the alignment of the f32 pieces.
+  EXPECT_GE(sum, 2 * per_slot);
+  EXPECT_LE(sum, 2 * per_slot + 2 * 2 * 3);
+}
+
 TEST(Distributed, AnInfSkipsTheStepBitExactly) {
   for (const int zero : {0, 1}) {
     LocalCommunicator comm;
@@ -495,6 +548,15 @@ TEST(Distributed, InvalidOptionsAreRefusedNamingThem) {
   EXPECT_NE(message([&] {
               DistributedOptimizer<AdamWHyper>({{}}, t, {}, comm);
             }).find("tensor 3: group 1 out of range"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              DistributedOptimizer<LambHyper>({{}, {}}, t, {.state_dtype = DType::kQ8}, comm);
+            }).find("8-bit states (state_dtype q8) are for the element-wise algorithms; lamb"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              DistributedOptimizer<AdamWHyper>({{}, {}}, t, {.state_dtype = DType::kQ8}, comm,
+                                               {.shard_align = 64});
+            }).find("invalid shard_align: 64 (8-bit states need a multiple of 256"),
             std::string::npos);
   EXPECT_NE(message([&] {
               DistributedOptimizer<AdamWHyper>({{.lr = -1.0}, {}}, t, {}, comm);

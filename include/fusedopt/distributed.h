@@ -32,6 +32,13 @@
 // one-process sums). AdamP (sums per row), BertAdam (across tensors) and Adafactor (factored) run
 // with zero = 0.
 //
+// 8-bit states (StorageOptions::state_dtype kQ8, as Optimizer<> keeps them): every tensor starts on
+// a block edge of the flat range (ShardLayout's tensor_align kQuantBlock), so no block straddles a
+// shard edge and each rank's blocks are the one-process Optimizer's; a shard's update is then the
+// same bits as the slice of the unsharded one, as for float states. shard_align must be a
+// multiple of kQuantBlock. The clipping norm's chunks then follow that flat range, gaps included:
+// the same bits at any world size, the one-process norm to within the rounding of its sum.
+//
 // Global agreement. Gradients are averaged (summed, then scaled by 1/P inside the step, as DDP's
 // mean; exact for P a power of two). With a LossScaler or clipping, the pre-pass's per-chunk
 // partials of every shard are gathered, so every rank sees the same overflow flag and the same
@@ -193,14 +200,48 @@ class DistributedOptimizer {
   friend struct OptimizerCheckpoint<Hyper>;  // fusedopt/checkpoint.h
 
   static void CheckSize(std::size_t size, DType dtype);
-  // Where a flat element's state, master and (zero = 1) reduced gradient lie in this rank's arrays.
+  static ShardLayout LayoutFor(std::span<const TensorSpec> tensors, std::size_t num_groups,
+                               int ranks, const StorageOptions& storage,
+                               const DistributedOptions& options);
+  // Where a flat element's master and (zero = 1) reduced gradient lie in this rank's arrays.
   std::size_t LocalIndex(std::size_t flat) const;
-  // The flat ranges [begin, end) whose states this rank keeps: its shard of every bucket (zero =
+  // The flat ranges [begin, end) whose states rank `rank` keeps: its shard of every bucket (zero =
   // 1), or everything (zero = 0; one range).
-  std::vector<std::pair<std::size_t, std::size_t>> LocalRanges() const;
-  // This rank's shard of every bucket, as flat ranges (the zero = 1 LocalRanges; a sharded
-  // checkpoint's file of this rank holds these, at any zero level).
-  std::vector<std::pair<std::size_t, std::size_t>> ShardRanges() const;
+  std::vector<std::pair<std::size_t, std::size_t>> LocalRanges(int rank) const;
+  // Rank `rank`'s shard of every bucket, as flat ranges (the zero = 1 LocalRanges; a sharded
+  // checkpoint's file of a rank holds these, at any zero level).
+  std::vector<std::pair<std::size_t, std::size_t>> ShardRanges(int rank) const;
+
+  // Where a rank's states lie: one piece per slice of a tensor it keeps, in flat order, each at
+  // its byte in a slot's arena and (8-bit states) its first block in the slot's absmax arena.
+  // Every rank can compute every rank's: a checkpoint gathers them.
+  struct StatePiece {
+    std::size_t tensor = 0;
+    std::size_t flat = 0;  // its first element in the flat range
+    std::size_t numel = 0;
+    std::size_t byte = 0;   // in a slot's arena (pieces lie back to back: no gaps, no padding)
+    std::size_t block = 0;  // in an 8-bit slot's absmax arena
+  };
+  struct StatePieces {
+    std::vector<StatePiece> pieces;
+    std::size_t bytes = 0, blocks = 0;  // of one slot's arena and absmax arena
+  };
+  StatePieces PiecesOf(int rank) const;
+  // This rank's piece holding flat element `flat` (one it keeps).
+  const StatePiece& PieceAt(std::size_t flat) const;
+  // A state slot of every rank (zero = 0: this rank's only): each rank's arena and absmax arena
+  // in a stride of the largest rank's (collective).
+  struct GatheredSlot {
+    std::vector<StatePieces> ranks;
+    std::vector<std::byte> bytes;
+    std::vector<float> absmax;
+    std::size_t bytes_stride = 0, blocks_stride = 0;
+  };
+  GatheredSlot GatherSlot(int slot);
+  // Allocates a state slot's arenas, filled with the algorithm's initial state (quantized for
+  // 8-bit pieces).
+  void AllocateSlot(int slot);
+  bool Allocated(int slot) const { return (allocated_ >> slot & 1u) != 0; }
   // A state slot (or kMasterSlot) of this rank, or throws.
   std::span<std::byte> LocalBuffer(int slot, const char* fn);
   // The segments of the tensor pieces in [begin, end) of the flat range; each gets its own copy
@@ -227,12 +268,17 @@ class DistributedOptimizer {
   DistributedOptions options_;
   Runtime* runtime_;
   ShardLayout layout_;
-  std::size_t local_numel_ = 0;     // elements of state this rank keeps: numel or shard_total
-  std::vector<std::byte> params_;   // padded, in the param dtype
-  std::vector<float> grads_;        // padded
-  std::vector<float> shard_grads_;  // zero = 1: the reduced gradients of this rank's shards
-  std::vector<float> masters_;      // local_numel_ when master_weights
-  std::vector<std::byte> states_[kMaxStates];  // local_numel_ each, once required
+  std::size_t local_numel_ = 0;      // elements of state this rank keeps: numel or shard_total
+  std::vector<std::byte> params_;    // padded, in the param dtype
+  std::vector<float> grads_;         // padded
+  std::vector<float> shard_grads_;   // zero = 1: the reduced gradients of this rank's shards
+  std::vector<float> masters_;       // local_numel_ when master_weights
+  std::vector<DType> state_dtypes_;  // each tensor's (8-bit: f32 under min_8bit_size elements)
+  std::vector<std::size_t> dense_offsets_;  // each tensor's first element in FlatStorage's layout
+  StatePieces pieces_;                      // this rank's
+  std::vector<std::byte> states_[kMaxStates];  // pieces_.bytes each, once required
+  std::vector<float> absmax_[kMaxStates];      // pieces_.blocks each (8-bit states)
+  unsigned allocated_ = 0;                     // bit k: slot k is allocated
   std::vector<float> scalars_;                 // kMaxScalars per tensor
   std::deque<std::array<float, kMaxScalars>> scalar_scratch_;
   std::vector<std::int64_t> steps_, buffer_steps_;

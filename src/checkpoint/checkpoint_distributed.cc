@@ -12,15 +12,32 @@
 #include <vector>
 
 #include "fusedopt/checkpoint.h"
+#include "fusedopt/quantize.h"
 #include "src/checkpoint/optimizer_checkpoint.h"
 
 namespace fusedopt {
+namespace {
+
+// Copies `numel` elements of a state slot, from element `first` of a tensor's one-process segment
+// `s`, to a rank's arena and absmax arena (`to_segment`: the other way), as they are: float states
+// as bytes, 8-bit codes with their absmax (`first` is then on a block edge).
+void CopyPiece(const Segment& s, int slot, std::size_t first, std::size_t numel, std::byte* arena,
+               float* absmax, bool to_segment) {
+  const std::size_t size = DTypeSize(s.state_dtype);
+  std::byte* segment = static_cast<std::byte*>(s.state[slot]) + first * size;
+  std::memcpy(to_segment ? segment : arena, to_segment ? arena : segment, numel * size);
+  if (s.state_dtype != DType::kQ8) return;
+  float* blocks = s.absmax[slot] + first / kQuantBlock;
+  std::copy_n(to_segment ? absmax : blocks, NumQuantBlocks(numel), to_segment ? blocks : absmax);
+}
+
+}  // namespace
 
 template <class Hyper>
 unsigned OptimizerCheckpoint<Hyper>::AllocatedSlots(DistributedOptimizer<Hyper>& d) {
   double slots = 0;
   for (int slot = 0; slot < kMaxStates; ++slot) {
-    if (!d.states_[slot].empty()) slots += static_cast<double>(1u << slot);
+    if (d.Allocated(slot)) slots += static_cast<double>(1u << slot);
   }
   d.comm_->AllReduce(&slots, 1, CommType::kF64, ReduceOp::kMax);
   return static_cast<unsigned>(slots);
@@ -39,22 +56,24 @@ void OptimizerCheckpoint<Hyper>::Consolidate(DistributedOptimizer<Hyper>& d,
                 s.numel * param_size);
     for (int k = 0; k < kMaxScalars; ++k) *s.scalars[k] = d.scalars_[t * kMaxScalars + k];
   }
-  auto fill = [&](int slot, auto&& destination) {
-    const std::vector<float> flat = d.GatherState(slot);
-    for (std::size_t t = 0; t < segments.size(); ++t) {
-      const auto [data, dtype] = destination(segments[t]);
-      for (std::size_t i = 0; i < segments[t].numel; ++i) {
-        StoreFromF32(data, dtype, i, flat[d.layout_.offsets[t] + i]);
-      }
-    }
-  };
+  // Every rank's pieces of each slot, copied as they are (8-bit codes and absmax included).
   for (int slot = 0; slot < kMaxStates; ++slot) {
     if ((allocated >> slot & 1u) == 0) continue;
-    fill(slot, [&](const Segment& s) { return std::pair(s.state[slot], s.state_dtype); });
+    auto g = d.GatherSlot(slot);
+    for (std::size_t r = 0; r < g.ranks.size(); ++r) {
+      for (const auto& p : g.ranks[r].pieces) {
+        CopyPiece(segments[p.tensor], slot, p.flat - d.layout_.offsets[p.tensor], p.numel,
+                  g.bytes.data() + r * g.bytes_stride + p.byte,
+                  g.absmax.data() + r * g.blocks_stride + p.block, true);
+      }
+    }
   }
   if (d.storage_.master_weights) {
-    fill(DistributedOptimizer<Hyper>::kMasterSlot,
-         [](const Segment& s) { return std::pair<void*, DType>(s.master, DType::kF32); });
+    const std::vector<float> flat = d.GatherState(DistributedOptimizer<Hyper>::kMasterSlot);
+    for (std::size_t t = 0; t < segments.size(); ++t) {
+      std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(d.layout_.offsets[t]),
+                  segments[t].numel, segments[t].master);
+    }
   }
   one.steps_ = d.steps_;
   one.buffer_steps_ = d.buffer_steps_;
@@ -125,9 +144,11 @@ void OptimizerCheckpoint<Hyper>::SaveSharded(DistributedOptimizer<Hyper>& d,
       const TensorSpec& spec = d.specs_[t];
       s.param = d.params_.data() + d.layout_.offsets[t] * param_size;
       s.numel = spec.numel, s.rows = spec.rows, s.cols = spec.cols, s.group = spec.group;
-      s.param_dtype = d.storage_.param_dtype, s.state_dtype = d.storage_.state_dtype;
+      s.param_dtype = d.storage_.param_dtype, s.state_dtype = d.state_dtypes_[t];
       for (int slot = 0; slot < kMaxStates; ++slot) {
-        if ((slots >> slot & 1u) != 0) s.state[slot] = marker;
+        if ((slots >> slot & 1u) == 0) continue;
+        s.state[slot] = marker;
+        if (s.state_dtype == DType::kQ8) s.absmax[slot] = static_cast<float*>(marker);
       }
       if (d.storage_.master_weights) s.master = static_cast<float*>(marker);
       for (int k = 0; k < kMaxScalars; ++k) s.scalars[k] = &d.scalars_[t * kMaxScalars + k];
@@ -137,7 +158,12 @@ void OptimizerCheckpoint<Hyper>::SaveSharded(DistributedOptimizer<Hyper>& d,
     src.optimizer_class = DistributedClass(d);
     const Manifest m = ManifestOf(src, scaler, counters);
 
-    const std::vector<std::pair<std::size_t, std::size_t>> ranges = d.ShardRanges();
+    // This rank's shard of every bucket, at zero = 0 too (where it keeps everything).
+    std::vector<ShardLayout::Slice> slices;
+    for (const auto& [begin, end] : d.ShardRanges(rank)) {
+      const std::vector<ShardLayout::Slice> in = d.layout_.SlicesIn(begin, end);
+      slices.insert(slices.end(), in.begin(), in.end());
+    }
     Json listed = Json::array();
     std::vector<CheckpointTensor> mine;
     for (std::size_t k = 0; k < m.tensors.size(); ++k) {
@@ -147,17 +173,31 @@ void OptimizerCheckpoint<Hyper>::SaveSharded(DistributedOptimizer<Hyper>& d,
         if (rank == 0) mine.push_back(t);
         continue;
       }
-      const auto [tensor, slot] = *m.sharded[k];
-      const std::size_t size = DTypeSize(slot == kMasters ? DType::kF32 : d.storage_.state_dtype);
-      const std::size_t first = d.layout_.offsets[tensor], last = first + t.data.size() / size;
-      for (const auto& [begin, end] : ranges) {
-        const std::size_t lo = std::max(begin, first), hi = std::min(end, last);
-        if (lo >= hi) continue;
-        const std::span<const std::byte> local = d.LocalBuffer(slot, "SaveCheckpoint");
-        mine.push_back({t.name + "@" + std::to_string(lo - first),
+      const auto [tensor, what] = *m.sharded[k];
+      for (const ShardLayout::Slice& slice : slices) {
+        if (slice.tensor != tensor) continue;
+        const std::size_t flat = d.layout_.offsets[tensor] + slice.first;
+        const auto& piece = d.PieceAt(flat);
+        // The slice's first element (or block) in the tensor, its count and its bytes. A slice
+        // starts on a block edge of its tensor (tensor_align): its absmax are whole blocks.
+        std::size_t at = slice.first, count = slice.numel, size = sizeof(float);
+        const std::byte* data = nullptr;
+        if (what == kMasters) {
+          data = reinterpret_cast<const std::byte*>(d.masters_.data() + d.LocalIndex(flat));
+        } else if (what >= kMaxStates) {
+          at = slice.first / kQuantBlock;
+          count = NumQuantBlocks(slice.numel);
+          data =
+              reinterpret_cast<const std::byte*>(d.absmax_[what - kMaxStates].data() + piece.block +
+                                                 (flat - piece.flat) / kQuantBlock);
+        } else {
+          size = DTypeSize(d.state_dtypes_[tensor]);
+          data = d.states_[what].data() + piece.byte + (flat - piece.flat) * size;
+        }
+        mine.push_back({t.name + "@" + std::to_string(at),
                         t.dtype,
-                        {static_cast<std::int64_t>(hi - lo)},
-                        local.subspan(d.LocalIndex(lo) * size, (hi - lo) * size)});
+                        {static_cast<std::int64_t>(count)},
+                        {data, count * size}});
       }
     }
     Json meta = rank == 0 ? m.meta
@@ -206,30 +246,28 @@ CheckpointCounters OptimizerCheckpoint<Hyper>::LoadDistributed(DistributedOptimi
   d.groups_ = one.groups_;
   const std::size_t param_size = DTypeSize(d.storage_.param_dtype);
   const std::span<const Segment> segments = one.storage_.segments();
-  auto flat = [&](auto&& source) {
-    std::vector<float> out(d.layout_.numel);
-    for (std::size_t t = 0; t < segments.size(); ++t) {
-      for (std::size_t i = 0; i < segments[t].numel; ++i) {
-        out[d.layout_.offsets[t] + i] = source(segments[t], i);
-      }
-    }
-    return out;
-  };
   for (std::size_t t = 0; t < segments.size(); ++t) {
     const Segment& s = segments[t];
     std::memcpy(d.params_.data() + d.layout_.offsets[t] * param_size, s.param,
                 s.numel * param_size);
     for (int k = 0; k < kMaxScalars; ++k) d.scalars_[t * kMaxScalars + k] = *s.scalars[k];
   }
+  // Each state slot's pieces this rank keeps, copied as they are (8-bit codes and absmax too).
   for (int slot = 0; slot < kMaxStates; ++slot) {
     if (segments.empty() || segments[0].state[slot] == nullptr) continue;
-    d.LoadState(slot, flat([&](const Segment& s, std::size_t i) {
-                  return LoadAsF32(s.state[slot], s.state_dtype, i);
-                }));
+    if (!d.Allocated(slot)) d.AllocateSlot(slot);
+    for (const auto& p : d.pieces_.pieces) {
+      CopyPiece(segments[p.tensor], slot, p.flat - d.layout_.offsets[p.tensor], p.numel,
+                d.states_[slot].data() + p.byte, d.absmax_[slot].data() + p.block, false);
+    }
   }
   if (d.storage_.master_weights) {  // a tensor not stepped yet is seeded at its first step
-    d.LoadState(DistributedOptimizer<Hyper>::kMasterSlot,
-                flat([](const Segment& s, std::size_t i) { return s.master[i]; }));
+    std::vector<float> masters(d.layout_.numel);
+    for (std::size_t t = 0; t < segments.size(); ++t) {
+      std::copy_n(segments[t].master, segments[t].numel,
+                  masters.begin() + static_cast<std::ptrdiff_t>(d.layout_.offsets[t]));
+    }
+    d.LoadState(DistributedOptimizer<Hyper>::kMasterSlot, masters);
   }
   d.steps_ = one.steps_;
   d.buffer_steps_ = one.buffer_steps_;

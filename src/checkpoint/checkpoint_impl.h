@@ -125,8 +125,8 @@ typename OptimizerCheckpoint<Hyper>::Manifest OptimizerCheckpoint<Hyper>::Manife
       if (s.state_dtype == DType::kQ8) {  // the Python classes' key for the codes' absmax
         const std::size_t blocks = NumQuantBlocks(numel);
         const auto n = static_cast<std::int64_t>(blocks);
-        entry[key + "_absmax"] =
-            add(prefix + key + "_absmax", DType::kF32, {n}, s.absmax[slot], blocks);
+        entry[key + "_absmax"] = add(prefix + key + "_absmax", DType::kF32, {n}, s.absmax[slot],
+                                     blocks, std::pair(i, AbsmaxOf(slot)));
       }
     }
     for (std::size_t k = 0; k < algos::NumScalarStates<Descriptor>(); ++k) {

@@ -91,6 +91,9 @@ template <class Hyper>
 struct OptimizerCheckpoint {
   using Descriptor = algos::DescriptorOf<Hyper>;
   static constexpr int kMasters = DistributedOptimizer<Hyper>::kMasterSlot;
+  // What a sharded tensor of a manifest holds, beside a slot's states and kMasters: an 8-bit
+  // slot's absmax.
+  static constexpr int AbsmaxOf(int slot) { return kMaxStates + slot; }
 
   static Json Layout(std::span<const Segment> segments, std::size_t num_groups);
 
@@ -114,8 +117,9 @@ struct OptimizerCheckpoint {
 
   static Source SourceOf(const Optimizer<Hyper>& opt);
 
-  // What a save writes: the metadata and the tensors in file order. Each tensor of a state slot
-  // or of the masters says which (tensor, slot) it is: a sharded save writes those in pieces.
+  // What a save writes: the metadata and the tensors in file order. Each tensor of a state slot,
+  // of its absmax or of the masters says which (tensor, slot) it is (slot: a state slot,
+  // AbsmaxOf(slot) or kMasters): a sharded save writes those in pieces.
   struct Manifest {
     Json meta;
     std::vector<CheckpointTensor> tensors;

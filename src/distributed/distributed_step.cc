@@ -47,7 +47,7 @@ StepResult DistributedOptimizer<Hyper>::Step(const StepOptions& options) {
   }
   // Masters start from the params (now rank 0's) before their tensor's first update.
   if (!masters_.empty()) {
-    for (const auto& [begin, end] : LocalRanges()) {
+    for (const auto& [begin, end] : LocalRanges(comm_->rank())) {
       for (const ShardLayout::Slice& s : layout_.SlicesIn(begin, end)) {
         if (steps_[s.tensor] != 0) continue;
         const std::size_t flat = layout_.offsets[s.tensor] + s.first;
@@ -77,7 +77,7 @@ StepResult DistributedOptimizer<Hyper>::Step(const StepOptions& options) {
     for (std::size_t t = 0; t < specs_.size(); ++t) {
       Segment& s = all[t];
       s.param_dtype = storage_.param_dtype;
-      s.state_dtype = storage_.state_dtype;
+      s.state_dtype = state_dtypes_[t];
       s.group = specs_[t].group;
       s.step = steps_[t] + 1;
       for (int k = 0; k < kMaxScalars; ++k) s.scalars[k] = &scalars_[t * kMaxScalars + k];

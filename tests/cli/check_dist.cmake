@@ -66,6 +66,26 @@ if(NOT rc EQUAL 0 OR NOT out MATCHES
   message(FATAL_ERROR "bench-dist without OMP_NUM_THREADS (${cpus} CPUs): exit '${rc}'\n${out}${err}")
 endif()
 
+# 8-bit states: about a quarter of the f32 state bytes (a byte and 1/64 of an absmax per element for
+# each moment), and ZeRO-1 halves them again; an algorithm that reduces over whole tensors refuses them.
+run_ok(bench-dist --optimizer adamw --numel 1300000 --bucket-mb 1 --rounds 1 --warmup 0
+       --state-dtype q8 --json ${dir}/q8.json)
+file(READ ${dir}/q8.json json)
+expect_key("${json}" q8 state_dtype)
+string(JSON q8_ar GET "${json}" impls allreduce_then_step state_bytes_per_rank)
+string(JSON q8_z1 GET "${json}" impls zero1 state_bytes_per_rank)
+math(EXPR q8_bound "${state_ar} * 26 / 100")
+math(EXPR q8_z1_bound "${q8_ar} * 55 / 100")
+if(q8_ar GREATER q8_bound OR q8_z1 GREATER q8_z1_bound)
+  message(FATAL_ERROR "8-bit states: ${q8_ar} bytes per rank (f32: ${state_ar}), zero1 ${q8_z1}")
+endif()
+execute_process(COMMAND ${mpirun} ${FUSEDOPT} bench-dist --optimizer lamb --numel 100000 --rounds 1
+                        --warmup 0 --state-dtype q8
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+if(rc EQUAL 0 OR NOT "${out}${err}" MATCHES "8-bit states \\(state_dtype q8\\) are for the element-wise")
+  message(FATAL_ERROR "bench-dist --optimizer lamb --state-dtype q8: exit '${rc}'\n${out}${err}")
+endif()
+
 # AdamP's sums are per channel row, which shards cut: no zero1 row. LAMB's per-tensor norms are
 # completed across ranks: it has one.
 run_ok(bench-dist --optimizer adamp --numel 100000 --rounds 1 --warmup 0 --json ${dir}/adamp.json)

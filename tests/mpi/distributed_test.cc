@@ -360,9 +360,14 @@ void StepOne(Optimizer<AdamWHyper>& opt, int k) {
   opt.Step();
 }
 
-std::unique_ptr<Dist> MakeDist(Communicator& comm, int zero) {
+// With 8-bit states: tensors 0 and 2 keep codes and absmax, tensor 1 (3 elements) f32 states.
+const StorageOptions kCheckpoint8bit{
+    .param_dtype = DType::kBF16, .state_dtype = DType::kQ8, .master_weights = true};
+
+std::unique_ptr<Dist> MakeDist(Communicator& comm, int zero,
+                               const StorageOptions& storage = kCheckpointStorage) {
   return std::make_unique<Dist>(
-      Groups<AdamWHyper>(), kTensors, kCheckpointStorage, comm,
+      Groups<AdamWHyper>(), kTensors, storage, comm,
       DistributedOptions{.zero = zero, .bucket_bytes = kBucketBytes, .average = false});
 }
 
@@ -469,16 +474,12 @@ std::string FileBytes(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// Shard sets: every rank writes its own file, nothing gathered. Merged, a set is the file
-// SaveCheckpoint writes, byte for byte (zero 0 and 1); loaded, it continues bit for bit, into P
-// ranks and into one process; a set with a rank missing or mixed from two saves is refused, and the
-// optimizer it was loaded into is as it was.
-TEST(DistributedMpi, ShardedCheckpointsAreTheWholeFileInPieces) {
+void ExpectShardedCheckpointsAreTheWholeFile(const StorageOptions& storage) {
   mpi::MpiCommunicator comm;
   const std::string name = SharedTempName(comm, "shards");
   const std::string whole = name + "_whole.safetensors", set = name + "_set.safetensors";
   const std::string merged = name + "_merged.safetensors", later = name + "_later.safetensors";
-  Optimizer<AdamWHyper> reference(Groups<AdamWHyper>(), kTensors, kCheckpointStorage);
+  Optimizer<AdamWHyper> reference(Groups<AdamWHyper>(), kTensors, storage);
   InitCheckpointParams(reference);
   for (int k = 0; k < 5; ++k) StepOne(reference, k);
   const auto expect_reference = [&](auto params, const char* what) {
@@ -490,7 +491,7 @@ TEST(DistributedMpi, ShardedCheckpointsAreTheWholeFileInPieces) {
   const int last = comm.size() - 1;
   for (const int zero : {0, 1}) {
     SCOPED_TRACE("zero " + std::to_string(zero));
-    auto saved = MakeDist(comm, zero);
+    auto saved = MakeDist(comm, zero, storage);
     InitCheckpointParams(*saved);
     for (int k = 0; k < 3; ++k) StepDist(*saved, comm, k);
     SaveCheckpoint(*saved, whole, nullptr, {{"updates", 3}});
@@ -505,16 +506,29 @@ TEST(DistributedMpi, ShardedCheckpointsAreTheWholeFileInPieces) {
       EXPECT_TRUE(FileBytes(merged) == FileBytes(whole)) << "merged shards != consolidated file";
     }
 
-    auto loaded = MakeDist(comm, 1);
+    auto loaded = MakeDist(comm, 1, storage);
     EXPECT_EQ(LoadCheckpoint(*loaded, set).at("updates"), 3);
     for (int k = 3; k < 5; ++k) StepDist(*loaded, comm, k);
     expect_reference([&](std::size_t t) { return loaded->params<std::uint16_t>(t); }, "P -> P");
-    Optimizer<AdamWHyper> one(Groups<AdamWHyper>(), kTensors, kCheckpointStorage);
+    Optimizer<AdamWHyper> one(Groups<AdamWHyper>(), kTensors, storage);
     LoadCheckpoint(one, set);
     for (int k = 3; k < 5; ++k) StepOne(one, k);
     expect_reference([&](std::size_t t) { return one.storage().params<std::uint16_t>(t); },
                      "P -> 1");
-    if (zero == 0) continue;
+    // The resumed run's states are the uninterrupted one's (8-bit: codes and absmax).
+    for (std::size_t t = 0; t < kTensors.size(); ++t) {
+      for (const int slot : {int{kExpAvg}, int{kExpAvgSq}}) {
+        const Segment& want = reference.storage().segments()[t];
+        const Segment& got = one.storage().segments()[t];
+        const std::size_t bytes = want.numel * DTypeSize(want.state_dtype);
+        EXPECT_EQ(std::memcmp(want.state[slot], got.state[slot], bytes), 0) << t << " " << slot;
+        if (want.state_dtype == DType::kQ8) {
+          EXPECT_TRUE(std::ranges::equal(reference.storage().absmax(t, slot),
+                                         one.storage().absmax(t, slot)));
+        }
+      }
+    }
+    if (zero == 0 || storage.state_dtype == DType::kQ8) continue;
 
     // A save that fails on one rank (its file's name is taken by a folder) throws on every rank
     // and leaves no file of the set.
@@ -572,6 +586,17 @@ TEST(DistributedMpi, ShardedCheckpointsAreTheWholeFileInPieces) {
         std::remove(CheckpointShardPath(p, r, comm.size()).c_str());
       }
     }
+  }
+}
+
+// Shard sets: every rank writes its own file, nothing gathered. Merged, a set is the file
+// SaveCheckpoint writes, byte for byte (zero 0 and 1, float and 8-bit states); loaded, it
+// continues bit for bit, into P ranks and into one process; a set with a rank missing or mixed
+// from two saves is refused, and the optimizer it was loaded into is as it was.
+TEST(DistributedMpi, ShardedCheckpointsAreTheWholeFileInPieces) {
+  for (const StorageOptions& storage : {kCheckpointStorage, kCheckpoint8bit}) {
+    SCOPED_TRACE(storage.state_dtype == DType::kQ8 ? "8-bit states" : "f32 states");
+    ExpectShardedCheckpointsAreTheWholeFile(storage);
   }
 }
 

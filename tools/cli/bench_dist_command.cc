@@ -34,6 +34,7 @@ struct DistBenchOptions {
   int rounds = 20;
   int warmup = 3;
   int threads = 0;  // 0: ThreadsPerRank's choice
+  std::string state_dtype = "f32";
 };
 
 struct Impl {
@@ -84,10 +85,11 @@ nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, const ThreadCh
   if constexpr (kZeroOneShards<A>) {
     impls.emplace_back("zero1", DistributedOptions{.zero = 1, .bucket_bytes = bucket_bytes});
   }
+  const StorageOptions storage{.state_dtype = o.state_dtype == "q8" ? DType::kQ8 : DType::kF32};
   std::vector<std::unique_ptr<DistributedOptimizer<Hyper>>> opts;
   for (Impl& impl : impls) {
-    opts.push_back(std::make_unique<DistributedOptimizer<Hyper>>(
-        std::vector<Hyper>{Hyper{}}, specs, StorageOptions{}, comm, impl.options));
+    opts.push_back(std::make_unique<DistributedOptimizer<Hyper>>(std::vector<Hyper>{Hyper{}}, specs,
+                                                                 storage, comm, impl.options));
     for (std::size_t t = 0; t < specs.size(); ++t) {
       tools::Fill(opts.back()->template params<float>(t).data(), DType::kF32, specs[t].numel, 1.0f,
                   static_cast<std::uint32_t>(t));
@@ -131,6 +133,7 @@ nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, const ThreadCh
   nlohmann::json report = {{"ranks", comm.size()},
                            {"threads_per_rank", threads.threads},
                            {"optimizer", o.optimizer},
+                           {"state_dtype", o.state_dtype},
                            {"shapes", o.numel > 0 ? "numel" : o.shapes},
                            {"numel", numel},
                            {"tensors", specs.size()},
@@ -139,9 +142,9 @@ nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, const ThreadCh
                            {"impls", nlohmann::json::object()}};
   const double baseline = tools::Median(impls[0].ms);
   std::ostringstream table;
-  table << "fusedopt bench-dist: " << o.optimizer << ", " << tools::FormatCount(numel)
-        << " params in " << specs.size() << " tensors, " << comm.size() << " ranks, buckets of "
-        << tools::Num(o.bucket_mb) << " MiB; median of " << o.rounds
+  table << "fusedopt bench-dist: " << o.optimizer << " (" << o.state_dtype << " states), "
+        << tools::FormatCount(numel) << " params in " << specs.size() << " tensors, " << comm.size()
+        << " ranks, buckets of " << tools::Num(o.bucket_mb) << " MiB; median of " << o.rounds
         << " rounds (the slowest rank's step)\n"
         << "threads per rank: " << threads.threads << " (" << threads.reason << ")\n\n"
         << "| impl | step ms | vs allreduce_then_step | exposed comm ms | bytes sent/rank | state "
@@ -193,6 +196,11 @@ Command AddBenchDistCommand(CLI::App& app) {
                    "Threads per rank (0: OMP_NUM_THREADS if set, else the host's CPUs shared "
                    "among its ranks)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  parser
+      ->add_option("--state-dtype", options.state_dtype,
+                   "f32, or q8: 8-bit block-wise states (element-wise algorithms only)")
+      ->check(CLI::IsMember({"f32", "q8"}))
       ->capture_default_str();
   parser->add_option("--json", values->json_path, "Also write the report as JSON (rank 0)");
 
