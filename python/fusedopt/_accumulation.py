@@ -4,13 +4,15 @@ window's last micro-batch stepping from them."""
 from __future__ import annotations
 
 import math
+from itertools import chain
 
 import torch
 
+from ._fallback import _grad_norm
 from ._packing import _Packed
 from ._signals import _Skipped, packed_anew_until_laid_out
 from ._state import _roll_back
-from ._tensors import DTYPE_CODES, grad_shape_error
+from ._tensors import DTYPE_CODES, grad_shape_error, is_dtensor, local
 
 
 class AccumulationWindow:
@@ -25,6 +27,9 @@ class AccumulationWindow:
         included, and can be retried. Params that take the reference's step (_route) have their
         sums here, in their own dtype (`_torch_sums`); the reference steps them from those when the
         engine steps."""
+        if any(map(is_dtensor, chain(self._window, (p for g in self.param_groups for p in g["params"])))):
+            self._add_micro_batch_over_shards(inv_scale, overflowed, found_out)
+            return
         accumulators = dict(self._accumulators)  # put back if this call is rejected: it made none
         try:
             self._add_micro_batch(inv_scale, overflowed, found_out)
@@ -86,6 +91,52 @@ class AccumulationWindow:
             _roll_back(undo)
             if not isinstance(e, _Skipped):
                 raise
+
+    def _add_micro_batch_over_shards(self, inv_scale: float, overflowed: bool, found_out) -> None:
+        """accumulation_steps > 1 with DTensor params (FSDP2, tensor parallel): the window's rules, with each rank
+        adding its shards. This micro-batch's gradients go into sums laid out as the params (f32, DTensors for
+        DTensor params): grad * (inv_scale / k), the factor rounded once to f32, the first addition in a window
+        overwriting; one that torch's GradScaler found overflowing is not added. With fusedopt.GradScaler an
+        Inf/NaN in any rank's shard of a micro-batch (one check over every rank's shards) skips the window whole.
+        The window's last micro-batch updates from the sums by the ordinary step, whose clipping norm and checks
+        span the ranks and whose routed params take the reference's step on the sums. The hyper-parameters are
+        checked before anything is added, so a rejected call changes nothing."""
+        self._check_hypers(self._group_hypers())
+        grads: dict[torch.Tensor, torch.Tensor] = {}
+        for gi, group in enumerate(self.param_groups):
+            for j, p in enumerate(group["params"]):
+                g = p.grad
+                if overflowed or g is None or p in grads:
+                    continue
+                if g.shape != p.shape:
+                    raise grad_shape_error(self._name(gi, j), g, p)
+                if g.is_sparse:
+                    raise RuntimeError(f"parameter {self._name(gi, j)}: accumulation_steps > 1 with DTensor params "
+                                       "takes dense gradients")
+                grads[p] = g
+        # (the 2-norm: a NaN survives its sum over the ranks, where a max may drop it)
+        found_inf = found_out is not None and bool(grads) and not math.isfinite(_grad_norm(list(grads.values()), 2))
+        factor = float(torch.tensor(inv_scale / self._accumulation_steps, dtype=torch.float32))
+        for p, g in grads.items():
+            acc = self._accumulators.get(p)
+            if p not in self._window or acc is None or acc.shape != p.shape:
+                acc = self._accumulators[p] = torch.empty_like(
+                    p, dtype=torch.promote_types(p.dtype, torch.float32), memory_format=torch.preserve_format)
+                local(acc).copy_(local(g)).mul_(factor)
+            else:
+                local(acc).add_(local(g), alpha=factor)
+        if found_inf:
+            found_out.fill_(1.0)
+        self._window = {**self._window, **dict.fromkeys(grads)}
+        self._window_found_inf |= found_inf
+        self._micro_batches += 1
+        if self._micro_batches < self._accumulation_steps:
+            return
+        window, skipped = self._window, self._window_found_inf
+        self._micro_batches, self._window, self._window_found_inf = 0, {}, False
+        self.last_grad_norm = None
+        if window and not skipped:
+            self._update(1.0, None, grads={p: self._accumulators[p] for p in window})
 
     def _micro_batch(self) -> tuple:
         """accumulation_steps > 1: this micro-batch's gradients (checked; each as its engine tuple),

@@ -26,7 +26,7 @@ from ._packing import SegmentPacking, _Cached, _LastStep, _Packed
 from ._shards import step_with_mesh_sums
 from ._signals import _Skipped, packed_anew_until_laid_out
 from ._state import StateCreation, _roll_back
-from ._tensors import DTYPE_CODES, check_param, is_dtensor, local, mark
+from ._tensors import DTYPE_CODES, check_param, is_dtensor, local, mark, shard_of
 
 # What a copy of an optimizer does not take over (besides torch's hooks, which torch's own copies drop too):
 # what is rebuilt from the copy's own params (caches keyed by tensor identity or address, the flat layout, the
@@ -227,8 +227,9 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             self._window = dict.fromkeys(params[i] for i in window["window"])
             for i, t in window["sums"].items():  # laid out as its param, as the engine reads it beside the grad
                 p = params[i]
-                self._accumulators[p] = torch.empty_like(p, dtype=torch.float32,
-                                                         memory_format=torch.preserve_format).copy_(t)
+                self._accumulators[p] = torch.empty_like(p, dtype=t.dtype if is_dtensor(p) else torch.float32,
+                                                         memory_format=torch.preserve_format).copy_(
+                                                             shard_of(t, p) if is_dtensor(p) else t)
             self._torch_sums = {params[i]: t.clone() for i, t in window["torch_sums"].items()}
         self._segment_cache.clear()
         self._last = None
@@ -352,7 +353,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             global_checks = (self._max_grad_norm != math.inf or found_out is not None) and any(
                 map(is_dtensor, packed.params))
             if packed.routed or global_checks:
-                self._step_with_torch(packed, inv_scale, found_out)
+                self._step_with_torch(packed, inv_scale, found_out, grads)
             else:
                 self._run_engine(packed, inv_scale, found_out is not None, found_out)
                 if self._last is None and grads is None:

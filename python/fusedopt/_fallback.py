@@ -23,6 +23,8 @@ from ._tensors import (
     partial_over_shards,
     route_error,
     route_reason,
+    shard_of,
+    whole,
 )
 
 _LIBRARY_DIRS = (os.path.dirname(__file__), os.path.dirname(torch.__file__))  # see _user_stacklevel
@@ -52,20 +54,18 @@ class TorchFallback:
         """route_reason for a DTensor param p (FSDP2, tensor parallel) with gradient g: the engine steps its local
         shard where the update is element-wise, and LAMB's and LARS's with their per-tensor norms added up over
         the ranks (_shards.py). The other whole-tensor reductions (AdamP's rows, BertAdam's clipping per group,
-        Adafactor's factors) take the reference's step, whose DTensor ops reduce across the shards."""
+        Adafactor's factors) take the reference's step on whole copies (_WholeStandIns)."""
         # (the engine's element-wise algorithms are those that take 8-bit states)
         if not self._quantizable and self._step_with_sums is None:
             return TypeError, (f"it is a DTensor and the '{self._algorithm}' step reduces over whole tensors, of "
-                               "which this rank holds a shard")
-        if self._accumulation_steps > 1:
-            return TypeError, "it is a DTensor, and accumulation_steps > 1 over DTensor shards is not supported yet"
+                               "which this rank holds a shard (the reference steps a whole copy on every rank)")
         if self._step_in_backward and not self._quantizable:
             # (each bucket's norms would be one collective, and buckets end where each rank's shard bytes say)
             return TypeError, ("it is a DTensor, and step_in_backward=True over DTensor shards is for the "
                                "element-wise algorithms")
         return dtensor_route_reason(p, g)
 
-    def _step_with_torch(self, packed: _Packed, grad_scale: float, found_out) -> None:
+    def _step_with_torch(self, packed: _Packed, grad_scale: float, found_out, grads: dict | None = None) -> None:
         """A step where some params take the reference's own step (packed.routed; see _torch_step)
         and the rest the engine's, or where the engine steps DTensor shards whose gradients must be checked
         or clipped as whole tensors (over every rank's shards). What spans both partitions is done here, once for all params,
@@ -73,13 +73,18 @@ class TorchFallback:
         max_grad_norm (torch's clip_grad_norm_ norm, in double); the clip coefficient then scales the
         gradients of both, as the engine folds it into grad_scale. The engine checks the
         hyper-parameters before any update (a call without segments); then torch's step runs, then the
-        engine's, so that a failure of either puts the routed params back (see _torch_step)."""
+        engine's, so that a failure of either puts the routed params back (see _torch_step). The gradients are the
+        params' .grad, or grads[p] when given (as _update takes them)."""
         self._warn_routed(packed.routed)
         self.last_grad_norm = None
         clip = self._max_grad_norm != math.inf
+
+        def grad_of(p):  # (grads: the f32 sums of an accumulation window, or fusedopt.distributed's)
+            return p.grad if grads is None else grads[p]
+
         if clip or found_out is not None:
-            grads = [p.grad for p in dict.fromkeys(chain(packed.params, packed.routed))]
-            norm = _grad_norm(grads, self._norm_code) * grad_scale
+            norm = _grad_norm([grad_of(p) for p in dict.fromkeys(chain(packed.params, packed.routed))],
+                              self._norm_code) * grad_scale
             if clip:
                 self.last_grad_norm = norm
             if not math.isfinite(norm):
@@ -99,10 +104,10 @@ class TorchFallback:
             engine()
             return
         if grad_scale == 1.0:
-            self._torch_step({p: p.grad for p in packed.routed}, then=engine)
+            self._torch_step({p: grad_of(p) for p in packed.routed}, then=engine)
         else:  # as torch's GradScaler.unscale_ multiplies, by an f32 factor
             factor = torch.tensor(grad_scale, dtype=torch.float32)
-            self._torch_step({p: p.grad * factor.to(p.grad.device) for p in packed.routed}, then=engine)
+            self._torch_step({p: grad_of(p) * factor.to(grad_of(p).device) for p in packed.routed}, then=engine)
 
     def _torch_step(self, grads: dict, then: Callable[[], None] | None = None) -> None:
         """The reference's own step (_reference_step) for the params of `grads` only, each with the
@@ -127,7 +132,10 @@ class TorchFallback:
 
     def _reference_step_for(self, grads: dict) -> None:
         """_reference_step for the params of `grads` only: the param groups are cut down to them, and
-        their .grad set, for its duration."""
+        their .grad set, for its duration. DTensor params of an algorithm that reduces over whole tensors
+        take it on whole copies (_WholeStandIns)."""
+        stand_ins = _WholeStandIns(self.state, grads if not self._quantizable and self._step_with_sums is None
+                                   else {})
         groups = self.param_groups
         kept = [g["params"] for g in groups]
         amp = {k: self.__dict__.pop(k) for k in ("grad_scale", "found_inf") if k in self.__dict__}
@@ -135,11 +143,13 @@ class TorchFallback:
         swapped: list = []
         try:
             for p, g in grads.items():
-                _give_grad(p, g, swapped)
+                _give_grad(*stand_ins.of(p, g), swapped)
             for g in groups:
-                g["params"] = [p for p in g["params"] if p in grads]
+                g["params"] = [stand_ins.of(p)[0] for p in g["params"] if p in grads]
             self._reference_step()
+            stand_ins.keep_shards()
         finally:
+            stand_ins.drop()
             for g, ps in zip(groups, kept):
                 g["params"] = ps
             for holder, data in reversed(swapped):
@@ -220,6 +230,44 @@ class _Saved:
             entries.update(items)
             self.state[p] = entries
 
+
+
+class _WholeStandIns:
+    """Plain whole copies of DTensor params for the reference's step, where its DTensor ops would reduce over one
+    rank's shard only or refuse an uneven one (AdamP's rows, BertAdam's clipping per group, Adafactor's factors):
+    every rank gathers each param, its gradient and its DTensor states (collectives, which every rank runs alike),
+    the reference steps the whole tensors, and each rank keeps its shard of the param and of the states of the
+    param's shape (DTensors laid out as the param, as torch.optim makes them). The other states (Adafactor's
+    factors, step counts) stay whole, the same on every rank."""
+
+    __slots__ = ("state", "whole")
+
+    def __init__(self, state: dict, grads: dict):
+        self.state, self.whole = state, {}
+        for p, g in grads.items():
+            if not is_dtensor(p):
+                continue
+            w = p.full_tensor().detach().requires_grad_(p.requires_grad)
+            self.whole[p] = (w, whole(g))
+            if p in state:
+                state[w] = {k: whole(v) if isinstance(v, torch.Tensor) else v for k, v in state[p].items()}
+
+    def of(self, p: torch.Tensor, g: torch.Tensor | None = None) -> tuple:
+        """(what the reference steps for p, with gradient g): p's whole copy and gradient, or p and g."""
+        return self.whole.get(p, (p, g))
+
+    @torch.no_grad()
+    def keep_shards(self) -> None:
+        for p, (w, _) in self.whole.items():
+            local(p).copy_(shard_of(w, p).to_local())
+            entries = self.state.pop(w, None)
+            if entries is not None:
+                self.state[p] = {k: shard_of(v, p) if isinstance(v, torch.Tensor) and v.dim() and v.shape == p.shape
+                                 else v for k, v in entries.items()}
+
+    def drop(self) -> None:
+        for w, _ in self.whole.values():
+            self.state.pop(w, None)
 
 
 def _give_grad(p: torch.Tensor, g: torch.Tensor, swapped: list) -> None:

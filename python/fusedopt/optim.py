@@ -346,21 +346,21 @@ class FusedBertAdam(FusedOptimizerMixin, _references.bert_adam.BertAdamReference
         if not (t_total == -1 or t_total > 0):
             raise ValueError(f"Invalid t_total: {t_total} (must be -1 or > 0)")
 
-    def _step_with_torch(self, packed, grad_scale, found_out):
+    def _step_with_torch(self, packed, grad_scale, found_out, grads=None):
         """Some params take the reference's step: every param does, in this step (see the class docstring)."""
         self._warn_routed(packed.routed)
         self.last_grad_norm = None
-        params = list(dict.fromkeys(chain(packed.params, packed.routed)))
-        if found_out is not None and not math.isfinite(_grad_norm([p.grad for p in params], 2)):
+        grads = {p: p.grad if grads is None else grads[p] for p in dict.fromkeys(chain(packed.params, packed.routed))}
+        if found_out is not None and not math.isfinite(_grad_norm(list(grads.values()), 2)):
             found_out.fill_(1.0)
             raise _Skipped
         # The engine's checks of the hyper-parameters, before any update.
         self._check_hypers(packed.hypers)
         if grad_scale == 1.0:
-            self._torch_step({p: p.grad for p in params})
+            self._torch_step(grads)
         else:  # as torch's GradScaler.unscale_ multiplies, by an f32 factor
             factor = torch.tensor(grad_scale, dtype=torch.float32)
-            self._torch_step({p: p.grad * factor.to(p.grad.device) for p in params})
+            self._torch_step({p: g * factor.to(g.device) for p, g in grads.items()})
 
     def _micro_batch(self):
         out = super()._micro_batch()
