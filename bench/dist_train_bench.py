@@ -25,7 +25,10 @@ DistributedOptimizer syncs no buffers either) and bucket_cap_mb = --bucket-mb, t
 DistributedOptimizer's bucket_mb. The default model is transformer_small (the single-process bench's
 is mobilenet_v1). The impls alternate round by round in one job (every impl's step i, the order
 rotating each round), each step started right after a barrier, so machine noise hits all of them
-alike. Per impl, over the steps after --warmup:
+alike; a timed round during which other processes took more than 5 % of the machine (rank 0's reading of
+/proc/stat less every rank's own CPU time: bench/load_monitor.py) is kept out of the timings and one more
+round runs, at most --steps more (its steps happened: every impl still sees the same batches in the same
+order); the report says how many. Per impl, over the steps after --warmup:
 
   step ms      median over steps of the slowest rank's step (forward + backward + optimizer + zero_grad)
   samples/s    global batch (all ranks' samples) / that median step
@@ -72,6 +75,7 @@ from torch import distributed as dist
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import train_bench  # noqa: E402
 import train_models  # noqa: E402
+from load_monitor import LoadMonitor, Rounds, own_ticks  # noqa: E402
 
 IMPLS = {
     "ddp_torch": "DDP + torch.optim.AdamW (for-loop)",
@@ -275,8 +279,14 @@ def run(args: argparse.Namespace) -> dict | None:
     sent = {impl: [] for impl in impls}  # rank 0: lo bytes of every timed step (all ranks' sends)
     bar = ProgressBar(total, "rounds", enabled=rank == 0)
     every = 0 if bar.enabled or rank != 0 else max(1, total // 10)
-    dist.barrier()
-    for step in range(total):
+    # A timed round during which other processes took more than 5 % of the machine (rank 0's reading of
+    # /proc/stat, less every rank's own CPU time) is kept out of the timings, and one more runs (at most --steps).
+    monitor, load = LoadMonitor(), Rounds()
+    step = 0
+    while step < total:
+        dist.barrier()
+        start = own_ticks()
+        monitor.begin()
         shift = step % len(impls)
         for impl in impls[shift:] + impls[:shift]:
             module, opt, _ = runners[impl]
@@ -285,10 +295,27 @@ def run(args: argparse.Namespace) -> dict | None:
             dist.barrier()  # the peers' sends for this step are done: the next read counts them all
             if rank == 0 and step >= args.warmup and before is not None:
                 sent[impl].append(lo_tx_bytes() - before - (per_barrier or 0))
+        peers = torch.tensor([0 if rank == 0 else own_ticks() - start], dtype=torch.int64)
+        dist.all_reduce(peers)
+        round_load = monitor.end(int(peers))
+        drop = torch.tensor([rank == 0 and step >= args.warmup and round_load.disturbed
+                             and load.discarded < args.steps], dtype=torch.int64)
+        dist.broadcast(drop, 0)
+        if drop:
+            load.discarded += 1
+            for impl in impls:
+                records[impl].pop()
+                if sent[impl] and len(sent[impl]) > step - args.warmup:
+                    sent[impl].pop()
+            continue
+        if step >= args.warmup:
+            load.results.append(step)
+            load.loads.append(round_load)
+        step += 1
         text = "  ".join(f"{impl} {records[impl][-1]['step_ms']:.0f}ms" for impl in impls)
-        bar.update(step + 1, text)
-        if every and ((step + 1) % every == 0 or step + 1 == total):
-            print(f"  round {step + 1}/{total} (rank 0): {text}", file=sys.stderr)
+        bar.update(step, text)
+        if every and (step % every == 0 or step == total):
+            print(f"  round {step}/{total} (rank 0): {text}", file=sys.stderr)
     bar.close(total)
 
     # Everything below happens after the timed loop: gather the ranks' numbers on rank 0.
@@ -315,7 +342,8 @@ def run(args: argparse.Namespace) -> dict | None:
     lo = per_barrier is not None
     numel = sum(p.numel() for p in params)
     sent = {i: sent[i] if lo else None for i in impls}
-    return report(args, impls, skipped, gathered, sent, numel, grad_bytes, per_barrier)
+    return {**report(args, impls, skipped, gathered, sent, numel, grad_bytes, per_barrier), "load": load.report(),
+            "load_text": load.describe()}
 
 
 # ------------------------------------------------------------------------------- summary
@@ -487,6 +515,9 @@ def notes(result: dict) -> list[str]:
         )
     for impl, speedup in result.get("fsdp2_optimizer_speedup", {}).items():
         out.append(f"optimizer step, {IMPLS[impl]} / {IMPLS['fsdp2_fused']}: {fmt(speedup, '.2f')}x")
+    if "load_text" in result:
+        out.append(f"rounds: {result['load_text']} (rank 0's reading; a round where other processes took over 5 % "
+                   "of the machine is repeated)")
     if result["barrier_bytes"] is None:
         out.append("note: no `lo` interface in /proc/net/dev: bytes sent not measured")
     unsynced = [i for i, r in result["impls"].items() if not r["params_equal_across_ranks"]]

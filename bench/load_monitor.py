@@ -39,7 +39,7 @@ def _busy_ticks_and_cpus() -> tuple[int, int]:
     return user + nice + system + irq + softirq + steal, cpus
 
 
-def _own_ticks() -> int:
+def own_ticks() -> int:
     """utime + stime of this process (all its threads) in clock ticks."""
     # The command name (field 2) may hold spaces and parentheses: count fields after the last ')'.
     fields = _SELF_STAT.read_text().rsplit(")", 1)[1].split()
@@ -70,10 +70,12 @@ class LoadMonitor:
 
     def begin(self) -> None:
         busy = _busy_ticks_and_cpus()[0] if self.available else 0
-        own = _own_ticks() if self.available else 0
+        own = own_ticks() if self.available else 0
         self._start = (time.perf_counter(), busy, own)
 
-    def end(self) -> RoundLoad:
+    def end(self, peers_ticks: int = 0) -> RoundLoad:
+        """peers_ticks: CPU ticks that processes of this benchmark other than this one (its other ranks) took
+        during the round, which are the benchmark's own time, not others'."""
         if self._start is None:
             raise RuntimeError("LoadMonitor.end() without begin()")
         wall = time.perf_counter() - self._start[0]
@@ -81,7 +83,7 @@ class LoadMonitor:
         if not self.available:
             return RoundLoad(wall, 0.0, 0.0, loadavg, False)
         busy = _busy_ticks_and_cpus()[0] - self._start[1]
-        own = _own_ticks() - self._start[2]
+        own = own_ticks() - self._start[2] + peers_ticks
         others_ticks = max(0, busy - own)
         others = others_ticks * TICK_S
         disturbed = others_ticks >= NOISE_TICKS and others > self.share * wall * self.cpus

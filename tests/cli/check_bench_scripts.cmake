@@ -30,3 +30,10 @@ run_script(bench-train fopt_scripts_train.json --model mobilenet_v1 --image-size
 run_script(bench-train fopt_scripts_dist.json --nproc 2 --model transformer_small --n-layer 1 --d-model 32
            --seq-len 8 --vocab 64 --batch-size 4 --steps 1 --warmup 0 --timeout 120
            --impls ddp_torch,ddp_torch_fused,ddp_fused,zero0,zero1,fsdp2_torch,fsdp2_torch_fused,fsdp2_fused)
+# Its rounds: each kept once, the disturbed ones (other processes over 5 % of the machine) repeated.
+file(READ ${dir}/fopt_scripts_dist.json json)
+string(JSON kept GET "${json}" load kept)
+string(JSON discarded GET "${json}" load discarded)
+if(NOT kept EQUAL 1 OR discarded GREATER 1)
+  message(FATAL_ERROR "bench-train --nproc 2: ${kept} rounds kept, ${discarded} thrown away (1 and at most 1)")
+endif()
