@@ -21,6 +21,20 @@ namespace fusedopt {
 using distributed::kFn;
 using distributed::Mix;
 
+namespace {
+
+// A piece of a state slot as f32: float states widened, 8-bit codes decoded with their absmax.
+void DecodePiece(const std::byte* data, const float* absmax, std::size_t numel, DType dtype,
+                 QuantMap map, float* out) {
+  if (dtype == DType::kQ8) {
+    Dequantize(reinterpret_cast<const std::uint8_t*>(data), absmax, numel, map, out);
+  } else {
+    for (std::size_t i = 0; i < numel; ++i) out[i] = LoadAsF32(data, dtype, i);
+  }
+}
+
+}  // namespace
+
 template <class Hyper>
 DistributedOptimizer<Hyper>::DistributedOptimizer(std::vector<Hyper> groups,
                                                   std::vector<TensorSpec> tensors,
@@ -242,15 +256,9 @@ std::vector<float> DistributedOptimizer<Hyper>::GatherState(int slot) {
     const GatheredSlot g = GatherSlot(slot);
     for (std::size_t r = 0; r < g.ranks.size(); ++r) {
       for (const StatePiece& p : g.ranks[r].pieces) {
-        const std::byte* data = g.bytes.data() + r * g.bytes_stride + p.byte;
-        const DType dtype = state_dtypes_[p.tensor];
-        if (dtype == DType::kQ8) {
-          Dequantize(reinterpret_cast<const std::uint8_t*>(data),
-                     g.absmax.data() + r * g.blocks_stride + p.block, p.numel, map,
-                     flat.data() + p.flat);
-        } else {
-          for (std::size_t i = 0; i < p.numel; ++i) flat[p.flat + i] = LoadAsF32(data, dtype, i);
-        }
+        DecodePiece(g.bytes.data() + r * g.bytes_stride + p.byte,
+                    g.absmax.data() + r * g.blocks_stride + p.block, p.numel,
+                    state_dtypes_[p.tensor], map, flat.data() + p.flat);
       }
     }
     return flat;
@@ -411,19 +419,13 @@ std::vector<typename DistributedOptimizer<Hyper>::StateSlice> DistributedOptimiz
     Fail(kFn, "state slot ", slot, " is not allocated");
   }
   const std::size_t offset = layout_.offsets.at(tensor);
-  const DType dtype = state_dtypes_[tensor];
   const QuantMap map = SlotMap(algos::UnsignedMapStates<algos::DescriptorOf<Hyper>>(), slot);
   std::vector<StateSlice> slices;
   for (const StatePiece& p : pieces_.pieces) {
     if (p.tensor != tensor) continue;
     StateSlice slice{.first = p.flat - offset, .values = std::vector<float>(p.numel)};
-    const std::byte* data = states_[slot].data() + p.byte;
-    if (dtype == DType::kQ8) {
-      Dequantize(reinterpret_cast<const std::uint8_t*>(data), absmax_[slot].data() + p.block,
-                 p.numel, map, slice.values.data());
-    } else {
-      for (std::size_t i = 0; i < p.numel; ++i) slice.values[i] = LoadAsF32(data, dtype, i);
-    }
+    DecodePiece(states_[slot].data() + p.byte, absmax_[slot].data() + p.block, p.numel,
+                state_dtypes_[tensor], map, slice.values.data());
     if (!slices.empty() && slices.back().first + slices.back().values.size() == slice.first) {
       slices.back().values.insert(slices.back().values.end(), slice.values.begin(),
                                   slice.values.end());
