@@ -12,6 +12,13 @@ function(run_script script json)
   execute_process(COMMAND ${SOURCE_DIR}/scripts/${script} ${ARGN} --json ${json}
                   WORKING_DIRECTORY ${dir}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  # A gloo rank that aborts as it exits, after destroy_process_group() (tests/python/test_docs.py says more):
+  # run again, once.
+  if(NOT rc EQUAL 0 AND err MATCHES "terminate called without an active exception")
+    execute_process(COMMAND ${SOURCE_DIR}/scripts/${script} ${ARGN} --json ${json}
+                    WORKING_DIRECTORY ${dir}
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  endif()
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "scripts/${script} exited with ${rc}:\n${out}\n${err}")
   endif()

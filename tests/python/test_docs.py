@@ -37,10 +37,18 @@ def workdir(tmp_path):
     return tmp_path
 
 
+# A gloo rank that aborts as its process exits, after the example's destroy_process_group() and all its output
+# (torch 2.13's gloo teardown; pytorch/pytorch#179291 describes gloo's threads releasing tensors during interpreter
+# finalization). It happens in about one run of the torchrun examples in tens: such a run is run again, once.
+_GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
 def _run(argv, cwd, what, timeout=600):
     env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0 and _GLOO_EXIT_ABORT in result.stderr:
+        result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{what} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
 
 
