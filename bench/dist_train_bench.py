@@ -158,7 +158,8 @@ def state_bytes(opt) -> tuple[int, str]:
     if hasattr(opt, "state_bytes"):
         return int(opt.state_bytes()), "state_bytes()"
     tensors = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-    return sum(t.nbytes for t in tensors), "optimizer.state tensors"
+    # (a DTensor's nbytes is its whole tensor's: this rank holds its local shard)
+    return sum(getattr(t, "_local_tensor", t).nbytes for t in tensors), "optimizer.state tensors"
 
 
 def distributed_module(impls: list[str]):
