@@ -528,7 +528,7 @@ void ExpectShardedCheckpointsAreTheWholeFile(const StorageOptions& storage) {
         }
       }
     }
-    if (zero == 0 || storage.state_dtype == DType::kQ8) continue;
+    if (zero == 0 || storage.state_dtype == DType::kQ8) continue;  // (the refusals: once)
 
     // A save that fails on one rank (its file's name is taken by a folder) throws on every rank
     // and leaves no file of the set.
