@@ -4,7 +4,6 @@ window's last micro-batch stepping from them."""
 from __future__ import annotations
 
 import math
-from itertools import chain
 
 import torch
 
@@ -27,7 +26,7 @@ class AccumulationWindow:
         included, and can be retried. Params that take the reference's step (_route) have their
         sums here, in their own dtype (`_torch_sums`); the reference steps them from those when the
         engine steps."""
-        if any(map(is_dtensor, chain(self._window, (p for g in self.param_groups for p in g["params"])))):
+        if any(is_dtensor(p) for g in self.param_groups for p in g["params"]):
             self._add_micro_batch_over_shards(inv_scale, overflowed, found_out)
             return
         accumulators = dict(self._accumulators)  # put back if this call is rejected: it made none

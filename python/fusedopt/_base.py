@@ -72,6 +72,8 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             sharded = _C.zero_one.get(algorithm, {})
             cls._step_with_sums = staticmethod(sharded.get("step_with_sums"))
             cls._sums_per_segment = sharded.get("reductions", 0)
+            # AdamP, BertAdam, Adafactor: their DTensor params take the reference's step on whole copies
+            cls._steps_whole_copies = not cls._quantizable and cls._step_with_sums is None
 
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
                  max_grad_norm: float | None = None, norm_type: float = 2.0, accumulation_steps: int = 1,

@@ -55,8 +55,7 @@ class TorchFallback:
         shard where the update is element-wise, and LAMB's and LARS's with their per-tensor norms added up over
         the ranks (_shards.py). The other whole-tensor reductions (AdamP's rows, BertAdam's clipping per group,
         Adafactor's factors) take the reference's step on whole copies (_WholeStandIns)."""
-        # (the engine's element-wise algorithms are those that take 8-bit states)
-        if not self._quantizable and self._step_with_sums is None:
+        if self._steps_whole_copies:
             return TypeError, (f"it is a DTensor and the '{self._algorithm}' step reduces over whole tensors, of "
                                "which this rank holds a shard (the reference steps a whole copy on every rank)")
         if self._step_in_backward and not self._quantizable:
@@ -134,8 +133,7 @@ class TorchFallback:
         """_reference_step for the params of `grads` only: the param groups are cut down to them, and
         their .grad set, for its duration. DTensor params of an algorithm that reduces over whole tensors
         take it on whole copies (_WholeStandIns)."""
-        stand_ins = _WholeStandIns(self.state, grads if not self._quantizable and self._step_with_sums is None
-                                   else {})
+        stand_ins = _WholeStandIns(self.state, grads if self._steps_whole_copies else {})
         groups = self.param_groups
         kept = [g["params"] for g in groups]
         amp = {k: self.__dict__.pop(k) for k in ("grad_scale", "found_inf") if k in self.__dict__}
