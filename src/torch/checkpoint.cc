@@ -214,6 +214,15 @@ struct ClassCheckpoint {
       const char* key = D::kStates[static_cast<std::size_t>(slot)];
       if (slots[slot] != nullptr && slots[slot]->defined() && *key != '\0') {
         entry[key] = w.Add(prefix + key, *slots[slot]);
+        if (slots[slot]->scalar_type() == torch::kByte) {  // 8-bit codes: their absmax beside
+          const auto* absmax = dynamic_cast<const StateAbsmax*>(&s);
+          const std::string akey = std::string(key) + "_absmax";
+          if (absmax == nullptr || !absmax->absmax[slot].defined()) {
+            throw std::invalid_argument("fusedopt::pt::SaveCheckpoint: state " + prefix + key +
+                                        " holds 8-bit codes without their absmax (" + akey + ")");
+          }
+          entry[akey] = w.Add(prefix + akey, absmax->absmax[slot]);
+        }
       }
     }
     if constexpr (algos::CountsSteps<D>()) {
@@ -234,10 +243,13 @@ struct ClassCheckpoint {
                                           const Reader& reader, const std::string& path,
                                           const std::string& where) {
     if (!entry.is_object()) Refuse(path, where + " is not a dict");
-    auto state = std::make_unique<State>();
+    auto state = std::make_unique<typename Traits::StateWithAbsmax>();
     const auto slots = Traits::Slots(*state);
     for (const auto& [key, v] : entry.items()) {
       const std::string what = where + "." + key;
+      if (key.ends_with("_absmax") && entry.contains(key.substr(0, key.size() - 7))) {
+        continue;  // read with its codes
+      }
       if (key == "step") {
         const torch::Tensor t =
             v.is_number() ? torch::tensor(v.template get<double>()) : reader.Get(v, what);
@@ -256,8 +268,25 @@ struct ClassCheckpoint {
         if (!algos::Factored<D> && !t.sizes().equals(param.sizes())) {
           Refuse(path, what + " has shape " + Shape(t) + "; its param has " + Shape(param));
         }
-        *slots[slot] = t.to(param.scalar_type());
         known = true;
+        if (t.scalar_type() != torch::kByte) {
+          *slots[slot] = t.to(param.scalar_type());
+          continue;
+        }
+        // 8-bit codes, kept as they are, with their absmax under the Python classes' key.
+        const std::string akey = key + "_absmax";
+        if (!entry.contains(akey))
+          Refuse(path, what + " holds 8-bit codes, but " + akey + " is missing");
+        const torch::Tensor absmax = reader.Get(entry[akey], where + "." + akey);
+        if (!absmax.is_floating_point() ||
+            static_cast<std::size_t>(absmax.numel()) != NumQuantBlocks(t.numel())) {
+          Refuse(path, where + "." + akey + " holds " + std::to_string(absmax.numel()) +
+                           " values; " + std::to_string(NumQuantBlocks(t.numel())) +
+                           " floats (one per block of " + std::to_string(kQuantBlock) +
+                           " codes) scale " + what);
+        }
+        *slots[slot] = t;
+        state->absmax[slot] = absmax.to(torch::kFloat).view({-1});
       }
       if constexpr (algos::HasScalarStates<D>) {
         const auto scalars = Traits::Scalars(*state);

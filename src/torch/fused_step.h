@@ -4,6 +4,7 @@
 // An optimizer plugs in through a Traits struct (optim.cc):
 //   Options, State, Hyper        the options and param-state classes (torch's, or the generic
 //                                HyperOptions / HyperParamState), the core's hyper struct
+//   StateWithAbsmax              the State that can hold 8-bit states' absmax (StateAbsmax)
 //   Class                        the optimizer class the Traits read (checkpoint.cc's dynamic_cast)
 //   kName                        "fusedopt::pt::Adam", for messages
 //   ToHyper(options)             one Hyper per param group, re-read on every step (schedulers edit
@@ -40,7 +41,6 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/full_like.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/stack.h>
 #include <c10/util/Exception.h>
@@ -193,6 +193,7 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   std::vector<std::vector<at::Tensor>> routed(groups.size());  // for the twin's step, per group
   std::string routed_why;
   hypers.reserve(groups.size());
+  CheckStateDType(Traits::kName, training.state_dtype, algos::QuantizableStates<Descriptor>);
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const auto* options = dynamic_cast<const Options*>(&groups[g].options());
     TORCH_CHECK(options != nullptr, Traits::kName, ": param_groups[", g,
@@ -240,7 +241,9 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       }
       seg.param_dtype = ToDType(p);
       seg.grad_dtype = ToDType(grads.back());
-      seg.state_dtype = seg.param_dtype;  // torch keeps state in the param's dtype
+      const at::ScalarType state_dtype =
+          StateDTypeOf(training.state_dtype, training.min_8bit_size, p);
+      seg.state_dtype = ToDType(state_dtype);
       seg.group = static_cast<std::uint32_t>(g);
       seg.grad_scale = grad_scale;
 
@@ -255,6 +258,15 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
           new_states.emplace_back(p.unsafeGetTensorImpl(), std::make_unique<State>());
           state = new_states.back().second.get();
         }
+        // torch::optim's own param states (created by the twin's step or constructor) have no
+        // room for an absmax: one whose states become 8-bit is replaced by a copy that has.
+        auto* absmax = dynamic_cast<StateAbsmax*>(state);
+        if (absmax == nullptr && state_dtype == at::kByte) {
+          auto upgraded = std::make_unique<typename Traits::StateWithAbsmax>(*state);
+          absmax = upgraded.get();
+          state = upgraded.get();
+          new_states.emplace_back(p.unsafeGetTensorImpl(), std::move(upgraded));
+        }
         seg.step = Traits::NextStep(*state);
         // A factored algorithm needs, of the slots its hyper-parameters may use, those of this
         // param's shape (Adafactor: row_var and col_var, or variance); the others stay as they are.
@@ -265,22 +277,30 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
           if ((needed >> slot & 1u) == 0) continue;
           at::Tensor& held = *slots[slot];
           const std::optional<std::vector<std::int64_t>> shape = FactorShape<Descriptor>(p, slot);
-          if (held.defined()) {
+          if (shape) {  // never 8-bit (CheckStateDType)
             at::Tensor ready =
-                shape ? CheckedShapedState(Traits::kName, name, Descriptor::kStates[slot], p, held,
-                                           *shape)
-                      : CheckedState(Traits::kName, name, Descriptor::kStates[slot], p, held);
+                held.defined() ? CheckedShapedState(Traits::kName, name, Descriptor::kStates[slot],
+                                                    p, held, *shape, state_dtype)
+                               : at::full(*shape, Descriptor::InitialState(hyper, slot),
+                                          p.options().dtype(state_dtype));
             seg.state[slot] = ready.data_ptr();
             if (!ready.is_same(held)) new_tensors.emplace_back(&held, std::move(ready));
-          } else if (shape) {
-            at::Tensor fresh = at::full(*shape, Descriptor::InitialState(hyper, slot), p.options());
-            seg.state[slot] = fresh.data_ptr();
-            new_tensors.emplace_back(&held, std::move(fresh));
-          } else {
-            at::Tensor fresh = at::full_like(p, Descriptor::InitialState(hyper, slot),
-                                             at::TensorOptions{}, at::MemoryFormat::Contiguous);
-            seg.state[slot] = fresh.data_ptr();
-            new_tensors.emplace_back(&held, std::move(fresh));
+            continue;
+          }
+          const QuantMap map = SlotMap(algos::UnsignedMapStates<Descriptor>(), slot);
+          at::Tensor no_absmax;
+          at::Tensor& held_absmax = absmax != nullptr ? absmax->absmax[slot] : no_absmax;
+          StateBuffers ready =
+              held.defined()
+                  ? CheckedState(Traits::kName, name, Descriptor::kStates[slot], p, held,
+                                 held_absmax, map, state_dtype)
+                  : FreshState(p, Descriptor::InitialState(hyper, slot), map, state_dtype);
+          seg.state[slot] = ready.values.data_ptr();
+          if (ready.absmax.defined()) seg.absmax[slot] = ready.absmax.data_ptr<float>();
+          if (!ready.values.is_same(held)) new_tensors.emplace_back(&held, std::move(ready.values));
+          // An absmax new, converted, or dropped with the codes it scaled.
+          if (absmax != nullptr && !ready.absmax.is_same(held_absmax)) {
+            new_tensors.emplace_back(&held_absmax, std::move(ready.absmax));
           }
         }
         if constexpr (algos::HasScalarStates<Descriptor>) {

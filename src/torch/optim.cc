@@ -161,7 +161,92 @@ T FromIValue(const c10::IValue& value) {
   }
 }
 
+// The 8-bit states' absmax under "<key>_absmax" (the Python classes' key), for the state keys of
+// descriptor D; an absmax not in the archive is left undefined.
+template <class D>
+void WriteAbsmax(const StateAbsmax& s, torch::serialize::OutputArchive& archive) {
+  for (int k = 0; k < kMaxStates; ++k) {
+    if (*D::kStates[k] != '\0' && s.absmax[k].defined()) {
+      archive.write(std::string(D::kStates[k]) + "_absmax", s.absmax[k]);
+    }
+  }
+}
+template <class D>
+void ReadAbsmax(StateAbsmax& s, torch::serialize::InputArchive& archive) {
+  for (int k = 0; k < kMaxStates; ++k) {
+    s.absmax[k] = torch::Tensor();
+    if (*D::kStates[k] != '\0')
+      archive.try_read(std::string(D::kStates[k]) + "_absmax", s.absmax[k]);
+  }
+}
+
+// The algorithm of torch::optim's param state class State.
+template <class State>
+struct HyperOfState;
+template <>
+struct HyperOfState<torch::optim::SGDParamState> {
+  using type = SgdHyper;
+};
+template <>
+struct HyperOfState<torch::optim::AdamParamState> {
+  using type = AdamHyper;
+};
+template <>
+struct HyperOfState<torch::optim::AdamWParamState> {
+  using type = AdamWHyper;
+};
+template <>
+struct HyperOfState<torch::optim::RMSpropParamState> {
+  using type = RmspropHyper;
+};
+template <>
+struct HyperOfState<torch::optim::AdagradParamState> {
+  using type = AdagradHyper;
+};
+
+// A drop-in's load(): torch's, with each param state read as a ParamStateWithAbsmax (torch's keys
+// and the absmax). An archive of libtorch before 1.5 (no "pytorch_version") goes to torch's own.
+template <class Traits>
+void LoadTwin(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive) {
+  using Twin = typename Traits::Twin;
+  c10::IValue version;
+  if (!archive.try_read("pytorch_version", version)) {
+    static_cast<Twin&>(optimizer).Twin::load(archive);
+    return;
+  }
+  torch::optim::serialize<typename Traits::StateWithAbsmax, typename Traits::Options>(archive,
+                                                                                      optimizer);
+}
+
 }  // namespace
+
+template <class Base>
+void ParamStateWithAbsmax<Base>::serialize(torch::serialize::OutputArchive& archive) const {
+  Base::serialize(archive);
+  WriteAbsmax<algos::DescriptorOf<typename HyperOfState<Base>::type>>(*this, archive);
+}
+
+template <class Base>
+void ParamStateWithAbsmax<Base>::serialize(torch::serialize::InputArchive& archive) {
+  Base::serialize(archive);
+  ReadAbsmax<algos::DescriptorOf<typename HyperOfState<Base>::type>>(*this, archive);
+}
+
+template struct ParamStateWithAbsmax<torch::optim::SGDParamState>;
+template struct ParamStateWithAbsmax<torch::optim::AdamParamState>;
+template struct ParamStateWithAbsmax<torch::optim::AdamWParamState>;
+template struct ParamStateWithAbsmax<torch::optim::RMSpropParamState>;
+template struct ParamStateWithAbsmax<torch::optim::AdagradParamState>;
+
+void SGD::load(torch::serialize::InputArchive& archive) { LoadTwin<SgdTraits>(*this, archive); }
+void Adam::load(torch::serialize::InputArchive& archive) { LoadTwin<AdamTraits>(*this, archive); }
+void AdamW::load(torch::serialize::InputArchive& archive) { LoadTwin<AdamWTraits>(*this, archive); }
+void RMSprop::load(torch::serialize::InputArchive& archive) {
+  LoadTwin<RmspropTraits>(*this, archive);
+}
+void Adagrad::load(torch::serialize::InputArchive& archive) {
+  LoadTwin<AdagradTraits>(*this, archive);
+}
 
 torch::Tensor SGD::step(LossClosure closure) {
   return detail::FusedStep<SgdTraits>(*this, closure, training_, last_step_, last_pre_pass_);
@@ -249,6 +334,9 @@ bool HyperParamState<Hyper>::operator==(const HyperParamState& other) const {
   for (int k = 0; k < kMaxScalars; ++k) {
     equal = equal && torch::equal_if_defined(scalars[k], other.scalars[k]);
   }
+  for (int k = 0; k < kMaxStates; ++k) {
+    equal = equal && torch::equal_if_defined(absmax[k], other.absmax[k]);
+  }
   return equal;
 }
 
@@ -284,6 +372,7 @@ void HyperParamState<Hyper>::serialize(torch::serialize::OutputArchive& archive)
       if (scalars[k].defined()) archive.write(D::kScalarStates[k], scalars[k]);
     }
   }
+  WriteAbsmax<D>(*this, archive);
 }
 
 template <class Hyper>
@@ -301,6 +390,7 @@ void HyperParamState<Hyper>::serialize(torch::serialize::InputArchive& archive) 
       archive.try_read(D::kScalarStates[k], scalars[k]);
     }
   }
+  ReadAbsmax<D>(*this, archive);
 }
 
 template <class Hyper>

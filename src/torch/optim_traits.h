@@ -112,6 +112,7 @@ void SetTorchOptions(const Hyper& h, Options& o) {
 struct SgdTraits {
   using Options = torch::optim::SGDOptions;
   using State = torch::optim::SGDParamState;
+  using StateWithAbsmax = ParamStateWithAbsmax<State>;  // for 8-bit states
   using Hyper = SgdHyper;
   using Twin = torch::optim::SGD;
   using Class = Twin;
@@ -132,6 +133,7 @@ template <class OptionsT, class StateT, class HyperT>
 struct AdamFamilyTraits {
   using Options = OptionsT;
   using State = StateT;
+  using StateWithAbsmax = ParamStateWithAbsmax<State>;  // for 8-bit states
   using Hyper = HyperT;
 
   static Hyper ToHyper(const Options& o) { return HyperOfTorchOptions<Hyper>(o); }
@@ -160,6 +162,7 @@ struct AdamWTraits
 struct RmspropTraits {
   using Options = torch::optim::RMSpropOptions;
   using State = torch::optim::RMSpropParamState;
+  using StateWithAbsmax = ParamStateWithAbsmax<State>;  // for 8-bit states
   using Hyper = RmspropHyper;
   using Twin = torch::optim::RMSprop;
   using Class = Twin;
@@ -178,6 +181,7 @@ struct RmspropTraits {
 struct AdagradTraits {
   using Options = torch::optim::AdagradOptions;
   using State = torch::optim::AdagradParamState;
+  using StateWithAbsmax = ParamStateWithAbsmax<State>;  // for 8-bit states
   using Hyper = AdagradHyper;
   using Twin = torch::optim::Adagrad;
   using Class = Twin;
@@ -217,6 +221,7 @@ struct GenericTraits {
   using Class = FusedOptimizer<H>;
   using Options = HyperOptions<H>;
   using State = HyperParamState<H>;
+  using StateWithAbsmax = State;  // a HyperParamState has it
   using Hyper = H;
   static inline const std::string kName = GenericName<H>();
   // LAMB's as its users have written it since it was a class of its own (LAMBOptions is an alias).

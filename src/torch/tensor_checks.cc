@@ -2,6 +2,9 @@
 
 #include "src/torch/tensor_checks.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/full_like.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -25,15 +28,38 @@ std::string ToString(const ParamName& name) {
          "]";
 }
 
-DType ToDType(const at::Tensor& t) {
-  switch (t.scalar_type()) {
+DType ToDType(at::ScalarType t) {
+  switch (t) {
     case at::kHalf:
       return DType::kF16;
     case at::kBFloat16:
       return DType::kBF16;
+    case at::kByte:
+      return DType::kQ8;
     default:
       return DType::kF32;
   }
+}
+
+at::ScalarType StateDTypeOf(std::optional<at::ScalarType> option, std::size_t min_8bit_size,
+                            const at::Tensor& p) {
+  if (!option) return p.scalar_type();
+  // bitsandbytes' policy: small tensors (biases, norms) keep full states; they cost little memory.
+  if (*option == at::kByte && static_cast<std::size_t>(p.numel()) < min_8bit_size) {
+    return p.scalar_type();
+  }
+  return *option;
+}
+
+void CheckStateDType(std::string_view optimizer, std::optional<at::ScalarType> option,
+                     bool quantizable) {
+  if (!option) return;
+  TORCH_CHECK(SupportedDType(*option) || *option == at::kByte, optimizer,
+              ": invalid training().state_dtype ", *option,
+              "; supported dtypes are float32, float16, bfloat16 and uint8 (8-bit states)");
+  TORCH_CHECK(*option != at::kByte || quantizable, optimizer,
+              ": training().state_dtype uint8 (8-bit block-wise states) is for the element-wise "
+              "algorithms; this one reduces over whole tensors or keeps factored states");
 }
 
 void CheckParam(std::string_view optimizer, const ParamName& name, const at::Tensor& p) {
@@ -85,22 +111,66 @@ at::Tensor CheckedGrad(std::string_view optimizer, const ParamName& name, const 
   return grad.contiguous();
 }
 
-at::Tensor CheckedState(std::string_view optimizer, const ParamName& name, std::string_view key,
-                        const at::Tensor& p, const at::Tensor& state) {
+StateBuffers CheckedState(std::string_view optimizer, const ParamName& name, std::string_view key,
+                          const at::Tensor& p, const at::Tensor& state, const at::Tensor& absmax,
+                          QuantMap map, at::ScalarType dtype) {
   TORCH_CHECK(state.device().is_cpu(), optimizer, ": state '", key, "' of ", ToString(name),
               " is on ", state.device(), "; fusedopt::pt steps CPU tensors only");
-  TORCH_CHECK(state.layout() == at::kStrided && state.is_floating_point(), optimizer, ": state '",
-              key, "' of ", ToString(name), " must be a dense floating-point tensor (got ",
+  const bool codes = state.scalar_type() == at::kByte;
+  TORCH_CHECK(state.layout() == at::kStrided && (state.is_floating_point() || codes), optimizer,
+              ": state '", key, "' of ", ToString(name),
+              " must be a dense floating-point tensor or 8-bit codes (uint8) (got ",
               state.scalar_type(), ", layout ", state.layout(), ")");
   TORCH_CHECK(state.numel() == p.numel(), optimizer, ": state '", key, "' of ", ToString(name),
               " has ", state.numel(), " elements but the param has ", p.numel(),
               " (was the optimizer state loaded from another model?)");
-  return state.to(p.scalar_type()).contiguous();
+  const auto n = static_cast<std::size_t>(p.numel());
+  if (!codes) {
+    at::Tensor values = state.to(dtype == at::kByte ? at::kFloat : dtype).contiguous();
+    if (dtype != at::kByte) return {values, {}};
+    StateBuffers quantized{
+        at::empty_like(state, state.options().dtype(at::kByte), at::MemoryFormat::Contiguous),
+        at::empty({static_cast<std::int64_t>(NumQuantBlocks(n))},
+                  state.options().dtype(at::kFloat))};
+    Quantize(values.const_data_ptr<float>(), n, map, quantized.values.data_ptr<std::uint8_t>(),
+             quantized.absmax.data_ptr<float>());
+    return quantized;
+  }
+  const std::string absmax_key = std::string(key) + "_absmax";
+  TORCH_CHECK(absmax.defined(), optimizer, ": state '", key, "' of ", ToString(name),
+              " holds 8-bit codes (uint8) but '", absmax_key, "' (their absmax) is missing");
+  TORCH_CHECK(
+      absmax.device().is_cpu() && absmax.layout() == at::kStrided && absmax.is_floating_point() &&
+          static_cast<std::size_t>(absmax.numel()) == NumQuantBlocks(n),
+      optimizer, ": state '", absmax_key, "' of ", ToString(name), " must hold ", NumQuantBlocks(n),
+      " floating-point values on the CPU, one per block of ", kQuantBlock, " codes (got ",
+      absmax.scalar_type(), " of ", absmax.numel(), " elements on ", absmax.device(), ")");
+  StateBuffers held{state.contiguous(), absmax.to(at::kFloat).contiguous()};
+  if (held.absmax.dim() != 1) held.absmax = held.absmax.view({-1});
+  if (dtype == at::kByte) return held;
+  at::Tensor values =
+      at::empty_like(state, state.options().dtype(at::kFloat), at::MemoryFormat::Contiguous);
+  Dequantize(held.values.const_data_ptr<std::uint8_t>(), held.absmax.const_data_ptr<float>(), n,
+             map, values.data_ptr<float>());
+  return {values.to(dtype), {}};
+}
+
+StateBuffers FreshState(const at::Tensor& p, float value, QuantMap map, at::ScalarType dtype) {
+  if (dtype != at::kByte) {
+    return {at::full_like(p, value, p.options().dtype(dtype), at::MemoryFormat::Contiguous), {}};
+  }
+  const auto n = static_cast<std::size_t>(p.numel());
+  StateBuffers fresh{
+      at::empty_like(p, p.options().dtype(at::kByte), at::MemoryFormat::Contiguous),
+      at::empty({static_cast<std::int64_t>(NumQuantBlocks(n))}, p.options().dtype(at::kFloat))};
+  QuantizeFill(value, n, map, fresh.values.data_ptr<std::uint8_t>(),
+               fresh.absmax.data_ptr<float>());
+  return fresh;
 }
 
 at::Tensor CheckedShapedState(std::string_view optimizer, const ParamName& name,
                               std::string_view key, const at::Tensor& p, const at::Tensor& state,
-                              at::IntArrayRef shape) {
+                              at::IntArrayRef shape, at::ScalarType dtype) {
   TORCH_CHECK(state.device().is_cpu(), optimizer, ": state '", key, "' of ", ToString(name),
               " is on ", state.device(), "; fusedopt::pt steps CPU tensors only");
   TORCH_CHECK(state.layout() == at::kStrided && state.is_floating_point(), optimizer, ": state '",
@@ -111,7 +181,7 @@ at::Tensor CheckedShapedState(std::string_view optimizer, const ParamName& name,
   TORCH_CHECK(state.sizes() == shape, optimizer, ": state '", key, "' of ", ToString(name),
               " has shape ", state.sizes(), " but the param's shape ", p.sizes(), " needs ", shape,
               " (was the optimizer state loaded from another model?)");
-  return state.to(p.scalar_type()).contiguous();
+  return state.to(dtype).contiguous();
 }
 
 at::Tensor CheckedScalar(std::string_view optimizer, const ParamName& name, std::string_view key,

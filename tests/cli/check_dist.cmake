@@ -96,10 +96,11 @@ run_ok(bench-dist --optimizer lamb --numel 100000 --rounds 1 --warmup 0 --json $
 file(READ ${dir}/lamb.json json)
 expect_key("${json}" * impls zero1 median_ms)
 
-# train --dist with ZeRO-1: rank 0's table and report, the losses within 1e-4 of one process on the
-# whole batches, the trace with every rank and the reduce-scatter / all-gather spans.
+# train --dist with ZeRO-1 and 8-bit states: rank 0's table and report, the losses within 1e-4 of
+# one process (fusedopt::pt, 8-bit states too) on the whole batches, the trace with every rank and
+# the reduce-scatter / all-gather spans.
 run_ok(train --dist --zero 1 --model transformer_small --batch-size 4 --steps 3 --warmup 0
-       --reference --quiet --json ${dir}/train.json --trace ${dir}/trace.json)
+       --state-dtype q8 --reference --quiet --json ${dir}/train.json --trace ${dir}/trace.json)
 if(NOT out MATCHES "fusedopt train --dist" OR NOT out MATCHES "\\| threads per rank \\| 1 \\(OMP_NUM")
   message(FATAL_ERROR "train --dist printed no table (or no thread choice):\n${out}")
 endif()
@@ -108,6 +109,7 @@ expect_key("${json}" 2 ranks)
 expect_key("${json}" 1 zero)
 expect_key("${json}" 2 batch_per_rank)
 expect_key("${json}" 1 threads_per_rank)
+expect_key("${json}" q8 state_dtype)
 string(JSON diff GET "${json}" max_loss_rel_diff_vs_one_process)
 if(NOT diff LESS 1e-4)
   message(FATAL_ERROR "train --dist losses differ from one process by ${diff}")

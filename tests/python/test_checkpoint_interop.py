@@ -109,17 +109,20 @@ def fusedopt_cli(*args) -> subprocess.CompletedProcess:
     return done
 
 
-def test_fusedopt_train_resumes_bit_for_bit_and_python_reads_its_checkpoints(tmp_path):
+@pytest.mark.parametrize("state_dtype", ["f32", "q8"])
+def test_fusedopt_train_resumes_bit_for_bit_and_python_reads_its_checkpoints(tmp_path, state_dtype):
     """`fusedopt train --checkpoint-dir --checkpoint-every --resume`: a run resumed from its checkpoint at update 2
     (a damaged newer one skipped) ends where the uninterrupted run ends, bit for bit; fusedopt.read_checkpoint reads
-    the files and load_checkpoint takes their optimizer state into the Python twin."""
+    the files and load_checkpoint takes their optimizer state into the Python twin. q8 (--state-dtype): the same with
+    8-bit states, the codes and absmax included."""
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    fusedopt_cli(*TINY, "--checkpoint-dir", whole, "--checkpoint-every", 2, "--quiet")
+    tiny = (*TINY, "--state-dtype", state_dtype)
+    fusedopt_cli(*tiny, "--checkpoint-dir", whole, "--checkpoint-every", 2, "--quiet")
     assert sorted(p.name for p in whole.iterdir()) == ["step-00000004.safetensors", "step-00000008.safetensors"]
     resumed.mkdir()
     (resumed / "step-00000004.safetensors").write_bytes((whole / "step-00000004.safetensors").read_bytes())
     (resumed / "step-00000006.safetensors").write_bytes(b"not a checkpoint")
-    done = fusedopt_cli(*TINY, "--checkpoint-dir", resumed, "--checkpoint-every", 2, "--resume")
+    done = fusedopt_cli(*tiny, "--checkpoint-dir", resumed, "--checkpoint-every", 2, "--resume")
     assert "skipping checkpoint" in done.stderr and "step-00000006.safetensors" in done.stderr
     assert f"resuming from {resumed / 'step-00000004.safetensors'} (update 2)" in done.stderr
     a, b = tensors(whole / "step-00000008.safetensors"), tensors(resumed / "step-00000008.safetensors")
@@ -132,12 +135,15 @@ def test_fusedopt_train_resumes_bit_for_bit_and_python_reads_its_checkpoints(tmp
     # The optimizer part in Python: params of the model's shapes, in its order.
     shapes = [tuple(s) for s, _ in ckpt.meta["layout"][1]]
     params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
-    opt = fusedopt.FusedAdamW(params)
+    opt = fusedopt.FusedAdamW(params, state_dtype=torch.uint8 if state_dtype == "q8" else None)
     fusedopt.load_checkpoint(opt, whole / "step-00000008.safetensors")
     state = opt.state_dict()["state"]
+    codes = [k for k, t in ckpt.tensors.items() if t.dtype == torch.uint8]
+    assert bool(codes) == (state_dtype == "q8") and all(k + "_absmax" in ckpt.tensors for k in codes)
     for i in range(len(params)):
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(state[i][key], ckpt.tensors[f"state.{i}.{key}"]), (i, key)
+        for key in ("exp_avg", "exp_avg_sq", "step", "exp_avg_absmax", "exp_avg_sq_absmax"):
+            if f"state.{i}.{key}" in ckpt.tensors:
+                assert torch.equal(state[i][key], ckpt.tensors[f"state.{i}.{key}"]), (i, key)
 
 
 def test_python_reads_and_loads_the_shard_sets_of_fusedopt_train_dist(tmp_path):
@@ -175,22 +181,25 @@ def pt_model() -> torch.nn.Sequential:
     return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
 
 
+@pytest.mark.parametrize("precision", ["f32", "q8"])
 @pytest.mark.parametrize("name", sorted(PT_CLASSES))
-def test_libtorch_python_libtorch_equals_one_libtorch_run(tmp_path, name):
+def test_libtorch_python_libtorch_equals_one_libtorch_run(tmp_path, name, precision):
     """A libtorch model with a fusedopt::pt optimizer trains 2 steps and saves; Python loads that file into the same
     model and the fused class, trains 2 more on the same batches and saves; libtorch loads the Python file and trains
     2 more. The model and the optimizer state equal those of one libtorch run of 6 steps, bit for bit, and Python's
-    after its leg equal libtorch's after 4 (checkpoint_interop_pt.cc; both sides run one thread)."""
+    after its leg equal libtorch's after 4 (checkpoint_interop_pt.cc; both sides run one thread). q8: the weights'
+    states are 8-bit codes with their absmax on both sides (the biases, under min_8bit_size 10, f32)."""
     def run(steps, out, *given):
-        done = subprocess.run([str(INTEROP_PT), name, str(steps), str(out), *map(str, given)], capture_output=True,
-                              text=True, timeout=60)
+        done = subprocess.run([str(INTEROP_PT), name + (":q8" if precision == "q8" else ""), str(steps), str(out),
+                               *map(str, given)], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
 
     run(6, tmp_path / "whole.safetensors")
     run(4, tmp_path / "four.safetensors")
     run(2, tmp_path / "a.safetensors")
     model = pt_model()
-    opt = PT_CLASSES[name](model.parameters())
+    kw = {"state_dtype": torch.uint8, "min_8bit_size": 10} if precision == "q8" else {}
+    opt = PT_CLASSES[name](model.parameters(), **kw)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -210,6 +219,10 @@ def test_libtorch_python_libtorch_equals_one_libtorch_run(tmp_path, name):
     whole, resumed = tensors(tmp_path / "whole.safetensors"), tensors(tmp_path / "c.safetensors")
     assert any(k.startswith("model.") for k in whole) and any(k.startswith("state.") for k in whole)
     assert whole.keys() == resumed.keys()
+    if precision == "q8":  # the first weight's states are codes with their absmax, the first bias's are not
+        absmax = [k for k in whole if k.startswith("state.0.") and k.endswith("_absmax")]
+        assert absmax and all(whole[k.removesuffix("_absmax")].dtype == torch.uint8 for k in absmax)
+        assert not any(k.startswith("state.1.") and k.endswith("_absmax") for k in whole)
     for name_, t in four.items():
         assert torch.equal(bits(python[name_]), bits(t)), f"after 4 steps: {name_}"
     for name_, t in whole.items():

@@ -2,8 +2,10 @@
 // fusedopt::pt optimizer start fresh or from a checkpoint with a model (this program's, or
 // fusedopt.save_checkpoint's), train on known batches, and save the model and optimizer.
 //
-//   checkpoint_interop_pt adamw|sgd|lion|nadam STEPS OUT [IN]
+//   checkpoint_interop_pt adamw|sgd|lion|nadam[:q8] STEPS OUT [IN]
 //
+// ":q8": 8-bit states (training().state_dtype uint8) for the params of at least 10 elements (the
+// two weights; the biases keep f32 states).
 // Model: Sequential(Linear(6, 5), Tanh, Linear(5, 3)), its params' elements (in the order of
 // parameters()) set from Value(1, i) when starting fresh. Step k's batch: x (4 × 6) = Value(2000 +
 // k, i), target (4 × 3) = Value(3000 + k, i), loss mse_loss(model(x), target). The file's counter
@@ -46,19 +48,30 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& name,
   throw std::invalid_argument("unknown optimizer " + name);
 }
 
+// The training() options of every fusedopt::pt class, through the one they all derive from.
+fusedopt::pt::TrainingOptions& TrainingOf(torch::optim::Optimizer& opt) {
+  return dynamic_cast<fusedopt::pt::FusedStepOptions&>(opt).training();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 4 && argc != 5) {
-    std::fprintf(stderr, "usage: %s adamw|sgd|lion|nadam STEPS OUT [IN]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s adamw|sgd|lion|nadam[:q8] STEPS OUT [IN]\n", argv[0]);
     return 2;
   }
   try {
     torch::set_num_threads(1);
     torch::nn::Sequential model(torch::nn::Linear(6, 5), torch::nn::Tanh(),
                                 torch::nn::Linear(5, 3));
+    const std::string name = argv[1];
+    const bool q8 = name.ends_with(":q8");
     const std::unique_ptr<torch::optim::Optimizer> opt =
-        MakeOptimizer(argv[1], model->parameters());
+        MakeOptimizer(name.substr(0, name.find(':')), model->parameters());
+    if (q8) {
+      TrainingOf(*opt).state_dtype = torch::kUInt8;
+      TrainingOf(*opt).min_8bit_size = 10;
+    }
     std::int64_t done = 0;
     if (argc == 5) {
       done = fusedopt::pt::LoadCheckpoint(*opt, argv[4], {.model = model.get()}).at("steps");

@@ -15,6 +15,7 @@
 #include <iomanip>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
@@ -222,9 +223,37 @@ void Validate(const TrainOptions& o) {
     bad("--checkpoint-dir", o.checkpoint_dir, "takes one --impl, not --compare");
   }
   ValidateCheckpointOptions(o);
+  StateDType(o);
 }
 
 }  // namespace
+
+DType StateDType(const TrainOptions& o) {
+  const std::string& s = o.state_dtype;
+  if (s != "f32" && s != "bf16" && s != "q8") {
+    throw std::invalid_argument("invalid --state-dtype " + s + " (f32, bf16 or q8)");
+  }
+  bool quantizable = false;
+  algos::All::ForEach([&](auto d) {
+    using A = typename decltype(d)::type;
+    if (o.optimizer == A::kName) quantizable = algos::QuantizableStates<A>;
+  });
+  if (s == "q8" && !quantizable) {
+    throw std::invalid_argument(
+        "invalid --state-dtype q8 (8-bit states are for the element-wise "
+        "optimizers; --optimizer " +
+        o.optimizer + " reads whole tensors or keeps factored states)");
+  }
+  return s == "q8" ? DType::kQ8 : (s == "bf16" ? DType::kBF16 : DType::kF32);
+}
+
+void SetStateDType(torch::optim::Optimizer& fused, DType state_dtype) {
+  std::optional<c10::ScalarType>& option =
+      dynamic_cast<pt::FusedStepOptions&>(fused).training().state_dtype;
+  option = state_dtype == DType::kQ8     ? std::optional(c10::kByte)
+           : state_dtype == DType::kBF16 ? std::optional(c10::kBFloat16)
+                                         : std::nullopt;  // the params' f32
+}
 
 std::string OtherOptimizers() {
   std::string names;
@@ -255,6 +284,10 @@ nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::
     run.label = Label(options.optimizer, fused);
     run.model = MakeModel(options.model, /*seed=*/0);  // the same initialization for every impl
     run.optimizer = MakeOptimizer(options.optimizer, fused, run.model.module->parameters(), hyper);
+    if (fused && options.state_dtype != "f32") {
+      SetStateDType(*run.optimizer, StateDType(options));
+      run.label += options.state_dtype == "q8" ? " (8-bit states)" : " (bf16 states)";
+    }
     pt::TrainerOptions trainer_options{.accumulation_steps = options.accumulation_steps,
                                        .max_grad_norm = options.max_grad_norm};
     if (options.schedule) {
@@ -324,6 +357,7 @@ nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::
       {"warmup", options.warmup},
       {"threads", threads},
       {"dtype", options.dtype},
+      {"state_dtype", options.state_dtype},
       {"lr", hyper.lr},
       {"weight_decay", hyper.weight_decay},
       {"momentum", hyper.momentum},
@@ -415,6 +449,7 @@ nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::
                             {"batch_size", options.data.batch_size},
                             {"threads", threads},
                             {"dtype", options.dtype},
+                            {"state_dtype", options.state_dtype},
                             {"param_dtype", "f32"},
                             {"param_numels", numels},
                             {"lr", hyper.lr},

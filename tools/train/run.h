@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "fusedopt/dtype.h"
 #include "tools/train/models.h"
 #include "tools/train/report.h"  // MarkdownTable
 
@@ -36,6 +37,9 @@ struct TrainOptions {
   int warmup = 3;                              // untimed updates first
   int threads = 0;                             // 0: the default (OMP_NUM_THREADS or one per core)
   std::string dtype = "f32";  // f32, or bf16 (CPU autocast; params and optimizer stay f32)
+  // The fused impl's optimizer states: f32, bf16, or q8 (8-bit block-wise, the element-wise
+  // algorithms); the torch impl's stay f32.
+  std::string state_dtype = "f32";
   int accumulation_steps = 1;
   double max_grad_norm = std::numeric_limits<double>::infinity();
   int lr_warmup = 0;       // > 0: linear warmup over that many updates, then cosine to 0.01 lr
@@ -77,6 +81,12 @@ ResolvedHyper ResolveHyper(const TrainOptions& options);
 // Throws std::invalid_argument for --checkpoint-every, --resume or --keep-last values that make no
 // sense (a negative count, a checkpoint option without --checkpoint-dir).
 void ValidateCheckpointOptions(const TrainOptions& options);
+
+// --state-dtype as the engine's dtype; throws std::invalid_argument for a value other than f32,
+// bf16 and q8, and for q8 with an optimizer whose step reads whole tensors (LAMB, ...).
+DType StateDType(const TrainOptions& options);
+// A fusedopt::pt optimizer's training().state_dtype for the engine's dtype.
+void SetStateDType(torch::optim::Optimizer& fused, DType state_dtype);
 
 // torch::optim's class or the reference's for-loop (fused false: impl "torch"), or fusedopt::pt's
 // class (impl "fused"), over `params`.

@@ -160,7 +160,7 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
   for (const torch::Tensor& p : params)
     specs.push_back({.numel = static_cast<std::size_t>(p.numel())});
   DistributedOptimizer<Hyper> opt(
-      {MakeHyper<Hyper>(resolved)}, specs, {}, comm,
+      {MakeHyper<Hyper>(resolved)}, specs, {.state_dtype = StateDType(o)}, comm,
       {.zero = d.zero, .bucket_bytes = static_cast<std::size_t>(d.bucket_mb * (1 << 20))});
   {
     // The module's params become views of the optimizer's buffer.
@@ -178,6 +178,7 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
   if (d.reference && leader) {
     reference = MakeModel(o.model, /*seed=*/0);
     reference_opt = MakeOptimizer(o.optimizer, true, reference.module->parameters(), resolved);
+    SetStateDType(*reference_opt, StateDType(o));
   }
 
   const int total = o.warmup + o.steps;
@@ -287,6 +288,7 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
       {"ranks", comm.size()},
       {"threads_per_rank", threads.threads},
       {"zero", d.zero},
+      {"state_dtype", o.state_dtype},
       {"bucket_mb", d.bucket_mb},
       {"global_batch", batches.samples_per_batch()},
       {"batch_per_rank", slice},
@@ -357,6 +359,7 @@ nlohmann::json RunDistributedTraining(const TrainOptions& o, const DistTrainOpti
         "1 only");
   Check(!o.schedule, "--lr-warmup", std::to_string(o.lr_warmup), "no schedule yet");
   Check(d.zero == 0 || d.zero == 1, "--zero", std::to_string(d.zero), "0 or 1");
+  StateDType(o);  // throws for a bad --state-dtype
   Check(d.bucket_mb > 0.0, "--bucket-mb", tools::Num(d.bucket_mb), "must be > 0");
   Check(o.steps >= 1, "--steps", std::to_string(o.steps), "must be >= 1");
   ValidateCheckpointOptions(o);

@@ -104,6 +104,11 @@ Command AddTrainCommand(CLI::App& app) {
       "OMP_NUM_THREADS if set, else the host's CPUs shared among its ranks)");
   parser->add_option("--dtype", o.dtype, "f32, or bf16 (CPU autocast for forward)")
       ->capture_default_str();
+  parser
+      ->add_option("--state-dtype", o.state_dtype,
+                   "The fused optimizer's states: f32, bf16, or q8 (8-bit block-wise, "
+                   "docs/8bit-states.md); torch's stay f32")
+      ->capture_default_str();
   parser->add_option("--accumulation-steps", o.accumulation_steps, "Micro-batches per update")
       ->capture_default_str();
   parser->add_option("--clip", o.max_grad_norm, "Clip the global gradient norm to MAX_NORM")

@@ -24,8 +24,9 @@
 // Requirements on stepped params (checked with TORCH_CHECK before anything is written; the message
 // names the param as param_groups[g].params[i]): CPU, strided and contiguous, dtype float32,
 // float16 or bfloat16, a dense grad of the same shape (also float32/float16/bfloat16), no param
-// given twice. State tensors are kept in the param's dtype, as torch does. Params whose grad is
-// undefined are skipped: no state, no step count, untouched. SGD, Adam, AdamW, RMSprop and
+// given twice. State tensors are kept in the param's dtype, as torch does, unless
+// training().state_dtype says otherwise (8-bit codes, 16-bit states; TrainingOptions). Params whose
+// grad is undefined are skipped: no state, no step count, untouched. SGD, Adam, AdamW, RMSprop and
 // Adagrad take any param their torch::optim twin takes: those the engine cannot (float64,
 // non-contiguous, non-CPU, sparse grads for SGD and Adagrad) go through the twin's own step in
 // the same step(), bit for bit torch's (TrainingOptions::strict makes them errors instead).
@@ -72,8 +73,10 @@
 
 #include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -101,6 +104,16 @@ struct TrainingOptions {
   // those params, within the same step() (warning once); the scaler's unscale and skip and the
   // global norm of max_grad_norm span both. strict = true: each of them is an error.
   bool strict = false;
+  // The dtype step() keeps the states in, the Python classes' state_dtype. nullopt: torch's rule,
+  // the param's dtype. torch::kFloat, kHalf or kBFloat16: that dtype for every param.
+  // torch::kUInt8: 8-bit block-wise states (docs/8bit-states.md: bitsandbytes' dynamic maps, one
+  // f32 absmax per block of kQuantBlock elements, kept in the param state as "<key>_absmax") for
+  // the params of at least min_8bit_size elements, the param's dtype for smaller ones; only for
+  // the element-wise algorithms (not LAMB, LARS, AdamP, BertAdam, Adafactor). A state held in
+  // another form (kept before the option changed, or loaded) is converted by the next step that
+  // takes its param, within that step's all-or-nothing commit.
+  std::optional<c10::ScalarType> state_dtype = std::nullopt;
+  std::size_t min_8bit_size = kMin8bitSize;
 };
 
 // The training-loop part shared by the seven optimizers.
@@ -131,6 +144,7 @@ class SGD : public torch::optim::SGD, public FusedStepOptions {
  public:
   using torch::optim::SGD::SGD;
   torch::Tensor step(LossClosure closure = nullptr) override;
+  void load(torch::serialize::InputArchive& archive) override;  // states with their absmax
 };
 
 // Adam (L2 weight decay added to the gradient), optionally AMSGrad. State: AdamParamState.
@@ -138,6 +152,7 @@ class Adam : public torch::optim::Adam, public FusedStepOptions {
  public:
   using torch::optim::Adam::Adam;
   torch::Tensor step(LossClosure closure = nullptr) override;
+  void load(torch::serialize::InputArchive& archive) override;  // states with their absmax
 };
 
 // AdamW (decoupled weight decay, default 1e-2), optionally AMSGrad. State: AdamWParamState.
@@ -145,6 +160,7 @@ class AdamW : public torch::optim::AdamW, public FusedStepOptions {
  public:
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
+  void load(torch::serialize::InputArchive& archive) override;  // states with their absmax
 };
 
 // RMSprop (eps outside the square root), optionally centered and with momentum.
@@ -153,6 +169,7 @@ class RMSprop : public torch::optim::RMSprop, public FusedStepOptions {
  public:
   using torch::optim::RMSprop::RMSprop;
   torch::Tensor step(LossClosure closure = nullptr) override;
+  void load(torch::serialize::InputArchive& archive) override;  // states with their absmax
 };
 
 // Adagrad with lr_decay and weight decay. As torch's, the constructor creates every param's state
@@ -162,6 +179,7 @@ class Adagrad : public torch::optim::Adagrad, public FusedStepOptions {
  public:
   using torch::optim::Adagrad::Adagrad;
   torch::Tensor step(LossClosure closure = nullptr) override;
+  void load(torch::serialize::InputArchive& archive) override;  // states with their absmax
 };
 
 // ---- The other algorithms of the engine: one generic class each ---------------------------------
@@ -292,8 +310,31 @@ class HyperOptions : public torch::optim::OptimizerCloneableOptions<HyperOptions
   ExtraOptions<Hyper> extra_;
 };
 
+// The absmax of a param's 8-bit states (TrainingOptions::state_dtype torch::kUInt8): absmax[k], an
+// f32 vector of one value per block of kQuantBlock elements, beside state slot k's uint8 codes;
+// undefined where slot k holds a float tensor. Saved under "<key>_absmax" (the Python classes'
+// key).
+struct StateAbsmax {
+  std::array<torch::Tensor, kMaxStates> absmax;
+};
+
+// torch::optim's param state Base (AdamWParamState, ...) with room for 8-bit states: the drop-ins
+// load their states as these, and a param's state becomes one when its states first become 8-bit.
+// It is a Base, which torch::optim's own step and save take as theirs.
+template <class Base>
+struct ParamStateWithAbsmax : public Base, public StateAbsmax {
+  ParamStateWithAbsmax() = default;
+  explicit ParamStateWithAbsmax(const Base& state) : Base(state) {}
+  std::unique_ptr<torch::optim::OptimizerParamState> clone() const override {
+    return std::make_unique<ParamStateWithAbsmax>(*this);
+  }
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
 template <class Hyper>
-struct HyperParamState : public torch::optim::OptimizerCloneableParamState<HyperParamState<Hyper>> {
+struct HyperParamState : public torch::optim::OptimizerCloneableParamState<HyperParamState<Hyper>>,
+                         public StateAbsmax {
   TORCH_ARG(std::int64_t, step) = 0;  // the steps this param had a grad
 
  public:
@@ -320,7 +361,7 @@ struct HyperParamState : public torch::optim::OptimizerCloneableParamState<Hyper
   }
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
-  bool operator==(const HyperParamState& other) const;  // step and tensor values
+  bool operator==(const HyperParamState& other) const;  // step, tensor values and absmax
 };
 
 template <class Hyper>
