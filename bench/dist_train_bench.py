@@ -18,7 +18,8 @@ implementation trains its own deep copy of that one initialisation:
   fsdp2_fused      the same with fusedopt.FusedAdamW (the step over the rank's local shards)
 
 The FSDP2 rows are asked for by name (--impls); --fsdp2-bf16 gives them MixedPrecisionPolicy(param_dtype=bf16,
-reduce_dtype=f32): bf16 compute, the optimizer stepping the f32 shards.
+reduce_dtype=f32): bf16 compute, the optimizer stepping the f32 shards. --optimizer adafactor puts Adafactor in
+place of AdamW in the rows ddp_torch, ddp_fused and fsdp2_fused (the others cannot run it).
 
 DDP runs with forward_sync_buffers=False (no buffer broadcast before every forward; the
 DistributedOptimizer syncs no buffers either) and bucket_cap_mb = --bucket-mb, the
@@ -48,6 +49,8 @@ order); the report says how many. Per impl, over the steps after --warmup:
   scripts/bench-train --model transformer_small --nproc 2 --impls ddp_fused,zero0,zero1 --steps 30
   scripts/bench-train --model transformer_small --d-model 512 --n-layer 6 --vocab 2048 --nproc 2 \
       --impls fsdp2_torch,fsdp2_torch_fused,fsdp2_fused [--fsdp2-bf16]
+  scripts/bench-train --model transformer_small --d-model 512 --n-layer 6 --vocab 2048 --nproc 2 \
+      --optimizer adafactor --impls ddp_torch,ddp_fused,fsdp2_fused
 """
 
 from __future__ import annotations
@@ -88,6 +91,15 @@ IMPLS = {
     "fsdp2_fused": "FSDP2 + fusedopt.FusedAdamW",
 }
 DEFAULT_IMPLS = ["ddp_torch", "ddp_torch_fused", "ddp_fused", "zero0", "zero1"]
+# --optimizer: (the class name in torch.optim, fusedopt's Fused<name>; its settings). Adafactor's rows are the ones
+# it can run: torch 2.13's Adafactor has no fused=True and raises on FSDP2's Shard(0) DTensors, and ZeRO-1 cannot
+# shard its factored states.
+ALGORITHMS = {"adamw": ("AdamW", train_bench.OPTIMIZERS["adamw"][1]), "adafactor": ("Adafactor", {"lr": 1e-2})}
+ADAFACTOR_IMPLS = ("ddp_torch", "ddp_fused", "fsdp2_fused")
+
+
+def label(impl: str, optimizer: str) -> str:
+    return IMPLS[impl].replace("AdamW", ALGORITHMS[optimizer][0])
 TORCH_VARIANTS = {"ddp_torch": {"foreach": False}, "ddp_torch_fused": {"fused": True},
                   "fsdp2_torch": {"foreach": False}, "fsdp2_torch_fused": {"fused": True}}
 ZERO = {"zero0": 0, "zero1": 1}
@@ -179,23 +191,24 @@ def distributed_module(impls: list[str]):
 def build(impl: str, base: torch.nn.Module, args: argparse.Namespace, fd) -> tuple:
     """(module to call, optimizer, its parameters) for one impl, on its own copy of `base`."""
     model = copy.deepcopy(base)
-    kwargs = train_bench.OPTIMIZERS["adamw"][1]
+    name, kwargs = ALGORITHMS[args.optimizer]
+    fused, reference = getattr(fusedopt, "Fused" + name), getattr(torch.optim, name)
     if impl in ZERO:
-        inner = fusedopt.FusedAdamW(model.parameters(), **kwargs)
+        inner = fused(model.parameters(), **kwargs)
         opt = fd.DistributedOptimizer(inner, zero=ZERO[impl], bucket_mb=args.bucket_mb, process_group=None)
         return model, opt, list(model.parameters())
     if impl.startswith("fsdp2_"):
         shard_fsdp2(model, args)
         if impl == "fsdp2_fused":
-            opt = fusedopt.FusedAdamW(model.parameters(), **kwargs)
+            opt = fused(model.parameters(), **kwargs)
         else:
-            opt = torch.optim.AdamW(model.parameters(), **kwargs, **TORCH_VARIANTS[impl])
+            opt = reference(model.parameters(), **kwargs, **TORCH_VARIANTS[impl])
         return model, opt, list(model.parameters())
     ddp = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False, bucket_cap_mb=args.bucket_mb)
     if impl == "ddp_fused":
-        opt = fusedopt.FusedAdamW(model.parameters(), **kwargs)
+        opt = fused(model.parameters(), **kwargs)
     else:
-        opt = torch.optim.AdamW(model.parameters(), **kwargs, **TORCH_VARIANTS[impl])
+        opt = reference(model.parameters(), **kwargs, **TORCH_VARIANTS[impl])
     return ddp, opt, list(model.parameters())
 
 
@@ -270,7 +283,7 @@ def run(args: argparse.Namespace) -> dict | None:
     total = args.warmup + args.steps
     if rank == 0:
         print(
-            f"{args.model}: {len(params)} tensors, {sum(p.numel() for p in params):,} params; adamw, global batch "
+            f"{args.model}: {len(params)} tensors, {sum(p.numel() for p in params):,} params; {args.optimizer}, global batch "
             f"{args.batch_size} ({args.batch_size // nproc} per rank), {nproc} ranks x {torch.get_num_threads()} "
             f"threads (gloo); {args.warmup} warm-up + {args.steps} timed rounds of {', '.join(impls)}",
             file=sys.stderr,
@@ -383,7 +396,8 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 def report(args, impls, skipped, gathered, sent, numel, grad_bytes, per_barrier) -> dict:
     nproc = len(gathered)
-    rows = {impl: summarize(args, IMPLS[impl], [g[impl] for g in gathered], sent[impl], nproc) for impl in impls}
+    rows = {impl: summarize(args, label(impl, args.optimizer), [g[impl] for g in gathered], sent[impl], nproc)
+            for impl in impls}
     ring = 2 * (nproc - 1) / nproc * grad_bytes
     base = rows.get("ddp_fused")
     for r in rows.values():
@@ -399,7 +413,7 @@ def report(args, impls, skipped, gathered, sent, numel, grad_bytes, per_barrier)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "model": args.model,
-        "optimizer": "adamw",
+        "optimizer": args.optimizer,
         "nproc": nproc,
         "backend": "gloo",
         "batch_size": args.batch_size,
@@ -483,7 +497,7 @@ def table_rows(result: dict) -> list[list[str]]:
 def title(result: dict) -> str:
     env = result["environment"]
     return (
-        f"{result['model']} / adamw, {result['nproc']} ranks (gloo) x {result['threads_per_rank']} threads on "
+        f"{result['model']} / {result['optimizer']}, {result['nproc']} ranks (gloo) x {result['threads_per_rank']} threads on "
         f"{env['cores']} cores, global batch {result['batch_size']}, {result['steps']} timed rounds "
         f"(+{result['warmup']} warm-up), torch {env['torch_version']}, {env['target']}"
         + (", FSDP2 rows in bf16 compute" if result.get("fsdp2_bf16") else "")
@@ -553,6 +567,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", choices=train_models.MODELS, default="transformer_small")
     parser.add_argument("--impls", type=functools.partial(train_bench.impl_list, impls=IMPLS),
                         default=list(DEFAULT_IMPLS), help=f"comma-separated (default: {','.join(DEFAULT_IMPLS)})")
+    parser.add_argument("--optimizer", choices=ALGORITHMS, default="adamw",
+                        help=f"every row's algorithm (adafactor: the rows {', '.join(ADAFACTOR_IMPLS)} only)")
     parser.add_argument("--fsdp2-bf16", action="store_true",
                         help="the FSDP2 rows compute in bf16 (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32))")
     parser.add_argument("--batch-size", type=int, default=32, help="global, split across the ranks (default 32)")
@@ -575,6 +591,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=pathlib.Path, help="write the report here (rank 0)")
     parser.add_argument("--markdown", type=pathlib.Path, help="write the table here as Markdown")
     args = parser.parse_args(argv)
+    if args.optimizer == "adafactor" and set(args.impls) - set(ADAFACTOR_IMPLS):
+        parser.error(f"--optimizer adafactor runs the rows {', '.join(ADAFACTOR_IMPLS)} only (torch 2.13's Adafactor "
+                     "has no fused=True and raises on FSDP2's DTensors; ZeRO-1 cannot shard factored states), not "
+                     + ", ".join(sorted(set(args.impls) - set(ADAFACTOR_IMPLS))))
     if under_torchrun():
         args.nproc = int(os.environ["WORLD_SIZE"])
     elif args.nproc is None:

@@ -23,7 +23,7 @@ from ._hooks import hooked_step
 from ._hypers import group_fields, hyper_arguments
 from ._in_backward import BackwardStep
 from ._packing import SegmentPacking, _Cached, _LastStep, _Packed
-from ._shards import step_with_mesh_sums
+from ._shards import factored_step_over_shards, step_with_mesh_sums
 from ._signals import _Skipped, packed_anew_until_laid_out
 from ._state import StateCreation, _roll_back
 from ._tensors import DTYPE_CODES, check_param, is_dtensor, local, mark, shard_of
@@ -72,7 +72,10 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             sharded = _C.zero_one.get(algorithm, {})
             cls._step_with_sums = staticmethod(sharded.get("step_with_sums"))
             cls._sums_per_segment = sharded.get("reductions", 0)
-            # AdamP, BertAdam, Adafactor: their DTensor params take the reference's step on whole copies
+            # Adafactor: its step over DTensor shards cut along their first dimension (_shards.py), else None
+            cls._step_over_shards = staticmethod(getattr(_C, f"{algorithm}_step_over_shards", None))
+            # AdamP, BertAdam, Adafactor: their DTensor params (Adafactor's that _step_over_shards cannot take)
+            # take the reference's step on whole copies
             cls._steps_whole_copies = not cls._quantizable and cls._step_with_sums is None
 
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
@@ -398,10 +401,14 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
                 rows, grads, codes = ([x[i] for i in order] for x in (packed.rows, grads, codes))
                 table = _C.SegmentTable(rows)
         max_norm = self._max_grad_norm if max_grad_norm is None else max_grad_norm
-        if self._step_with_sums is not None and any(map(is_dtensor, packed.params)):  # norms over every rank's shards
+        over_shards = self._step_with_sums or self._step_over_shards
+        if over_shards is not None and any(map(is_dtensor, packed.params)):  # norms over every rank's shards
             if check or max_norm != math.inf or micro_batch is not None or "wave_ends" in kw:
                 raise RuntimeError("fusedopt: a step over DTensor shards takes no pre-pass, accumulation or waves "
                                    "(internal error)")
+            if self._step_over_shards is not None:
+                return factored_step_over_shards(self._step_over_shards, packed.params, packed.hypers, table, grads,
+                                                 codes, grad_scale, torch.get_num_threads())
             return step_with_mesh_sums(self._step_with_sums, self._sums_per_segment, packed.params, packed.hypers,
                                        table, grads, codes, grad_scale, torch.get_num_threads())
         return type(self)._engine_step(packed.hypers, table, grads, codes, grad_scale, torch.get_num_threads(),

@@ -259,9 +259,15 @@ class SegmentPacking:
                                  state_dtype=_ENGINE_CODES[sdtype], group=gi, step_counter=step_ptr, step=step,
                                  stochastic_rounding=self._rounding[0], rounding_seed=self._rounding[1],
                                  global_offset=self._global_offset(p), scalars=scalar_ptrs,
-                                 rows=(p.shape[-2] if self._factored else p.shape[0])
-                                 if (self._row_reductions or self._factored) and p.dim() > 1 else 0,
-                                 cols=p.shape[-1] if self._factored and p.dim() > 1 else 0)
+                                 rows=rows, cols=cols)
+
+        # AdamP's channel rows: p's size(0); Adafactor's matrices: its shard's last two sizes (a shard holding
+        # no row of a matrix cut between its rows is no matrix here: _shards.shards_of describes the whole)
+        rows = cols = 0
+        if self._row_reductions and p.dim() > 1:
+            rows = p.shape[0]
+        elif self._factored and p.dim() > 1 and shard.shape[-2] > 0:
+            rows, cols = shard.shape[-2], shard.shape[-1]
 
         now = row(step)
         keys = [k for k, need in zip(self._slot_keys, needed) if need]

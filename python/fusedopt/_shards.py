@@ -1,9 +1,11 @@
-"""LAMB and LARS over DTensor shards (FSDP2, tensor parallel): their coefficients come from norms of whole tensors,
-of which a rank holds a shard. The engine's two-phase step (_C.<name>_step_with_sums, the hook ZeRO-1 uses too,
-src/core/step_hooks.h) hands each segment's sums over its local shard to MeshSums between its reduction pass
-and its update, which adds them up over the ranks that hold the tensor's other shards: one all-reduce per
-(mesh, placements) of the step, through DTensor (a Partial tensor made Replicate), so every rank gets the same
-values."""
+"""LAMB, LARS and Adafactor over DTensor shards (FSDP2, tensor parallel): their coefficients come from norms of
+whole tensors, of which a rank holds a shard. The engine's two-phase step (_C.<name>_step_with_sums, the hook
+ZeRO-1 uses too, src/core/step_hooks.h) hands each segment's sums over its local shard to MeshSums between its
+reduction pass and its update, which adds them up over the ranks that hold the tensor's other shards: one
+all-reduce per (mesh, placements) of the step, through DTensor (a Partial tensor made Replicate), so every rank
+gets the same values. Adafactor's step (_C.adafactor_step_over_shards) does the same with each shard's Σp², a
+row-cut matrix's column sums and row factors, and ΣU² (ShardSums), for params cut along their first dimension
+only (factored_shards_fit)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ._tensors import is_dtensor, partial_over_shards
+from ._tensors import contiguous_strides, is_dtensor, laid_out, local, partial_over_shards
 
 
 class MeshSums:
@@ -64,4 +66,98 @@ def step_with_mesh_sums(step, k: int, params: list, hypers, table, grads, codes,
         step(hypers, table, grads, codes, grad_scale, num_threads, sums)
     finally:
         sums.join()
+    return stepped_report()
+
+
+def _cut(p: torch.Tensor) -> bool:
+    """DTensor p is cut into shards along some mesh dim (else every rank holds it whole)."""
+    return any(not placement.is_replicate() for placement in p.placements)
+
+
+def factored_shards_fit(p: torch.Tensor) -> bool:
+    """Adafactor's engine step takes DTensor p's shard: p is cut along its first dimension only (every placement
+    Replicate or Shard(0), as FSDP2's), and a matrix (two dimensions) has at least 2 columns, so that every shard
+    of it is a matrix as the whole is (1 x 1 matrices are stepped element-wise)."""
+    from torch.distributed.tensor import Shard
+
+    return (all(placement.is_replicate() or (type(placement) is Shard and placement.dim == 0)
+                for placement in p.placements) and not (p.dim() == 2 and p.shape[-1] < 2))
+
+
+def factor_layout(p: torch.Tensor, key: str) -> tuple[tuple, tuple]:
+    """(global shape, placements) of Adafactor's factor state[key] ("row_var", "col_var") of DTensor param p (as
+    factored_shards_fit takes it): laid out as p, but a matrix's column factors, which every rank keeps whole."""
+    from torch.distributed.tensor import Replicate
+
+    if key == "row_var":
+        return tuple(p.shape[:-1]) + (1,), tuple(p.placements)
+    shape = tuple(p.shape[:-2]) + (1, p.shape[-1])
+    return shape, (tuple(Replicate() for _ in p.placements) if p.dim() == 2 else tuple(p.placements))
+
+
+def factor_state(p: torch.Tensor, t: torch.Tensor | None, key: str, dtype: torch.dtype) -> torch.Tensor:
+    """Adafactor's factor state[key] of DTensor param p as the engine needs it (factor_layout, contiguous, dtype):
+    t itself, t's values laid out so (a full state dict's plain tensor, another layout's DTensor), or zeros."""
+    from torch.distributed.tensor import DTensor
+
+    shape, placements = factor_layout(p, key)
+    if t is None:
+        local_shape = tuple(local(p).shape[:-1]) + (1,) if key == "row_var" else (
+            shape if p.dim() == 2 else tuple(local(p).shape[:-2]) + (1, p.shape[-1]))
+        zeros = torch.zeros(local_shape, dtype=dtype, device=local(p).device)
+        return DTensor.from_local(zeros, p.device_mesh, placements, run_check=False, shape=torch.Size(shape),
+                                  stride=contiguous_strides(shape))
+    t = laid_out(t, p.device_mesh, placements, shape)
+    if local(t).dtype != dtype or not local(t).is_contiguous():
+        values = local(t).to(dtype).contiguous()
+        t = DTensor.from_local(values, p.device_mesh, placements, run_check=False, shape=t.shape, stride=t.stride())
+    return t
+
+
+class ShardSums:
+    """The hook of one Adafactor step over `params` (one per segment, in the table's order): (sums, offsets) -> the
+    sums with each DTensor segment's range, sums[offsets[i]:offsets[i + 1]], added up over the ranks that hold its
+    tensor's other shards, one all-reduce per (mesh, placements). Every rank's engine calls it with the same
+    layout (src/core/step_hooks.h, ShardSumsHook)."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.groups: dict[tuple, list[int]] = {}  # (mesh, placements) -> segments cut into shards
+        for i, p in enumerate(params):
+            if is_dtensor(p) and _cut(p):
+                self.groups.setdefault((p.device_mesh, tuple(p.placements)), []).append(i)
+
+    def __call__(self, sums: list[float], offsets: list[int]) -> list[float]:
+        from torch.distributed.tensor import DTensor
+
+        out = list(sums)
+        for (mesh, placements), segments in self.groups.items():
+            ranges = [range(offsets[i], offsets[i + 1]) for i in segments]
+            if not any(ranges):
+                continue
+            mine = torch.tensor([sums[k] for r in ranges for k in r], dtype=torch.float64)
+            total = DTensor.from_local(mine, mesh, partial_over_shards(placements, "sum"),
+                                       run_check=False).full_tensor().tolist()
+            for k, value in zip((k for r in ranges for k in r), total):
+                out[k] = value
+        return out
+
+
+def shards_of(params: list[torch.Tensor]) -> list[tuple[int, int, int]]:
+    """Per segment, how its tensor is cut (_C.adafactor_step_over_shards' shards, FactoredShard): (the whole numel,
+    a matrix's rows and columns where its rows are cut, else 0, 0), or (0, 0, 0) for a tensor held whole."""
+    out = []
+    for p in params:
+        if not (is_dtensor(p) and _cut(p)):
+            out.append((0, 0, 0))
+        else:
+            out.append((p.numel(),) + ((p.shape[0], p.shape[1]) if p.dim() == 2 else (0, 0)))
+    return out
+
+
+def factored_step_over_shards(step, params: list, hypers, table, grads, codes, grad_scale: float,
+                              num_threads: int):
+    """Adafactor's step (`step`: _C.adafactor_step_over_shards) over segments of which some are DTensor shards;
+    returns what the engine's plain step reports. The caller has done the checks that span the ranks (Inf/NaN, the
+    clipping norm) already."""
+    step(hypers, table, grads, codes, grad_scale, num_threads, shards_of(params), ShardSums(params))
     return stepped_report()

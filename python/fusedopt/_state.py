@@ -9,6 +9,7 @@ import math
 import torch
 
 from . import _C
+from ._shards import factor_state
 from ._tensors import is_dense, is_dtensor, local, number_error, shard_of
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -198,6 +199,12 @@ class StateCreation:
         """As _ensure_state, for a state of another shape than p's (Adafactor's row_var and col_var): contiguous,
         created with zeros; a loaded one of the same number of elements is converted or reshaped."""
         t = state.get(key)
+        if is_dtensor(p):  # (a shard of a tensor cut along its first dimension: _shards.factored_shards_fit)
+            new = factor_state(p, t, key, dtype)
+            if new is not t:
+                undo.append((state, key, _ABSENT if t is None else t))
+                state[key] = new
+            return new, t is None
         if t is not None and t.dtype == dtype and t.shape == shape and t.is_contiguous() and t.device == p.device:
             return t, False
         if t is not None and t.numel() != math.prod(shape):

@@ -60,16 +60,33 @@ def shard_of(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     p's mesh and placements holding t's values, e.g. a plain tensor of the whole state loaded from a torch.save'd
     state_dict (this rank keeps its slice of it), or a DTensor of other placements (gathered first: a collective,
     which every rank runs alike, as it loaded alike)."""
-    if is_dtensor(t) and t.device_mesh == p.device_mesh and t.placements == p.placements:
+    return laid_out(t, p.device_mesh, p.placements, p.shape, p.stride())
+
+
+def laid_out(t: torch.Tensor, mesh, placements, shape, stride: tuple | None = None) -> torch.Tensor:
+    """t's values (of `shape`'s number of elements) as a DTensor of that shape, mesh and placements (and stride;
+    default: contiguous): t itself when it is one, else this rank's piece of them (a DTensor of other placements is
+    gathered first: a collective, which every rank runs alike)."""
+    placements = tuple(placements)
+    if is_dtensor(t) and t.device_mesh == mesh and tuple(t.placements) == placements and t.shape == shape:
         return t
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     values = t.full_tensor() if is_dtensor(t) else t
     # (src_data_rank None: each rank cuts its own piece, no communication; a copy, as the shard is updated in
     # place and must not write into the loaded tensor, which may be another optimizer's live state)
-    piece = distribute_tensor(values.reshape(p.shape), p.device_mesh, p.placements, src_data_rank=None).to_local()
-    return DTensor.from_local(piece.clone(memory_format=torch.contiguous_format), p.device_mesh, p.placements,
-                              run_check=False, shape=p.shape, stride=p.stride())
+    piece = distribute_tensor(values.reshape(shape), mesh, placements, src_data_rank=None).to_local()
+    return DTensor.from_local(piece.clone(memory_format=torch.contiguous_format), mesh, placements,
+                              run_check=False, shape=torch.Size(shape),
+                              stride=contiguous_strides(shape) if stride is None else stride)
+
+
+def contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def dtensor_route_reason(p: torch.Tensor, g: torch.Tensor) -> tuple[type, str] | None:

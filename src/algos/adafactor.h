@@ -5,9 +5,10 @@
 // matrices) keeps row_var (batch·rows) and col_var (batch·cols); a vector keeps variance (numel).
 // The step (src/core/factored_step.h, RunFactoredStep) runs over tiles (src/core/tiles.h): the
 // stats pass gives Σp² and each matrix's row and column sums of g² (a vector: Σp² and ΣU²),
-// FinishStats lerps the small factors on the host and computes alpha, the norm pass gives ΣU² of a
-// matrix from the new factors, FinishNorm the clipping, and the update pass writes the param (and a
-// vector's variance); the new factors are stored last. The math is src/math/adafactor_math.h.
+// the host lerps the small factors (Factors, RowMean) and computes Alpha, the norm pass gives ΣU²
+// of a matrix from the new factors, NegAlpha the clipping, and the update pass writes the param
+// (and a vector's variance); the new factors are stored last. The math is
+// src/math/adafactor_math.h.
 #pragma once
 
 #include <array>
@@ -112,27 +113,27 @@ struct Adafactor {
   }
 
   // alpha = max(eps2, param.norm(2).item() / (param.numel() ** 0.5)) * rho_t, from Σp² (the
-  // norm is an f32 tensor, read as a double).
-  static double Alpha(const Hyper& h, const Segment& s, double param_sq) {
+  // norm is an f32 tensor, read as a double) and the param's numel (its whole tensor's, for a
+  // shard).
+  static double Alpha(const Hyper& h, const Segment& s, std::size_t numel, double param_sq) {
     const auto t = static_cast<double>(s.step);
     const double inv_sqrt_t = 1.0 / std::pow(t, 0.5);
     const double rho = inv_sqrt_t < h.lr ? inv_sqrt_t : h.lr;  // min(lr, 1 / (step_float**0.5))
     const double rms =
-        static_cast<float>(std::sqrt(param_sq)) / std::pow(static_cast<double>(s.numel), 0.5);
+        static_cast<float>(std::sqrt(param_sq)) / std::pow(static_cast<double>(numel), 0.5);
     return (rms > h.eps2 ? rms : h.eps2) * rho;  // Python's max(eps2, rms): eps2 unless rms > eps2
   }
 
   // A factored param's new factors, from its row sums (batch·rows) and column sums (batch·cols) of
-  // g²; row_var and col_var hold the old factors and receive the new ones, row_mean (batch) the
-  // clamped row means:
+  // g²; row_var and col_var hold the old factors and receive the new ones. `rows` is the whole
+  // matrix's size(-2) (a shard may hold some of its rows only: its column sums are the whole's):
   //   row_mean = torch.norm(grad, dim=-1, keepdim=True).square_().div_(grad.size(-1))
   //   row_var.lerp_(row_mean, one_minus_beta2_t)
   //   col_mean = torch.norm(grad, dim=-2, keepdim=True).square_().div_(grad.size(-2))
   //   col_var.lerp_(col_mean, one_minus_beta2_t)
-  //   row_var.mean(dim=-2, keepdim=True).clamp_(min=eps1)
-  static void Factors(const Hyper& h, const Scalars& sc, std::span<const double> row_sums,
-                      std::span<const double> col_sums, std::span<float> row_var,
-                      std::span<float> col_var, std::span<float> row_mean) {
+  static void Factors(const Hyper& /*h*/, const Scalars& sc, std::size_t rows,
+                      std::span<const double> row_sums, std::span<const double> col_sums,
+                      std::span<float> row_var, std::span<float> col_var) {
     const auto mean_square = [](double sum, std::size_t n) {
       const auto norm = static_cast<float>(std::sqrt(sum));  // the f32 norm
       return norm * norm / static_cast<float>(n);            // .square_().div_(n)
@@ -141,22 +142,23 @@ struct Adafactor {
       row_var[i] = Lerp(row_var[i], mean_square(row_sums[i], sc.cols), sc.variance_lerp);
     }
     for (std::size_t i = 0; i < col_var.size(); ++i) {
-      col_var[i] = Lerp(col_var[i], mean_square(col_sums[i], sc.rows), sc.variance_lerp);
+      col_var[i] = Lerp(col_var[i], mean_square(col_sums[i], rows), sc.variance_lerp);
     }
+  }
+
+  // row_var.mean(dim=-2, keepdim=True).clamp_(min=eps1) of one matrix, from the sum (in double, in
+  // row order) of its `rows` new row factors.
+  static float RowMean(const Hyper& h, double row_var_sum, std::size_t rows) {
+    const auto mean = static_cast<float>(row_var_sum / static_cast<double>(rows));
     const auto eps1 = static_cast<float>(h.eps1);
-    for (std::size_t b = 0; b < row_mean.size(); ++b) {
-      double sum = 0.0;
-      for (std::size_t r = 0; r < sc.rows; ++r) sum += row_var[b * sc.rows + r];
-      const auto mean = static_cast<float>(sum / static_cast<double>(sc.rows));
-      row_mean[b] = std::isnan(mean) || mean > eps1 ? mean : eps1;  // clamp_ keeps a NaN
-    }
+    return std::isnan(mean) || mean > eps1 ? mean : eps1;  // clamp_ keeps a NaN
   }
 
   //   denom = max(1.0, update.norm(2).item() / ((update.numel() ** 0.5) * d))
   //   param.add_(update, alpha=-alpha / denom)
-  static float NegAlpha(const Hyper& h, const Segment& s, double alpha, double update_sq) {
+  static float NegAlpha(const Hyper& h, std::size_t numel, double alpha, double update_sq) {
     const double ratio = static_cast<float>(std::sqrt(update_sq)) /
-                         (std::pow(static_cast<double>(s.numel), 0.5) * h.d);
+                         (std::pow(static_cast<double>(numel), 0.5) * h.d);
     const double denom = ratio > 1.0 ? ratio : 1.0;  // Python's max(1.0, ratio)
     return static_cast<float>(-alpha / denom);
   }

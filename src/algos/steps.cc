@@ -24,6 +24,16 @@ void FusedStepWithSums(std::span<const Hyper> groups, std::span<const Segment> s
 }
 
 template <class Hyper>
+void FactoredStepOverShards(std::span<const Hyper> groups, std::span<const Segment> segments,
+                            std::span<const FactoredShard> shards, Runtime& runtime,
+                            const ShardSumsHook& hook) {
+  RunFactoredStep<algos::DescriptorOf<Hyper>>(groups, segments, runtime, shards, &hook);
+}
+template void FactoredStepOverShards(std::span<const AdafactorHyper>, std::span<const Segment>,
+                                     std::span<const FactoredShard>, Runtime&,
+                                     const ShardSumsHook&);
+
+template <class Hyper>
 unsigned RequiredStates(const Hyper& h) {
   return algos::DescriptorOf<Hyper>::RequiredStates(h);
 }

@@ -12,6 +12,7 @@
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
 #include "src/core/parallel.h"
+#include "src/core/step_hooks.h"
 #include "src/core/step_traits.h"
 #include "src/core/tiles.h"
 #include "src/core/validate_step.h"
@@ -41,15 +42,36 @@ std::size_t TileMatrices(const Tile& t, std::size_t rows);
 // stochastically where the segment asks, as the kernels' stores in (5)). Every sum
 // is in double in an order fixed by the shapes, so the step is bit-identical on any thread count
 // and SIMD target; nothing is written before (5), so a rejected call changes nothing.
+//
+// With `shards` (one per segment) and `hook` (FactoredStepOverShards, step_hooks.h), a sharded
+// segment's sums are completed over the ranks before they are used, after (1), after the row
+// factors' sums of (2) and after (3), and the whole tensor's numel and rows take its shard's.
 template <algos::Factored A>
 void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const Segment> segments,
-                     Runtime& runtime) {
+                     Runtime& runtime, std::span<const FactoredShard> shards = {},
+                     const ShardSumsHook* hook = nullptr) {
   ValidateStep<A>(groups, segments);
+  const auto sharded = [&](std::size_t i) { return i < shards.size() && shards[i].whole_numel; };
+  const auto row_cut = [&](std::size_t i) { return sharded(i) && shards[i].whole_rows > 0; };
+  if (!shards.empty() && shards.size() != segments.size()) {
+    Fail(A::kStepName, shards.size(), " shards for ", segments.size(), " segments");
+  }
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    if (row_cut(i) && (shards[i].cols < 2 || (s.rows > 0 && s.cols != shards[i].cols) ||
+                       s.state[A::kColFactorSlot] == nullptr)) {
+      Fail(A::kStepName, "segment ", i, ": a shard of a matrix of ", shards[i].cols,
+           " columns (at least 2, those of the segment's rows) needs its column factors");
+    }
+  }
   TilePlan<typename A::Scalars> plan{segments, {}, {}};
   plan.scalars.reserve(segments.size());
   std::vector<std::size_t> first_tile(segments.size() + 1, 0);
-  // Per segment, its factors' offset in `factors` (batch·rows, then batch·cols) and its row means'
-  // in `means` (batch).
+  // Per segment: whether it is a matrix (factors; a row-cut one even with none of its rows here),
+  // its batch of matrices, its columns, its factors' offset in `factors` (batch·rows, then
+  // batch·cols) and its row means' in `means` (batch).
+  std::vector<bool> matrix(segments.size());
+  std::vector<std::size_t> batches(segments.size()), cols(segments.size());
   std::vector<std::size_t> first_factor(segments.size() + 1, 0);
   std::vector<std::size_t> first_mean(segments.size() + 1, 0);
   std::vector<float> clamps(segments.size());  // a Pointwise segment's row_mean: f32(eps1)
@@ -63,11 +85,36 @@ void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const 
     factored::AppendFactoredTiles(static_cast<std::uint32_t>(i), s.numel, s.rows, s.cols,
                                   plan.tiles);
     first_tile[i + 1] = plan.tiles.size();
-    const std::size_t batch =
-        s.rows > 0 && !factored::Pointwise(s) ? s.numel / (s.rows * s.cols) : 0;
-    first_factor[i + 1] = first_factor[i] + batch * (s.rows + s.cols);
-    first_mean[i + 1] = first_mean[i] + batch;
+    matrix[i] = (s.rows > 0 && !factored::Pointwise(s)) || row_cut(i);
+    batches[i] = row_cut(i) ? 1 : matrix[i] ? s.numel / (s.rows * s.cols) : 0;
+    cols[i] = row_cut(i) ? shards[i].cols : s.cols;
+    first_factor[i + 1] = first_factor[i] + batches[i] * (s.rows + cols[i]);
+    first_mean[i + 1] = first_mean[i] + batches[i];
   }
+  // The whole tensor's numel and rows (its shard's own where it is whole).
+  const auto whole_numel = [&](std::size_t i) {
+    return sharded(i) ? shards[i].whole_numel : segments[i].numel;
+  };
+  const auto whole_rows = [&](std::size_t i) {
+    return row_cut(i) ? shards[i].whole_rows : segments[i].rows;
+  };
+  // hook(values) for the sharded segments' `count(i)` values at `at(i)`, when some segment has any.
+  const auto complete = [&](const auto& count, const auto& at) {
+    if (hook == nullptr) return;
+    std::vector<std::size_t> offsets(segments.size() + 1, 0);
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      offsets[i + 1] = offsets[i] + (sharded(i) ? count(i) : 0);
+    }
+    if (offsets.back() == 0) return;
+    std::vector<double> sums(offsets.back());
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      for (std::size_t k = offsets[i]; k < offsets[i + 1]; ++k) sums[k] = *at(i, k - offsets[i]);
+    }
+    (*hook)(sums, offsets);
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      for (std::size_t k = offsets[i]; k < offsets[i + 1]; ++k) *at(i, k - offsets[i]) = sums[k];
+    }
+  };
   // Each tile's stats: Σp², then a matrix tile's row sums and the column sums of each matrix it
   // touches, or a vector tile's ΣU².
   std::size_t stats_size = 0;
@@ -88,74 +135,99 @@ void RunFactoredStep(std::span<const typename A::Hyper> groups, std::span<const 
   std::vector<double> stats(stats_size);
   run(TilePass::kStats, stats.data());
 
-  std::vector<float> factors(first_factor.back());
-  std::vector<float> means(first_mean.back());
-  std::vector<double> alpha(segments.size());
-  std::vector<double> update_sq(segments.size(), 0.0);
-  bool any_matrix = false;
+  // Each segment's Σp², a matrix's row and column sums of g², a vector's ΣU².
+  std::vector<double> param_sq(segments.size(), 0.0), update_sq(segments.size(), 0.0);
+  std::vector<std::vector<double>> row_sums(segments.size()), col_sums(segments.size());
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
-    if (s.numel == 0) continue;
-    const auto& h = groups[s.group];
-    auto& sc = plan.scalars[i];
-    double param_sq = 0.0;
     for (std::size_t k = first_tile[i]; k < first_tile[i + 1]; ++k) {
-      param_sq += stats[plan.tiles[k].out];
+      param_sq[i] += stats[plan.tiles[k].out];
     }
-    alpha[i] = A::Alpha(h, s, param_sq);
-    if (s.rows == 0 || factored::Pointwise(s)) {
+    if (!matrix[i]) {
       for (std::size_t k = first_tile[i]; k < first_tile[i + 1]; ++k) {
         update_sq[i] += stats[plan.tiles[k].out + 1];
       }
       continue;
     }
-    any_matrix = true;
-    const std::size_t batch = s.numel / (s.rows * s.cols);
-    std::vector<double> row_sums(batch * s.rows, 0.0);
-    std::vector<double> col_sums(batch * s.cols, 0.0);
+    row_sums[i].assign(batches[i] * s.rows, 0.0);
+    col_sums[i].assign(batches[i] * cols[i], 0.0);
     for (std::size_t k = first_tile[i]; k < first_tile[i + 1]; ++k) {
       const Tile& t = plan.tiles[k];
       const double* out = &stats[t.out + 1];
       for (std::size_t r = t.row_begin; r < t.row_end; ++r) {
-        row_sums[t.batch * s.rows + r] += *out++;
+        row_sums[i][t.batch * s.rows + r] += *out++;
       }
       const std::size_t first = t.batch + t.row_begin / s.rows;
       for (std::size_t m = first; m < first + factored::TileMatrices(t, s.rows); ++m) {
-        for (std::size_t c = t.col_begin; c < t.col_end; ++c) col_sums[m * s.cols + c] += *out++;
+        for (std::size_t c = t.col_begin; c < t.col_end; ++c) col_sums[i][m * s.cols + c] += *out++;
       }
     }
+  }
+  complete(
+      [&](std::size_t i) { return 1 + (row_cut(i) ? cols[i] : 0); },
+      [&](std::size_t i, std::size_t k) { return k == 0 ? &param_sq[i] : &col_sums[i][k - 1]; });
+
+  std::vector<float> factors(first_factor.back());
+  std::vector<float> means(first_mean.back());
+  std::vector<double> row_var_sums(first_mean.back(), 0.0);
+  std::vector<double> alpha(segments.size());
+  bool any_matrix = false;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    if (s.numel == 0 && !row_cut(i)) continue;
+    const auto& h = groups[s.group];
+    auto& sc = plan.scalars[i];
+    alpha[i] = A::Alpha(h, s, whole_numel(i), param_sq[i]);
+    if (!matrix[i]) continue;
+    any_matrix = true;
+    const std::size_t batch = batches[i];
     const std::span<float> row_var(&factors[first_factor[i]], batch * s.rows);
-    const std::span<float> col_var(&factors[first_factor[i] + batch * s.rows], batch * s.cols);
-    const std::span<float> row_mean(&means[first_mean[i]], batch);
+    const std::span<float> col_var(&factors[first_factor[i] + batch * s.rows], batch * cols[i]);
     factored::LoadFactor(s.state[A::kRowFactorSlot], s.state_dtype, row_var);
     factored::LoadFactor(s.state[A::kColFactorSlot], s.state_dtype, col_var);
-    A::Factors(h, sc, row_sums, col_sums, row_var, col_var, row_mean);
+    A::Factors(h, sc, whole_rows(i), row_sums[i], col_sums[i], row_var, col_var);
+    for (std::size_t b = 0; b < batch; ++b) {
+      double& sum = row_var_sums[first_mean[i] + b];
+      for (std::size_t r = 0; r < s.rows; ++r) sum += row_var[b * s.rows + r];
+    }
     sc.row_var = row_var.data();
     sc.col_var = col_var.data();
-    sc.row_mean = row_mean.data();
+    sc.row_mean = &means[first_mean[i]];
+  }
+  complete([&](std::size_t i) { return row_cut(i) ? std::size_t{1} : 0; },
+           [&](std::size_t i, std::size_t /*k*/) { return &row_var_sums[first_mean[i]]; });
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    for (std::size_t b = first_mean[i]; b < first_mean[i + 1]; ++b) {
+      means[b] = A::RowMean(groups[segments[i].group], row_var_sums[b], whole_rows(i));
+    }
   }
   if (any_matrix) {
     std::vector<double> norms(num_tiles, 0.0);
     run(TilePass::kNorm, norms.data());
     for (std::size_t i = 0; i < segments.size(); ++i) {
-      if (segments[i].rows == 0 || factored::Pointwise(segments[i])) continue;
+      if (!matrix[i]) continue;
       for (std::size_t k = first_tile[i]; k < first_tile[i + 1]; ++k) update_sq[i] += norms[k];
     }
   }
+  complete([](std::size_t /*i*/) { return std::size_t{1}; },
+           [&](std::size_t i, std::size_t /*k*/) { return &update_sq[i]; });
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     if (s.numel == 0) continue;
-    plan.scalars[i].neg_alpha = A::NegAlpha(groups[s.group], s, alpha[i], update_sq[i]);
+    plan.scalars[i].neg_alpha =
+        A::NegAlpha(groups[s.group], whole_numel(i), alpha[i], update_sq[i]);
   }
   run(TilePass::kUpdate, nullptr);
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
-    if (s.rows == 0 || s.numel == 0 || factored::Pointwise(s)) continue;
-    const std::size_t batch = s.numel / (s.rows * s.cols);
-    factored::StoreFactor(std::span<const float>(&factors[first_factor[i]], batch * s.rows), s,
-                          A::kRowFactorSlot);
+    if (!matrix[i] || (s.numel == 0 && !row_cut(i))) continue;
+    const std::size_t batch = batches[i];
+    if (s.rows > 0) {
+      factored::StoreFactor(std::span<const float>(&factors[first_factor[i]], batch * s.rows), s,
+                            A::kRowFactorSlot);
+    }
     factored::StoreFactor(
-        std::span<const float>(&factors[first_factor[i] + batch * s.rows], batch * s.cols), s,
+        std::span<const float>(&factors[first_factor[i] + batch * s.rows], batch * cols[i]), s,
         A::kColFactorSlot);
   }
 }

@@ -35,4 +35,28 @@ template <class Hyper>
 void FusedStepWithSums(std::span<const Hyper> groups, std::span<const Segment> segments,
                        Runtime& runtime, const SegmentSumsHook& hook);
 
+// A segment of a factored step that is one rank's shard of a tensor cut along its first dimension
+// (FSDP2's Shard(0)); a default one (whole_numel 0) is a whole tensor. A matrix (a param of two
+// dimensions) cut between its rows keeps its own rows' factors and the whole column factors (the
+// same on every rank); a batch of matrices cut between matrices keeps its own matrices' factors.
+struct FactoredShard {
+  std::size_t whole_numel = 0;  // the whole tensor's numel; 0: the segment is the whole tensor
+  std::size_t whole_rows = 0;   // a matrix cut between its rows: its size(-2); 0 otherwise
+  std::size_t cols = 0;         // and its size(-1) (the segment may hold none of its rows)
+};
+
+// Adds each value up over the ranks that hold the other shards of its segment's tensor, in place:
+// sums[offsets[i], offsets[i + 1]) are segment i's. Every rank calls it with the same layout.
+using ShardSumsHook =
+    std::function<void(std::span<double> sums, std::span<const std::size_t> offsets)>;
+
+// The fused step of a factored algorithm (Adafactor) over shards, as the whole tensors' step:
+// `hook` completes each sharded segment's Σp², a row-cut matrix's column sums of g², the sum of
+// its new row factors (for their mean) and ΣU², in three calls (the second only when some matrix
+// is cut between its rows).
+template <class Hyper>
+void FactoredStepOverShards(std::span<const Hyper> groups, std::span<const Segment> segments,
+                            std::span<const FactoredShard> shards, Runtime& runtime,
+                            const ShardSumsHook& hook);
+
 }  // namespace fusedopt

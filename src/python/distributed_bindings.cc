@@ -33,6 +33,7 @@ namespace fusedopt {
 namespace {
 
 using SpecTuple = std::tuple<std::size_t, std::uint32_t, std::size_t, std::size_t>;  // TensorSpec
+using SpecTuple3 = std::tuple<std::size_t, std::size_t, std::size_t>;  // FactoredShard
 // What Python's hook gets and gives back: every segment's k sums, in segment order.
 using PySumsHook = std::function<std::vector<double>(std::vector<double>, std::size_t)>;
 
@@ -71,6 +72,45 @@ void StepWithSums(const std::vector<Hyper>& groups, const SegmentTable& table,
   };
   FusedStepWithSums(std::span<const Hyper>(groups), std::span<const Segment>(segments), runtime,
                     sums_hook);
+  table.StoreSteps(segments);
+}
+
+// What Python's hook over shards gets and gives back: the sharded segments' sums, and where each
+// segment's start (FactoredStepOverShards' layout).
+using PyShardSumsHook =
+    std::function<std::vector<double>(std::vector<double>, std::vector<std::size_t>)>;
+
+// A factored algorithm's step over `table`, whose segments are shards as `shards` (whole numel,
+// whole rows of a matrix cut between its rows, its columns) says, `hook` adding their sums up over
+// the ranks (no pre-pass: the caller clipped and checked); the counters advance after it.
+template <class Hyper>
+void FactoredStepOverShardsPy(const std::vector<Hyper>& groups, const SegmentTable& table,
+                              const std::vector<std::uintptr_t>& grads,
+                              const std::vector<int>& grad_dtypes, float grad_scale,
+                              int num_threads, const std::vector<SpecTuple3>& shards,
+                              const PyShardSumsHook& hook) {
+  py::gil_scoped_release release;
+  const std::vector<Segment> segments = table.ForCall(grads, grad_dtypes, grad_scale);
+  std::vector<FactoredShard> cuts;
+  cuts.reserve(shards.size());
+  for (const auto& [numel, rows, cols] : shards) cuts.push_back({numel, rows, cols});
+  Runtime runtime(num_threads);
+  const ShardSumsHook sums_hook = [&](std::span<double> sums,
+                                      std::span<const std::size_t> offsets) {
+    std::vector<double> total;
+    {
+      py::gil_scoped_acquire acquire;
+      total = hook(std::vector<double>(sums.begin(), sums.end()),
+                   std::vector<std::size_t>(offsets.begin(), offsets.end()));
+    }
+    if (total.size() != sums.size()) {
+      throw Error("step_over_shards: the hook returned " + std::to_string(total.size()) +
+                  " sums for " + std::to_string(sums.size()));
+    }
+    std::copy(total.begin(), total.end(), sums.begin());
+  };
+  FactoredStepOverShards(std::span<const Hyper>(groups), std::span<const Segment>(segments), cuts,
+                         runtime, sums_hook);
   table.StoreSteps(segments);
 }
 
@@ -169,6 +209,10 @@ void BindDistributed(py::module_& m) {
   algos::All::ForEach(
       [&](auto descriptor) { BindZeroOne<typename decltype(descriptor)::type>(m, zero_one); });
   m.attr("zero_one") = zero_one;
+  // Adafactor's step over DTensor shards (python/fusedopt/_shards.py).
+  m.def("adafactor_step_over_shards", &FactoredStepOverShardsPy<AdafactorHyper>, py::arg("groups"),
+        py::arg("table"), py::arg("grads"), py::arg("grad_dtypes"), py::arg("grad_scale"),
+        py::arg("num_threads"), py::arg("shards"), py::arg("hook"));
 }
 
 }  // namespace fusedopt
