@@ -67,15 +67,15 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             # state_dtype=torch.uint8 (8-bit block-wise states): an element-wise step, and each slot's map
             cls._quantizable = entry.get("quantizable", False)
             cls._unsigned_maps = entry.get("unsigned_map_states", 0)
-            # LAMB, LARS: the two-phase step whose per-tensor sums a hook completes across ranks, and how many
-            # sums a segment has (None, 0 for the others)
-            sharded = _C.zero_one.get(algorithm, {})
+            # LAMB, LARS, BertAdam: the two-phase step whose per-tensor sums a hook completes across the ranks
+            # holding a DTensor's shards, and how many sums a segment has (None, 0 for the others)
+            sharded = _C.dtensor_sums.get(algorithm, {})
             cls._step_with_sums = staticmethod(sharded.get("step_with_sums"))
             cls._sums_per_segment = sharded.get("reductions", 0)
             # Adafactor: its step over DTensor shards cut along their first dimension (_shards.py), else None
             cls._step_over_shards = staticmethod(getattr(_C, f"{algorithm}_step_over_shards", None))
-            # AdamP, BertAdam, Adafactor: their DTensor params (Adafactor's that _step_over_shards cannot take)
-            # take the reference's step on whole copies
+            # AdamP, Adafactor: their DTensor params (Adafactor's that _step_over_shards cannot take) take the
+            # reference's step on whole copies
             cls._steps_whole_copies = not cls._quantizable and cls._step_with_sums is None
 
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,

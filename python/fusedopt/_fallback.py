@@ -53,10 +53,10 @@ class TorchFallback:
 
     def _dtensor_route(self, p: torch.Tensor, g: torch.Tensor) -> tuple[type, str] | None:
         """route_reason for a DTensor param p (FSDP2, tensor parallel) with gradient g: the engine steps its local
-        shard where the update is element-wise, LAMB's and LARS's with their per-tensor norms added up over the
-        ranks, and Adafactor's with its whole-tensor sums so, where p is cut along its first dimension only
-        (_shards.py). The other whole-tensor reductions (AdamP's rows, BertAdam's clipping per group, Adafactor's
-        factors of params cut otherwise) take the reference's step on whole copies (_WholeStandIns)."""
+        shard where the update is element-wise, LAMB's, LARS's and BertAdam's with their per-tensor sums added up
+        over the ranks, and Adafactor's with its whole-tensor sums so, where p is cut along its first dimension
+        only (_shards.py). The other whole-tensor reductions (AdamP's rows, Adafactor's factors of params cut
+        otherwise) take the reference's step on whole copies (_WholeStandIns)."""
         if self._steps_whole_copies and not (self._step_over_shards is not None and factored_shards_fit(p)):
             return TypeError, (f"it is a DTensor and the '{self._algorithm}' step reduces over whole tensors, of "
                                "which this rank holds a shard (the reference steps a whole copy on every rank)")
@@ -234,7 +234,7 @@ class _Saved:
 
 class _WholeStandIns:
     """Plain whole copies of DTensor params for the reference's step, where its DTensor ops would reduce over one
-    rank's shard only or refuse an uneven one (AdamP's rows, BertAdam's clipping per group, Adafactor's factors):
+    rank's shard only or refuse an uneven one (AdamP's rows, Adafactor's factors of params cut along columns):
     every rank gathers each param, its gradient and its DTensor states (collectives, which every rank runs alike),
     the reference steps the whole tensors, and each rank keeps its shard of the param and of the states of the
     param's shape (DTensors laid out as the param, as torch.optim makes them). The other states (Adafactor's

@@ -1,7 +1,7 @@
-"""LAMB, LARS and Adafactor over DTensor shards (FSDP2, tensor parallel): their coefficients come from norms of
-whole tensors, of which a rank holds a shard. The engine's two-phase step (_C.<name>_step_with_sums, the hook
-ZeRO-1 uses too, src/core/step_hooks.h) hands each segment's sums over its local shard to MeshSums between its
-reduction pass and its update, which adds them up over the ranks that hold the tensor's other shards: one
+"""LAMB, LARS, BertAdam and Adafactor over DTensor shards (FSDP2, tensor parallel): their coefficients come from
+norms of whole tensors (BertAdam's: of each param group's gradients), of which a rank holds a shard. The engine's
+two-phase step (_C.<name>_step_with_sums, the hook ZeRO-1 uses too for LAMB and LARS, src/core/step_hooks.h)
+hands each segment's sums over its local shard to MeshSums between its reduction pass and its update, which adds them up over the ranks that hold the tensor's other shards: one
 all-reduce per (mesh, placements) of the step, through DTensor (a Partial tensor made Replicate), so every rank
 gets the same values. Adafactor's step (_C.adafactor_step_over_shards) does the same with each shard's Σp², a
 row-cut matrix's column sums and row factors, and ΣU² (ShardSums), for params cut along their first dimension
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ._tensors import contiguous_strides, is_dtensor, laid_out, local, partial_over_shards
+from ._tensors import is_dtensor, laid_out, local, partial_over_shards
 
 
 class MeshSums:
@@ -101,12 +101,8 @@ def factor_state(p: torch.Tensor, t: torch.Tensor | None, key: str, dtype: torch
     from torch.distributed.tensor import DTensor
 
     shape, placements = factor_layout(p, key)
-    if t is None:
-        local_shape = tuple(local(p).shape[:-1]) + (1,) if key == "row_var" else (
-            shape if p.dim() == 2 else tuple(local(p).shape[:-2]) + (1, p.shape[-1]))
-        zeros = torch.zeros(local_shape, dtype=dtype, device=local(p).device)
-        return DTensor.from_local(zeros, p.device_mesh, placements, run_check=False, shape=torch.Size(shape),
-                                  stride=contiguous_strides(shape))
+    if t is None:  # (a factor per row or column: small next to p)
+        t = torch.zeros(shape, dtype=dtype, device=local(p).device)
     t = laid_out(t, p.device_mesh, placements, shape)
     if local(t).dtype != dtype or not local(t).is_contiguous():
         values = local(t).to(dtype).contiguous()

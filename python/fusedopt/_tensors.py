@@ -78,10 +78,10 @@ def laid_out(t: torch.Tensor, mesh, placements, shape, stride: tuple | None = No
     piece = distribute_tensor(values.reshape(shape), mesh, placements, src_data_rank=None).to_local()
     return DTensor.from_local(piece.clone(memory_format=torch.contiguous_format), mesh, placements,
                               run_check=False, shape=torch.Size(shape),
-                              stride=contiguous_strides(shape) if stride is None else stride)
+                              stride=_contiguous_strides(shape) if stride is None else stride)
 
 
-def contiguous_strides(shape) -> tuple:
+def _contiguous_strides(shape) -> tuple:
     strides, step = [], 1
     for n in reversed(tuple(shape)):
         strides.append(step)

@@ -347,7 +347,10 @@ class FusedBertAdam(FusedOptimizerMixin, _references.bert_adam.BertAdamReference
             raise ValueError(f"Invalid t_total: {t_total} (must be -1 or > 0)")
 
     def _step_with_torch(self, packed, grad_scale, found_out, grads=None):
-        """Some params take the reference's step: every param does, in this step (see the class docstring)."""
+        """Some params take the reference's step: every param does, in this step (see the class docstring). With
+        none routed (DTensor params, whose Inf check spans the ranks), the mixin's: the engine clips per buffer."""
+        if not packed.routed:
+            return super()._step_with_torch(packed, grad_scale, found_out, grads)
         self._warn_routed(packed.routed)
         self.last_grad_norm = None
         grads = {p: p.grad if grads is None else grads[p] for p in dict.fromkeys(chain(packed.params, packed.routed))}

@@ -82,7 +82,7 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
       }
     });
   }
-  if constexpr (kSegmentSums<A>) {
+  if constexpr (kSumsHook<A>) {
     if (hook != nullptr) (*hook)(std::span<double>(sums), k);
   }
   if constexpr (algos::FinishesAll<A>) {

@@ -24,13 +24,21 @@ template <class A>
 constexpr bool kSegmentSums =
     algos::TwoPhase<A> && !algos::FinishesAll<A> && !algos::RowReductions<A> && !algos::Factored<A>;
 
+// Algorithms whose per-segment sums a SegmentSumsHook may complete: those of kSegmentSums, and
+// those that finish across segments (per param group, say). Completing each segment's sums
+// before that finish serves DTensor shards, where every rank holds a piece of every tensor, not
+// ZeRO-1, where a rank holds pieces of some of them.
+template <class A>
+constexpr bool kSumsHook = kSegmentSums<A> || (algos::TwoPhase<A> && algos::FinishesAll<A> &&
+                                               !algos::RowReductions<A> && !algos::Factored<A>);
+
 // What ZeRO-1 can shard: the element-wise algorithms, and those whose sums a SegmentSumsHook can
 // complete across ranks (per-tensor sums). Not those with sums per row or across tensors, nor the
 // factored ones.
 template <class A>
 constexpr bool kZeroOneShards = !(algos::TwoPhase<A> || algos::Factored<A>) || kSegmentSums<A>;
 
-// FusedStep, with the hook (kSegmentSums algorithms only).
+// FusedStep, with the hook (kSumsHook algorithms only).
 template <class Hyper>
 void FusedStepWithSums(std::span<const Hyper> groups, std::span<const Segment> segments,
                        Runtime& runtime, const SegmentSumsHook& hook);
@@ -50,7 +58,7 @@ struct FactoredShard {
 using ShardSumsHook =
     std::function<void(std::span<double> sums, std::span<const std::size_t> offsets)>;
 
-// The fused step of a factored algorithm (Adafactor) over shards, as the whole tensors' step:
+// The fused step of a factored algorithm over shards, as the whole tensors' step:
 // `hook` completes each sharded segment's Σp², a row-cut matrix's column sums of g², the sum of
 // its new row factors (for their mean) and ΣU², in three calls (the second only when some matrix
 // is cut between its rows).

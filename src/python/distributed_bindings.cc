@@ -114,21 +114,31 @@ void FactoredStepOverShardsPy(const std::vector<Hyper>& groups, const SegmentTab
   table.StoreSteps(segments);
 }
 
+// zero_one[name]: whether ZeRO-1 can shard the algorithm, and the step whose per-segment sums its
+// hook completes over the ranks with how many sums a segment has (None, 0 where ZeRO-1 has none);
+// dtensor_sums[name]: the same step for DTensor shards (also BertAdam's, whose sums finish per
+// param group), for the algorithms that have one.
 template <class A>
-void BindZeroOne(py::module_& m, py::dict& zero_one) {
+void BindSumsSteps(py::module_& m, py::dict& zero_one, py::dict& dtensor_sums) {
   py::dict entry;
   // ZeRO-1 can shard it: element-wise, or with sums a hook completes (not per row, across tensors
   // or factored).
   entry["shards"] = kZeroOneShards<A>;
   entry["step_with_sums"] = py::none();
   entry["reductions"] = 0;  // the sums per segment the hook sees
-  if constexpr (kSegmentSums<A>) {
-    entry["reductions"] = A::kReductions;
+  if constexpr (kSumsHook<A>) {
     const std::string name = std::string(A::kName) + "_step_with_sums";
     m.def(name.c_str(), &StepWithSums<typename A::Hyper>, py::arg("groups"), py::arg("table"),
           py::arg("grads"), py::arg("grad_dtypes"), py::arg("grad_scale"), py::arg("num_threads"),
           py::arg("hook"));
-    entry["step_with_sums"] = m.attr(name.c_str());
+    py::dict sums;
+    sums["step_with_sums"] = m.attr(name.c_str());
+    sums["reductions"] = A::kReductions;
+    dtensor_sums[A::kName] = sums;
+    if constexpr (kSegmentSums<A>) {
+      entry["step_with_sums"] = sums["step_with_sums"];
+      entry["reductions"] = A::kReductions;
+    }
   }
   zero_one[A::kName] = entry;
 }
@@ -205,10 +215,12 @@ void BindDistributed(py::module_& m) {
           py::arg("world"), py::arg("gathered"), py::arg("numel"),
           "each piece's tensor totals over every rank's pack (the f64 buffer `gathered`, world · "
           "per_rank values), added in the order of the flat range");
-  py::dict zero_one;
-  algos::All::ForEach(
-      [&](auto descriptor) { BindZeroOne<typename decltype(descriptor)::type>(m, zero_one); });
+  py::dict zero_one, dtensor_sums;
+  algos::All::ForEach([&](auto descriptor) {
+    BindSumsSteps<typename decltype(descriptor)::type>(m, zero_one, dtensor_sums);
+  });
   m.attr("zero_one") = zero_one;
+  m.attr("dtensor_sums") = dtensor_sums;
   // Adafactor's step over DTensor shards (python/fusedopt/_shards.py).
   m.def("adafactor_step_over_shards", &FactoredStepOverShardsPy<AdafactorHyper>, py::arg("groups"),
         py::arg("table"), py::arg("grads"), py::arg("grad_dtypes"), py::arg("grad_scale"),

@@ -180,30 +180,6 @@ void ReadAbsmax(StateAbsmax& s, torch::serialize::InputArchive& archive) {
   }
 }
 
-// The algorithm of torch::optim's param state class State.
-template <class State>
-struct HyperOfState;
-template <>
-struct HyperOfState<torch::optim::SGDParamState> {
-  using type = SgdHyper;
-};
-template <>
-struct HyperOfState<torch::optim::AdamParamState> {
-  using type = AdamHyper;
-};
-template <>
-struct HyperOfState<torch::optim::AdamWParamState> {
-  using type = AdamWHyper;
-};
-template <>
-struct HyperOfState<torch::optim::RMSpropParamState> {
-  using type = RmspropHyper;
-};
-template <>
-struct HyperOfState<torch::optim::AdagradParamState> {
-  using type = AdagradHyper;
-};
-
 // A drop-in's load(): torch's, with each param state read as a ParamStateWithAbsmax (torch's keys
 // and the absmax). An archive of libtorch before 1.5 (no "pytorch_version") goes to torch's own.
 template <class Traits>
@@ -220,23 +196,23 @@ void LoadTwin(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive
 
 }  // namespace
 
-template <class Base>
-void ParamStateWithAbsmax<Base>::serialize(torch::serialize::OutputArchive& archive) const {
+template <class Base, class Hyper>
+void ParamStateWithAbsmax<Base, Hyper>::serialize(torch::serialize::OutputArchive& archive) const {
   Base::serialize(archive);
-  WriteAbsmax<algos::DescriptorOf<typename HyperOfState<Base>::type>>(*this, archive);
+  WriteAbsmax<algos::DescriptorOf<Hyper>>(*this, archive);
 }
 
-template <class Base>
-void ParamStateWithAbsmax<Base>::serialize(torch::serialize::InputArchive& archive) {
+template <class Base, class Hyper>
+void ParamStateWithAbsmax<Base, Hyper>::serialize(torch::serialize::InputArchive& archive) {
   Base::serialize(archive);
-  ReadAbsmax<algos::DescriptorOf<typename HyperOfState<Base>::type>>(*this, archive);
+  ReadAbsmax<algos::DescriptorOf<Hyper>>(*this, archive);
 }
 
-template struct ParamStateWithAbsmax<torch::optim::SGDParamState>;
-template struct ParamStateWithAbsmax<torch::optim::AdamParamState>;
-template struct ParamStateWithAbsmax<torch::optim::AdamWParamState>;
-template struct ParamStateWithAbsmax<torch::optim::RMSpropParamState>;
-template struct ParamStateWithAbsmax<torch::optim::AdagradParamState>;
+template struct ParamStateWithAbsmax<torch::optim::SGDParamState, SgdHyper>;
+template struct ParamStateWithAbsmax<torch::optim::AdamParamState, AdamHyper>;
+template struct ParamStateWithAbsmax<torch::optim::AdamWParamState, AdamWHyper>;
+template struct ParamStateWithAbsmax<torch::optim::RMSpropParamState, RmspropHyper>;
+template struct ParamStateWithAbsmax<torch::optim::AdagradParamState, AdagradHyper>;
 
 void SGD::load(torch::serialize::InputArchive& archive) { LoadTwin<SgdTraits>(*this, archive); }
 void Adam::load(torch::serialize::InputArchive& archive) { LoadTwin<AdamTraits>(*this, archive); }

@@ -112,8 +112,8 @@ void SetTorchOptions(const Hyper& h, Options& o) {
 struct SgdTraits {
   using Options = torch::optim::SGDOptions;
   using State = torch::optim::SGDParamState;
-  using StateWithAbsmax = ParamStateWithAbsmax<State>;  // for 8-bit states
   using Hyper = SgdHyper;
+  using StateWithAbsmax = ParamStateWithAbsmax<State, Hyper>;  // for 8-bit states
   using Twin = torch::optim::SGD;
   using Class = Twin;
   static constexpr bool kTakesSparse = true;
@@ -133,8 +133,8 @@ template <class OptionsT, class StateT, class HyperT>
 struct AdamFamilyTraits {
   using Options = OptionsT;
   using State = StateT;
-  using StateWithAbsmax = ParamStateWithAbsmax<State>;  // for 8-bit states
   using Hyper = HyperT;
+  using StateWithAbsmax = ParamStateWithAbsmax<State, Hyper>;  // for 8-bit states
 
   static Hyper ToHyper(const Options& o) { return HyperOfTorchOptions<Hyper>(o); }
   static void FromHyper(const Hyper& h, Options& o) { SetTorchOptions(h, o); }
@@ -162,8 +162,8 @@ struct AdamWTraits
 struct RmspropTraits {
   using Options = torch::optim::RMSpropOptions;
   using State = torch::optim::RMSpropParamState;
-  using StateWithAbsmax = ParamStateWithAbsmax<State>;  // for 8-bit states
   using Hyper = RmspropHyper;
+  using StateWithAbsmax = ParamStateWithAbsmax<State, Hyper>;  // for 8-bit states
   using Twin = torch::optim::RMSprop;
   using Class = Twin;
   static constexpr bool kTakesSparse = false;
@@ -181,8 +181,8 @@ struct RmspropTraits {
 struct AdagradTraits {
   using Options = torch::optim::AdagradOptions;
   using State = torch::optim::AdagradParamState;
-  using StateWithAbsmax = ParamStateWithAbsmax<State>;  // for 8-bit states
   using Hyper = AdagradHyper;
+  using StateWithAbsmax = ParamStateWithAbsmax<State, Hyper>;  // for 8-bit states
   using Twin = torch::optim::Adagrad;
   using Class = Twin;
   static constexpr bool kTakesSparse = true;
@@ -221,8 +221,8 @@ struct GenericTraits {
   using Class = FusedOptimizer<H>;
   using Options = HyperOptions<H>;
   using State = HyperParamState<H>;
-  using StateWithAbsmax = State;  // a HyperParamState has it
   using Hyper = H;
+  using StateWithAbsmax = State;  // a HyperParamState has it
   static inline const std::string kName = GenericName<H>();
   // LAMB's as its users have written it since it was a class of its own (LAMBOptions is an alias).
   static inline const std::string kOptionsName =

@@ -289,14 +289,16 @@ try:
         torch.nn.utils.clip_grad_value_(tps, 0.5)
         for p, q in zip(fps, tps):
             assert torch.equal(p.grad.full_tensor(), q.grad.full_tensor()), "clip_grad_value_"
-        # strict=True: the fused step takes DTensors where its update is element-wise; Adafactor's factored one
-        # is an error naming the param
+        # strict=True: the fused step takes DTensors where its update is element-wise, or its whole-tensor sums
+        # are added up over the ranks (Adafactor's, of params cut along their first dimension); AdamP's per-row
+        # and per-layer projections are an error naming the param
         fps = params(placement)
         grads(fps, 0, placement)
         fusedopt.FusedAdamW(fps, strict=True).step()
+        fusedopt.FusedAdafactor(fps, strict=True).step()
         try:
-            fusedopt.FusedAdafactor(fps, strict=True).step()
-            raise AssertionError("strict=True took a DTensor for Adafactor")
+            fusedopt.FusedAdamP(fps, strict=True).step()
+            raise AssertionError("strict=True took a DTensor for AdamP")
         except TypeError as e:
             assert "parameter 0 of group 0" in str(e) and "reduces over whole tensors" in str(e), e
 finally:

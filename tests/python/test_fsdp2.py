@@ -626,19 +626,19 @@ def test_clipping_by_other_norms_spans_the_shards(every_class, norm_type):
 def test_every_class_steps_dtensor_shards_as_one_process(every_class, name):
     """The element-wise classes step each rank's shard in the fused pass: params and states are the bits of the same
     class on the whole tensors, the states DTensors with the param's placements (as torch.optim makes them), the
-    step counts plain tensors. LAMB and LARS step their shards fused too, each tensor's norms added up over the
-    ranks: within 1e-6 of the one-process run. The other classes whose step reduces over whole tensors (AdamP's
-    rows, BertAdam's clipping per group, Adafactor's factors) take their reference's step on whole copies of the
-    params, gradients and states (with a warning saying so; DTensor's own ops would refuse AdamP's uneven rows and
-    torch.optim.Adafactor's in-place norms): within 1e-5 of the fused one-process run, each rank keeping its shard
-    of the params and of the param-shaped states (DTensors laid out as the param), the factored states whole."""
+    step counts plain tensors. LAMB, LARS and BertAdam step their shards fused too, each tensor's sums added up
+    over the ranks (BertAdam's then per param group): within 1e-6 of the one-process run; Adafactor as
+    _expect_adafactor_over_shards says. AdamP, whose step reduces over rows and whole tensors, takes its
+    reference's step on whole copies of the params, gradients and states (with a warning saying so; DTensor's own
+    ops would refuse its uneven rows): within 1e-5 of the fused one-process run, each rank keeping its shard of the
+    params and of the param-shaped states (DTensors laid out as the param)."""
     ranks = every_class
     for rank in ranks[1:]:
         for (a, _), (b, _) in zip(rank[name]["params"], ranks[0][name]["params"]):
             assert _bits_equal(a, b), "the ranks' params differ"
     got = ranks[0][name]
     element_wise = fusedopt._C.algorithms[name].get("quantizable", False)
-    norms_across_ranks = fusedopt._C.zero_one[name]["step_with_sums"] is not None  # LAMB, LARS
+    norms_across_ranks = name in fusedopt._C.dtensor_sums  # LAMB, LARS, BertAdam
     if name == "adafactor":
         _expect_adafactor_over_shards(got)
         return

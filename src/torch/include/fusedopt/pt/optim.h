@@ -318,10 +318,10 @@ struct StateAbsmax {
   std::array<torch::Tensor, kMaxStates> absmax;
 };
 
-// torch::optim's param state Base (AdamWParamState, ...) with room for 8-bit states: the drop-ins
-// load their states as these, and a param's state becomes one when its states first become 8-bit.
-// It is a Base, which torch::optim's own step and save take as theirs.
-template <class Base>
+// torch::optim's param state Base (AdamWParamState, ...) of the algorithm of Hyper, with room for
+// 8-bit states: the drop-ins load their states as these, and a param's state becomes one when its
+// states first become 8-bit. It is a Base, which torch::optim's own step and save take as theirs.
+template <class Base, class Hyper>
 struct ParamStateWithAbsmax : public Base, public StateAbsmax {
   ParamStateWithAbsmax() = default;
   explicit ParamStateWithAbsmax(const Base& state) : Base(state) {}
