@@ -18,8 +18,9 @@ implementation trains its own deep copy of that one initialisation:
   fsdp2_fused      the same with fusedopt.FusedAdamW (the step over the rank's local shards)
 
 The FSDP2 rows are asked for by name (--impls); --fsdp2-bf16 gives them MixedPrecisionPolicy(param_dtype=bf16,
-reduce_dtype=f32): bf16 compute, the optimizer stepping the f32 shards. --optimizer adafactor puts Adafactor in
-place of AdamW in the rows ddp_torch, ddp_fused and fsdp2_fused (the others cannot run it).
+reduce_dtype=f32): bf16 compute, the optimizer stepping the f32 shards. --optimizer adafactor (adamp) puts
+Adafactor (AdamP) in place of AdamW in the rows that can run it: ddp_torch (not AdamP: torch has none), ddp_fused,
+fsdp2_fused.
 
 DDP runs with forward_sync_buffers=False (no buffer broadcast before every forward; the
 DistributedOptimizer syncs no buffers either) and bucket_cap_mb = --bucket-mb, the
@@ -91,11 +92,12 @@ IMPLS = {
     "fsdp2_fused": "FSDP2 + fusedopt.FusedAdamW",
 }
 DEFAULT_IMPLS = ["ddp_torch", "ddp_torch_fused", "ddp_fused", "zero0", "zero1"]
-# --optimizer: (the class name in torch.optim, fusedopt's Fused<name>; its settings). Adafactor's rows are the ones
-# it can run: torch 2.13's Adafactor has no fused=True and raises on FSDP2's Shard(0) DTensors, and ZeRO-1 cannot
-# shard its factored states.
-ALGORITHMS = {"adamw": ("AdamW", train_bench.OPTIMIZERS["adamw"][1]), "adafactor": ("Adafactor", {"lr": 1e-2})}
-ADAFACTOR_IMPLS = ("ddp_torch", "ddp_fused", "fsdp2_fused")
+# --optimizer: (the class name in torch.optim and fusedopt's Fused<name>, its settings, the rows that can run it):
+# torch 2.13's Adafactor has no fused=True and raises on FSDP2's Shard(0) DTensors, torch has no AdamP, and ZeRO-1
+# shards neither.
+ALGORITHMS = {"adamw": ("AdamW", train_bench.OPTIMIZERS["adamw"][1], tuple(IMPLS)),
+              "adafactor": ("Adafactor", {"lr": 1e-2}, ("ddp_torch", "ddp_fused", "fsdp2_fused")),
+              "adamp": ("AdamP", {"lr": 1e-3, "weight_decay": 1e-2}, ("ddp_fused", "fsdp2_fused"))}
 
 
 def label(impl: str, optimizer: str) -> str:
@@ -191,8 +193,8 @@ def distributed_module(impls: list[str]):
 def build(impl: str, base: torch.nn.Module, args: argparse.Namespace, fd) -> tuple:
     """(module to call, optimizer, its parameters) for one impl, on its own copy of `base`."""
     model = copy.deepcopy(base)
-    name, kwargs = ALGORITHMS[args.optimizer]
-    fused, reference = getattr(fusedopt, "Fused" + name), getattr(torch.optim, name)
+    name, kwargs, _ = ALGORITHMS[args.optimizer]
+    fused, reference = getattr(fusedopt, "Fused" + name), getattr(torch.optim, name, None)
     if impl in ZERO:
         inner = fused(model.parameters(), **kwargs)
         opt = fd.DistributedOptimizer(inner, zero=ZERO[impl], bucket_mb=args.bucket_mb, process_group=None)
@@ -568,7 +570,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--impls", type=functools.partial(train_bench.impl_list, impls=IMPLS),
                         default=list(DEFAULT_IMPLS), help=f"comma-separated (default: {','.join(DEFAULT_IMPLS)})")
     parser.add_argument("--optimizer", choices=ALGORITHMS, default="adamw",
-                        help=f"every row's algorithm (adafactor: the rows {', '.join(ADAFACTOR_IMPLS)} only)")
+                        help="every row's algorithm (adafactor: the rows ddp_torch, ddp_fused and fsdp2_fused; adamp: "
+                             "ddp_fused and fsdp2_fused)")
     parser.add_argument("--fsdp2-bf16", action="store_true",
                         help="the FSDP2 rows compute in bf16 (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32))")
     parser.add_argument("--batch-size", type=int, default=32, help="global, split across the ranks (default 32)")
@@ -591,10 +594,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=pathlib.Path, help="write the report here (rank 0)")
     parser.add_argument("--markdown", type=pathlib.Path, help="write the table here as Markdown")
     args = parser.parse_args(argv)
-    if args.optimizer == "adafactor" and set(args.impls) - set(ADAFACTOR_IMPLS):
-        parser.error(f"--optimizer adafactor runs the rows {', '.join(ADAFACTOR_IMPLS)} only (torch 2.13's Adafactor "
-                     "has no fused=True and raises on FSDP2's DTensors; ZeRO-1 cannot shard factored states), not "
-                     + ", ".join(sorted(set(args.impls) - set(ADAFACTOR_IMPLS))))
+    runs = ALGORITHMS[args.optimizer][2]
+    if set(args.impls) - set(runs):
+        parser.error(f"--optimizer {args.optimizer} runs the rows {', '.join(runs)} only (torch has no AdamP, its "
+                     "Adafactor no fused=True and raises on FSDP2's DTensors; ZeRO-1 shards neither), not "
+                     + ", ".join(sorted(set(args.impls) - set(runs))))
     if under_torchrun():
         args.nproc = int(os.environ["WORLD_SIZE"])
     elif args.nproc is None:

@@ -23,7 +23,7 @@ from ._hooks import hooked_step
 from ._hypers import group_fields, hyper_arguments
 from ._in_backward import BackwardStep
 from ._packing import SegmentPacking, _Cached, _LastStep, _Packed
-from ._shards import factored_step_over_shards, step_with_mesh_sums
+from ._shards import step_over_shards, step_with_mesh_sums
 from ._signals import _Skipped, packed_anew_until_laid_out
 from ._state import StateCreation, _roll_back
 from ._tensors import DTYPE_CODES, check_param, is_dtensor, local, mark, shard_of
@@ -72,10 +72,9 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             sharded = _C.dtensor_sums.get(algorithm, {})
             cls._step_with_sums = staticmethod(sharded.get("step_with_sums"))
             cls._sums_per_segment = sharded.get("reductions", 0)
-            # Adafactor: its step over DTensor shards cut along their first dimension (_shards.py), else None
+            # AdamP, Adafactor: their step over DTensor shards cut along their first dimension (_shards.py), else
+            # None; their DTensor params cut otherwise take the reference's step on whole copies
             cls._step_over_shards = staticmethod(getattr(_C, f"{algorithm}_step_over_shards", None))
-            # AdamP, Adafactor: their DTensor params (Adafactor's that _step_over_shards cannot take) take the
-            # reference's step on whole copies
             cls._steps_whole_copies = not cls._quantizable and cls._step_with_sums is None
 
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
@@ -407,8 +406,8 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
                 raise RuntimeError("fusedopt: a step over DTensor shards takes no pre-pass, accumulation or waves "
                                    "(internal error)")
             if self._step_over_shards is not None:
-                return factored_step_over_shards(self._step_over_shards, packed.params, packed.hypers, table, grads,
-                                                 codes, grad_scale, torch.get_num_threads())
+                return step_over_shards(self._step_over_shards, self._factored, packed.params, packed.hypers, table,
+                                        grads, codes, grad_scale, torch.get_num_threads())
             return step_with_mesh_sums(self._step_with_sums, self._sums_per_segment, packed.params, packed.hypers,
                                        table, grads, codes, grad_scale, torch.get_num_threads())
         return type(self)._engine_step(packed.hypers, table, grads, codes, grad_scale, torch.get_num_threads(),

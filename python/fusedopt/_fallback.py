@@ -14,7 +14,7 @@ import torch
 
 from . import _C
 from ._packing import _Packed
-from ._shards import factored_shards_fit
+from ._shards import shards_fit
 from ._signals import _Skipped
 from ._tensors import (
     dtensor_route_reason,
@@ -54,10 +54,10 @@ class TorchFallback:
     def _dtensor_route(self, p: torch.Tensor, g: torch.Tensor) -> tuple[type, str] | None:
         """route_reason for a DTensor param p (FSDP2, tensor parallel) with gradient g: the engine steps its local
         shard where the update is element-wise, LAMB's, LARS's and BertAdam's with their per-tensor sums added up
-        over the ranks, and Adafactor's with its whole-tensor sums so, where p is cut along its first dimension
-        only (_shards.py). The other whole-tensor reductions (AdamP's rows, Adafactor's factors of params cut
-        otherwise) take the reference's step on whole copies (_WholeStandIns)."""
-        if self._steps_whole_copies and not (self._step_over_shards is not None and factored_shards_fit(p)):
+        over the ranks, and AdamP's and Adafactor's with their whole tensors' row sums and factors so, where p is
+        cut along its first dimension only (_shards.py). Theirs of params cut otherwise take the reference's step
+        on whole copies (_WholeStandIns)."""
+        if self._steps_whole_copies and not (self._step_over_shards is not None and shards_fit(p, self._factored)):
             return TypeError, (f"it is a DTensor and the '{self._algorithm}' step reduces over whole tensors, of "
                                "which this rank holds a shard (the reference steps a whole copy on every rank)")
         if self._step_in_backward and not self._quantizable:

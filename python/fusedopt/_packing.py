@@ -13,7 +13,7 @@ from . import _C
 from ._hypers import _BadNumber
 from ._signals import _Relaid
 from ._state import _ABSENT
-from ._tensors import DTYPE_CODES, first_overlap, grad_shape_error, is_dtensor, local, mark, number_error
+from ._tensors import DTYPE_CODES, first_overlap, grad_shape_error, is_dtensor, local, mark, number_error, shard_offset
 
 _ITEM_SIZES = {0: 4, 1: 2, 2: 2}  # bytes per element of each engine dtype code
 # (a complex64 tensor is read as its f32 real view; uint8 states are 8-bit block-wise codes, DType::kQ8)
@@ -261,11 +261,11 @@ class SegmentPacking:
                                  global_offset=self._global_offset(p), scalars=scalar_ptrs,
                                  rows=rows, cols=cols)
 
-        # AdamP's channel rows: p's size(0); Adafactor's matrices: its shard's last two sizes (a shard holding
-        # no row of a matrix cut between its rows is no matrix here: _shards.shards_of describes the whole)
+        # AdamP's channel rows: its shard's size(0); Adafactor's matrices: its shard's last two sizes (a shard
+        # holding no row of a matrix cut between its rows is no matrix here: _shards.shards_of describes the whole)
         rows = cols = 0
         if self._row_reductions and p.dim() > 1:
-            rows = p.shape[0]
+            rows = shard.shape[0]
         elif self._factored and p.dim() > 1 and shard.shape[-2] > 0:
             rows, cols = shard.shape[-2], shard.shape[-1]
 
@@ -297,19 +297,8 @@ class SegmentPacking:
                     self._offsets.setdefault(q, total)
                     total += q.numel()
         if self._rounding[0] and is_dtensor(p):  # where this rank's shard starts (only stochastic rounding reads it)
-            return self._offsets[p] + _shard_offset(p)
+            return self._offsets[p] + shard_offset(p)
         return self._offsets[p]
-
-
-def _shard_offset(p) -> int:
-    """The index, in DTensor p's elements in row-major order, of its local shard's first element. The shard's
-    elements are consecutive there under Shard(0), so their stochastic rounding noise is that of the whole tensor
-    in one process; under other placements it depends on the world size (docs/fsdp2.md)."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    _, starts = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
-    strides = [math.prod(p.shape[d + 1:]) for d in range(len(p.shape))]
-    return sum(start * stride for start, stride in zip(starts, strides))
 
 
 class _Packed:

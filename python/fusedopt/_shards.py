@@ -1,19 +1,21 @@
-"""LAMB, LARS, BertAdam and Adafactor over DTensor shards (FSDP2, tensor parallel): their coefficients come from
-norms of whole tensors (BertAdam's: of each param group's gradients), of which a rank holds a shard. The engine's
-two-phase step (_C.<name>_step_with_sums, the hook ZeRO-1 uses too for LAMB and LARS, src/core/step_hooks.h)
-hands each segment's sums over its local shard to MeshSums between its reduction pass and its update, which adds them up over the ranks that hold the tensor's other shards: one
-all-reduce per (mesh, placements) of the step, through DTensor (a Partial tensor made Replicate), so every rank
-gets the same values. Adafactor's step (_C.adafactor_step_over_shards) does the same with each shard's Σp², a
-row-cut matrix's column sums and row factors, and ΣU² (ShardSums), for params cut along their first dimension
-only (factored_shards_fit)."""
+"""LAMB, LARS, BertAdam, AdamP and Adafactor over DTensor shards (FSDP2, tensor parallel): their coefficients come
+from norms of whole tensors (BertAdam's: of each param group's gradients), of which a rank holds a shard. The
+engine's two-phase step (_C.<name>_step_with_sums, the hook ZeRO-1 uses too for LAMB and LARS,
+src/core/step_hooks.h) hands each segment's sums over its local shard to MeshSums between its reduction pass and
+its update, which adds them up over the ranks that hold the tensor's other shards: one all-reduce per (mesh,
+placements) of the step, through DTensor (a Partial tensor made Replicate), so every rank gets the same values.
+AdamP's and Adafactor's steps (_C.<name>_step_over_shards) take params cut along their first dimension only
+(shards_fit): AdamP's gathers every row's sums of the whole tensor (RowSums), Adafactor's adds up each shard's
+Σp², a row-cut matrix's column sums and row factors, and ΣU² (ShardSums)."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import torch
 
-from ._tensors import is_dtensor, laid_out, local, partial_over_shards
+from ._tensors import is_dtensor, laid_out, local, partial_over_shards, shard_offset
 
 
 class MeshSums:
@@ -74,19 +76,30 @@ def _cut(p: torch.Tensor) -> bool:
     return any(not placement.is_replicate() for placement in p.placements)
 
 
-def factored_shards_fit(p: torch.Tensor) -> bool:
-    """Adafactor's engine step takes DTensor p's shard: p is cut along its first dimension only (every placement
-    Replicate or Shard(0), as FSDP2's), and a matrix (two dimensions) has at least 2 columns, so that every shard
-    of it is a matrix as the whole is (1 x 1 matrices are stepped element-wise)."""
+def _cut_rows(p: torch.Tensor) -> bool:
+    """DTensor p has rows (more than one dimension) and is cut into shards (between them: shards_fit)."""
+    return is_dtensor(p) and p.dim() > 1 and _cut(p)
+
+
+def rows_whole_here(p: torch.Tensor) -> bool:
+    """DTensor p is cut along its first dimension only (every placement Replicate or Shard(0), as FSDP2's): each
+    rank holds whole rows of it (whole matrices of a batch)."""
     from torch.distributed.tensor import Shard
 
-    return (all(placement.is_replicate() or (type(placement) is Shard and placement.dim == 0)
-                for placement in p.placements) and not (p.dim() == 2 and p.shape[-1] < 2))
+    return all(placement.is_replicate() or (type(placement) is Shard and placement.dim == 0)
+               for placement in p.placements)
+
+
+def shards_fit(p: torch.Tensor, factored: bool) -> bool:
+    """The engine's step over shards takes DTensor p's (AdamP's rows, Adafactor's factors): p's rows are whole on
+    every rank, and for Adafactor a matrix (two dimensions) has at least 2 columns, so that every shard of it is a
+    matrix as the whole is (1 x 1 matrices are stepped element-wise)."""
+    return rows_whole_here(p) and not (factored and p.dim() == 2 and p.shape[-1] < 2)
 
 
 def factor_layout(p: torch.Tensor, key: str) -> tuple[tuple, tuple]:
     """(global shape, placements) of Adafactor's factor state[key] ("row_var", "col_var") of DTensor param p (as
-    factored_shards_fit takes it): laid out as p, but a matrix's column factors, which every rank keeps whole."""
+    shards_fit takes it): laid out as p, but a matrix's column factors, which every rank keeps whole."""
     from torch.distributed.tensor import Replicate
 
     if key == "row_var":
@@ -138,6 +151,39 @@ class ShardSums:
         return out
 
 
+class RowSums:
+    """The hook of one AdamP step over `params` (one per segment, in the table's order): (sums, offsets, k) -> each
+    DTensor segment's whole tensor's row sums (k per row, in row order) from this rank's rows' (sums[offsets[i]:
+    offsets[i + 1]]), gathered over the ranks as a DTensor laid out as the param's rows."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.cut = [(i, p) for i, p in enumerate(params) if _cut_rows(p)]
+
+    def __call__(self, sums: list[float], offsets: list[int], k: int) -> list[float]:
+        from torch.distributed.tensor import DTensor
+
+        out: list[float] = []
+        for i, p in self.cut:
+            mine = torch.tensor(sums[offsets[i]:offsets[i + 1]], dtype=torch.float64).view(-1, k)
+            rows = DTensor.from_local(mine, p.device_mesh, p.placements, run_check=False,
+                                      shape=torch.Size((p.shape[0], k)), stride=(k, 1))
+            out.extend(rows.full_tensor().flatten().tolist())
+        return out
+
+
+def row_shards_of(params: list[torch.Tensor]) -> list[tuple[int, int, int]]:
+    """Per segment, how its tensor is cut between rows (_C.adamp_step_over_shards' shards, RowShard): (the whole
+    numel, its rows, the first row of this rank's shard), or (0, 0, 0) for a tensor held whole (or a vector)."""
+    out = []
+    for p in params:
+        if not _cut_rows(p):
+            out.append((0, 0, 0))
+        else:
+            first = shard_offset(p) // math.prod(p.shape[1:]) if p.numel() else 0
+            out.append((p.numel(), p.shape[0], first))
+    return out
+
+
 def shards_of(params: list[torch.Tensor]) -> list[tuple[int, int, int]]:
     """Per segment, how its tensor is cut (_C.adafactor_step_over_shards' shards, FactoredShard): (the whole numel,
     a matrix's rows and columns where its rows are cut, else 0, 0), or (0, 0, 0) for a tensor held whole."""
@@ -150,10 +196,13 @@ def shards_of(params: list[torch.Tensor]) -> list[tuple[int, int, int]]:
     return out
 
 
-def factored_step_over_shards(step, params: list, hypers, table, grads, codes, grad_scale: float,
-                              num_threads: int):
-    """Adafactor's step (`step`: _C.adafactor_step_over_shards) over segments of which some are DTensor shards;
-    returns what the engine's plain step reports. The caller has done the checks that span the ranks (Inf/NaN, the
-    clipping norm) already."""
-    step(hypers, table, grads, codes, grad_scale, num_threads, shards_of(params), ShardSums(params))
+def step_over_shards(step, factored: bool, params: list, hypers, table, grads, codes, grad_scale: float,
+                     num_threads: int):
+    """AdamP's or Adafactor's step (`step`: _C.<name>_step_over_shards; `factored`: Adafactor's) over segments of
+    which some are DTensor shards; returns what the engine's plain step reports. The caller has done the checks
+    that span the ranks (Inf/NaN, the clipping norm) already."""
+    if factored:
+        step(hypers, table, grads, codes, grad_scale, num_threads, shards_of(params), ShardSums(params))
+    else:
+        step(hypers, table, grads, codes, grad_scale, num_threads, row_shards_of(params), RowSums(params))
     return stepped_report()

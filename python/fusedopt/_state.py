@@ -199,7 +199,7 @@ class StateCreation:
         """As _ensure_state, for a state of another shape than p's (Adafactor's row_var and col_var): contiguous,
         created with zeros; a loaded one of the same number of elements is converted or reshaped."""
         t = state.get(key)
-        if is_dtensor(p):  # (a shard of a tensor cut along its first dimension: _shards.factored_shards_fit)
+        if is_dtensor(p):  # (a shard of a tensor cut along its first dimension: _shards.shards_fit)
             new = factor_state(p, t, key, dtype)
             if new is not t:
                 undo.append((state, key, _ABSENT if t is None else t))

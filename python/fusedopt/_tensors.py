@@ -3,6 +3,7 @@ before its address may be handed to it."""
 
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -206,3 +207,14 @@ def first_overlap(tensors: list[torch.Tensor]) -> tuple[int, int] | None:
         if start < end:
             return a, b
     return None
+
+
+def shard_offset(p) -> int:
+    """The index, in DTensor p's elements in row-major order, of its local shard's first element. The shard's
+    elements are consecutive there under Shard(0), so their stochastic rounding noise is that of the whole tensor
+    in one process; under other placements it depends on the world size (docs/fsdp2.md)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, starts = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    strides = [math.prod(p.shape[d + 1:]) for d in range(len(p.shape))]
+    return sum(start * stride for start, stride in zip(starts, strides))

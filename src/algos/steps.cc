@@ -3,7 +3,9 @@
 // (SgdStep, ..., one per line of FUSEDOPT_FOR_EACH_ALGORITHM) forwarding to it.
 
 #include <span>
+#include <string>
 
+#include "fusedopt/error.h"
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
 #include "src/algos/registry.h"
@@ -32,6 +34,18 @@ void FactoredStepOverShards(std::span<const Hyper> groups, std::span<const Segme
 template void FactoredStepOverShards(std::span<const AdafactorHyper>, std::span<const Segment>,
                                      std::span<const FactoredShard>, Runtime&,
                                      const ShardSumsHook&);
+
+template <class Hyper>
+void RowStepOverShards(std::span<const Hyper> groups, std::span<const Segment> segments,
+                       Runtime& runtime, const RowShardsHook& rows) {
+  if (rows.shards.size() != segments.size()) {
+    throw Error("RowStepOverShards: " + std::to_string(rows.shards.size()) + " shards for " +
+                std::to_string(segments.size()) + " segments");
+  }
+  RunStepChunks<algos::DescriptorOf<Hyper>>(groups, segments, runtime, nullptr, &rows);
+}
+template void RowStepOverShards(std::span<const AdampHyper>, std::span<const Segment>, Runtime&,
+                                const RowShardsHook&);
 
 template <class Hyper>
 unsigned RequiredStates(const Hyper& h) {

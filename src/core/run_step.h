@@ -47,7 +47,8 @@ std::pair<std::size_t, std::size_t> PieceRows(const Segment& s, std::size_t begi
 // algorithm's Finish also writes its rows' values into `row_values`.
 template <algos::TwoPhase A>
 void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scalars>& plan,
-            Runtime& runtime, std::vector<float>& row_values, const SegmentSumsHook* hook) {
+            Runtime& runtime, std::vector<float>& row_values, const SegmentSumsHook* hook,
+            const RowShardsHook* row_shards) {
   constexpr std::size_t k = A::kReductions;
   const std::size_t num_chunks = plan.chunks.num_chunks();
   const std::span<const Segment> segments = plan.chunks.segments();
@@ -88,17 +89,59 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
   if constexpr (algos::FinishesAll<A>) {
     A::FinishAll(groups, segments, std::span<const double>(sums), std::span(plan.scalars));
   } else if constexpr (algos::RowReductions<A>) {
+    // A shard cut between rows is finished as its whole tensor (the hook's rows), and reads the
+    // values of its own rows, or the whole layer's.
+    const auto cut = [&](std::size_t s) -> const RowShard* {
+      return row_shards != nullptr && row_shards->shards[s].whole_rows > 0 ? &row_shards->shards[s]
+                                                                           : nullptr;
+    };
+    std::vector<Segment> finished(segments.begin(), segments.end());
     std::vector<std::size_t> first_value(segments.size() + 1, 0);
+    std::vector<std::size_t> offsets(segments.size() + 1, 0);
+    bool any_cut = false;
     for (std::size_t s = 0; s < segments.size(); ++s) {
-      first_value[s + 1] = first_value[s] + segments[s].rows * A::kRowValues;
+      if (const RowShard* shard = cut(s)) {
+        finished[s].numel = shard->whole_numel;
+        finished[s].rows = shard->whole_rows;
+        any_cut = true;
+      }
+      first_value[s + 1] = first_value[s] + finished[s].rows * A::kRowValues;
+      offsets[s + 1] = offsets[s] + (cut(s) != nullptr ? segments[s].rows * k : 0);
     }
+    std::vector<double> whole;
+    if (any_cut) {
+      std::vector<double> mine(offsets.back());
+      for (std::size_t s = 0; s < segments.size(); ++s) {
+        std::copy_n(&sums[first_sum[s]], offsets[s + 1] - offsets[s], &mine[offsets[s]]);
+      }
+      whole = row_shards->hook(mine, offsets);
+    }
+    std::size_t next_whole = 0;
     row_values.assign(first_value.back(), 0.0f);
     for (std::size_t s = 0; s < segments.size(); ++s) {
-      A::Finish(groups[segments[s].group], segments[s],
-                std::span<const double>(&sums[first_sum[s]], first_sum[s + 1] - first_sum[s]),
-                plan.scalars[s],
+      const RowShard* shard = cut(s);
+      std::span<const double> row_sums(&sums[first_sum[s]], first_sum[s + 1] - first_sum[s]);
+      if (shard != nullptr) {
+        const std::size_t n = shard->whole_rows * k;
+        if (whole.size() < next_whole + n) {
+          Fail(A::kStepName, "the row sums hook returned ", whole.size(), " sums; segment ", s,
+               " needs ", n, " from ", next_whole);
+        }
+        row_sums = std::span<const double>(&whole[next_whole], n);
+        next_whole += n;
+      }
+      auto& scalars = plan.scalars[s];
+      A::Finish(groups[segments[s].group], finished[s], row_sums, scalars,
                 std::span<float>(row_values.data() + first_value[s],
                                  first_value[s + 1] - first_value[s]));
+      // Projected per row: this shard's rows start at its first row's values.
+      if (shard != nullptr && scalars.project_row_length != 0 &&
+          scalars.project_row_length != finished[s].numel) {
+        scalars.row_values += shard->first_row * A::kRowValues;
+      }
+    }
+    if (next_whole != whole.size()) {
+      Fail(A::kStepName, "the row sums hook returned ", whole.size(), " sums for ", next_whole);
     }
   } else {
     for (std::size_t s = 0; s < segments.size(); ++s) {
@@ -110,7 +153,8 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
 
 template <class A>
 void RunStepChunks(std::span<const typename A::Hyper> groups, std::span<const Segment> segments,
-                   Runtime& runtime, const SegmentSumsHook* hook) {
+                   Runtime& runtime, const SegmentSumsHook* hook,
+                   const RowShardsHook* row_shards = nullptr) {
   ValidateStep<A>(groups, segments);
   StepPlan<typename A::Scalars> plan{ChunkPlan(segments), {}, algos::UnsignedMapStates<A>()};
   plan.scalars.reserve(segments.size());
@@ -137,7 +181,7 @@ void RunStepChunks(std::span<const typename A::Hyper> groups, std::span<const Se
       reduce = std::any_of(groups.begin(), groups.end(),
                            [](const typename A::Hyper& h) { return A::NeedsReduction(h); });
     }
-    if (reduce) Reduce<A>(groups, plan, runtime, row_values, hook);
+    if (reduce) Reduce<A>(groups, plan, runtime, row_values, hook, row_shards);
   }
   ParallelForChunks(plan.chunks.num_chunks(), runtime.num_threads(),
                     [&](std::size_t begin, std::size_t end) { A::kRun(plan, begin, end); });

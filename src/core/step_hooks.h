@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <functional>
 #include <span>
+#include <vector>
 
 #include "fusedopt/runtime.h"
 #include "fusedopt/step.h"
@@ -42,6 +43,30 @@ constexpr bool kZeroOneShards = !(algos::TwoPhase<A> || algos::Factored<A>) || k
 template <class Hyper>
 void FusedStepWithSums(std::span<const Hyper> groups, std::span<const Segment> segments,
                        Runtime& runtime, const SegmentSumsHook& hook);
+
+// A segment of a per-row algorithm's step that is one rank's shard of a tensor cut between its rows
+// (FSDP2's Shard(0)), each of its rows whole; a default one (whole_rows 0) is a whole tensor.
+struct RowShard {
+  std::size_t whole_numel = 0;
+  std::size_t whole_rows = 0;  // the whole tensor's size(0)
+  std::size_t first_row = 0;   // the whole tensor's row where this shard's rows start
+};
+
+// Given the sharded segments' row sums (k per row of the segment, sums[offsets[i], offsets[i + 1])
+// segment i's), returns those of every row of their whole tensors (k per whole row, in segment and
+// row order). Every rank calls it with the same segments.
+using RowSumsHook = std::function<std::vector<double>(std::span<const double> sums,
+                                                      std::span<const std::size_t> offsets)>;
+struct RowShardsHook {
+  std::span<const RowShard> shards;  // one per segment
+  RowSumsHook hook;
+};
+
+// The fused step of a per-row algorithm over shards cut between rows, as the whole tensors' step:
+// each sharded segment's coefficients come from its whole tensor's row sums (`rows.hook`).
+template <class Hyper>
+void RowStepOverShards(std::span<const Hyper> groups, std::span<const Segment> segments,
+                       Runtime& runtime, const RowShardsHook& rows);
 
 // A segment of a factored step that is one rank's shard of a tensor cut along its first dimension
 // (FSDP2's Shard(0)); a default one (whole_numel 0) is a whole tensor. A matrix (a param of two

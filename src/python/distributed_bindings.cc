@@ -118,6 +118,35 @@ void FactoredStepOverShardsPy(const std::vector<Hyper>& groups, const SegmentTab
 // hook completes over the ranks with how many sums a segment has (None, 0 where ZeRO-1 has none);
 // dtensor_sums[name]: the same step for DTensor shards (also BertAdam's, whose sums finish per
 // param group), for the algorithms that have one.
+// A per-row algorithm's step over `table`, whose segments are shards cut between rows as `shards`
+// says (whole numel, whole rows, first row), `hook` giving each sharded segment's whole tensor's
+// row sums from this rank's (k per row: the hook's third argument; no pre-pass: the caller clipped
+// and checked); the counters advance after it.
+using PyRowSumsHook =
+    std::function<std::vector<double>(std::vector<double>, std::vector<std::size_t>, std::size_t)>;
+template <class Hyper>
+void RowStepOverShardsPy(const std::vector<Hyper>& groups, const SegmentTable& table,
+                         const std::vector<std::uintptr_t>& grads,
+                         const std::vector<int>& grad_dtypes, float grad_scale, int num_threads,
+                         const std::vector<SpecTuple3>& shards, const PyRowSumsHook& hook) {
+  py::gil_scoped_release release;
+  const std::vector<Segment> segments = table.ForCall(grads, grad_dtypes, grad_scale);
+  std::vector<RowShard> cuts;
+  cuts.reserve(shards.size());
+  for (const auto& [numel, rows, first] : shards) cuts.push_back({numel, rows, first});
+  Runtime runtime(num_threads);
+  const RowShardsHook rows{cuts,
+                           [&](std::span<const double> sums, std::span<const std::size_t> offsets) {
+                             py::gil_scoped_acquire acquire;
+                             return hook(std::vector<double>(sums.begin(), sums.end()),
+                                         std::vector<std::size_t>(offsets.begin(), offsets.end()),
+                                         algos::DescriptorOf<Hyper>::kReductions);
+                           }};
+  RowStepOverShards(std::span<const Hyper>(groups), std::span<const Segment>(segments), runtime,
+                    rows);
+  table.StoreSteps(segments);
+}
+
 template <class A>
 void BindSumsSteps(py::module_& m, py::dict& zero_one, py::dict& dtensor_sums) {
   py::dict entry;
@@ -221,7 +250,10 @@ void BindDistributed(py::module_& m) {
   });
   m.attr("zero_one") = zero_one;
   m.attr("dtensor_sums") = dtensor_sums;
-  // Adafactor's step over DTensor shards (python/fusedopt/_shards.py).
+  // AdamP's and Adafactor's steps over DTensor shards (python/fusedopt/_shards.py).
+  m.def("adamp_step_over_shards", &RowStepOverShardsPy<AdampHyper>, py::arg("groups"),
+        py::arg("table"), py::arg("grads"), py::arg("grad_dtypes"), py::arg("grad_scale"),
+        py::arg("num_threads"), py::arg("shards"), py::arg("hook"));
   m.def("adafactor_step_over_shards", &FactoredStepOverShardsPy<AdafactorHyper>, py::arg("groups"),
         py::arg("table"), py::arg("grads"), py::arg("grad_dtypes"), py::arg("grad_scale"),
         py::arg("num_threads"), py::arg("shards"), py::arg("hook"));

@@ -290,15 +290,17 @@ try:
         for p, q in zip(fps, tps):
             assert torch.equal(p.grad.full_tensor(), q.grad.full_tensor()), "clip_grad_value_"
         # strict=True: the fused step takes DTensors where its update is element-wise, or its whole-tensor sums
-        # are added up over the ranks (Adafactor's, of params cut along their first dimension); AdamP's per-row
-        # and per-layer projections are an error naming the param
+        # are added up over the ranks (AdamP's and Adafactor's of params cut along their first dimension); a
+        # param cut along its columns is an error naming it for AdamP (its per-row projection)
         fps = params(placement)
         grads(fps, 0, placement)
-        fusedopt.FusedAdamW(fps, strict=True).step()
-        fusedopt.FusedAdafactor(fps, strict=True).step()
+        for cls in (fusedopt.FusedAdamW, fusedopt.FusedAdamP, fusedopt.FusedAdafactor):
+            cls(fps, strict=True).step()
+        fps = [torch.nn.Parameter(distribute_tensor(torch.randn(6, 3), mesh, [Shard(1)]))]
+        grads(fps, 0, Shard(1))
         try:
             fusedopt.FusedAdamP(fps, strict=True).step()
-            raise AssertionError("strict=True took a DTensor for AdamP")
+            raise AssertionError("strict=True took a DTensor cut along its columns for AdamP")
         except TypeError as e:
             assert "parameter 0 of group 0" in str(e) and "reduces over whole tensors" in str(e), e
 finally:

@@ -27,7 +27,9 @@ STEPS = 4
 
 # Options that make a class's whole-tensor terms matter: LARS's default clip=True caps its trust ratio at 1 with
 # these gradients, so that the norms would not show.
-OPTIONS = {"lars": dict(clip=False, momentum=0.9, weight_decay=1e-4)}
+OPTIONS = {"lars": dict(clip=False, momentum=0.9, weight_decay=1e-4),
+           # AdamP: a delta at which some tensors take the channel projection, some the layer's, some none
+           "adamp": dict(lr=0.01, delta=1.0, weight_decay=0.1)}
 
 
 def _kw(name: str, case) -> dict:
@@ -627,39 +629,21 @@ def test_every_class_steps_dtensor_shards_as_one_process(every_class, name):
     """The element-wise classes step each rank's shard in the fused pass: params and states are the bits of the same
     class on the whole tensors, the states DTensors with the param's placements (as torch.optim makes them), the
     step counts plain tensors. LAMB, LARS and BertAdam step their shards fused too, each tensor's sums added up
-    over the ranks (BertAdam's then per param group): within 1e-6 of the one-process run; Adafactor as
-    _expect_adafactor_over_shards says. AdamP, whose step reduces over rows and whole tensors, takes its
-    reference's step on whole copies of the params, gradients and states (with a warning saying so; DTensor's own
-    ops would refuse its uneven rows): within 1e-5 of the fused one-process run, each rank keeping its shard of the
-    params and of the param-shaped states (DTensors laid out as the param)."""
+    over the ranks (BertAdam's then per param group): within 1e-6 of the one-process run; AdamP and Adafactor as
+    _expect_steps_over_shards says."""
     ranks = every_class
     for rank in ranks[1:]:
         for (a, _), (b, _) in zip(rank[name]["params"], ranks[0][name]["params"]):
             assert _bits_equal(a, b), "the ranks' params differ"
     got = ranks[0][name]
     element_wise = fusedopt._C.algorithms[name].get("quantizable", False)
-    norms_across_ranks = name in fusedopt._C.dtensor_sums  # LAMB, LARS, BertAdam
-    if name == "adafactor":
-        _expect_adafactor_over_shards(got)
-        return
-    if not element_wise and not norms_across_ranks:
-        assert got["routed"] and "reduces over whole tensors" in got["routed"][0], got["routed"]
-        assert got["refused"] is None, got["refused"]
-        for k, ((sharded, plain), placements, (dstates, pstates)) in enumerate(
-                zip(got["params"], got["placements"], got["states"])):
-            assert _relative(sharded, plain) <= 1e-5, f"param {k} {SHAPES[k]}"
-            assert dstates.keys() == pstates.keys(), (k, dstates.keys(), pstates.keys())
-            for key, (kind, where, value) in dstates.items():
-                if isinstance(value, torch.Tensor) and value.dim() and value.shape == sharded.shape:
-                    assert kind == "DTensor" and where == placements, (k, key, kind, where)
-                if isinstance(value, torch.Tensor) and value.is_floating_point():
-                    assert torch.allclose(value.double(), torch.as_tensor(pstates[key][2]).double(),
-                                          rtol=1e-4, atol=1e-6), (k, key)
+    if name in ("adamp", "adafactor"):
+        _expect_steps_over_shards(got)
         return
     assert not got["routed"], got["routed"]
     for k, ((sharded, plain), placements, (dstates, pstates)) in enumerate(
             zip(got["params"], got["placements"], got["states"])):
-        # (LAMB's and LARS's norms add the shards' sums: the one-process sums within their rounding)
+        # (LAMB's, LARS's and BertAdam's norms add the shards' sums: the one-process sums within their rounding)
         same = _bits_equal if element_wise else lambda a, b: _relative(a, b) <= 1e-6
         assert same(sharded, plain), f"param {k} {SHAPES[k]}"
         assert dstates.keys() == pstates.keys(), (k, dstates.keys(), pstates.keys())
@@ -671,13 +655,15 @@ def test_every_class_steps_dtensor_shards_as_one_process(every_class, name):
             assert same(value, pstates[key][2]), f"param {k} state {key}"
 
 
-def _expect_adafactor_over_shards(got: dict) -> None:
-    """Adafactor steps the shards of params cut along their first dimension (Shard(0), Replicate) fused, each
-    shard's Σp², a matrix's column sums and row factors and ΣU² added up over the ranks: the one-process run within
-    the rounding of those sums (1e-6), with row_var laid out as the param and a matrix's col_var replicated (every
+def _expect_steps_over_shards(got: dict) -> None:
+    """AdamP and Adafactor step the shards of params cut along their first dimension (Shard(0), Replicate) fused:
+    AdamP from every row's sums of the whole tensor (gathered over the ranks), Adafactor with each shard's Σp², a
+    matrix's column sums and row factors and ΣU² added up over the ranks: the one-process run within the rounding
+    of those sums (1e-6), the states laid out as the param but Adafactor's col_var of a matrix, replicated (every
     rank keeps it whole). The Shard(1) param takes the reference's step on whole copies (1e-5)."""
     from torch.distributed.tensor import Replicate
 
+    assert got["refused"] is None, got["refused"]
     assert len(got["routed"]) == 1 and "parameter 4 of group 0" in got["routed"][0], got["routed"]
     assert not any(f"parameter {k} of group 0" in got["routed"][0] for k in (0, 1, 2, 3, 5)), got["routed"]
     for k, ((sharded, plain), placements, (dstates, pstates)) in enumerate(
