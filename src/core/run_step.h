@@ -112,7 +112,8 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
     if (any_cut) {
       std::vector<double> mine(offsets.back());
       for (std::size_t s = 0; s < segments.size(); ++s) {
-        std::copy_n(&sums[first_sum[s]], offsets[s + 1] - offsets[s], &mine[offsets[s]]);
+        std::copy_n(sums.data() + first_sum[s], offsets[s + 1] - offsets[s],
+                    mine.data() + offsets[s]);
       }
       whole = row_shards->hook(mine, offsets);
     }

@@ -21,7 +21,7 @@ import torch
 # (shape, placement) of the DTensor params: uneven rows (3 + 2, 2 + 2 + 1), fewer rows than 3 ranks (an empty
 # shard), a vector, one tensor over 4096 elements, columns (tensor parallel's Shard(1)) and a replicated one.
 SHAPES = [((5, 3), "shard0"), ((2, 4), "shard0"), ((7,), "shard0"), ((64, 80), "shard0"), ((4, 6), "shard1"),
-          ((3,), "replicate")]
+          ((3,), "replicate"), ((3, 4, 5), "shard0")]  # (the last: a batch of matrices, cut between them)
 STEPS = 4
 
 
@@ -665,7 +665,8 @@ def _expect_steps_over_shards(got: dict) -> None:
 
     assert got["refused"] is None, got["refused"]
     assert len(got["routed"]) == 1 and "parameter 4 of group 0" in got["routed"][0], got["routed"]
-    assert not any(f"parameter {k} of group 0" in got["routed"][0] for k in (0, 1, 2, 3, 5)), got["routed"]
+    assert not any(f"parameter {k} of group 0" in got["routed"][0]
+                   for k, (_, kind) in enumerate(SHAPES) if kind != "shard1"), got["routed"]
     for k, ((sharded, plain), placements, (dstates, pstates)) in enumerate(
             zip(got["params"], got["placements"], got["states"])):
         (shape, kind) = SHAPES[k]

@@ -1,7 +1,7 @@
 // training().state_dtype in fusedopt::pt: 8-bit block-wise states (uint8) and 16-bit states of f32
 // params. The reference is the core's fusedopt::Optimizer<Hyper> with StorageOptions::state_dtype
-// (its 8-bit step is checked against bitsandbytes in tests/python/test_8bit.py), given the same
-// params, grads and per-param step schedule: params, codes, absmax and f32 states bit for bit.
+// (its 8-bit step is checked against bitsandbytes in tests/python/test_8bit_states.py), given the
+// same params, grads and per-param step schedule: params, codes, absmax and f32 states bit for bit.
 // Then: conversion of held states when the option changes (equal to quantizing or dequantizing
 // them by hand), torch::save/torch::load and SaveCheckpoint/LoadCheckpoint mid-run (the codes and
 // absmax continue bit for bit), and the errors (no state changed).
