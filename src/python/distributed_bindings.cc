@@ -75,8 +75,17 @@ void StepWithSums(const std::vector<Hyper>& groups, const SegmentTable& table,
   table.StoreSteps(segments);
 }
 
+// A step over shards' descriptions (FactoredShard or RowShard) from Python's tuples.
+template <class Cut>
+std::vector<Cut> CutsOf(const std::vector<SpecTuple3>& shards) {
+  std::vector<Cut> cuts;
+  cuts.reserve(shards.size());
+  for (const auto& [a, b, c] : shards) cuts.push_back({a, b, c});
+  return cuts;
+}
+
 // What Python's hook over shards gets and gives back: the sharded segments' sums, and where each
-// segment's start (FactoredStepOverShards' layout).
+// segment's sums start (FactoredStepOverShards' layout).
 using PyShardSumsHook =
     std::function<std::vector<double>(std::vector<double>, std::vector<std::size_t>)>;
 
@@ -91,9 +100,7 @@ void FactoredStepOverShardsPy(const std::vector<Hyper>& groups, const SegmentTab
                               const PyShardSumsHook& hook) {
   py::gil_scoped_release release;
   const std::vector<Segment> segments = table.ForCall(grads, grad_dtypes, grad_scale);
-  std::vector<FactoredShard> cuts;
-  cuts.reserve(shards.size());
-  for (const auto& [numel, rows, cols] : shards) cuts.push_back({numel, rows, cols});
+  const std::vector<FactoredShard> cuts = CutsOf<FactoredShard>(shards);
   Runtime runtime(num_threads);
   const ShardSumsHook sums_hook = [&](std::span<double> sums,
                                       std::span<const std::size_t> offsets) {
@@ -114,10 +121,6 @@ void FactoredStepOverShardsPy(const std::vector<Hyper>& groups, const SegmentTab
   table.StoreSteps(segments);
 }
 
-// zero_one[name]: whether ZeRO-1 can shard the algorithm, and the step whose per-segment sums its
-// hook completes over the ranks with how many sums a segment has (None, 0 where ZeRO-1 has none);
-// dtensor_sums[name]: the same step for DTensor shards (also BertAdam's, whose sums finish per
-// param group), for the algorithms that have one.
 // A per-row algorithm's step over `table`, whose segments are shards cut between rows as `shards`
 // says (whole numel, whole rows, first row), `hook` giving each sharded segment's whole tensor's
 // row sums from this rank's (k per row: the hook's third argument; no pre-pass: the caller clipped
@@ -131,9 +134,7 @@ void RowStepOverShardsPy(const std::vector<Hyper>& groups, const SegmentTable& t
                          const std::vector<SpecTuple3>& shards, const PyRowSumsHook& hook) {
   py::gil_scoped_release release;
   const std::vector<Segment> segments = table.ForCall(grads, grad_dtypes, grad_scale);
-  std::vector<RowShard> cuts;
-  cuts.reserve(shards.size());
-  for (const auto& [numel, rows, first] : shards) cuts.push_back({numel, rows, first});
+  const std::vector<RowShard> cuts = CutsOf<RowShard>(shards);
   Runtime runtime(num_threads);
   const RowShardsHook rows{cuts,
                            [&](std::span<const double> sums, std::span<const std::size_t> offsets) {
@@ -147,6 +148,10 @@ void RowStepOverShardsPy(const std::vector<Hyper>& groups, const SegmentTable& t
   table.StoreSteps(segments);
 }
 
+// zero_one[name]: whether ZeRO-1 can shard the algorithm, and the step whose per-segment sums its
+// hook completes over the ranks with how many sums a segment has (None, 0 where ZeRO-1 has none);
+// dtensor_sums[name]: the same step for DTensor shards (also BertAdam's, whose sums finish per
+// param group), for the algorithms that have one.
 template <class A>
 void BindSumsSteps(py::module_& m, py::dict& zero_one, py::dict& dtensor_sums) {
   py::dict entry;
