@@ -81,20 +81,15 @@ def _cut_rows(p: torch.Tensor) -> bool:
     return is_dtensor(p) and p.dim() > 1 and _cut(p)
 
 
-def rows_whole_here(p: torch.Tensor) -> bool:
-    """DTensor p is cut along its first dimension only (every placement Replicate or Shard(0), as FSDP2's): each
-    rank holds whole rows of it (whole matrices of a batch)."""
+def shards_fit(p: torch.Tensor, factored: bool) -> bool:
+    """The engine's step over shards takes DTensor p's (AdamP's rows, Adafactor's factors): p is cut along its first
+    dimension only (every placement Replicate or Shard(0), as FSDP2's), so each rank holds whole rows of it (whole
+    matrices of a batch), and for Adafactor a matrix (two dimensions) has at least 2 columns, so that every shard of
+    it is a matrix as the whole is (1 x 1 matrices are stepped element-wise)."""
     from torch.distributed.tensor import Shard
 
-    return all(placement.is_replicate() or (type(placement) is Shard and placement.dim == 0)
-               for placement in p.placements)
-
-
-def shards_fit(p: torch.Tensor, factored: bool) -> bool:
-    """The engine's step over shards takes DTensor p's (AdamP's rows, Adafactor's factors): p's rows are whole on
-    every rank, and for Adafactor a matrix (two dimensions) has at least 2 columns, so that every shard of it is a
-    matrix as the whole is (1 x 1 matrices are stepped element-wise)."""
-    return rows_whole_here(p) and not (factored and p.dim() == 2 and p.shape[-1] < 2)
+    return (all(placement.is_replicate() or (type(placement) is Shard and placement.dim == 0)
+                for placement in p.placements) and not (factored and p.dim() == 2 and p.shape[-1] < 2))
 
 
 def factor_layout(p: torch.Tensor, key: str) -> tuple[tuple, tuple]:
