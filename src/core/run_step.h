@@ -89,60 +89,59 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
   if constexpr (algos::FinishesAll<A>) {
     A::FinishAll(groups, segments, std::span<const double>(sums), std::span(plan.scalars));
   } else if constexpr (algos::RowReductions<A>) {
-    // A shard cut between rows is finished as its whole tensor (the hook's rows), and reads the
-    // values of its own rows, or the whole layer's.
+    // A shard cut between rows is finished as its whole tensor, from the hook's sums of every row
+    // of it, and reads the values of its own rows, or the whole layer's.
     const auto cut = [&](std::size_t s) -> const RowShard* {
       return row_shards != nullptr && row_shards->shards[s].whole_rows > 0 ? &row_shards->shards[s]
                                                                            : nullptr;
     };
-    std::vector<Segment> finished(segments.begin(), segments.end());
     std::vector<std::size_t> first_value(segments.size() + 1, 0);
-    std::vector<std::size_t> offsets(segments.size() + 1, 0);
-    bool any_cut = false;
+    std::vector<std::size_t> offsets(segments.size() + 1, 0);  // the cut segments' own row sums
+    std::size_t whole_size = 0;
     for (std::size_t s = 0; s < segments.size(); ++s) {
-      if (const RowShard* shard = cut(s)) {
-        finished[s].numel = shard->whole_numel;
-        finished[s].rows = shard->whole_rows;
-        any_cut = true;
-      }
-      first_value[s + 1] = first_value[s] + finished[s].rows * A::kRowValues;
-      offsets[s + 1] = offsets[s] + (cut(s) != nullptr ? segments[s].rows * k : 0);
+      const RowShard* shard = cut(s);
+      first_value[s + 1] =
+          first_value[s] +
+          (shard != nullptr ? shard->whole_rows : segments[s].rows) * A::kRowValues;
+      offsets[s + 1] = offsets[s] + (shard != nullptr ? segments[s].rows * k : 0);
+      whole_size += shard != nullptr ? shard->whole_rows * k : 0;
     }
     std::vector<double> whole;
-    if (any_cut) {
+    if (whole_size > 0) {
       std::vector<double> mine(offsets.back());
       for (std::size_t s = 0; s < segments.size(); ++s) {
         std::copy_n(sums.data() + first_sum[s], offsets[s + 1] - offsets[s],
                     mine.data() + offsets[s]);
       }
       whole = row_shards->hook(mine, offsets);
-    }
-    std::size_t next_whole = 0;
-    row_values.assign(first_value.back(), 0.0f);
-    for (std::size_t s = 0; s < segments.size(); ++s) {
-      const RowShard* shard = cut(s);
-      std::span<const double> row_sums(&sums[first_sum[s]], first_sum[s + 1] - first_sum[s]);
-      if (shard != nullptr) {
-        const std::size_t n = shard->whole_rows * k;
-        if (whole.size() < next_whole + n) {
-          Fail(A::kStepName, "the row sums hook returned ", whole.size(), " sums; segment ", s,
-               " needs ", n, " from ", next_whole);
-        }
-        row_sums = std::span<const double>(&whole[next_whole], n);
-        next_whole += n;
+      if (whole.size() != whole_size) {
+        Fail(A::kStepName, "the row sums hook returned ", whole.size(), " sums for ", whole_size);
       }
+    }
+    row_values.assign(first_value.back(), 0.0f);
+    std::size_t next_whole = 0;
+    for (std::size_t s = 0; s < segments.size(); ++s) {
       auto& scalars = plan.scalars[s];
-      A::Finish(groups[segments[s].group], finished[s], row_sums, scalars,
-                std::span<float>(row_values.data() + first_value[s],
-                                 first_value[s + 1] - first_value[s]));
+      const std::span<float> values(row_values.data() + first_value[s],
+                                    first_value[s + 1] - first_value[s]);
+      const RowShard* shard = cut(s);
+      if (shard == nullptr) {
+        A::Finish(groups[segments[s].group], segments[s],
+                  std::span<const double>(&sums[first_sum[s]], first_sum[s + 1] - first_sum[s]),
+                  scalars, values);
+        continue;
+      }
+      Segment whole_tensor = segments[s];
+      whole_tensor.numel = shard->whole_numel;
+      whole_tensor.rows = shard->whole_rows;
+      const std::size_t n = shard->whole_rows * k;
+      A::Finish(groups[segments[s].group], whole_tensor,
+                std::span<const double>(&whole[next_whole], n), scalars, values);
+      next_whole += n;
       // Projected per row: this shard's rows start at its first row's values.
-      if (shard != nullptr && scalars.project_row_length != 0 &&
-          scalars.project_row_length != finished[s].numel) {
+      if (scalars.project_row_length != 0 && scalars.project_row_length != whole_tensor.numel) {
         scalars.row_values += shard->first_row * A::kRowValues;
       }
-    }
-    if (next_whole != whole.size()) {
-      Fail(A::kStepName, "the row sums hook returned ", whole.size(), " sums for ", next_whole);
     }
   } else {
     for (std::size_t s = 0; s < segments.size(); ++s) {
