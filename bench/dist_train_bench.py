@@ -373,6 +373,7 @@ def summarize(args: argparse.Namespace, label: str, ranks: list[dict], sent: lis
         for p in PHASES
     }
     step_ms = statistics.median(job_ms)
+    optimizer_ms = [statistics.fmean(r["records"][i]["phases_ms"]["optimizer"] for r in ranks) for i in timed]
     per_rank_state = [r["state"][0] for r in ranks]
     checksums = [r["checksum"] for r in ranks]
     return {
@@ -380,6 +381,8 @@ def summarize(args: argparse.Namespace, label: str, ranks: list[dict], sent: lis
         "samples_per_s": args.batch_size / (step_ms / 1e3),
         "step_ms": step_ms,
         "phases_ms": phases,
+        # the spread of the optimizer phase over the timed steps (the ranks' mean): its quartiles
+        "optimizer_ms_quartiles": statistics.quantiles(optimizer_ms, n=4)[::2] if len(optimizer_ms) > 1 else None,
         "step_ms_all": job_ms,
         "bytes_sent_per_rank_per_step": None if sent is None else sum(sent) / (nproc * len(timed)),
         "bytes_sent_per_rank_median_step": None if sent is None else statistics.median(sent) / nproc,
