@@ -5,6 +5,7 @@ measured in a process of its own (peak RSS; glibc's mmap threshold fixed so that
 default batch is small (1 x 64 tokens): with large batches the activations, not the gradients, set the peak.
 
   scripts/bench-in-backward --d-model 768 --n-layer 8 --threads 2      # 57 M params
+  scripts/bench-in-backward --accumulation-steps 4                     # a step per micro-batch, 1 in 4 updates
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ MODES = {"ordinary": False, "in_backward": True}
 def make(args, in_backward: bool):
     torch.manual_seed(0)
     model = train_models.transformer_small(args.vocab, args.seq_len, args.d_model, args.n_layer, args.n_head)
-    return model, fusedopt.FusedAdamW(model.parameters(), lr=1e-4, step_in_backward=in_backward)
+    return model, fusedopt.FusedAdamW(model.parameters(), lr=1e-4, step_in_backward=in_backward,
+                              accumulation_steps=args.accumulation_steps)
 
 
 def train_step(model, opt, batch) -> float:
@@ -88,7 +90,7 @@ def peak(args, mode: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, default in (("vocab", 8192), ("seq-len", 64), ("d-model", 768), ("n-layer", 8), ("n-head", 12),
-                          ("batch-size", 1), ("steps", 10), ("warmup", 2), ("threads", None)):
+                          ("batch-size", 1), ("steps", 10), ("warmup", 2), ("accumulation-steps", 1), ("threads", None)):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--json", type=pathlib.Path)
     parser.add_argument("--peak-of", choices=MODES, help=argparse.SUPPRESS)
@@ -105,7 +107,8 @@ def main() -> None:
     result = timed(args) | {"peak_mib": {m: peak(args, m) / 1024 for m in MODES}}
     result["grad_mib"] = result["params"] * 4 / 2**20
     print(f"transformer_small d_model {args.d_model} x {args.n_layer} layers: {result['params']:,} params, "
-          f"{torch.get_num_threads()} threads; the two runs' params {'equal' if result['bit_identical'] else 'DIFFER'}")
+          f"{torch.get_num_threads()} threads, accumulation_steps {args.accumulation_steps}; the two runs' params "
+          f"{'equal' if result['bit_identical'] else 'DIFFER'}")
     print(f"{'mode':<12} {'step ms':>9} {'peak MiB':>9}")
     for m in MODES:
         print(f"{m:<12} {result['median_ms'][m]:>9.1f} {result['peak_mib'][m]:>9.0f}")

@@ -137,32 +137,36 @@ class AccumulationWindow:
         if window and not skipped:
             self._update(1.0, None, grads={p: self._accumulators[p] for p in window})
 
-    def _micro_batch(self) -> tuple:
+    def _micro_batch(self, params: list[torch.Tensor] | None = None) -> tuple:
         """accumulation_steps > 1: this micro-batch's gradients (checked; each as its engine tuple),
         the address of each one's f32 accumulator (created if missing), whether the accumulator
         starts in this window, {param: its gradient} of the params with one, and {param: why} of
-        those that take the reference's step."""
+        those that take the reference's step. Over every param, or over `params` (step_in_backward's
+        bucket) that are still in a group."""
         grads, sums, fresh = [], [], []
         with_grad: dict[torch.Tensor, torch.Tensor] = {}
         routed: dict[torch.Tensor, str] = {}
-        for gi, group in enumerate(self.param_groups):
-            for j, p in enumerate(group["params"]):
-                g = p.grad
-                if g is None or p in with_grad or p in routed:  # a duplicated param's grad is one gradient
-                    continue
-                if g.shape != p.shape:  # (one set through .data): the engine would add it into p's sum
-                    raise grad_shape_error(self._name(gi, j), g, p)
-                route = self._route(p, g, gi, j) or ("it is complex" if p.is_complex() else None)
-                if route is not None:
-                    routed[p] = f"parameter {self._name(gi, j)}: {route}"
-                    continue
-                code = DTYPE_CODES[g.dtype]
-                acc = self._accumulators.get(p)
-                if acc is None or acc.shape != p.shape:
-                    acc = torch.empty_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-                    self._accumulators[p] = acc
-                with_grad[p] = g
-                grads.append((g.data_ptr(), g.numel(), code))
-                sums.append(acc.data_ptr())
-                fresh.append(0 if p in self._window else 1)
+        if params is None:
+            entries = ((gi, j, p) for gi, group in enumerate(self.param_groups) for j, p in enumerate(group["params"]))
+        else:
+            entries = ((*self._places[p], p) for p in params if p in self._places)
+        for gi, j, p in entries:
+            g = p.grad
+            if g is None or p in with_grad or p in routed:  # a duplicated param's grad is one gradient
+                continue
+            if g.shape != p.shape:  # (one set through .data): the engine would add it into p's sum
+                raise grad_shape_error(self._name(gi, j), g, p)
+            route = self._route(p, g, gi, j) or ("it is complex" if p.is_complex() else None)
+            if route is not None:
+                routed[p] = f"parameter {self._name(gi, j)}: {route}"
+                continue
+            code = DTYPE_CODES[g.dtype]
+            acc = self._accumulators.get(p)
+            if acc is None or acc.shape != p.shape:
+                acc = torch.empty_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+                self._accumulators[p] = acc
+            with_grad[p] = g
+            grads.append((g.data_ptr(), g.numel(), code))
+            sums.append(acc.data_ptr())
+            fresh.append(0 if p in self._window else 1)
         return grads, sums, fresh, with_grad, routed

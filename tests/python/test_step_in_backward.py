@@ -1,7 +1,7 @@
 """step_in_backward=True (python/fusedopt/_in_backward.py): the ordinary loop, with each param updated inside
 backward from its post-accumulate-grad hook and its gradient released. Every algorithm whose updates are one
 tensor at a time gives the ordinary step's params and states bit for bit (f32, bf16 with f32 masters, 8-bit
-states); what needs every gradient first is refused before anything changes; a process's peak memory drops by
+states; with accumulation windows too); what needs every gradient first is refused before anything changes; a process's peak memory drops by
 the gradients it no longer holds."""
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ def _model(dtype=torch.float32) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, 80), torch.nn.Tanh(), torch.nn.Linear(80, 4)).to(dtype)
 
 
-def _train(name: str, variant: str, in_backward: bool):
+def _train(name: str, variant: str, in_backward: bool, accumulation: int = 1):
+    """STEPS steps, or with accumulation two windows and one micro-batch of a third (its sums in the state dict)."""
     dtype = torch.bfloat16 if variant == "bf16_masters" else torch.float32
     model = _model(dtype)
     # (no global clipping: FusedLAMB's default, apex's max_grad_norm=1, needs every gradient first)
     opt = CASES[name].fused(model.parameters(), **{**CASES[name].defaults, "max_grad_norm": None},
-                            **VARIANTS[variant], step_in_backward=in_backward)
-    for step in range(STEPS):
+                            **VARIANTS[variant], step_in_backward=in_backward, accumulation_steps=accumulation)
+    for step in range(STEPS if accumulation == 1 else 2 * accumulation + 1):
         g = torch.Generator().manual_seed(step)
         x, y = torch.randn(16, 64, generator=g).to(dtype), torch.randn(16, 4, generator=g).to(dtype)
         opt.zero_grad()
@@ -51,20 +52,65 @@ def _train(name: str, variant: str, in_backward: bool):
     return [p.detach().clone() for p in model.parameters()], opt.state_dict()
 
 
-@pytest.mark.parametrize("name, variant", [(name, variant) for name in PER_TENSOR for variant in VARIANTS
-                                           if "state_dtype" not in VARIANTS[variant]
-                                           or _C.algorithms[name]["quantizable"]])
-def test_bit_identical_to_the_ordinary_step(name, variant):
-    params, state = _train(name, variant, True)
-    want_params, want_state = _train(name, variant, False)
+def _assert_same(got: tuple, want: tuple) -> None:
+    """Params and state dicts (states, and an accumulation window's sums) equal bit for bit."""
+    (params, state), (want_params, want_state) = got, want
     for a, b in zip(params, want_params, strict=True):
         assert torch.equal(a, b)
+    assert state.keys() == want_state.keys()
     assert state["state"].keys() == want_state["state"].keys()
     for i, entry in want_state["state"].items():
         assert entry.keys() == state["state"][i].keys()
         for key, value in entry.items():
             got = state["state"][i][key]
             assert torch.equal(got, value) if isinstance(value, torch.Tensor) else got == value, key
+    if "fusedopt_window" in want_state:
+        window, want_window = state["fusedopt_window"], want_state["fusedopt_window"]
+        assert window["sums"].keys() == want_window["sums"].keys()
+        assert all(torch.equal(window["sums"][i], sum_) for i, sum_ in want_window["sums"].items())
+        assert sorted(window["window"]) == sorted(want_window["window"])  # (in backward: the order the hooks ran)
+        assert {**window, "sums": None, "window": None} == {**want_window, "sums": None, "window": None}
+
+
+@pytest.mark.parametrize("accumulation", [1, 3])
+@pytest.mark.parametrize("name, variant", [(name, variant) for name in PER_TENSOR for variant in VARIANTS
+                                           if "state_dtype" not in VARIANTS[variant]
+                                           or _C.algorithms[name]["quantizable"]])
+def test_bit_identical_to_the_ordinary_step(name, variant, accumulation):
+    _assert_same(_train(name, variant, True, accumulation), _train(name, variant, False, accumulation))
+
+
+def test_accumulation_windows_with_params_missing_from_micro_batches():
+    """accumulation_steps=3 over micro-batches that reach different params: a branch used only in each window's
+    first micro-batch (updated from its sum by the window's last step(), since no hook updates it in the last
+    backward), a frozen param unfrozen after the optimizer was made (no hook: step() takes its gradient), and an
+    Inf/NaN in a window's first micro-batch (the window is skipped whole). The same bits as the ordinary window."""
+    results = []
+    for in_backward in (True, False):
+        torch.manual_seed(0)
+        trunk, branch, head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)
+        head.weight.requires_grad_(False)
+        params = [*trunk.parameters(), *branch.parameters(), *head.parameters()]
+        opt = fusedopt.FusedAdam(params, lr=1e-2, accumulation_steps=3, step_in_backward=in_backward)
+        head.weight.requires_grad_(True)
+        for step in range(9):
+            g = torch.Generator().manual_seed(step)
+            x = torch.randn(4, 8, generator=g)
+            if step == 3:
+                x[0, 0] = float("inf")  # the second window's first micro-batch: that window is skipped
+            h = trunk(x).tanh()
+            if step % 3 == 0:
+                h = h + branch(h)
+            opt.zero_grad()
+            head(h).square().mean().backward()
+            if in_backward:
+                assert all(p.grad is None for p in params if p is not head.weight)
+                assert head.weight.grad is not None
+            opt.step()
+        results.append(([p.detach().clone() for p in params], opt.state_dict()))
+    steps = [int(s["step"]) for s in results[1][1]["state"].values()]
+    assert steps == [2] * len(params), f"two of the three windows should have stepped every param: {steps}"
+    _assert_same(*results)
 
 
 def test_flatten_steps_a_gradient_left_for_step_where_it_is():
@@ -92,7 +138,6 @@ def test_flatten_steps_a_gradient_left_for_step_where_it_is():
 
 @pytest.mark.parametrize("options, message", [
     ({"max_grad_norm": 1.0}, "max_grad_norm"),
-    ({"accumulation_steps": 2}, "accumulation_steps=2"),
 ])
 def test_options_that_need_every_gradient_are_refused(options, message):
     model = _model()
@@ -101,6 +146,14 @@ def test_options_that_need_every_gradient_are_refused(options, message):
     model[0].weight.grad = None
     torch.nn.functional.mse_loss(model(torch.randn(2, 64)), torch.randn(2, 4)).backward()
     assert model[0].weight.grad is not None, "a refused optimizer left a hook behind"
+
+
+def test_complex_params_with_accumulation_are_refused():
+    """Their windows take the reference's step (the ordinary accumulation), which cannot run inside backward."""
+    with pytest.raises(ValueError, match="accumulation_steps=2 takes real plain tensors, not a Parameter of "
+                                         "torch.complex64"):
+        fusedopt.FusedAdam([torch.nn.Parameter(torch.zeros(3, dtype=torch.complex64))], accumulation_steps=2,
+                           step_in_backward=True)
 
 
 def test_sums_across_tensors_are_refused():
@@ -137,9 +190,9 @@ _PEAK = r"""
 import json, sys, time, torch, fusedopt
 torch.set_num_threads(2)
 torch.manual_seed(0)
-in_backward = sys.argv[1] == "1"
+in_backward, accumulation = sys.argv[1] == "1", int(sys.argv[2])
 model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(12)])  # 50.4 M params
-opt = fusedopt.FusedAdamW(model.parameters(), lr=1e-4, step_in_backward=in_backward)
+opt = fusedopt.FusedAdamW(model.parameters(), lr=1e-4, step_in_backward=in_backward, accumulation_steps=accumulation)
 x = torch.randn(8, 2048)
 times = []
 for step in range(4):
@@ -157,22 +210,23 @@ print(json.dumps({"maxrss_kb": hwm, "params": params,
 """
 
 
-def _peak(in_backward: bool) -> dict:
+def _peak(in_backward: bool, accumulation: int) -> dict:
     # A fixed mmap threshold: every large tensor is its own mapping, returned to the system when freed, so that
     # the peak RSS counts live tensors (glibc's default threshold rises after the first free, and freed tensors
     # then stay in the heap, where the peak depends on its fragmentation).
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
-    out = subprocess.run([sys.executable, "-c", _PEAK, "1" if in_backward else "0"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", _PEAK, "1" if in_backward else "0", str(accumulation)], capture_output=True, text=True,
                          timeout=300, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.xdist_group("memory")
-def test_peak_memory_drops_by_the_gradients_it_no_longer_holds():
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_peak_memory_drops_by_the_gradients_it_no_longer_holds(accumulation):
     """Separate processes, 4 steps of a 50 M-param model: with step_in_backward at most a bucket of gradients
     (fusedopt._in_backward.BUCKET_BYTES) and the param being finished exist at a time, so the peak RSS is lower by
-    all the gradients but those."""
-    ordinary, hooked = _peak(False), _peak(True)
+    all the gradients but those. With accumulation both hold the window's f32 sums besides."""
+    ordinary, hooked = _peak(False, accumulation), _peak(True, accumulation)
     assert hooked["checksum"] == ordinary["checksum"], "the two runs trained differently"
     saved_kb = (ordinary["maxrss_kb"] - hooked["maxrss_kb"])
     held_kb = (BUCKET_BYTES + ordinary["largest"] * 4) / 1024
