@@ -181,6 +181,32 @@ TEST(QuantizedStates, RunLinesPutEveryThresholdInsideTheBand) {
   }
 }
 
+// The octave tables (AVX-512's run search) give every magnitude the run that counting the
+// transitions it is past gives: checked at each transition, its neighbours and every octave's
+// edges.
+TEST(QuantizedStates, OctaveTablesGiveTheRunOfEveryMagnitude) {
+  for (QuantMap which : {QuantMap::kSigned, QuantMap::kUnsigned}) {
+    SCOPED_TRACE(which == QuantMap::kSigned ? "signed" : "unsigned");
+    const QuantRuns& runs = QuantTablesOf(which).runs;
+    std::vector<float> magnitudes = {0.0f, 1e-30f, 1.0f};
+    for (float transition : runs.transition) {
+      magnitudes.insert(magnitudes.end(), {std::nextafter(transition, 0.0f), transition,
+                                           std::nextafter(transition, 2.0f)});
+    }
+    for (int e = -30; e <= 0; ++e) {
+      const float edge = std::ldexp(1.0f, e);
+      magnitudes.insert(magnitudes.end(), {std::nextafter(edge, 0.0f), edge});
+    }
+    for (float m : magnitudes) {
+      int want = 0;
+      for (float transition : runs.transition) want += m > transition ? 1 : 0;
+      const std::uint32_t bits = std::max(std::bit_cast<std::uint32_t>(m), kQuantIntervalBase);
+      const std::size_t k = (bits >> 23) & 31;
+      EXPECT_EQ(runs.octave_run[k] + (m > runs.octave_transition[k] ? 1 : 0), want) << m;
+    }
+  }
+}
+
 // The vectorized search inside the step gives QuantizeValue's codes for every probe, on every
 // target: SGD's first step stores the gradient itself as its momentum (signed map), Adam with
 // beta2 = 0 stores g² as its second moment (unsigned map). Each block starts with a 1 so that its

@@ -78,6 +78,17 @@ QuantRuns MakeRuns(const QuantTables& t, bool is_signed) {
     runs.last[i] = static_cast<std::uint8_t>(last);
   }
   runs.top = t.threshold[254];
+  for (std::uint32_t e = kQuantIntervalBase >> 23; e <= kQuantIntervalTop >> 23; ++e) {
+    const float low = std::bit_cast<float>(e << 23);
+    const float high = std::bit_cast<float>((e + 1) << 23);
+    const std::size_t k = e & 31;
+    runs.octave_run[k] = 0;
+    runs.octave_transition[k] = std::numeric_limits<float>::infinity();
+    for (float transition : runs.transition) {
+      if (transition < low) ++runs.octave_run[k];
+      if (transition >= low && transition < high) runs.octave_transition[k] = transition;
+    }
+  }
   return runs;
 }
 

@@ -35,7 +35,8 @@ inline constexpr std::uint32_t kNoThreshold = 1u << kQuantIntervalShift;
 // signed map, 2^(d+1) on the unsigned one). Inside a run the thresholds lie evenly, so one line
 // u = fma(m, slope, −offset) puts each of them within kQuantRunBand of the code it starts, and
 // floor(u) is m's code; u is capped at the run's last code + 0.5 (past the run's top threshold u
-// keeps rising up to the next run's). Six compares with the thresholds between runs find m's run.
+// keeps rising up to the next run's). Six compares with the thresholds between runs find m's run
+// (on AVX-512 its octave's two table entries: octave_run).
 // A value whose u lies within the band of an integer may be on either side of its threshold: its
 // vector takes the interval search instead (about 3 vectors in 100), so every code stays exact.
 // tests/quantized_state_test.cc checks every threshold, and the value above it, against the band.
@@ -49,6 +50,13 @@ struct QuantRuns {
   std::array<float, kQuantRuns - 1> transition;      // threshold[last code of run r]
   float top;                                         // threshold[254]: m past it is 1.0 (255)
   std::array<std::uint8_t, kQuantRuns> first, last;  // each run's codes
+  // The run found by the magnitude's binary exponent instead of six compares (AVX-512: two
+  // 32-entry table lookups). Runs span decades, so an octave holds at most one transition: a
+  // magnitude m >= 2^-24 in octave [2^e, 2^(e+1)) is in run octave_run[e & 31], one more if m >
+  // octave_transition[e & 31] (+Inf where none lies in the octave). Octaves 2^-24..2^0 take
+  // entries 7..31; smaller magnitudes count as 2^-24's octave, which holds no transition.
+  alignas(64) std::array<std::int32_t, 32> octave_run;
+  alignas(64) std::array<float, 32> octave_transition;
 };
 
 struct QuantTables {

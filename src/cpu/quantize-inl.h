@@ -10,6 +10,8 @@
 #    define FOPT_CPU_QUANTIZE_INL_H_
 #  endif
 
+#  include <algorithm>
+#  include <bit>
 #  include <cstddef>
 #  include <cstdint>
 #  include <limits>
@@ -110,11 +112,28 @@ template <class D>
 inline constexpr bool kRunSearch = (HWY_NATIVE_FMA != 0) && !HWY_HAVE_SCALABLE
                                    && hn::MaxLanes(D()) >= 8 && hn::MaxLanes(D()) <= 16;
 
+// ConvertTo for values known to fit int32 (u lies in [0, 255.5]): x86's truncating conversion
+// alone, without the fix-up Highway adds for values out of range (4 more instructions a vector).
+template <class DI, class V>
+HWY_INLINE hn::Vec<DI> TruncateInRange(DI di, V u) {
+#  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (hn::MaxLanes(di) == 16) return hn::Vec<DI>{_mm512_cvttps_epi32(u.raw)};
+#  endif
+#  if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (hn::MaxLanes(di) == 8) return hn::Vec<DI>{_mm256_cvttps_epi32(u.raw)};
+#  endif
+  return hn::ConvertTo(di, u);
+}
+
 // A map's runs in registers, loaded once per block.
 template <class D>
 struct RunSearch {
   hn::Vec<D> slope, offset, high, top;
   hn::Vec<D> transition[kQuantRuns - 1];
+#  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  __m512i octave_run[2];
+  __m512 octave_transition[2];
+#  endif
 
   RunSearch(D d, const QuantTables& t)
       : slope(hn::Load(d, t.runs.slope.data())),
@@ -122,23 +141,48 @@ struct RunSearch {
         high(hn::Load(d, t.runs.high.data())),
         top(hn::Set(d, t.runs.top)) {
     for (int r = 0; r + 1 < kQuantRuns; ++r) transition[r] = hn::Set(d, t.runs.transition[r]);
+#  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    for (int k = 0; k < 2; ++k) {
+      octave_run[k] = _mm512_load_si512(t.runs.octave_run.data() + 16 * k);
+      octave_transition[k] = _mm512_load_ps(t.runs.octave_transition.data() + 16 * k);
+    }
+#  endif
   }
 
-  // The codes of magnitudes m, and in *near the lanes too close to a threshold to tell.
-  HWY_INLINE hn::Vec<hn::RebindToSigned<D>> Code(D d, hn::Vec<D> m, hn::Mask<D>* near) const {
+  // The run of each magnitude m: the number of transitions m is past.
+  HWY_INLINE hn::Vec<hn::RebindToSigned<D>> Run(D /*d*/, hn::Vec<D> m) const {
     const hn::RebindToSigned<D> di;
+#  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if constexpr (hn::MaxLanes(di) == 16) {  // by the octave (QuantRuns::octave_run)
+      const __m512i bits =
+          _mm512_max_epu32(_mm512_castps_si512(m.raw), _mm512_set1_epi32(kQuantIntervalBase));
+      const __m512i octave = _mm512_srli_epi32(bits, 23);  // the lookups read its low 5 bits
+      const __m512i run = _mm512_permutex2var_epi32(octave_run[0], octave, octave_run[1]);
+      const __m512 past =
+          _mm512_permutex2var_ps(octave_transition[0], octave, octave_transition[1]);
+      return hn::Vec<decltype(di)>{_mm512_mask_add_epi32(
+          run, _mm512_cmp_ps_mask(m.raw, past, _CMP_GT_OQ), run, _mm512_set1_epi32(1))};
+    }
+#  endif
     auto run = hn::Zero(di);
     for (const auto& between : transition) {
       run =
           hn::IfThenElse(hn::RebindMask(di, hn::Gt(m, between)), hn::Add(run, hn::Set(di, 1)), run);
     }
+    return run;
+  }
+
+  // The codes of magnitudes m, and in *near the lanes too close to a threshold to tell.
+  HWY_INLINE hn::Vec<hn::RebindToSigned<D>> Code(D d, hn::Vec<D> m, hn::Mask<D>* near) const {
+    const hn::RebindToSigned<D> di;
+    const auto run = Run(d, m);
     const auto index = hn::IndicesFromVec(d, run);
     const auto u = hn::Min(
         hn::MulSub(m, hn::TableLookupLanes(slope, index), hn::TableLookupLanes(offset, index)),
         hn::TableLookupLanes(high, index));
     *near = hn::Lt(hn::Abs(hn::Sub(u, hn::Round(u))), hn::Set(d, kQuantRunBand));
     return hn::IfThenElse(hn::RebindMask(di, hn::Gt(m, top)), hn::Set(di, 255),
-                          hn::ConvertTo(di, u));
+                          TruncateInRange(di, u));
   }
 };
 
@@ -168,12 +212,10 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<D>> QuantizeVector(D d, const QuantTables&
   }
   const auto negative = hn::RebindMask(di, hn::Lt(x, hn::Zero(d)));
   if (!is_signed) return hn::IfThenZeroElse(negative, code);
-  // Negatives mirror the positives (c ↔ 254 − c); 1.0 has no negative (code 0), and a negative
-  // value never takes the zero code (126 instead of 127).
-  const auto zero_code = hn::Set(di, t.zero_code);
-  auto mirrored = hn::Sub(hn::Set(di, 254), code);
-  mirrored = hn::IfThenElse(hn::Eq(code, zero_code), hn::Set(di, t.zero_code - 1), mirrored);
-  mirrored = hn::Max(mirrored, hn::Zero(di));  // 254 − 255
+  // Negatives mirror the positives (c ↔ 254 − c) onto codes 0..126: 1.0 has no negative (254 −
+  // 255 becomes code 0), and a negative value never takes the zero code (254 − 127 becomes 126).
+  const auto mirrored =
+      hn::Min(hn::Max(hn::Sub(hn::Set(di, 254), code), hn::Zero(di)), hn::Set(di, t.zero_code - 1));
   return hn::IfThenElse(negative, mirrored, code);
 }
 
@@ -181,26 +223,28 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<D>> QuantizeVector(D d, const QuantTables&
 // the codes of x / absmax, or the zero code everywhere where the absmax is 0 or not finite.
 HWY_INLINE void QuantizeBlock(const QuantTables& t, bool is_signed, const float* x, std::size_t n,
                               std::uint8_t* codes, float* absmax) {
-  // The maximum ignores NaN (IfThenElse, not Max, whose NaN rule differs between targets) and
-  // counts them apart.
+  // The maximum of |x| as integers: non-negative floats order as their bit patterns, NaN's above
+  // Inf's, so one integer max per vector finds the absmax and any NaN alike, the same on every
+  // target (a float Max's NaN rule differs between them).
   const hn::ScalableTag<float> dmax;
-  auto max_vec = hn::Zero(dmax);
-  float max_tail = 0.0f;
-  bool nan = false;
+  const hn::RebindToUnsigned<decltype(dmax)> dbits;
+  auto max_vec = hn::Zero(dbits);
+  std::uint32_t max_tail = 0;
   ForEachBlockVector(n, [&](auto d, std::size_t i) HWY_ATTR {
-    const auto v = hn::Abs(hn::LoadU(d, x + i));
+    const hn::RebindToUnsigned<decltype(d)> du;
+    const auto bits = hn::And(hn::BitCast(du, hn::LoadU(d, x + i)), hn::Set(du, 0x7FFFFFFFu));
     if constexpr (hn::MaxLanes(d) == 1) {
-      const float one = hn::GetLane(v);
-      max_tail = one > max_tail ? one : max_tail;
+      max_tail = std::max(max_tail, hn::GetLane(bits));
     } else {
-      max_vec = hn::IfThenElse(hn::Gt(v, max_vec), v, max_vec);
+      max_vec = hn::Max(max_vec, bits);
     }
-    nan = nan || !hn::AllFalse(d, hn::IsNaN(v));
   });
-  float max = hn::GetLane(hn::MaxOfLanes(dmax, max_vec));
-  max = max_tail > max ? max_tail : max;
+  const std::uint32_t max_bits = std::max(hn::GetLane(hn::MaxOfLanes(dbits, max_vec)), max_tail);
+  constexpr std::uint32_t kInfBits = 0x7F800000u;
+  const bool nan = max_bits > kInfBits;
+  const float max = std::bit_cast<float>(max_bits);
   *absmax = nan ? std::numeric_limits<float>::quiet_NaN() : max;
-  const bool zero_codes = !(max > 0.0f) || nan || max == std::numeric_limits<float>::infinity();
+  const bool zero_codes = max_bits == 0 || max_bits >= kInfBits;
   const RunSearchFor<decltype(dmax)> search(dmax, t);
   ForEachBlockVector(n, [&](auto d, std::size_t i) HWY_ATTR {
     const hn::RebindToSigned<decltype(d)> di;
@@ -208,6 +252,12 @@ HWY_INLINE void QuantizeBlock(const QuantTables& t, bool is_signed, const float*
                                  : QuantizeVector(d, t, search, is_signed,
                                                   hn::Div(hn::LoadU(d, x + i), hn::Set(d, max)));
     const hn::Rebind<std::uint8_t, decltype(d)> du8;
+#  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if constexpr (hn::MaxLanes(d) == 16) {  // codes are 0..255: the truncating narrowing is exact
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(code.raw));
+      return;
+    }
+#  endif
     hn::StoreU(hn::DemoteTo(du8, code), du8, codes + i);
   });
 }
