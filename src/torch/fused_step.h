@@ -55,6 +55,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -194,6 +195,19 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   std::string routed_why;
   hypers.reserve(groups.size());
   CheckStateDType(Traits::kName, training.state_dtype, algos::QuantizableStates<Descriptor>);
+  // Each param's first element in all groups' params laid end to end (with or without a grad, a
+  // param listed twice at its first place): the index that keys stochastic rounding's noise, as
+  // the Python classes count it (_global_offset).
+  std::unordered_map<const void*, std::uint64_t> offsets;
+  if (training.stochastic_rounding) {
+    std::uint64_t total = 0;
+    for (const auto& group : groups) {
+      for (const at::Tensor& p : group.params()) {
+        offsets.try_emplace(p.unsafeGetTensorImpl(), total);
+        total += static_cast<std::uint64_t>(p.numel());
+      }
+    }
+  }
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const auto* options = dynamic_cast<const Options*>(&groups[g].options());
     TORCH_CHECK(options != nullptr, Traits::kName, ": param_groups[", g,
@@ -246,6 +260,11 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       seg.state_dtype = ToDType(state_dtype);
       seg.group = static_cast<std::uint32_t>(g);
       seg.grad_scale = grad_scale;
+      if (training.stochastic_rounding) {
+        seg.stochastic_rounding = true;
+        seg.rounding_seed = training.rounding_seed;
+        seg.global_offset = offsets.at(p.unsafeGetTensorImpl());
+      }
 
       State* state = nullptr;
       if (required != 0) {

@@ -2,10 +2,12 @@
 // fusedopt::pt optimizer start fresh or from a checkpoint with a model (this program's, or
 // fusedopt.save_checkpoint's), train on known batches, and save the model and optimizer.
 //
-//   checkpoint_interop_pt adamw|sgd|lion|nadam[:q8] STEPS OUT [IN]
+//   checkpoint_interop_pt adamw|sgd|lion|nadam[:q8|:sr] STEPS OUT [IN]
 //
 // ":q8": 8-bit states (training().state_dtype uint8) for the params of at least 10 elements (the
-// two weights; the biases keep f32 states).
+// two weights; the biases keep f32 states). ":sr": the model in bf16 (its states too, by torch's
+// rule), stepped with stochastic rounding (training().stochastic_rounding, rounding_seed 7); the
+// batches rounded to bf16.
 // Model: Sequential(Linear(6, 5), Tanh, Linear(5, 3)), its params' elements (in the order of
 // parameters()) set from Value(1, i) when starting fresh. Step k's batch: x (4 × 6) = Value(2000 +
 // k, i), target (4 × 3) = Value(3000 + k, i), loss mse_loss(model(x), target). The file's counter
@@ -57,7 +59,7 @@ fusedopt::pt::TrainingOptions& TrainingOf(torch::optim::Optimizer& opt) {
 
 int main(int argc, char** argv) {
   if (argc != 4 && argc != 5) {
-    std::fprintf(stderr, "usage: %s adamw|sgd|lion|nadam[:q8] STEPS OUT [IN]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s adamw|sgd|lion|nadam[:q8|:sr] STEPS OUT [IN]\n", argv[0]);
     return 2;
   }
   try {
@@ -66,14 +68,22 @@ int main(int argc, char** argv) {
                                 torch::nn::Linear(5, 3));
     const std::string name = argv[1];
     const bool q8 = name.ends_with(":q8");
+    const bool sr = name.ends_with(":sr");
+    const torch::Dtype dtype = sr ? torch::kBFloat16 : torch::kFloat;
     const std::unique_ptr<torch::optim::Optimizer> opt =
         MakeOptimizer(name.substr(0, name.find(':')), model->parameters());
     if (q8) {
       TrainingOf(*opt).state_dtype = torch::kUInt8;
       TrainingOf(*opt).min_8bit_size = 10;
     }
+    if (sr) {
+      TrainingOf(*opt).stochastic_rounding = true;
+      TrainingOf(*opt).rounding_seed = 7;
+    }
     std::int64_t done = 0;
+    // (Module::to converts in place: the optimizer's params stay the model's)
     if (argc == 5) {
+      model->to(dtype);
       done = fusedopt::pt::LoadCheckpoint(*opt, argv[4], {.model = model.get()}).at("steps");
     } else {
       torch::NoGradGuard no_grad;
@@ -82,11 +92,12 @@ int main(int argc, char** argv) {
         float* data = p.data_ptr<float>();
         for (std::int64_t k = 0; k < p.numel(); ++k) data[k] = fusedopt::test::HashedValue(1, i++);
       }
+      model->to(dtype);
     }
     for (int k = 0; k < std::stoi(argv[2]); ++k, ++done) {
       const auto seed = static_cast<unsigned>(done);
-      const torch::Tensor loss =
-          torch::mse_loss(model->forward(Values(2000 + seed, 4, 6)), Values(3000 + seed, 4, 3));
+      const torch::Tensor loss = torch::mse_loss(
+          model->forward(Values(2000 + seed, 4, 6).to(dtype)), Values(3000 + seed, 4, 3).to(dtype));
       loss.backward();
       opt->step();
       opt->zero_grad();

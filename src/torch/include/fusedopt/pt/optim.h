@@ -114,6 +114,12 @@ struct TrainingOptions {
   // takes its param, within that step's all-or-nothing commit.
   std::optional<c10::ScalarType> state_dtype = std::nullopt;
   std::size_t min_8bit_size = kMin8bitSize;
+  // The Python classes' stochastic_rounding and seed (docs/numerics.md): stores of 16-bit params
+  // and 16-bit states round stochastically, the noise of an element a function of the seed, the
+  // param's step count and the element's index in all groups' params laid end to end, so a run
+  // keeps its noise when it moves between libtorch and Python. Off: round to nearest even.
+  bool stochastic_rounding = false;
+  std::uint64_t rounding_seed = 0;
 };
 
 // The training-loop part shared by the seven optimizers.
