@@ -35,7 +35,7 @@ def make(args, in_backward: bool):
     torch.manual_seed(0)
     model = train_models.transformer_small(args.vocab, args.seq_len, args.d_model, args.n_layer, args.n_head)
     return model, fusedopt.FusedAdamW(model.parameters(), lr=1e-4, step_in_backward=in_backward,
-                              accumulation_steps=args.accumulation_steps)
+                                      accumulation_steps=args.accumulation_steps)
 
 
 def train_step(model, opt, batch) -> float:
