@@ -448,13 +448,19 @@ struct StoreCase {
   std::uint64_t global_offset;
   std::uint64_t seed;
   std::int64_t step;
+  std::int64_t rounding_step = 0;  // Segment::rounding_step: 0 keys the noise by step
 };
+
+std::int64_t NoiseStepOf(const StoreCase& c) {
+  return c.rounding_step != 0 ? c.rounding_step : c.step;
+}
 
 std::string Describe(const StoreCase& c) {
   std::ostringstream o;
   o << "param " << DTypeName(c.param) << (c.master ? "+master" : "") << ", grad "
     << DTypeName(c.grad) << ", state " << DTypeName(c.state) << ", global_offset "
-    << Hex(c.global_offset) << ", seed " << Hex(c.seed) << ", step " << c.step;
+    << Hex(c.global_offset) << ", seed " << Hex(c.seed) << ", step " << c.step << ", rounding_step "
+    << c.rounding_step;
   return o.str();
 }
 
@@ -493,6 +499,7 @@ struct StoreRun {
     s.grad_dtype = c.grad;
     s.state_dtype = c.state;
     s.step = c.step;
+    s.rounding_step = c.rounding_step;
     s.stochastic_rounding = stochastic;
     s.rounding_seed = c.seed;
     s.global_offset = c.global_offset;
@@ -533,7 +540,8 @@ std::string CompareRun(const StoreRun& run, const StoreCase& c, bool stochastic)
   auto expect16 = [&](DType t, float v, std::uint32_t stream, std::size_t i) {
     if (t == kF32) return std::uint16_t{0};
     return stochastic
-               ? RoundStochastic(t, v, RoundingNoise(c.seed, c.step, c.global_offset + i, stream))
+               ? RoundStochastic(t, v,
+                                 RoundingNoise(c.seed, NoiseStepOf(c), c.global_offset + i, stream))
                : RoundNearest(t, v);
   };
   for (std::size_t i = 0; i < run.param.size() && failures < 5; ++i) {
@@ -570,8 +578,11 @@ std::vector<StoreCase> StoreCases() {
           if (master && p == kF32) continue;
           if (p == kF32 && st == kF32) continue;  // nothing to round: FlagOff covers it
           const std::int64_t steps[] = {1, 2, 1000003};
-          out.push_back(
-              {p, g, st, master, offsets[k % 3], 0x9E3779B97F4A7C15ull * (k + 1), steps[k % 3]});
+          // SGD's step 2 (a momentum buffer that is not fresh) with its own count keying the
+          // noise, as the Python classes and the libtorch adapter pass it.
+          const std::int64_t rounding_steps[] = {0, 5 + static_cast<std::int64_t>(k), 0};
+          out.push_back({p, g, st, master, offsets[k % 3], 0x9E3779B97F4A7C15ull * (k + 1),
+                         steps[k % 3], rounding_steps[k % 3]});
           ++k;
         }
       }

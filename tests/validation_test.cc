@@ -349,6 +349,16 @@ TYPED_TEST(ValidationOf, NegativeStep) {
                  {"segment 2", "step", "-3"});
 }
 
+TYPED_TEST(ValidationOf, NegativeRoundingStep) {
+  using Hyper = TypeParam;
+  const Hyper h = ref::validation::AllStatesHyper(kTag<Hyper>);
+  Model m = MakeModel(h, h);
+  m.segment(2).rounding_step = -4;
+  const std::vector<Hyper> groups = {h, h};
+  ExpectRejected(m, [&] { RawStep(std::span<const Hyper>(groups), m.segments()); },
+                 {"segment 2", "rounding_step", "-4"});
+}
+
 TYPED_TEST(ValidationOf, InvalidDTypeCode) {
   using Hyper = TypeParam;
   const auto bad = static_cast<DType>(7);

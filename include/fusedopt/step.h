@@ -76,16 +76,27 @@ struct Segment {
   // f32 master, stay as they are. Off (the default), results are bit-identical to a build without
   // this feature.
   bool stochastic_rounding = false;
-  // Seed of the rounding noise. The noise of an element is RoundingNoise(rounding_seed, step,
-  // global_offset + i, stream) with one stream per buffer (param, state[0..2]): a pure function of
-  // these, never of threads, chunks, SIMD target or how the model is split into segments.
+  // Seed of the rounding noise. The noise of an element is RoundingNoise(rounding_seed,
+  // NoiseStep(segment), global_offset + i, stream) with one stream per buffer (param,
+  // state[0..2]): a pure function of these, never of threads, chunks, SIMD target or how the model
+  // is split into segments.
   std::uint64_t rounding_seed = 0;
+  // The step that keys the noise, counted per tensor like `step` (1 on its first update), so that
+  // an element draws new noise every step; 0 (the default) takes `step`. A front end whose `step`
+  // is no count (SGD, Lion, LARS keep none; SGD's 1 only marks a fresh momentum buffer) passes the
+  // tensor's own count here, or every step would round with the same noise.
+  std::int64_t rounding_step = 0;
   // Index of this tensor's first element in the whole, unsharded parameter vector (the running sum
   // of the numel of the tensors before it), so that noise does not depend on how the model is
   // split into segment lists, calls or ZeRO shards. Only read with stochastic_rounding;
   // global_offset + numel must not exceed 2^64 - 1.
   std::uint64_t global_offset = 0;
 };
+
+// The step that keys a segment's rounding noise: rounding_step where set, else step.
+inline std::int64_t NoiseStep(const Segment& s) {
+  return s.rounding_step != 0 ? s.rounding_step : s.step;
+}
 
 // One step function per algorithm, Stem##Step, generated from the list in hyper.h (SgdStep,
 // AdamStep, ..., AdafactorStep); what each one runs besides its update pass is said next to its

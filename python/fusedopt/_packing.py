@@ -227,18 +227,14 @@ class SegmentPacking:
             if need:
                 ptrs[slot] = local(t).data_ptr()
                 fresh_buffer |= fresh
-        step_ptr, step = 0, 0
+        step_ptr, step, rounding_ptr = 0, 0, 0
+        count_key = self._count_key()
         if self._counts_steps:
-            s = state.get("step")
-            count = 0.0 if s is None else self._step_count(s, gi, j)
-            if not (isinstance(s, torch.Tensor) and s.dtype == torch.float32 and s.device.type == "cpu"
-                    and s.numel() == 1):
-                undo.append((state, "step", _ABSENT if s is None else s))
-                s = torch.tensor(count, dtype=torch.float32)
-                state["step"] = s
-            step_ptr = s.data_ptr()
+            step_ptr = self._ensure_count(state, count_key, gi, j, undo).data_ptr()
         else:
             step = 1 if fresh_buffer else 2  # SGD: a new momentum buffer starts as a copy of d
+            if count_key:  # stochastic rounding's noise needs a count all the same (docs/numerics.md)
+                rounding_ptr = self._ensure_count(state, count_key, gi, j, undo).data_ptr()
         scalar_ptrs = [0, 0]
         for k, key in enumerate(self._scalar_keys):
             scalar_ptrs[k] = self._ensure_scalar(state, key, gi, j, k, undo).data_ptr()
@@ -259,7 +255,7 @@ class SegmentPacking:
                                  state_dtype=_ENGINE_CODES[sdtype], group=gi, step_counter=step_ptr, step=step,
                                  stochastic_rounding=self._rounding[0], rounding_seed=self._rounding[1],
                                  global_offset=self._global_offset(p), scalars=scalar_ptrs,
-                                 rows=rows, cols=cols)
+                                 rows=rows, cols=cols, rounding_counter=rounding_ptr)
 
         # AdamP's channel rows: its shard's size(0); Adafactor's matrices: its shard's last two sizes (a shard
         # holding no row of a matrix cut between its rows is no matrix here: _shards.shards_of describes the whole)
@@ -272,7 +268,7 @@ class SegmentPacking:
         now = row(step)
         keys = [k for k, need in zip(self._slot_keys, needed) if need]
         keys += [self._absmax_key(k) for k in keys] if quantized else []  # (a replaced absmax is noticed too)
-        keys += ["step"] if self._counts_steps else []
+        keys += [count_key] if count_key else []
         keys += self._scalar_keys
         keys += ["master_param"] if master else []
         tensors = tuple((k, state[k], local(state[k]).data_ptr()) for k in keys)

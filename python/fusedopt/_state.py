@@ -16,6 +16,8 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # The largest state['step'] the engine takes (src/python/module.cc): every f32 below it is an exact
 # int64, with room to count on.
 _MAX_STEP = 2.0**62
+# The per-param count that keys stochastic rounding's noise for an algorithm without torch's state['step'].
+ROUNDING_STEP = "rounding_step"
 _ABSENT = object()  # in an undo log: the key was not there
 
 
@@ -121,10 +123,31 @@ class StateCreation:
             state[k] = new
         return codes, absmax, t is None
 
-    def _step_count(self, s, gi: int, j: int) -> float:
-        """The value of a state['step'] (e.g. loaded from a state_dict), checked before the engine
-        converts it to an integer."""
-        what = f"state['step'] of parameter {self._name(gi, j)}"
+    def _count_key(self) -> str | None:
+        """The state key of the per-param step count the engine reads and advances: torch's 'step', or for an
+        algorithm without one (SGD, Lion, LARS) under stochastic rounding 'rounding_step', which keys the noise
+        so that it changes every step; None where nothing is counted."""
+        if self._counts_steps:
+            return "step"
+        return ROUNDING_STEP if self._rounding[0] else None
+
+    def _ensure_count(self, state: dict, key: str, gi: int, j: int, undo: list) -> torch.Tensor:
+        """state[key] as torch keeps state['step']: a one-element f32 CPU tensor the engine reads and writes
+        back, 0 when missing; a loaded value of another kind (an int, a tensor of another dtype) is converted
+        after its check."""
+        s = state.get(key)
+        count = 0.0 if s is None else self._step_count(s, key, gi, j)
+        if not (isinstance(s, torch.Tensor) and s.dtype == torch.float32 and s.device.type == "cpu"
+                and s.numel() == 1):
+            undo.append((state, key, _ABSENT if s is None else s))
+            s = torch.tensor(count, dtype=torch.float32)
+            state[key] = s
+        return s
+
+    def _step_count(self, s, key: str, gi: int, j: int) -> float:
+        """The value of a state['step'] or state['rounding_step'] (e.g. loaded from a state_dict), checked
+        before the engine converts it to an integer."""
+        what = f"state['{key}'] of parameter {self._name(gi, j)}"
         try:
             count = float(s)
         except (TypeError, ValueError, RuntimeError):
@@ -241,8 +264,9 @@ class StateCreation:
 
     def _f32_states_to_keep(self, state_dict: dict) -> dict:
         """What torch's load_state_dict would cast to each param's dtype and must not: by param index, copies of
-        the f32 master copies and moments of 16-bit params (master_weights=True), and of every 8-bit state
-        (uint8 codes, which torch casts to a floating param's dtype) with its f32 absmax."""
+        the f32 master copies and moments of 16-bit params (master_weights=True), of every 8-bit state (uint8 codes,
+        which torch casts to a floating param's dtype) with its f32 absmax, and of state['rounding_step'] (a
+        count that a bf16 param's dtype would round)."""
         params = [p for g in self.param_groups for p in g["params"]]
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         keep = {}
@@ -254,6 +278,9 @@ class StateCreation:
             if self._master_weights and params[pid].dtype in _LOW_PRECISION:
                 kept = {k: v.detach().to(torch.float32, copy=True) for k, v in entry.items()
                         if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point()}
+            count = entry.get(ROUNDING_STEP)
+            if isinstance(count, torch.Tensor) and count.is_floating_point():  # a count, not a bf16 value
+                kept[ROUNDING_STEP] = count.detach().to(torch.float32, copy=True)
             for k, v in entry.items():
                 if isinstance(v, torch.Tensor) and v.dtype == torch.uint8:
                     kept[k] = v.detach().clone()

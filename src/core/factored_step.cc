@@ -40,7 +40,7 @@ void StoreFactor(std::span<const float> in, const Segment& s, int slot) {
     const std::uint32_t stream = RoundingStreamState(slot);
     for (std::size_t k = 0; k < in.size(); ++k) {
       const std::uint32_t noise =
-          RoundingNoise(s.rounding_seed, s.step, s.global_offset + k, stream);
+          RoundingNoise(s.rounding_seed, NoiseStep(s), s.global_offset + k, stream);
       out[k] =
           t == DType::kBF16 ? F32ToBF16Stochastic(in[k], noise) : F32ToF16Stochastic(in[k], noise);
     }

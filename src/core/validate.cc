@@ -24,6 +24,9 @@ void ValidateSegment(std::string_view fn, std::size_t i, const Segment& s, std::
     Fail(fn, "segment ", i, ": a master copy needs an f16 or bf16 param (param dtype is f32)");
   }
   if (s.step < 1) Fail(fn, "segment ", i, ": invalid step: ", s.step, " (must be >= 1)");
+  if (s.rounding_step < 0) {
+    Fail(fn, "segment ", i, ": invalid rounding_step: ", s.rounding_step, " (must be >= 0)");
+  }
   if (!std::isfinite(s.grad_scale)) {
     Fail(fn, "segment ", i, ": invalid grad_scale: ", s.grad_scale, " (must be finite)");
   }

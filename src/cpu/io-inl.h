@@ -230,8 +230,8 @@ class RoundingNoiseGen {
   RoundingNoiseGen(const Segment& s, std::uint32_t stream, std::size_t first_local)
       : offset_(s.global_offset),
         hi_(static_cast<std::uint32_t>((s.global_offset + first_local) >> 32)),
-        key_(RoundingKey(s.rounding_seed, s.step, stream, hi_)),
-        key_next_(RoundingKey(s.rounding_seed, s.step, stream, hi_ + 1)) {}
+        key_(RoundingKey(s.rounding_seed, NoiseStep(s), stream, hi_)),
+        key_next_(RoundingKey(s.rounding_seed, NoiseStep(s), stream, hi_ + 1)) {}
 
   // Noise of the elements at segment-local indices i, i + 1, ... (one per lane of du).
   template <class DU>

@@ -20,12 +20,13 @@ namespace {
 constexpr float kMaxStepCount = 0x1p62f;
 
 // torch keeps the count in an f32 tensor; the step being taken is one more. The float is checked
-// before the cast (NaN, Inf or a value beyond int64 would make it undefined behaviour).
-std::int64_t NextStep(std::size_t segment, std::uintptr_t counter) {
+// before the cast (NaN, Inf or a value beyond int64 would make it undefined behaviour). key: the
+// state key of the count, for the message.
+std::int64_t NextStep(std::size_t segment, std::uintptr_t counter, const char* key) {
   const float count = *Ptr<const float>(counter);
   if (!(count >= 0.0f && count < kMaxStepCount)) {
     std::ostringstream out;
-    out << "segment " << segment << ": invalid state['step']: " << count
+    out << "segment " << segment << ": invalid state['" << key << "']: " << count
         << " (must be a finite count in [0, 2^62))";
     throw Error(out.str());
   }
@@ -62,8 +63,10 @@ SegmentTable::SegmentTable(const std::vector<SegmentRow>& rows) {
   std::unordered_set<std::uintptr_t> seen;
   for (const SegmentRow& row : rows) {
     segments_.push_back(ToSegment(row));
-    counters_.push_back(row.step_counter);
-    if (row.step_counter != 0) shared_counters_ |= !seen.insert(row.step_counter).second;
+    counters_.push_back({row.step_counter, row.rounding_counter});
+    for (std::uintptr_t counter : {row.step_counter, row.rounding_counter}) {
+      if (counter != 0) shared_counters_ |= !seen.insert(counter).second;
+    }
   }
 }
 
@@ -79,13 +82,17 @@ std::vector<Segment> SegmentTable::ForCall(std::span<const std::uintptr_t> grads
   // A counter shared by several rows advances once per occurrence, as torch's for-loop does: the
   // k-th occurrence takes step count + k.
   std::unordered_map<std::uintptr_t, std::int64_t> taken;
+  const auto next = [&](std::size_t i, std::uintptr_t counter, const char* key) {
+    return NextStep(i, counter, key) + (shared_counters_ ? taken[counter]++ : 0);
+  };
   for (std::size_t i = 0; i < segments.size(); ++i) {
     Segment& s = segments[i];
     s.grad = Ptr<const void>(grads[i]);
     s.grad_dtype = static_cast<DType>(grad_dtypes[i]);
     s.grad_scale = grad_scale;
-    if (counters_[i] != 0) {
-      s.step = NextStep(i, counters_[i]) + (shared_counters_ ? taken[counters_[i]]++ : 0);
+    if (counters_[i].step != 0) s.step = next(i, counters_[i].step, "step");
+    if (counters_[i].rounding != 0) {
+      s.rounding_step = next(i, counters_[i].rounding, "rounding_step");
     }
   }
   return segments;
@@ -93,7 +100,9 @@ std::vector<Segment> SegmentTable::ForCall(std::span<const std::uintptr_t> grads
 
 void SegmentTable::StoreSteps(std::span<const Segment> stepped) const {
   for (std::size_t i = 0; i < counters_.size(); ++i) {
-    if (counters_[i] != 0) *Ptr<float>(counters_[i]) = static_cast<float>(stepped[i].step);
+    const Counters& c = counters_[i];
+    if (c.step != 0) *Ptr<float>(c.step) = static_cast<float>(stepped[i].step);
+    if (c.rounding != 0) *Ptr<float>(c.rounding) = static_cast<float>(stepped[i].rounding_step);
   }
 }
 
@@ -106,18 +115,33 @@ void BindSegmentTable(py::module_& m) {
                        bool stochastic_rounding, std::uint64_t rounding_seed,
                        std::uint64_t global_offset,
                        const std::array<std::uintptr_t, kMaxScalars>& scalars, std::size_t rows,
-                       std::size_t cols, const std::array<std::uintptr_t, kMaxStates>& absmax) {
-             return SegmentRow{param,         states,        absmax,      master,
-                               scalars,       numel,         param_dtype, state_dtype,
-                               group,         step_counter,  step,        stochastic_rounding,
-                               rounding_seed, global_offset, rows,        cols};
+                       std::size_t cols, const std::array<std::uintptr_t, kMaxStates>& absmax,
+                       std::uintptr_t rounding_counter) {
+             return SegmentRow{param,
+                               states,
+                               absmax,
+                               master,
+                               scalars,
+                               numel,
+                               param_dtype,
+                               state_dtype,
+                               group,
+                               step_counter,
+                               step,
+                               rounding_counter,
+                               stochastic_rounding,
+                               rounding_seed,
+                               global_offset,
+                               rows,
+                               cols};
            }),
            py::kw_only(), py::arg("param"), py::arg("states"), py::arg("master"), py::arg("numel"),
            py::arg("param_dtype"), py::arg("state_dtype"), py::arg("group"),
            py::arg("step_counter"), py::arg("step"), py::arg("stochastic_rounding"),
            py::arg("rounding_seed"), py::arg("global_offset"),
            py::arg("scalars") = std::array<std::uintptr_t, kMaxScalars>{}, py::arg("rows") = 0,
-           py::arg("cols") = 0, py::arg("absmax") = std::array<std::uintptr_t, kMaxStates>{})
+           py::arg("cols") = 0, py::arg("absmax") = std::array<std::uintptr_t, kMaxStates>{},
+           py::arg("rounding_counter") = 0)
       .def_readonly("param", &SegmentRow::param)
       .def_readonly("numel", &SegmentRow::numel)
       .def_readonly("param_dtype", &SegmentRow::param_dtype);

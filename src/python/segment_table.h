@@ -42,6 +42,10 @@ struct SegmentRow {
   // takes `step` as it is.
   std::uintptr_t step_counter = 0;
   std::int64_t step = 1;
+  // With stochastic rounding, for an algorithm without state['step']: the address of the param's
+  // state['rounding_step'], an f32 count kept as step_counter is, whose next value keys the noise
+  // (Segment::rounding_step); 0 where unused.
+  std::uintptr_t rounding_counter = 0;
   bool stochastic_rounding = false;
   std::uint64_t rounding_seed = 0;
   std::uint64_t global_offset = 0;
@@ -58,8 +62,8 @@ class SegmentTable {
   std::size_t size() const { return segments_.size(); }
 
   // The segments of one call: the table's, with gradient i at grads[i] (dtype code grad_dtypes[i])
-  // read as grad * grad_scale, and each step taken from its counter. Throws fusedopt::Error for a
-  // list of the wrong length or a counter that is not a count.
+  // read as grad * grad_scale, and each step (and rounding_step) taken from its counter. Throws
+  // fusedopt::Error for a list of the wrong length or a counter that is not a count.
   std::vector<Segment> ForCall(std::span<const std::uintptr_t> grads,
                                std::span<const int> grad_dtypes, float grad_scale) const;
   // After a successful step: each counter set to the step it took, in row order, so a counter
@@ -67,9 +71,13 @@ class SegmentTable {
   void StoreSteps(std::span<const Segment> stepped) const;
 
  private:
-  std::vector<Segment> segments_;         // grads unset
-  std::vector<std::uintptr_t> counters_;  // per row: step_counter
-  bool shared_counters_ = false;          // some counter appears in more than one row
+  struct Counters {
+    std::uintptr_t step = 0;      // SegmentRow::step_counter
+    std::uintptr_t rounding = 0;  // SegmentRow::rounding_counter
+  };
+  std::vector<Segment> segments_;   // grads unset
+  std::vector<Counters> counters_;  // per row
+  bool shared_counters_ = false;    // some counter appears in more than one row
 };
 
 void BindSegmentTable(pybind11::module_& m);

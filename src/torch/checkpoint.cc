@@ -207,7 +207,8 @@ struct ClassCheckpoint {
     return options;
   }
 
-  static Json SaveState(State& s, const std::string& prefix, Writer& w) {
+  // rounding: the optimizer steps with stochastic rounding (its count is saved then).
+  static Json SaveState(State& s, const std::string& prefix, Writer& w, bool rounding) {
     Json entry = Json::object();
     const auto slots = Traits::Slots(s);
     for (int slot = 0; slot < kMaxStates; ++slot) {
@@ -228,6 +229,14 @@ struct ClassCheckpoint {
     if constexpr (algos::CountsSteps<D>()) {
       entry["step"] =
           w.Add(prefix + "step", torch::tensor(static_cast<float>(Traits::NextStep(s) - 1)));
+    }
+    if constexpr (requires { Traits::RoundingStep(s); }) {
+      // The count stochastic rounding keys its noise by, while it does (as the Python classes).
+      const std::int64_t count = Traits::RoundingStep(s);
+      if (rounding && count != 0) {
+        entry["rounding_step"] =
+            w.Add(prefix + "rounding_step", torch::tensor(static_cast<float>(count)));
+      }
     }
     if constexpr (algos::HasScalarStates<D>) {
       const auto scalars = Traits::Scalars(s);
@@ -250,15 +259,24 @@ struct ClassCheckpoint {
       if (key.ends_with("_absmax") && entry.contains(key.substr(0, key.size() - 7))) {
         continue;  // read with its codes
       }
-      if (key == "step") {
+      const auto count = [&] {
         const torch::Tensor t =
             v.is_number() ? torch::tensor(v.template get<double>()) : reader.Get(v, what);
         const double step = t.numel() == 1 ? t.to(torch::kDouble).item<double>() : -1.0;
         if (!(step >= 0 && step == static_cast<double>(static_cast<std::int64_t>(step)))) {
           Refuse(path, what + " is not a step count");
         }
-        Traits::SetStep(*state, static_cast<std::int64_t>(step));
+        return static_cast<std::int64_t>(step);
+      };
+      if (key == "step") {
+        Traits::SetStep(*state, count());
         continue;
+      }
+      if constexpr (requires { Traits::SetRoundingStep(*state, 0); }) {
+        if (key == "rounding_step") {
+          Traits::SetRoundingStep(*state, count());
+          continue;
+        }
       }
       if (key == "master_param") continue;  // see the header
       bool known = false;
@@ -308,6 +326,8 @@ struct ClassCheckpoint {
   }
 
   static ClassOps Ops(const torch::optim::Optimizer& optimizer) {
+    const auto* fused = dynamic_cast<const FusedStepOptions*>(&optimizer);
+    const bool rounding = fused != nullptr && fused->training().stochastic_rounding;
     return {
         .algorithm = D::kName,
         .class_name = ClassName(optimizer),
@@ -321,14 +341,14 @@ struct ClassCheckpoint {
           return DecodeOptions(saved, static_cast<const Options&>(current), path, g);
         },
         .save_state =
-            [](torch::optim::OptimizerParamState& s, std::size_t i, Writer& w) {
+            [rounding](torch::optim::OptimizerParamState& s, std::size_t i, Writer& w) {
               auto* state = dynamic_cast<State*>(&s);
               if (state == nullptr) {
                 throw std::invalid_argument("fusedopt::pt::SaveCheckpoint: the state of param " +
                                             std::to_string(i) + " is not a " + Traits::kName +
                                             " state");
               }
-              return SaveState(*state, "state." + std::to_string(i) + ".", w);
+              return SaveState(*state, "state." + std::to_string(i) + ".", w, rounding);
             },
         .load_state = [](const Json& entry, const torch::Tensor& param, const Reader& reader,
                          const std::string& path, const std::string& where)

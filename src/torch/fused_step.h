@@ -10,8 +10,14 @@
 //   ToHyper(options)             one Hyper per param group, re-read on every step (schedulers edit
 //                                the options in place)
 //   Slots(state)[slot]           the State member holding that slot's tensor
-//   NextStep(state)              the step being taken (torch's state step + 1)
-//   SetStep(state, step)         stores it after a successful step
+//   NextStep(state)              Segment::step: the step being taken (torch's state step + 1);
+//                                for an algorithm without a count, 1 while its first state is
+//                                new, else 2
+//   SetStep(state, step)         stores it after a successful step (nothing without a count)
+//   RoundingStep(state)          optional, for an algorithm without torch's count (SGD, Lion,
+//                                LARS): the steps counted for stochastic rounding's noise
+//                                (Segment::rounding_step is one more), 0 where none is kept
+//   SetRoundingStep(state, n)    stores that count (after a step; from a checkpoint)
 //   Scalars(state)[k]            for an algorithm with scalar states (NAdam's mu_product): the
 //                                State member holding scalar state k, a 0-d float32 tensor
 //   Clipping(optimizer, training) optional: the pre-pass's clipping (threshold, norm, ClipRule)
@@ -267,7 +273,10 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       }
 
       State* state = nullptr;
-      if (required != 0) {
+      // An algorithm without torch's step count keeps one for the noise (Segment::rounding_step).
+      constexpr bool kRoundingCount = requires(const State& s) { Traits::RoundingStep(s); };
+      const bool counts_rounding = kRoundingCount && training.stochastic_rounding;
+      if (required != 0 || counts_rounding) {
         auto it = state_map.find(p.unsafeGetTensorImpl());
         if (it != state_map.end() && it->second != nullptr) {
           state = dynamic_cast<State*>(it->second.get());
@@ -278,15 +287,17 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
           state = new_states.back().second.get();
         }
         // torch::optim's own param states (created by the twin's step or constructor) have no
-        // room for an absmax: one whose states become 8-bit is replaced by a copy that has.
+        // room for an absmax or SGD's count: one whose states become 8-bit, or that needs the
+        // count, is replaced by a copy that has.
         auto* absmax = dynamic_cast<StateAbsmax*>(state);
-        if (absmax == nullptr && state_dtype == at::kByte) {
+        if (absmax == nullptr && (state_dtype == at::kByte || counts_rounding)) {
           auto upgraded = std::make_unique<typename Traits::StateWithAbsmax>(*state);
           absmax = upgraded.get();
           state = upgraded.get();
           new_states.emplace_back(p.unsafeGetTensorImpl(), std::move(upgraded));
         }
         seg.step = Traits::NextStep(*state);
+        if constexpr (kRoundingCount) seg.rounding_step = Traits::RoundingStep(*state) + 1;
         // A factored algorithm needs, of the slots its hyper-parameters may use, those of this
         // param's shape (Adafactor: row_var and col_var, or variance); the others stay as they are.
         unsigned needed = required;
@@ -391,7 +402,12 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   // Commit: the step happened.
   for (auto& [slot, tensor] : new_tensors) *slot = std::move(tensor);
   for (std::size_t k = 0; k < segments.size(); ++k) {
-    if (states[k] != nullptr) Traits::SetStep(*states[k], segments[k].step);
+    if (states[k] != nullptr) {
+      Traits::SetStep(*states[k], segments[k].step);
+      if constexpr (requires { Traits::SetRoundingStep(*states[k], 0); }) {
+        Traits::SetRoundingStep(*states[k], segments[k].rounding_step);
+      }
+    }
     // The params changed in place behind autograd's back: bump their version counters as ATen's
     // in-place ops do, so a graph that saved a param for backward reports the modification.
     if (!params[k].is_inference()) params[k].unsafeGetTensorImpl()->bump_version();

@@ -214,6 +214,17 @@ template struct ParamStateWithAbsmax<torch::optim::AdamWParamState, AdamWHyper>;
 template struct ParamStateWithAbsmax<torch::optim::RMSpropParamState, RmspropHyper>;
 template struct ParamStateWithAbsmax<torch::optim::AdagradParamState, AdagradHyper>;
 
+void SgdParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  ParamStateWithAbsmax::serialize(archive);
+  if (rounding_step() != 0) archive.write("rounding_step", c10::IValue(rounding_step()));
+}
+
+void SgdParamState::serialize(torch::serialize::InputArchive& archive) {
+  ParamStateWithAbsmax::serialize(archive);
+  c10::IValue count;
+  rounding_step(archive.try_read("rounding_step", count) ? count.toInt() : 0);
+}
+
 void SGD::load(torch::serialize::InputArchive& archive) { LoadTwin<SgdTraits>(*this, archive); }
 void Adam::load(torch::serialize::InputArchive& archive) { LoadTwin<AdamTraits>(*this, archive); }
 void AdamW::load(torch::serialize::InputArchive& archive) { LoadTwin<AdamWTraits>(*this, archive); }

@@ -113,7 +113,7 @@ struct SgdTraits {
   using Options = torch::optim::SGDOptions;
   using State = torch::optim::SGDParamState;
   using Hyper = SgdHyper;
-  using StateWithAbsmax = ParamStateWithAbsmax<State, Hyper>;  // for 8-bit states
+  using StateWithAbsmax = SgdParamState;  // for 8-bit states and stochastic rounding's count
   using Twin = torch::optim::SGD;
   using Class = Twin;
   static constexpr bool kTakesSparse = true;
@@ -126,6 +126,14 @@ struct SgdTraits {
   // when it has none, which the core does for step 1.
   static std::int64_t NextStep(const State& s) { return s.momentum_buffer().defined() ? 2 : 1; }
   static void SetStep(State& /*s*/, std::int64_t /*step*/) {}
+  // The count stochastic rounding keys its noise by, where the state has room for it.
+  static std::int64_t RoundingStep(const State& s) {
+    const auto* counted = dynamic_cast<const SgdParamState*>(&s);
+    return counted != nullptr ? counted->rounding_step() : 0;
+  }
+  static void SetRoundingStep(State& s, std::int64_t count) {
+    if (auto* counted = dynamic_cast<SgdParamState*>(&s)) counted->rounding_step(count);
+  }
 };
 
 // Adam and AdamW share state slots and step count; only options and hyper differ.
@@ -240,8 +248,27 @@ struct GenericTraits {
     for (int k = 0; k < kMaxScalars; ++k) scalars[k] = &s.scalars[k];
     return scalars;
   }
-  static std::int64_t NextStep(const State& s) { return s.step() + 1; }
-  static void SetStep(State& s, std::int64_t step) { s.step(step); }
+  // An algorithm without torch's state['step'] (Lion, LARS) reads only whether its first state is
+  // new, as SGD does (LARS's momentum buffer), so a state loaded without a count continues; its
+  // count keys stochastic rounding's noise (RoundingStep).
+  static std::int64_t NextStep(const State& s) {
+    if constexpr (algos::CountsSteps<algos::DescriptorOf<H>>()) {
+      return s.step() + 1;
+    } else {
+      return s.tensors[0].defined() ? 2 : 1;
+    }
+  }
+  static void SetStep(State& s, std::int64_t step) {
+    if constexpr (algos::CountsSteps<algos::DescriptorOf<H>>()) s.step(step);
+  }
+  static std::int64_t RoundingStep(const State& s) requires(
+      !algos::CountsSteps<algos::DescriptorOf<H>>()) {
+    return s.step();
+  }
+  static void SetRoundingStep(State& s, std::int64_t count) requires(
+      !algos::CountsSteps<algos::DescriptorOf<H>>()) {
+    s.step(count);
+  }
 
   // apex FusedLAMB's global clipping: the groups' max_grad_norm (one value) with ClipRule::kLamb,
   // in place of training()'s torch-rule clipping.

@@ -142,6 +142,13 @@ def rank_cases(resume_state: dict, checkpoint_dir: str) -> dict:
         _train(model, opt, "plain", rank, world, STEPS // 2)
         out[f"bf16-zero{zero}"] = [p.detach().clone() for p in model.parameters()]
         out[f"bf16-masters-zero{zero}"] = opt.consolidate_state_dict(to=0)
+        # pure bf16 SGD, whose noise follows state['rounding_step'] (torch's SGD counts no steps)
+        model = _model().to(torch.bfloat16)
+        opt = fusedopt.distributed.DistributedOptimizer(_fused("SGD", model, stochastic_rounding=True, seed=7),
+                                                        zero=zero, bucket_mb=0.05)
+        _train(model, opt, "plain", rank, world, STEPS // 2)
+        out[f"bf16-sgd-zero{zero}"] = [p.detach().clone() for p in model.parameters()]
+        out[f"bf16-sgd-state-zero{zero}"] = opt.state_dict() if zero == 0 else opt.consolidate_state_dict(to=0)
     # 8-bit states (both weights': the second, of 2400 elements, starts at element 39168 and is cut by shard
     # edges; the biases are under min_8bit_size): zero=0 steps whole tensors on every rank; zero=1's slices start
     # on block edges, so it steps them as zero=0 does. Its shards merged, and a whole state cut into them and
@@ -390,8 +397,12 @@ def _tensors(entry: dict) -> list[torch.Tensor]:
 
 def test_zero1_slices_step_as_whole_tensors_with_masters_and_stochastic_rounding(ranks):
     for rank in ranks:
-        for a, b in zip(rank["bf16-zero0"], rank["bf16-zero1"], strict=True):
-            assert a.dtype == torch.bfloat16 and torch.equal(a, b)
+        for name in ("bf16", "bf16-sgd"):
+            for a, b in zip(rank[f"{name}-zero0"], rank[f"{name}-zero1"], strict=True):
+                assert a.dtype == torch.bfloat16 and torch.equal(a, b), name
+    for zero in (0, 1):
+        counts = [float(entry["rounding_step"]) for entry in ranks[0][f"bf16-sgd-state-zero{zero}"]["state"].values()]
+        assert counts == [STEPS // 2] * 4, zero
     zero0, zero1 = ranks[0]["bf16-masters-zero0"], ranks[0]["bf16-masters-zero1"]
     for i, entry in zero0["state"].items():
         for key in ("exp_avg", "exp_avg_sq", "master_param"):

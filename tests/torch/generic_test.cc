@@ -12,7 +12,8 @@
 //                       with the defaults, another optimizer's options refused; a param the engine
 //                       cannot take is an error that changes nothing; a LossScaler's Inf skip
 //                       leaves params, states, scalar states and step counts bit-identical; set_lr
-//                       as schedulers use it
+//                       as schedulers use it; SaveCheckpoint mid-run and LoadCheckpoint continue
+//                       bit for bit
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -22,6 +23,7 @@
 #include <cctype>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "fusedopt/hyper.h"
+#include "fusedopt/pt/checkpoint.h"
 #include "fusedopt/pt/optim.h"
 #include "fusedopt/scaler.h"
 #include "src/algos/registry.h"
@@ -203,6 +206,20 @@ std::vector<std::unique_ptr<typename Optimizer::ParamState>> Snapshot(const Opti
   return out;
 }
 
+// Steps [from, to) of both runs on the same grads: their params then equal bit for bit.
+template <class Optimizer>
+void StepBothAlike(Optimizer& original, const Params& params, Optimizer& loaded,
+                   const Params& loaded_params, int from, int to) {
+  for (int t = from; t < to; ++t) {
+    SetGrads(params, t);
+    SetGrads(loaded_params, t);
+    original.step();
+    loaded.step();
+  }
+  EXPECT_TRUE(BitwiseEqual(loaded_params, params))
+      << "max rel diff " << MaxRelDiff(loaded_params, params);
+}
+
 TYPED_TEST(TorchGeneric, SaveLoadContinuesBitForBit) {
   using Hyper = TypeParam;
   using Optimizer = FusedOptimizer<Hyper>;
@@ -228,15 +245,34 @@ TYPED_TEST(TorchGeneric, SaveLoadContinuesBitForBit) {
         << "param_groups[" << g << "]";
   }
   EXPECT_TRUE(SameStates(Snapshot(loaded, loaded_params), Snapshot(original, params)));
-  for (int t = 5; t < 10; ++t) {
-    SetGrads(params, t);
-    SetGrads(loaded_params, t);
-    original.step();
-    loaded.step();
-  }
-  EXPECT_TRUE(BitwiseEqual(loaded_params, params))
-      << "max rel diff " << MaxRelDiff(loaded_params, params);
+  StepBothAlike(original, params, loaded, loaded_params, 5, 10);
   EXPECT_TRUE(SameStates(Snapshot(loaded, loaded_params), Snapshot(original, params)));
+}
+
+// The same through the checkpoint format (SaveCheckpoint / LoadCheckpoint, which carries the
+// params too): a run resumed from the file continues bit for bit. LARS and Lion save no step count
+// (torch keeps none): the resumed step must still find LARS's momentum buffer not new.
+TYPED_TEST(TorchGeneric, CheckpointContinuesBitForBit) {
+  using Hyper = TypeParam;
+  using Optimizer = FusedOptimizer<Hyper>;
+  const Hyper hyper = TestHyper<Hyper>();
+  Params params = ParamsFor<Hyper>(43);
+  Optimizer original = MakeOptimizer<Optimizer>(params, hyper);
+  for (int t = 0; t < 3; ++t) {
+    SetGrads(params, t);
+    original.step();
+  }
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       ("fusedopt_generic_" + ReferenceName::GetName<Hyper>(0) + ".safetensors"))
+          .string();
+  SaveCheckpoint(original, path);
+  Params loaded_params = ParamsFor<Hyper>(44);
+  Optimizer loaded = MakeOptimizer<Optimizer>(loaded_params, hyper);
+  LoadCheckpoint(loaded, path);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(BitwiseEqual(loaded_params, params));
+  StepBothAlike(original, params, loaded, loaded_params, 3, 6);
 }
 
 // The state under torch's keys: tensors in the param's dtype and shape (a factor of a [33, 5]

@@ -1,17 +1,21 @@
 // Training-loop features of the adapter: fusedopt::pt::ClipGradNorm / ClipGradValue against
 // torch::nn::utils' clip_grad_norm_ / clip_grad_value_, the optimizers' training() options
 // (max_grad_norm folded into the step, a LossScaler skipping overflowed steps bit-identically), and
-// ApplySchedule against Schedule::Lr.
+// ApplySchedule against Schedule::Lr; stochastic rounding's noise changing every step (SGD and
+// Lion, which torch counts no steps for, too).
 
 #include "fusedopt/pt/training.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/serialize.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -385,6 +389,55 @@ TEST(TorchTraining, InvalidOptionsChangeNothing) {
   EXPECT_EQ(scaler.scale(), 65536.0f);
   EXPECT_TRUE(opt.state().empty());
   EXPECT_TRUE(torch::equal(w.detach(), w0));
+}
+
+// ---- Stochastic rounding ------------------------------------------------------------------------
+
+// Pure bf16 params at 1.0 (ulp 2^-7), each step moving them by 1e-4: over 200 steps stochastic
+// rounding must move almost every element, with a mean near the exact -0.02, which it does only
+// when the noise changes every step. SGD and Lion keep no step count that torch saves: their noise
+// follows rounding_step (SgdParamState's; HyperParamState::step), which a torch::save / torch::load
+// halfway carries on (the resumed run ends with the same bits). Keyed by SGD's fresh-buffer flag,
+// 2.5 % of the elements took every step and the rest none.
+template <class Optimizer, class Options>
+void ExpectSubUlpUpdatesFollowed(const Options& options, double grad) {
+  const auto run = [&](bool resume) {
+    torch::Tensor p = torch::ones({4096}, torch::kBFloat16).requires_grad_(true);
+    auto opt = std::make_unique<Optimizer>(std::vector<torch::Tensor>{p}, options);
+    opt->training().stochastic_rounding = true;
+    opt->training().rounding_seed = 3;
+    for (int t = 0; t < 200; ++t) {
+      if (resume && t == 100) {
+        std::stringstream buffer;
+        torch::save(*opt, buffer);
+        opt = std::make_unique<Optimizer>(std::vector<torch::Tensor>{p}, options);
+        opt->training().stochastic_rounding = true;
+        opt->training().rounding_seed = 3;
+        torch::load(*opt, buffer);
+      }
+      p.mutable_grad() = torch::full_like(p, grad);
+      opt->step();
+    }
+    return p.detach().to(torch::kFloat) - 1.0;
+  };
+  const torch::Tensor change = run(false);
+  EXPECT_GT(change.ne(0).to(torch::kFloat).mean().item<double>(), 0.9);
+  EXPECT_NEAR(change.mean().item<double>(), -0.02, 0.002);
+  EXPECT_TRUE(torch::equal(run(true), change));
+}
+
+TEST(TorchStochasticRounding, SgdFollowsSubUlpUpdates) {
+  ExpectSubUlpUpdatesFollowed<SGD>(torch::optim::SGDOptions(1.0), 1e-4);
+}
+TEST(TorchStochasticRounding, SgdMomentumFollowsSubUlpUpdates) {
+  ExpectSubUlpUpdatesFollowed<SGD>(torch::optim::SGDOptions(1.0).momentum(0.5).dampening(0.5),
+                                   1e-4);
+}
+TEST(TorchStochasticRounding, LionFollowsSubUlpUpdates) {
+  ExpectSubUlpUpdatesFollowed<Lion>(LionOptions(1e-4), 1.0);
+}
+TEST(TorchStochasticRounding, AdamFollowsSubUlpUpdates) {
+  ExpectSubUlpUpdatesFollowed<Adam>(torch::optim::AdamOptions(1e-4), 1.0);
 }
 
 // ---- ApplySchedule ------------------------------------------------------------------------------

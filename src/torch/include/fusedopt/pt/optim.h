@@ -338,10 +338,30 @@ struct ParamStateWithAbsmax : public Base, public StateAbsmax {
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
+// torch::optim::SGDParamState with room for 8-bit states and a step count: torch's SGD keeps none,
+// but stochastic rounding keys its noise by one (training().stochastic_rounding; without one every
+// step would round with the same noise). A param's state becomes one when it is first stepped with
+// stochastic rounding; saved under "rounding_step" (the Python classes' key) once not 0.
+struct SgdParamState : public ParamStateWithAbsmax<torch::optim::SGDParamState, SgdHyper> {
+  TORCH_ARG(std::int64_t, rounding_step) = 0;  // the steps this param took with the count kept
+
+ public:
+  SgdParamState() = default;
+  explicit SgdParamState(const torch::optim::SGDParamState& state) : ParamStateWithAbsmax(state) {}
+  std::unique_ptr<torch::optim::OptimizerParamState> clone() const override {
+    return std::make_unique<SgdParamState>(*this);
+  }
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
 template <class Hyper>
 struct HyperParamState : public torch::optim::OptimizerCloneableParamState<HyperParamState<Hyper>>,
                          public StateAbsmax {
-  TORCH_ARG(std::int64_t, step) = 0;  // the steps this param had a grad
+  // The steps this param had a grad. An algorithm with torch's state['step'] reads it; the others
+  // (Lion, LARS) read only whether their first state is new, and stochastic rounding keys its noise
+  // by it (saved as "rounding_step" in checkpoints, the Python classes' key).
+  TORCH_ARG(std::int64_t, step) = 0;
 
  public:
   // The Segment::state slots (indexed by the algorithm's state enum, fusedopt/hyper.h), in the
