@@ -2,13 +2,14 @@
 // from a checkpoint (any writer's: this program's or fusedopt.save_checkpoint's), takes
 // micro-batches of known gradients and saves a checkpoint.
 //
-//   checkpoint_interop ALGO f32|bf16|q8 MICRO_BATCHES OUT [IN]
+//   checkpoint_interop ALGO f32|bf16|q8|sr MICRO_BATCHES OUT [IN]
 //
 // Tensors: 300 elements and a 12 × 10 matrix in group 0, 7 elements in group 1 (half the lr);
 // params, with momentum 0.9 and weight_decay 0.01 where the algorithm has them. bf16: bf16 params
 // and grads, f32 master copies and states (the Python classes' policy with master_weights). q8:
 // f32 params, 8-bit states for the tensors of at least 100 elements (the Python classes'
-// state_dtype=torch.uint8 with min_8bit_size=100).
+// state_dtype=torch.uint8 with min_8bit_size=100). sr: bf16 params, grads and states without a
+// master copy, stored with stochastic rounding (seed 7; the Python classes' stochastic_rounding).
 // Micro-batch k's gradient element i of a tensor at flat offset o is Value(1000 + k, o + i) (the
 // test computes the same values); the file's counter "micro_batches" says how many came before.
 
@@ -43,6 +44,12 @@ int Run(const std::string& precision, int micro_batches, const std::string& out,
     storage = {.param_dtype = DType::kBF16, .grad_dtype = DType::kBF16, .master_weights = true};
   } else if (precision == "q8") {
     storage = {.state_dtype = DType::kQ8, .min_8bit_size = 100};
+  } else if (precision == "sr") {
+    storage = {.param_dtype = DType::kBF16,
+               .grad_dtype = DType::kBF16,
+               .state_dtype = DType::kBF16,
+               .stochastic_rounding = true,
+               .rounding_seed = 7};
   }
   Optimizer<Hyper> opt({h, h1}, {{.numel = 300}, matrix, {.numel = 7, .group = 1}}, storage);
   std::int64_t done = 0;
@@ -73,7 +80,7 @@ int Run(const std::string& precision, int micro_batches, const std::string& out,
 
 int main(int argc, char** argv) {
   if (argc != 5 && argc != 6) {
-    std::fprintf(stderr, "usage: %s ALGO f32|bf16|q8 MICRO_BATCHES OUT [IN]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s ALGO f32|bf16|q8|sr MICRO_BATCHES OUT [IN]\n", argv[0]);
     return 2;
   }
   const std::string algo = argv[1];

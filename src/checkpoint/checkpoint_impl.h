@@ -113,6 +113,10 @@ typename OptimizerCheckpoint<Hyper>::Manifest OptimizerCheckpoint<Hyper>::Manife
     Json entry = Json::object();
     if constexpr (algos::CountsSteps<Descriptor>()) {
       entry["step"] = add_number(prefix + "step", static_cast<float>(src.steps[i]));
+    } else if (src.options.stochastic_rounding && src.steps[i] != 0) {
+      // The Python classes' count for the noise where torch's state has none (docs/numerics.md).
+      entry["rounding_step"] =
+          add_number(prefix + "rounding_step", static_cast<float>(src.steps[i]));
     }
     for (int slot = 0; slot < kMaxStates; ++slot) {
       if (!checkpoint_detail::KeepsSlot<Descriptor>(s, slot)) continue;
@@ -281,7 +285,9 @@ CheckpointCounters OptimizerCheckpoint<Hyper>::Load(Optimizer<Hyper>& opt, const
     bool has_master = false;
     for (const auto& [key, v] : entry.items()) {
       const std::string what = where + "." + key;
-      if (key == "step") {
+      // A Python file's count for the noise of an algorithm without torch's count (SGD, Lion,
+      // LARS) is this optimizer's count of steps (a file of ours has step_counts, read below).
+      if (key == "step" || (key == "rounding_step" && !algos::CountsSteps<Descriptor>())) {
         const double step = number(v, what);
         if (!(step >= 0 && step == std::floor(step))) {
           Refuse(path, what + " is " + std::to_string(step) + ", not a step count");

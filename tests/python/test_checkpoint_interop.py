@@ -51,19 +51,27 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-@pytest.mark.parametrize("precision", ["f32", "bf16", "q8"])
-@pytest.mark.parametrize("algo", sorted(CLASSES))
+# sr (pure bf16, stochastic rounding) for an algorithm with torch's step count and those without one, whose noise
+# follows state['rounding_step'] (the others' scalar states, 0-d f32, are cast to the bf16 params' dtype by torch's
+# load_state_dict, as NAdam's mu_product in the libtorch test below).
+_SR = ("adamw", "lion", "sgd")
+
+
+@pytest.mark.parametrize("algo, precision", [(algo, precision) for algo in sorted(CLASSES)
+                                             for precision in ("f32", "bf16", "q8", "sr")
+                                             if precision != "sr" or algo in _SR])
 def test_cpp_python_cpp_equals_one_cpp_run(tmp_path, algo, precision):
     if precision == "q8" and not _C.algorithms[algo].get("quantizable", False):
         pytest.skip(f"{algo} takes no 8-bit states")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = torch.bfloat16 if precision in ("bf16", "sr") else torch.float32
     cpp(algo, precision, 6, tmp_path / "whole.safetensors")
     cpp(algo, precision, 2, tmp_path / "a.safetensors")
     cpp(algo, precision, 4, tmp_path / "four.safetensors")
 
     # Python: other initial params and hyper-parameters; the file restores both.
     params = [torch.nn.Parameter(torch.full(s, 0.5, dtype=dtype)) for s in SHAPES]
-    kw = {"bf16": {"master_weights": True}, "q8": {"state_dtype": torch.uint8, "min_8bit_size": 100}}.get(precision, {})
+    kw = {"bf16": {"master_weights": True}, "q8": {"state_dtype": torch.uint8, "min_8bit_size": 100},
+          "sr": {"stochastic_rounding": True, "seed": 7}}.get(precision, {})
     kw.update(CASES[algo].checkpoint_interop_options)
     opt = CLASSES[algo]([{"params": params[:2]}, {"params": params[2:]}], lr=0.123, **kw)
     extra = fusedopt.load_checkpoint(opt, tmp_path / "a.safetensors")

@@ -426,17 +426,17 @@ void ExpectSubUlpUpdatesFollowed(const Options& options, double grad) {
   EXPECT_TRUE(torch::equal(run(true), change));
 }
 
-TEST(TorchStochasticRounding, SgdFollowsSubUlpUpdates) {
+TEST(TorchTraining, SgdStochasticRoundingFollowsSubUlpUpdates) {
   ExpectSubUlpUpdatesFollowed<SGD>(torch::optim::SGDOptions(1.0), 1e-4);
 }
-TEST(TorchStochasticRounding, SgdMomentumFollowsSubUlpUpdates) {
+TEST(TorchTraining, SgdMomentumStochasticRoundingFollowsSubUlpUpdates) {
   ExpectSubUlpUpdatesFollowed<SGD>(torch::optim::SGDOptions(1.0).momentum(0.5).dampening(0.5),
                                    1e-4);
 }
-TEST(TorchStochasticRounding, LionFollowsSubUlpUpdates) {
+TEST(TorchTraining, LionStochasticRoundingFollowsSubUlpUpdates) {
   ExpectSubUlpUpdatesFollowed<Lion>(LionOptions(1e-4), 1.0);
 }
-TEST(TorchStochasticRounding, AdamFollowsSubUlpUpdates) {
+TEST(TorchTraining, AdamStochasticRoundingFollowsSubUlpUpdates) {
   ExpectSubUlpUpdatesFollowed<Adam>(torch::optim::AdamOptions(1e-4), 1.0);
 }
 
