@@ -157,12 +157,16 @@ TEST(QuantizedStates, RunLinesPutEveryThresholdInsideTheBand) {
     const QuantTables& t = QuantTablesOf(which);
     const QuantRuns& runs = t.runs;
     EXPECT_EQ(runs.first[0], t.zero_code);
-    EXPECT_EQ(runs.last[kQuantRuns - 1], 254);
+    EXPECT_EQ(runs.last[kQuantRuns - 2], 254);
+    EXPECT_EQ(runs.first[kQuantRuns - 1], 255);  // 1.0's code alone, on a flat line
+    EXPECT_EQ(runs.last[kQuantRuns - 1], 255);
+    EXPECT_EQ(runs.transition[kQuantRuns - 2], t.threshold[254]);
     for (int r = 0; r < kQuantRuns; ++r) {
       SCOPED_TRACE("run " + std::to_string(r));
       const auto i = static_cast<std::size_t>(r);
       const auto u = [&](float m) { return std::fma(m, runs.slope[i], -runs.offset[i]); };
-      ASSERT_GT(runs.slope[i], 0.0f);
+      ASSERT_GE(runs.slope[i], 0.0f);
+      EXPECT_EQ(std::min(u(1.0f), runs.high[i]), runs.last[i] + 0.5f);
       if (r > 0) {
         ASSERT_EQ(runs.first[i], runs.last[i - 1] + 1);
         ASSERT_EQ(runs.transition[i - 1], t.threshold[runs.last[i - 1]]);
@@ -177,7 +181,6 @@ TEST(QuantizedStates, RunLinesPutEveryThresholdInsideTheBand) {
         }
       }
     }
-    EXPECT_EQ(runs.top, t.threshold[254]);
   }
 }
 
@@ -257,6 +260,41 @@ TEST(QuantizedStates, VectorSearchEqualsScalarSearchOnEveryTarget) {
     Quantize(squares.data(), n, QuantMap::kUnsigned, want.data(), want_absmax.data());
     ASSERT_EQ(absmax, want_absmax);
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(codes[i], want[i]) << "v=" << squares[i];
+  }
+}
+
+// The step's decode of every code, on every target (AVX3_DL's byte permutes take 64 codes at a
+// time, the rest of a block the lookup of AVX3): SGD with momentum 1, lr 1 and a zero gradient
+// sets each param to 0 − its decoded momentum, which must be −Dequantize's value. Two blocks of
+// all 256 codes (in another order in the second) and a partial third.
+TEST(QuantizedStates, StepDecodesEveryCodeOnEveryTarget) {
+  const std::size_t n = 2 * kQuantBlock + 100;
+  std::vector<std::uint8_t> codes(n);
+  for (std::size_t i = 0; i < n; ++i)
+    codes[i] = static_cast<std::uint8_t>(i < kQuantBlock ? i : 7 * i + 3);
+  const std::vector<float> absmax = {0.75f, 3e-5f, 1.5f};
+  std::vector<float> want(n);
+  Dequantize(codes.data(), absmax.data(), n, QuantMap::kSigned, want.data());
+  test::TargetGuard guard;
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE(target);
+    ForceTarget(target);
+    std::vector<float> param(n, 0.0f), grad(n, 0.0f), state_absmax = absmax;
+    std::vector<std::uint8_t> state = codes;
+    const SgdHyper sgd{.lr = 1.0, .momentum = 1.0};
+    const Segment s{.param = param.data(),
+                    .grad = grad.data(),
+                    .state = {state.data(), nullptr, nullptr},
+                    .absmax = {state_absmax.data(), nullptr, nullptr},
+                    .numel = n,
+                    .state_dtype = DType::kQ8,
+                    .step = 2};  // the momentum buffer is not new
+    SgdStep(std::span<const SgdHyper>(&sgd, 1), std::span<const Segment>(&s, 1));
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(param[i]),
+                std::bit_cast<std::uint32_t>(0.0f - want[i]))
+          << "code " << int{codes[i]} << " at " << i;
+    }
   }
 }
 

@@ -65,7 +65,8 @@ std::string TargetDescription(const std::string& name);
 // Restricts dispatch to the named target (one of AvailableTargets()); an empty name restores the
 // default (best available, minus any listed in the environment variable FOPT_DISABLE_TARGETS,
 // comma-separated). Process-wide: meant for tests and benchmarks, not for concurrent use with
-// running steps.
+// running steps. AVX3_DL is compiled only for the 8-bit states' codecs (its VBMI decode): forced,
+// the other kernels run their AVX3 code; with AVX3 disabled it is not used either.
 //
 // FOPT_DISABLE_TARGETS is read when the first Runtime is made or the targets are first asked
 // for (never at static-initialization time); a name this build does not compile makes those calls

@@ -54,12 +54,13 @@ std::array<float, 256> MakeDynamicMap(bool is_signed) {
 // Runs and their affine maps (QuantRuns): each run's line through its first and last inner
 // threshold at the codes they start. A run with one inner threshold (2 codes: decade 0 with the
 // zero code and decade 1 on the signed map) takes the run's lower edge (0, or the threshold from
-// the run below) at its first code + 0.5 as its other point.
+// the run below) at its first code + 0.5 as its other point. The last run, code 255 alone, has
+// none: its line is flat at 255.5.
 QuantRuns MakeRuns(const QuantTables& t, bool is_signed) {
   QuantRuns runs{};
   const int zero = t.zero_code;
   const int codes_per_decade_0 = is_signed ? 1 : 2;
-  for (int r = 0; r < kQuantRuns; ++r) {
+  for (int r = 0; r + 1 < kQuantRuns; ++r) {
     const int first = r == 0 ? zero : zero + ((1 << r) - 1) * codes_per_decade_0 + 1;
     const int last = zero + ((2 << r) - 1) * codes_per_decade_0;
     // inner thresholds: threshold[c] starts code c + 1, for c in [first, last)
@@ -73,11 +74,15 @@ QuantRuns MakeRuns(const QuantTables& t, bool is_signed) {
     runs.slope[i] = static_cast<float>(slope);
     runs.offset[i] = static_cast<float>(slope * x0 - u0);
     runs.high[i] = static_cast<float>(last) + 0.5f;
-    if (r + 1 < kQuantRuns) runs.transition[i] = t.threshold[static_cast<std::size_t>(last)];
+    runs.transition[i] = t.threshold[static_cast<std::size_t>(last)];
     runs.first[i] = static_cast<std::uint8_t>(first);
     runs.last[i] = static_cast<std::uint8_t>(last);
   }
-  runs.top = t.threshold[254];
+  constexpr std::size_t kTop = kQuantRuns - 1;
+  runs.slope[kTop] = 0.0f;
+  runs.offset[kTop] = -255.5f;
+  runs.high[kTop] = 255.5f;
+  runs.first[kTop] = runs.last[kTop] = 255;
   for (std::uint32_t e = kQuantIntervalBase >> 23; e <= kQuantIntervalTop >> 23; ++e) {
     const float low = std::bit_cast<float>(e << 23);
     const float high = std::bit_cast<float>((e + 1) << 23);
@@ -95,6 +100,11 @@ QuantRuns MakeRuns(const QuantTables& t, bool is_signed) {
 QuantTables MakeTables(QuantMap which) {
   QuantTables t{};
   t.map = MakeDynamicMap(which == QuantMap::kSigned);
+  for (std::size_t c = 0; c < 256; ++c) {
+    const auto bits = std::bit_cast<std::uint32_t>(t.map[c]);
+    for (std::size_t k = 0; k < 4; ++k)
+      t.map_bytes[k][c] = static_cast<std::uint8_t>(bits >> (8 * k));
+  }
   for (std::size_t c = 0; c + 1 < 256; ++c) t.threshold[c] = (t.map[c] + t.map[c + 1]) * 0.5f;
   t.threshold[255] = std::numeric_limits<float>::infinity();
   t.zero_code = which == QuantMap::kSigned ? 127 : 0;

@@ -31,24 +31,24 @@ inline constexpr std::size_t kQuantIntervals =
 inline constexpr std::uint32_t kNoThreshold = 1u << kQuantIntervalShift;
 
 // The search without a lookup per value (src/cpu/quantize-inl.h). The non-negative half of a map
-// is seven runs of codes: the zero code with decade 0, then decades 1 to 6 (2^d codes each on the
-// signed map, 2^(d+1) on the unsigned one). Inside a run the thresholds lie evenly, so one line
-// u = fma(m, slope, −offset) puts each of them within kQuantRunBand of the code it starts, and
-// floor(u) is m's code; u is capped at the run's last code + 0.5 (past the run's top threshold u
-// keeps rising up to the next run's). Six compares with the thresholds between runs find m's run
-// (on AVX-512 its octave's two table entries: octave_run).
+// is eight runs of codes: the zero code with decade 0, then decades 1 to 6 (2^d codes each on the
+// signed map, 2^(d+1) on the unsigned one), then 1.0's code 255 alone (past threshold[254]).
+// Inside a run the thresholds lie evenly, so one line u = fma(m, slope, −offset) puts each of them
+// within kQuantRunBand of the code it starts, and floor(u) is m's code; u is capped at the run's
+// last code + 0.5 (past the run's top threshold u keeps rising up to the next run's). The last
+// run's line is flat at 255.5. Seven compares with the thresholds between runs find m's run (on
+// AVX-512 its octave's two table entries: octave_run).
 // A value whose u lies within the band of an integer may be on either side of its threshold: its
 // vector takes the interval search instead (about 3 vectors in 100), so every code stays exact.
 // tests/quantized_state_test.cc checks every threshold, and the value above it, against the band.
 inline constexpr float kQuantRunBand = 1.0f / 1024;
-inline constexpr int kQuantRuns = 7;
+inline constexpr int kQuantRuns = 8;
 struct QuantRuns {
-  // per run (lanes 7-15 unused, for a 16-lane table lookup)
+  // per run (lanes 8-15 unused, for a 16-lane table lookup)
   alignas(64) std::array<float, 16> slope;
   alignas(64) std::array<float, 16> offset;
   alignas(64) std::array<float, 16> high;            // its last code + 0.5
   std::array<float, kQuantRuns - 1> transition;      // threshold[last code of run r]
-  float top;                                         // threshold[254]: m past it is 1.0 (255)
   std::array<std::uint8_t, kQuantRuns> first, last;  // each run's codes
   // The run found by the magnitude's binary exponent instead of six compares (AVX-512: two
   // 32-entry table lookups). Runs span decades, so an octave holds at most one transition: a
@@ -61,6 +61,9 @@ struct QuantRuns {
 
 struct QuantTables {
   alignas(64) std::array<float, 256> map;
+  // map_bytes[k][c]: byte k (little-endian) of map[c]'s bits, for a decode by byte permutes
+  // (AVX-512 VBMI: src/cpu/quantize-inl.h).
+  alignas(64) std::array<std::array<std::uint8_t, 256>, 4> map_bytes;
   // threshold[c]: where the nearest code of a magnitude turns from c to c + 1, f32((map[c] +
   // map[c + 1]) · 0.5) as bitsandbytes' CUDA search computes it; a magnitude goes up only when
   // greater (ties go to the smaller magnitude). +Inf for the last code.

@@ -1,3 +1,7 @@
+// The targets compiled here are those steps may be dispatched to: src/cpu/quantize_blocks.cc's,
+// which add AVX3_DL to every other kernel's (CompanionsOf).
+#define HWY_WANT_AVX3_DL 1
+
 #include "fusedopt/runtime.h"
 
 #include <omp.h>
@@ -54,6 +58,15 @@ std::int64_t DisabledTargets() {
   return disabled;
 }
 
+// AVX3_DL is compiled only for the 8-bit states' codecs (src/cpu/quantize_blocks.cc); every other
+// kernel runs its AVX3 code there (each file dispatches to the best target it compiled, and falls
+// to SCALAR where the mask holds none). So AVX3_DL goes with AVX3: forcing it keeps AVX3, and a
+// mask without AVX3 drops it.
+std::int64_t CompanionsOf(std::int64_t mask) {
+  if ((mask & HWY_AVX3) == 0) return mask & ~std::int64_t{HWY_AVX3_DL};
+  return mask;
+}
+
 // Dispatch uses hwy's test mock (SetSupportedTargetsForTest) for every restriction: in
 // Highway 1.0.3 each call of SupportedTargets() re-chooses the target from the unmasked CPU set,
 // silently undoing DisableTargets.
@@ -68,7 +81,7 @@ std::int64_t DefaultMask() {
   static const std::int64_t mask = [] {
     const std::int64_t detected = hwy::SupportedTargets() & HWY_TARGETS;
     // A throw leaves the static uninitialized: the next call reads the variable again.
-    const std::int64_t allowed = detected & ~DisabledTargets();
+    const std::int64_t allowed = CompanionsOf(detected & ~DisabledTargets());
     return allowed != 0 ? allowed : detected;  // never disable everything
   }();
   return mask;
@@ -158,6 +171,7 @@ void ForceTarget(const std::string& name) {
       throw Error("ForceTarget: target '" + name + "' is not available; available:" + known);
     }
     mask = TargetBit(name);
+    if (mask == HWY_AVX3_DL) mask |= HWY_AVX3;  // (CompanionsOf)
   }
   Restrict(mask);
 }

@@ -17,7 +17,7 @@
 #  include "hwy/highway.h"
 #  include "src/core/plan.h"
 #  include "src/cpu/io-inl.h"
-#  include "src/cpu/quantize-inl.h"
+#  include "src/cpu/quantize_blocks.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace fusedopt::HWY_NAMESPACE {
@@ -184,16 +184,16 @@ HWY_INLINE void RunQuantizedPiece(const Kernel& kernel, const Segment& seg, cons
     const std::size_t n = std::min(kQuantBlock, seg.numel - b);
     for (int slot = 0; slot < kMaxStates; ++slot) {
       if (seg.state[slot] == nullptr) continue;
-      DequantizeBlock(*tables[slot], static_cast<const std::uint8_t*>(seg.state[slot]) + b,
-                      seg.absmax[slot][b / kQuantBlock], n, states[slot]);
+      DequantizeStateBlock(*tables[slot], static_cast<const std::uint8_t*>(seg.state[slot]) + b,
+                           seg.absmax[slot][b / kQuantBlock], n, states[slot]);
     }
     const Segment part = PartWithF32States(seg, b, n, states);
     RunTypedPiece(kernel, part, scalars, 0, n);
     for (int slot = 0; slot < kMaxStates; ++slot) {
       if (seg.state[slot] == nullptr) continue;
-      QuantizeBlock(*tables[slot], tables[slot]->zero_code != 0, states[slot], n,
-                    static_cast<std::uint8_t*>(seg.state[slot]) + b,
-                    &seg.absmax[slot][b / kQuantBlock]);
+      QuantizeStateBlock(*tables[slot], states[slot], n,
+                         static_cast<std::uint8_t*>(seg.state[slot]) + b,
+                         &seg.absmax[slot][b / kQuantBlock]);
     }
   }
 }

@@ -1,0 +1,22 @@
+// The codecs of one block of an 8-bit state (include/fusedopt/quantize.h), for the loops of every
+// algorithm (src/cpu/loop-inl.h): compiled once, in src/cpu/quantize_blocks.cc, for every target
+// and AVX3_DL too, and dispatched per block to the target the steps run on.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "src/core/quantize_tables.h"
+
+namespace fusedopt {
+
+// out[i] = t.map[codes[i]] · absmax for the n <= kQuantBlock elements of one block.
+void DequantizeStateBlock(const QuantTables& t, const std::uint8_t* codes, float absmax,
+                          std::size_t n, float* out);
+
+// The block's absmax (max |x|, NaN if any x is) into *absmax, and the codes of x / absmax (the
+// zero code everywhere where the absmax is 0 or not finite): src/core/quantize.cc's Quantize.
+void QuantizeStateBlock(const QuantTables& t, const float* x, std::size_t n, std::uint8_t* codes,
+                        float* absmax);
+
+}  // namespace fusedopt
