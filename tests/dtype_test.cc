@@ -129,7 +129,7 @@ TEST(DType, SimdConversionsMatchScalarOnEveryTarget) {
                             : static_cast<std::uint32_t>(rng()));
   }
   TargetGuard guard;
-  for (const std::string& target : AvailableTargets()) {
+  for (const std::string& target : test::KernelTargets()) {
     SCOPED_TRACE(target);
     ForceTarget(target);
     ASSERT_EQ(ActiveTargetName(), target);

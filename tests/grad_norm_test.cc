@@ -107,7 +107,7 @@ TEST(GradNorm, IsBitIdenticalOnEveryTargetAndThreadCount) {
     Runtime one(1);
     const double want = GradNorm(grads.Buffers(), type, 0.5f, one).norm;
     const double want32 = GradNorm(f32.Buffers(), type, 1.0f, one).norm;
-    for (const std::string& target : AvailableTargets()) {
+    for (const std::string& target : test::KernelTargets()) {
       ForceTarget(target);
       for (int threads : {1, 2, 3}) {
         Runtime runtime(threads);
@@ -125,7 +125,7 @@ TEST(GradNorm, AnySingleNonFiniteElementIsReported) {
   const std::size_t big = SmallOnly() ? 100 : kGrainElements + 100;
   const float inf = std::numeric_limits<float>::infinity();
   TargetGuard guard;
-  for (const std::string& target : AvailableTargets()) {
+  for (const std::string& target : test::KernelTargets()) {
     ForceTarget(target);
     for (DType t : kDTypes) {
       Grads grads(t, {9, big}, 14);
@@ -257,7 +257,7 @@ TEST(ClipGradValue, ClampsEveryElementAndKeepsNaN) {
 
 TEST(AccumulateGrads, OverwritesThenAddsScaledMicroBatches) {
   TargetGuard guard;
-  for (const std::string& target : AvailableTargets()) {
+  for (const std::string& target : test::KernelTargets()) {
     ForceTarget(target);
     for (DType t : kDTypes) {
       Grads a(t, {70, 5}, 21), b(t, {70, 5}, 22);

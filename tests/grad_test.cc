@@ -60,7 +60,7 @@ TEST(Grad, HasNonFiniteFindsAnySingleElementOnEveryTargetAndThreadCount) {
                             -std::numeric_limits<float>::infinity(),
                             std::numeric_limits<float>::quiet_NaN()};
   TargetGuard guard;
-  for (const std::string& target : AvailableTargets()) {
+  for (const std::string& target : test::KernelTargets()) {
     ForceTarget(target);
     for (DType t : kDTypes) {
       for (int threads : {1, 2}) {
@@ -100,7 +100,7 @@ TEST(Grad, LargestFiniteValuesAreNotOverflow) {
 
 TEST(Grad, UnscaleMultipliesEveryElementAndReportsNonFiniteInput) {
   TargetGuard guard;
-  for (const std::string& target : AvailableTargets()) {
+  for (const std::string& target : test::KernelTargets()) {
     ForceTarget(target);
     for (DType t : kDTypes) {
       SCOPED_TRACE(target + " " + std::string(DTypeName(t)));

@@ -948,7 +948,7 @@ template <class A>
 void RunAcrossTargets(const std::vector<std::vector<typename A::Hyper>>& group_sets,
                       const std::vector<Combo>& combos, bool all_targets_agree) {
   test::TargetGuard guard;
-  const std::vector<std::string> targets = AvailableTargets();
+  const std::vector<std::string> targets = test::KernelTargets();
   for (const auto& groups : group_sets) {
     for (const Combo& combo : combos) {
       // The first target of each class and its result.
@@ -1231,7 +1231,7 @@ void RunShapedAcrossTargets() {
   test::TargetGuard guard;
   for (const Combo& c : {Combo{kF32, kF32, kF32}, Combo{kF16, kF16, kF32, true}}) {
     std::optional<std::pair<std::string, std::vector<std::vector<std::uint8_t>>>> first[2];
-    const std::vector<std::string> targets = AvailableTargets();
+    const std::vector<std::string> targets = test::KernelTargets();
     for (std::size_t ti = 0; ti < targets.size(); ++ti) {
       ForceTarget(targets[ti]);
       auto run = ShapedRun<A>(static_cast<int>(ti % 3) + 1, c);
@@ -1277,7 +1277,7 @@ void Register(const std::string& suite, const std::string& name, const std::stri
 // Targets/<suite>.<name>/<target> for every available target, run with that target forced.
 void RegisterPerTarget(const std::string& suite, const std::string& name,
                        void (*run)(const std::string& target)) {
-  for (const std::string& target : AvailableTargets()) {
+  for (const std::string& target : test::KernelTargets()) {
     Register("Targets/" + suite, name + "/" + target, "\"" + target + "\"", [run, target] {
       const ForcedTarget forced(target);
       ASSERT_EQ(ActiveTargetName(), target) << "ForceTarget did not take effect";

@@ -19,6 +19,7 @@
 #include "fusedopt/step.h"
 #include "src/algos/registry.h"
 #include "tests/reference/reference.h"
+#include "tests/test_support.h"
 
 namespace fusedopt {
 namespace scalar_math {
@@ -67,7 +68,7 @@ std::vector<float> Random(std::uint32_t seed, float lo, float hi) {
 // The targets whose MulAdd is one fused rounding, as std::fma.
 std::vector<std::string> FmaTargets() {
   std::vector<std::string> out;
-  for (const std::string& t : AvailableTargets()) {
+  for (const std::string& t : test::KernelTargets()) {
     if (t == "AVX2" || t == "AVX3" || t == "AVX3_DL" || t == "AVX3_ZEN4" || t == "NEON" ||
         t == "SVE" || t == "SVE2") {
       out.push_back(t);

@@ -597,7 +597,7 @@ TEST(Rounding, SimdStoresMatchScalarOnEveryTarget) {
   const std::vector<float> values = InterestingValues(n, 4);
   TargetGuard guard;
   Runtime runtime(2);
-  for (const std::string& target : AvailableTargets()) {
+  for (const std::string& target : test::KernelTargets()) {
     ForceTarget(target);
     ASSERT_EQ(ActiveTargetName(), target);
     for (const StoreCase& c : StoreCases()) {
@@ -616,7 +616,7 @@ TEST(Rounding, SimdNoiseAcrossTheHighIndexWordOnEveryTarget) {
   const std::vector<float> values = InterestingValues(n, 5);
   TargetGuard guard;
   Runtime runtime(1);
-  for (const std::string& target : AvailableTargets()) {
+  for (const std::string& target : test::KernelTargets()) {
     ForceTarget(target);
     for (std::uint64_t k = 0; k <= 40; ++k) {
       for (std::uint64_t edge : {std::uint64_t{1} << 32, std::uint64_t{3} << 32, kU64Max - n}) {
@@ -638,7 +638,7 @@ TEST(Rounding, FlagOffIsRoundToNearestEvenOnEveryTarget) {
   const std::vector<float> values = InterestingValues(n, 6);
   TargetGuard guard;
   Runtime runtime(2);
-  for (const std::string& target : AvailableTargets()) {
+  for (const std::string& target : test::KernelTargets()) {
     ForceTarget(target);
     for (StoreCase c : StoreCases()) {
       StoreRun run(c, values);
@@ -844,7 +844,7 @@ TEST(Rounding, PureSixteenBitSgdFollowsTheDoubleReference) {
   const int steps = SmallOnly() ? 24 : 64;
   Runtime runtime(1);  // many small calls: no thread start-up per call
   TargetGuard guard;
-  for (const std::string& target : AvailableTargets()) {
+  for (const std::string& target : test::KernelTargets()) {
     ForceTarget(target);
     for (DType t : {kBF16, kF16}) {
       SCOPED_TRACE(target + " " + std::string(DTypeName(t)));
@@ -1054,7 +1054,7 @@ TEST(Rounding, AdafactorStoresAreTheScalarRoundingOnEveryTarget) {
   Runtime runtime(2);
   const std::uint64_t seed = 1234;
   const std::vector<std::string> targets =
-      SmallOnly() ? std::vector<std::string>{AvailableTargets().front()} : AvailableTargets();
+      SmallOnly() ? std::vector<std::string>{test::KernelTargets().front()} : test::KernelTargets();
   for (const std::string& target : targets) {
     ForceTarget(target);
     for (DType t : {kBF16, kF16}) {

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "fusedopt/runtime.h"
 
@@ -41,6 +43,15 @@ inline float HashedValue(unsigned seed, std::size_t i) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
   return static_cast<float>(static_cast<double>(z >> 40) / double(1 << 23) - 1.0);
+}
+
+// The targets whose kernels differ: AvailableTargets() without AVX3_DL, which is compiled only for
+// the 8-bit states' codecs (src/cpu/quantize_blocks.cc): forced, every other kernel runs its AVX3
+// code, so a test of those kernels would run AVX3 twice. The codecs' tests take every target.
+inline std::vector<std::string> KernelTargets() {
+  std::vector<std::string> targets = AvailableTargets();
+  std::erase(targets, std::string("AVX3_DL"));
+  return targets;
 }
 
 // Restores the default target choice when a test ends.

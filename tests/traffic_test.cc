@@ -22,6 +22,7 @@
 #include "fusedopt/step.h"
 #include "src/baselines/same_traffic.h"
 #include "src/baselines/standard.h"
+#include "tests/test_support.h"
 
 namespace fusedopt::baselines {
 namespace {
@@ -372,7 +373,7 @@ TEST_P(Traffic, FillCopyAndReadCoverEveryElement) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, Traffic, ::testing::ValuesIn(AvailableTargets()),
+INSTANTIATE_TEST_SUITE_P(Targets, Traffic, ::testing::ValuesIn(test::KernelTargets()),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace

@@ -206,20 +206,6 @@ std::vector<std::unique_ptr<typename Optimizer::ParamState>> Snapshot(const Opti
   return out;
 }
 
-// Steps [from, to) of both runs on the same grads: their params then equal bit for bit.
-template <class Optimizer>
-void StepBothAlike(Optimizer& original, const Params& params, Optimizer& loaded,
-                   const Params& loaded_params, int from, int to) {
-  for (int t = from; t < to; ++t) {
-    SetGrads(params, t);
-    SetGrads(loaded_params, t);
-    original.step();
-    loaded.step();
-  }
-  EXPECT_TRUE(BitwiseEqual(loaded_params, params))
-      << "max rel diff " << MaxRelDiff(loaded_params, params);
-}
-
 TYPED_TEST(TorchGeneric, SaveLoadContinuesBitForBit) {
   using Hyper = TypeParam;
   using Optimizer = FusedOptimizer<Hyper>;
