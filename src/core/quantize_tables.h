@@ -50,7 +50,7 @@ struct QuantRuns {
   alignas(64) std::array<float, 16> high;            // its last code + 0.5
   std::array<float, kQuantRuns - 1> transition;      // threshold[last code of run r]
   std::array<std::uint8_t, kQuantRuns> first, last;  // each run's codes
-  // The run found by the magnitude's binary exponent instead of six compares (AVX-512: two
+  // The run found by the magnitude's binary exponent instead of seven compares (AVX-512: two
   // 32-entry table lookups). Runs span decades, so an octave holds at most one transition: a
   // magnitude m >= 2^-24 in octave [2^e, 2^(e+1)) is in run octave_run[e & 31], one more if m >
   // octave_transition[e & 31] (+Inf where none lies in the octave). Octaves 2^-24..2^0 take

@@ -26,7 +26,7 @@ void DequantizeBlockOf(const QuantTables& t, const std::uint8_t* codes, float ab
 
 void QuantizeBlockOf(const QuantTables& t, const float* x, std::size_t n, std::uint8_t* codes,
                      float* absmax) {
-  QuantizeBlock(t, t.zero_code != 0, x, n, codes, absmax);
+  QuantizeBlock(t, x, n, codes, absmax);
 }
 
 }  // namespace fusedopt::HWY_NAMESPACE

@@ -201,6 +201,9 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   std::string routed_why;
   hypers.reserve(groups.size());
   CheckStateDType(Traits::kName, training.state_dtype, algos::QuantizableStates<Descriptor>);
+  // An algorithm without torch's step count keeps one for the noise (Segment::rounding_step).
+  constexpr bool kRoundingCount = requires(const State& s) { Traits::RoundingStep(s); };
+  const bool counts_rounding = kRoundingCount && training.stochastic_rounding;
   // Each param's first element in all groups' params laid end to end (with or without a grad, a
   // param listed twice at its first place): the index that keys stochastic rounding's noise, as
   // the Python classes count it (_global_offset).
@@ -273,9 +276,6 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       }
 
       State* state = nullptr;
-      // An algorithm without torch's step count keeps one for the noise (Segment::rounding_step).
-      constexpr bool kRoundingCount = requires(const State& s) { Traits::RoundingStep(s); };
-      const bool counts_rounding = kRoundingCount && training.stochastic_rounding;
       if (required != 0 || counts_rounding) {
         auto it = state_map.find(p.unsafeGetTensorImpl());
         if (it != state_map.end() && it->second != nullptr) {
@@ -404,9 +404,7 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   for (std::size_t k = 0; k < segments.size(); ++k) {
     if (states[k] != nullptr) {
       Traits::SetStep(*states[k], segments[k].step);
-      if constexpr (requires { Traits::SetRoundingStep(*states[k], 0); }) {
-        Traits::SetRoundingStep(*states[k], segments[k].rounding_step);
-      }
+      if constexpr (kRoundingCount) Traits::SetRoundingStep(*states[k], segments[k].rounding_step);
     }
     // The params changed in place behind autograd's back: bump their version counters as ATen's
     // in-place ops do, so a graph that saved a param for backward reports the modification.

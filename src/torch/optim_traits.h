@@ -236,6 +236,9 @@ struct GenericTraits {
   static inline const std::string kOptionsName =
       std::is_same_v<H, LambHyper> ? "fusedopt::pt::LambOptions" : kName + "Options";
 
+  // Whether torch's state of the algorithm has a step count (all but Lion and LARS here).
+  static constexpr bool kCountsSteps = algos::CountsSteps<algos::DescriptorOf<H>>();
+
   static Hyper ToHyper(const Options& o) { return o.hyper(); }
   static void FromHyper(const Hyper& h, Options& o) { o.hyper() = h; }
   static StateSlots Slots(State& s) {
@@ -252,21 +255,17 @@ struct GenericTraits {
   // new, as SGD does (LARS's momentum buffer), so a state loaded without a count continues; its
   // count keys stochastic rounding's noise (RoundingStep).
   static std::int64_t NextStep(const State& s) {
-    if constexpr (algos::CountsSteps<algos::DescriptorOf<H>>()) {
+    if constexpr (kCountsSteps) {
       return s.step() + 1;
     } else {
       return s.tensors[0].defined() ? 2 : 1;
     }
   }
   static void SetStep(State& s, std::int64_t step) {
-    if constexpr (algos::CountsSteps<algos::DescriptorOf<H>>()) s.step(step);
+    if constexpr (kCountsSteps) s.step(step);
   }
-  static std::int64_t RoundingStep(const State& s) requires(
-      !algos::CountsSteps<algos::DescriptorOf<H>>()) {
-    return s.step();
-  }
-  static void SetRoundingStep(State& s, std::int64_t count) requires(
-      !algos::CountsSteps<algos::DescriptorOf<H>>()) {
+  static std::int64_t RoundingStep(const State& s) requires(!kCountsSteps) { return s.step(); }
+  static void SetRoundingStep(State& s, std::int64_t count) requires(!kCountsSteps) {
     s.step(count);
   }
 
