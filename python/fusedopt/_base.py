@@ -123,7 +123,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         self._param_marks: dict[torch.Tensor, tuple[int, int]] = {}
         self._segment_cache: dict[torch.Tensor, _Cached] = {}  # see _segment
         self._last: _LastStep | None = None  # see _pack_unchanged
-        self._last_hypers: list[tuple[dict, Any]] = []  # see _group_hypers
+        self._last_hypers: list[tuple[dict, Any, tuple | None]] = []  # see _group_hypers
         self._duplicates = False  # some group lists a param more than once (torch warns, and allows it)
         self._overlap_free = False  # see _waves
         self._wave_key: list | None = None

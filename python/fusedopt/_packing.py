@@ -37,8 +37,34 @@ _unchanged = _load_unchanged()
 _DICT_VERSIONS = _unchanged is not None and _unchanged.dict_versions
 
 
+# Values a param group may hold that nothing can change in place: the same objects mean the same Hyper.
+_IMMUTABLE = frozenset({float, int, bool, str, type(None)})
+_PARAM_LISTS = frozenset({"params", "param_names"})  # (a Hyper never reads them)
+
+
+def _frozen_values(group: dict) -> tuple | None:
+    """The group's keys and values, when every value but its param lists is immutable (a float, a tuple of floats,
+    ...; not a tensor lr, which may change in place): if the group holds these very objects at a later step, its Hyper
+    is the same. Else None."""
+    for key, value in group.items():
+        if key not in _PARAM_LISTS and not (type(value) in _IMMUTABLE or (
+                type(value) is tuple and all(type(item) in _IMMUTABLE for item in value))):
+            return None
+    return tuple(group), tuple(group.values())
+
+
+def _same_values(group: dict, frozen: tuple) -> bool:
+    """The group holds the keys and the very value objects of _frozen_values' snapshot (a scheduler's new lr is a new
+    float: no)."""
+    keys, values = frozen
+    return len(group) == len(keys) and all(map(operator.is_, group.values(), values)) and tuple(group) == keys
+
+
 class SegmentPacking:
     """The FusedOptimizerMixin part that turns params, grads and states into the engine's segment table."""
+
+    # The Hyper depends on the group's values alone (see _group_hypers); not where _hyper_arguments reads more.
+    _hypers_read_group_only = True
 
     def _waves(self, segments) -> tuple[list[int], list[int]] | None:
         """None when no two segments share memory (the common case: one parallel pass). Otherwise
@@ -56,18 +82,22 @@ class SegmentPacking:
         return self._wave_plan
 
     def _group_hypers(self) -> list:
-        """Each group's Hyper (see _hyper_arguments): the last step's object where the group's arguments are the same,
-        as making one costs more than comparing them."""
+        """Each group's Hyper (see _hyper_arguments): the last step's object where the group holds the very values it
+        held then (see _frozen_values) or its arguments are the same, as making one costs more than comparing them."""
         hypers, made = [], []
         last = self._last_hypers
         for gi, group in enumerate(self.param_groups):
+            if gi < len(last) and last[gi][2] is not None and _same_values(group, last[gi][2]):
+                hypers.append(last[gi][1])
+                made.append(last[gi])
+                continue
             try:
                 arguments = self._hyper_arguments(group)
             except _BadNumber as e:
                 raise number_error(f"param_groups[{gi}]{e.field}", e.value, e.index) from None
             same = gi < len(last) and last[gi][0] == arguments
             hypers.append(last[gi][1] if same else self._hyper_type(**arguments))
-            made.append((arguments, hypers[-1]))
+            made.append((arguments, hypers[-1], _frozen_values(group) if self._hypers_read_group_only else None))
         self._last_hypers = made
         return hypers
 

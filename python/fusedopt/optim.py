@@ -397,6 +397,8 @@ class FusedAdafactor(FusedOptimizerMixin, torch.optim.Adafactor):
     _algorithm = "adafactor"
     _sparse_message = "Adafactor does not support sparse gradients"
 
+    _hypers_read_group_only = False  # eps1 may come from the params' dtype
+
     def _hyper_arguments(self, g):
         _f(g, "eps", 1)  # (first: it checks that eps holds two values)
         arguments = super()._hyper_arguments(g)

@@ -84,7 +84,6 @@ class LastStep {
         group_sizes_(std::move(group_sizes)),
         has_grad_(std::move(has_grad)),
         params_(std::move(params)),
-        shapes_(std::move(shapes)),
         param_ptrs_(std::move(param_ptrs)),
         states_(std::move(states)),
         entry_dicts_(std::move(entry_dicts)),
@@ -94,7 +93,7 @@ class LastStep {
         versions_(std::move(versions)),
         grad_slots_(std::move(grad_slots)) {
     const std::size_t n = params_.size();
-    if (has_grad_.size() != all_params_.size() || shapes_.size() != n || param_ptrs_.size() != n ||
+    if (has_grad_.size() != all_params_.size() || shapes.size() != n || param_ptrs_.size() != n ||
         states_.size() != n || versions_.size() != n ||
         (!grad_slots_.empty() && grad_slots_.size() != n) ||
         entry_keys_.size() != entry_dicts_.size() || entry_tensors_.size() != entry_dicts_.size() ||
@@ -111,6 +110,13 @@ class LastStep {
           throw std::invalid_argument("fusedopt._unchanged.LastStep: not a tensor");
       }
     }
+    for (py::handle t : all_params_) param_tensors_.push_back(Unpack(t));
+    for (py::handle t : entry_tensors_) entry_tensor_handles_.push_back(Unpack(t));
+    shape_ends_.reserve(n);
+    for (const std::vector<std::int64_t>& shape : shapes) {
+      sizes_.insert(sizes_.end(), shape.begin(), shape.end());
+      shape_ends_.push_back(sizes_.size());
+    }
     state_version_ = DictVersion(state_);
     for (py::handle d : states_) state_versions_.push_back(d.is_none() ? 0 : DictVersion(d));
   }
@@ -121,14 +127,15 @@ class LastStep {
   // had), `place_grad`: with flatten=True, FlatStore.place_grad (moves a new p.grad into its slot).
   py::object Grads(py::handle groups, py::handle state, py::handle place_grad) const {
     try {
-      if (!SameParams(groups) || !SameStates(state)) return py::none();
+      if (!SameParams(groups)) return py::none();
       Prefetch();
+      if (!SameStates(state)) return py::none();
       const std::size_t n = params_.size();
       py::list addresses(n);
       py::list codes(n);
       std::size_t i = 0;  // index into the packed params
       for (std::size_t k = 0; k < has_grad_.size(); ++k) {
-        const at::Tensor& p = Unpack(all_params_[k]);
+        const at::Tensor& p = param_tensors_[k];
         const at::Tensor& g = p.grad();
         if (g.defined() != has_grad_[k]) return py::none();
         if (!g.defined()) continue;
@@ -139,7 +146,7 @@ class LastStep {
         ++i;
       }
       for (std::size_t e = 0; e < entry_ptrs_.size(); ++e) {
-        if (Address(Unpack(entry_tensors_[e])) != entry_ptrs_[e]) return py::none();
+        if (Address(entry_tensor_handles_[e]) != entry_ptrs_[e]) return py::none();
       }
       return py::make_tuple(std::move(addresses), std::move(codes));
     } catch (const c10::Error&) {
@@ -192,38 +199,35 @@ class LastStep {
     return true;
   }
 
-  // Asks for the memory the checks read, one hop for all tensors at a time: right after a step the
-  // engine has evicted it, and walked tensor by tensor each hop (PyObject -> TensorImpl ->
-  // StorageImpl, -> AutogradMeta -> the grad's TensorImpl -> ...) is a cache miss that waits for
-  // the one before. Issued for all tensors at once the misses overlap: the check of mobilenet_v1's
-  // 83 params (and 249 state tensors) right after a step took 0.14 ms without this, 0.10 ms with it
-  // (2-core AMD EPYC).
+  // Reads the memory the checks read, one hop for all tensors at a time: right after a step the
+  // engine has evicted it, and walked tensor by tensor each hop (TensorImpl -> StorageImpl,
+  // -> AutogradMeta -> the grad's TensorImpl -> ...) is a cache miss that waits for the one before.
+  // Read for all tensors at once, the misses overlap. Plain loads, not prefetch instructions: a CPU
+  // may drop a prefetch when its miss buffers are full, a load it must complete. The check of
+  // mobilenet_v1's 83 params (and 249 state tensors) right after an AdamW step took 43 us with
+  // prefetches, 23 us with loads; after torch's for-loop AdamW step (the bench's neighbour),
+  // 95 and 49 us (2-core AMD EPYC).
   void Prefetch() const {
-    std::vector<const c10::TensorImpl*> impls;
-    impls.reserve(all_params_.size() + entry_tensors_.size());
-    for (py::handle list : {py::handle(all_params_), py::handle(entry_tensors_)}) {
-      for (py::handle t : py::reinterpret_borrow<py::list>(list)) Touch(t.ptr(), 1);
-    }
     for (py::handle d : states_) Touch(d.ptr(), 1);
     if (!dict_versions_) {
+      for (py::handle list : {py::handle(all_params_), py::handle(entry_tensors_)}) {
+        for (py::handle t : py::reinterpret_borrow<py::list>(list)) Touch(t.ptr(), 1);
+      }
       for (py::handle d : entry_dicts_) Touch(reinterpret_cast<PyDictObject*>(d.ptr())->ma_keys, 2);
     }
-    for (py::handle list : {py::handle(all_params_), py::handle(entry_tensors_)}) {
-      for (py::handle t : py::reinterpret_borrow<py::list>(list)) {
-        impls.push_back(Unpack(t).unsafeGetTensorImpl());
-        Touch(impls.back(), kImplLines);
+    for (const std::vector<at::Tensor>* tensors : {&param_tensors_, &entry_tensor_handles_}) {
+      for (const at::Tensor& t : *tensors) Touch(t.unsafeGetTensorImpl(), kImplLines);
+    }
+    for (const std::vector<at::Tensor>* tensors : {&param_tensors_, &entry_tensor_handles_}) {
+      for (const at::Tensor& t : *tensors) {
+        Touch(t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl(), kStorageLines);
       }
     }
-    for (const c10::TensorImpl* impl : impls)
-      Touch(impl->unsafe_storage().unsafeGetStorageImpl(), kStorageLines);
+    for (const at::Tensor& p : param_tensors_) Touch(p.unsafeGetTensorImpl()->autograd_meta(), 2);
     std::vector<const c10::TensorImpl*> grads;
-    grads.reserve(all_params_.size());
-    for (std::size_t k = 0; k < all_params_.size(); ++k) {
-      const c10::AutogradMetaInterface* meta = impls[k]->autograd_meta();
-      if (meta != nullptr) Touch(meta, 2);
-    }
-    for (std::size_t k = 0; k < all_params_.size(); ++k) {
-      const at::Tensor& g = Unpack(all_params_[k]).grad();
+    grads.reserve(param_tensors_.size());
+    for (const at::Tensor& p : param_tensors_) {
+      const at::Tensor& g = p.grad();
       if (g.defined()) grads.push_back(g.unsafeGetTensorImpl());
     }
     for (const c10::TensorImpl* impl : grads) Touch(impl, kImplLines);
@@ -239,7 +243,12 @@ class LastStep {
   static void Touch(const void* object, int lines) {
     if (object == nullptr) return;
     for (int line = 0; line < lines; ++line)
-      __builtin_prefetch(static_cast<const char*>(object) + 64 * line);
+      (void)*(static_cast<const volatile char*>(object) + 64 * line);
+  }
+
+  c10::IntArrayRef Shape(std::size_t i) const {
+    const std::size_t begin = i == 0 ? 0 : shape_ends_[i - 1];
+    return {sizes_.data() + begin, shape_ends_[i] - begin};
   }
 
   // Packed param i (p, with gradient g): its gradient's (address, code) if its packing still holds.
@@ -249,7 +258,7 @@ class LastStep {
     if (Address(p) != param_ptrs_[i] || (versions_[i] >= 0 && p._version() != versions_[i]))
       return std::nullopt;
     if (g.layout() != at::kStrided || !g.device().is_cpu() || !g.has_storage() ||
-        !g.is_contiguous() || g.sizes() != c10::IntArrayRef(shapes_[i])) {
+        !g.is_contiguous() || g.sizes() != Shape(i)) {
       return std::nullopt;
     }
     int code = GradDTypeCode(g.scalar_type());
@@ -264,23 +273,28 @@ class LastStep {
     return std::make_pair(address, code);
   }
 
-  bool dict_versions_;                    // check the state dicts by their versions, not lookups
-  py::dict state_;                        // the optimizer's state
-  std::uint64_t state_version_ = 0;       // its DictVersion
-  py::list all_params_;                   // every group's params, in order
-  std::vector<std::size_t> group_sizes_;  // how many of them each group holds
-  std::vector<bool> has_grad_;            // per param of all_params_: it had a gradient
-  py::list params_;                       // those packed: the ones with a gradient
-  std::vector<std::vector<std::int64_t>> shapes_;  // per packed param: its gradient's shape
-  std::vector<std::uintptr_t> param_ptrs_;         // its data_ptr()
-  py::list states_;                                // the optimizer's state[p] (None: none)
-  std::vector<std::uint64_t> state_versions_;      // its DictVersion
-  py::list entry_dicts_;                           // each state tensor the step reads: its dict,
-  py::list entry_keys_;                            // its key,
-  py::list entry_tensors_;                         // the tensor itself
-  std::vector<std::uintptr_t> entry_ptrs_;         // and its data_ptr()
-  std::vector<std::int64_t> versions_;             // with an f32 master copy, p._version; else -1
-  std::vector<std::uintptr_t> grad_slots_;  // flatten=True: where each grad belongs; else empty
+  bool dict_versions_;                      // check the state dicts by their versions, not lookups
+  py::dict state_;                          // the optimizer's state
+  std::uint64_t state_version_ = 0;         // its DictVersion
+  py::list all_params_;                     // every group's params, in order
+  std::vector<std::size_t> group_sizes_;    // how many of them each group holds
+  std::vector<bool> has_grad_;              // per param of all_params_: it had a gradient
+  py::list params_;                         // those packed: the ones with a gradient
+  std::vector<std::uintptr_t> param_ptrs_;  // per packed param: its data_ptr(),
+  std::vector<std::int64_t> sizes_;      // its gradient's shape (all of them, one after the other)
+  std::vector<std::size_t> shape_ends_;  // and where that shape ends in sizes_
+  py::list states_;                      // the optimizer's state[p] (None: none)
+  std::vector<std::uint64_t> state_versions_;  // its DictVersion
+  py::list entry_dicts_;                       // each state tensor the step reads: its dict,
+  py::list entry_keys_;                        // its key,
+  py::list entry_tensors_;                     // the tensor itself
+  std::vector<std::uintptr_t> entry_ptrs_;     // and its data_ptr()
+  std::vector<std::int64_t> versions_;         // with an f32 master copy, p._version; else -1
+  std::vector<std::uintptr_t> grad_slots_;     // flatten=True: where each grad belongs; else empty
+  // all_params_ and entry_tensors_ as C++ tensors: the same TensorImpls (a Python tensor's is
+  // fixed for its life; `.data = x` changes it in place), one cache miss nearer.
+  std::vector<at::Tensor> param_tensors_;
+  std::vector<at::Tensor> entry_tensor_handles_;
 };
 
 std::string TorchVersion() {

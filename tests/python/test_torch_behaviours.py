@@ -148,6 +148,23 @@ def test_tensor_lr(name):
     compare_opts(fus, ref, f"{name} tensor lr", bitwise=(name == "SGD"))
 
 
+def test_group_values_changed_between_steps_are_read():
+    """A step reuses the last step's Hyper of a group that holds the very same immutable values (_group_hypers). A
+    list put in and then changed in place, a tuple, a float and a bool replaced are each read at the next step."""
+    p_ref, p_fus, ref, fus = _pair("Adam")
+    changes = (lambda g: g.update(betas=[0.7, 0.999]), lambda g: g["betas"].__setitem__(0, 0.5),
+               lambda g: g.update(betas=(0.8, 0.99)),
+               lambda g: g.update(weight_decay=0.1), lambda g: g.update(amsgrad=True), lambda g: g.update(lr=0.5))
+    run(ref, p_ref, 2)
+    run(fus, p_fus, 2)
+    for k, change in enumerate(changes):
+        for opt in (ref, fus):
+            change(opt.param_groups[0])
+        run(ref, p_ref, 2, start=2 + 2 * k)
+        run(fus, p_fus, 2, start=2 + 2 * k)
+        compare_opts(fus, ref, f"Adam after change {k}")
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_step_without_grads_changes_nothing(name):
     p_ref, p_fus, ref, fus = _pair(name)
