@@ -235,17 +235,18 @@ struct RunSearch {
     return run;
   }
 
-  // The codes of magnitudes m, and in *near the lanes too close to a threshold to tell.
-  HWY_INLINE hn::Vec<hn::RebindToSigned<D>> Code(D d, hn::Vec<D> m, hn::Mask<D>* near) const {
-    const hn::RebindToSigned<D> di;
+  // u of magnitudes m (floor(u) is their code on the non-negative half), and in *near the lanes
+  // too close to a threshold to tell.
+  HWY_INLINE hn::Vec<D> Line(D d, hn::Vec<D> m, hn::Mask<D>* near) const {
     const auto run = Run(d, m);
     const auto index = hn::IndicesFromVec(d, run);
     const auto u = hn::Min(
         hn::MulSub(m, hn::TableLookupLanes(slope, index), hn::TableLookupLanes(offset, index)),
         hn::TableLookupLanes(high, index));
-    *near = hn::Lt(hn::Abs(hn::Sub(u, hn::Round(u))), hn::Set(d, kQuantRunBand));
-    return TruncateInRange(di, u);
+    *near = hn::Lt(hn::Abs(hn::Sub(u, hn::Round(u))), band);
+    return u;
   }
+  hn::Vec<D> band = hn::Set(D(), kQuantRunBand);  // (a member: hoisted out of the loops)
 };
 
 // A stand-in where the run search is not used.
@@ -257,35 +258,68 @@ template <class D>
 using RunSearchFor = std::conditional_t<kRunSearch<D>, RunSearch<D>, NoRunSearch>;
 
 // The codes of a vector of values already divided by their absmax: QuantizeValue
-// (src/core/quantize.cc) lane by lane.
-template <class D, class Search>
+// (src/core/quantize.cc) lane by lane, on a signed map or an unsigned one.
+template <bool kSigned, class D, class Search>
 HWY_INLINE hn::Vec<hn::RebindToSigned<D>> QuantizeVector(D d, const QuantTables& t,
-                                                         const Search& search, bool is_signed,
-                                                         hn::Vec<D> x) {
+                                                         const Search& search, hn::Vec<D> x,
+                                                         float negative_cap) {
   const hn::RebindToSigned<D> di;
   const auto magnitude = hn::Abs(x);
-  hn::Vec<decltype(di)> code;
+  const auto negative = hn::Lt(x, hn::Zero(d));
   if constexpr (kRunSearch<D>) {
     hn::Mask<D> near;
-    code = search.Code(d, magnitude, &near);
-    if (HWY_UNLIKELY(!hn::AllFalse(d, near))) code = IntervalCode(d, t, magnitude);
-  } else {
-    code = IntervalCode(d, t, magnitude);
+    auto u = search.Line(d, magnitude, &near);
+    if (HWY_LIKELY(hn::AllFalse(d, near))) {
+      if constexpr (!kSigned) {
+        u = hn::IfThenZeroElse(negative, u);
+      } else {
+        // Negatives mirror the positives (c ↔ 254 − c) onto codes 0..126: floor(255 − u) is 254 −
+        // floor(u) where u is not within the band of an integer; 1.0's u (255.5) becomes −0.5,
+        // code 0, and the zero code's (127.x) becomes 126.
+        u = hn::IfThenElse(negative,
+                           hn::Min(hn::Sub(hn::Set(d, 255.0f), u), hn::Set(d, negative_cap)), u);
+      }
+      return TruncateInRange(di, u);
+    }
   }
-  const auto negative = hn::RebindMask(di, hn::Lt(x, hn::Zero(d)));
-  if (!is_signed) return hn::IfThenZeroElse(negative, code);
-  // Negatives mirror the positives (c ↔ 254 − c) onto codes 0..126: 1.0 has no negative (254 −
-  // 255 becomes code 0), and a negative value never takes the zero code (254 − 127 becomes 126).
-  const auto mirrored =
-      hn::Min(hn::Max(hn::Sub(hn::Set(di, 254), code), hn::Zero(di)), hn::Set(di, t.zero_code - 1));
-  return hn::IfThenElse(negative, mirrored, code);
+  const auto code = IntervalCode(d, t, magnitude);
+  const auto negative_i = hn::RebindMask(di, negative);
+  if constexpr (!kSigned) {
+    return hn::IfThenZeroElse(negative_i, code);
+  } else {
+    // (as above, on codes: 254 − 255 becomes 0, 254 − 127 becomes 126)
+    const auto mirrored = hn::Min(hn::Max(hn::Sub(hn::Set(di, 254), code), hn::Zero(di)),
+                                  hn::Set(di, t.zero_code - 1));
+    return hn::IfThenElse(negative_i, mirrored, code);
+  }
+}
+
+// Stores the codes of x[0..n) / max (max: their absmax, finite and not 0).
+template <bool kSigned>
+HWY_INLINE void StoreCodes(const QuantTables& t, const float* x, std::size_t n, float max,
+                           std::uint8_t* codes) {
+  const hn::ScalableTag<float> dmax;
+  const RunSearchFor<decltype(dmax)> search(dmax, t);
+  // (a local: codes' byte stores may alias t, so t's fields would be read again for every vector)
+  const float negative_cap = t.zero_code - 0.5f;
+  ForEachBlockVector(n, [&](auto d, std::size_t i) HWY_ATTR {
+    const auto code = QuantizeVector<kSigned>(
+        d, t, search, hn::Div(hn::LoadU(d, x + i), hn::Set(d, max)), negative_cap);
+    const hn::Rebind<std::uint8_t, decltype(d)> du8;
+#  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if constexpr (hn::MaxLanes(d) == 16) {  // codes are 0..255: the truncating narrowing is exact
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(code.raw));
+      return;
+    }
+#  endif
+    hn::StoreU(hn::DemoteTo(du8, code), du8, codes + i);
+  });
 }
 
 // Quantizes the n <= kQuantBlock values of one block: its absmax (max |x|, NaN if any x is), and
 // the codes of x / absmax, or the zero code everywhere where the absmax is 0 or not finite.
 HWY_INLINE void QuantizeBlock(const QuantTables& t, const float* x, std::size_t n,
                               std::uint8_t* codes, float* absmax) {
-  const bool is_signed = t.zero_code != 0;
   // The maximum of |x| as integers: non-negative floats order as their bit patterns, NaN's above
   // Inf's, so one integer max per vector finds the absmax and any NaN alike, the same on every
   // target (a float Max's NaN rule differs between them).
@@ -307,22 +341,13 @@ HWY_INLINE void QuantizeBlock(const QuantTables& t, const float* x, std::size_t 
   const bool nan = max_bits > kInfBits;
   const float max = std::bit_cast<float>(max_bits);
   *absmax = nan ? std::numeric_limits<float>::quiet_NaN() : max;
-  const bool zero_codes = max_bits == 0 || max_bits >= kInfBits;
-  const RunSearchFor<decltype(dmax)> search(dmax, t);
-  ForEachBlockVector(n, [&](auto d, std::size_t i) HWY_ATTR {
-    const hn::RebindToSigned<decltype(d)> di;
-    const auto code = zero_codes ? hn::Set(di, t.zero_code)
-                                 : QuantizeVector(d, t, search, is_signed,
-                                                  hn::Div(hn::LoadU(d, x + i), hn::Set(d, max)));
-    const hn::Rebind<std::uint8_t, decltype(d)> du8;
-#  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if constexpr (hn::MaxLanes(d) == 16) {  // codes are 0..255: the truncating narrowing is exact
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(code.raw));
-      return;
-    }
-#  endif
-    hn::StoreU(hn::DemoteTo(du8, code), du8, codes + i);
-  });
+  if (max_bits == 0 || max_bits >= kInfBits) {
+    std::fill_n(codes, n, t.zero_code);
+  } else if (t.zero_code != 0) {
+    StoreCodes<true>(t, x, n, max, codes);
+  } else {
+    StoreCodes<false>(t, x, n, max, codes);
+  }
 }
 
 }  // namespace fusedopt::HWY_NAMESPACE
