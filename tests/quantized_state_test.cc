@@ -184,9 +184,9 @@ TEST(QuantizedStates, RunLinesPutEveryThresholdInsideTheBand) {
   }
 }
 
-// The octave tables (AVX-512's run search) give every magnitude the run that counting the
-// transitions it is past gives: checked at each transition, its neighbours and every octave's
-// edges.
+// The octave tables (AVX-512's run search) and the exponent table (AVX-512 VBMI's) give every
+// magnitude the run that counting the transitions it is past gives: checked at each transition, its
+// neighbours and every octave's edges, subnormals included.
 TEST(QuantizedStates, OctaveTablesGiveTheRunOfEveryMagnitude) {
   for (QuantMap which : {QuantMap::kSigned, QuantMap::kUnsigned}) {
     SCOPED_TRACE(which == QuantMap::kSigned ? "signed" : "unsigned");
@@ -196,7 +196,7 @@ TEST(QuantizedStates, OctaveTablesGiveTheRunOfEveryMagnitude) {
       magnitudes.insert(magnitudes.end(), {std::nextafter(transition, 0.0f), transition,
                                            std::nextafter(transition, 2.0f)});
     }
-    for (int e = -30; e <= 0; ++e) {
+    for (int e = -149; e <= 0; ++e) {
       const float edge = std::ldexp(1.0f, e);
       magnitudes.insert(magnitudes.end(), {std::nextafter(edge, 0.0f), edge});
     }
@@ -206,6 +206,9 @@ TEST(QuantizedStates, OctaveTablesGiveTheRunOfEveryMagnitude) {
       const std::uint32_t bits = std::max(std::bit_cast<std::uint32_t>(m), kQuantIntervalBase);
       const std::size_t k = (bits >> 23) & 31;
       EXPECT_EQ(runs.octave_run[k] + (m > runs.octave_transition[k] ? 1 : 0), want) << m;
+      // VBMI's lookup: the exponent unclamped
+      const std::uint32_t e = std::bit_cast<std::uint32_t>(m) >> 23;
+      EXPECT_EQ(runs.exponent_run[e] + (m > runs.octave_transition[e & 31] ? 1 : 0), want) << m;
     }
   }
 }

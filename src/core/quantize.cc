@@ -83,6 +83,8 @@ QuantRuns MakeRuns(const QuantTables& t, bool is_signed) {
   runs.offset[kTop] = -255.5f;
   runs.high[kTop] = 255.5f;
   runs.first[kTop] = runs.last[kTop] = 255;
+  // (+Inf also in the entries of no octave, which exponent_run's lookups of e & 31 may read)
+  runs.octave_transition.fill(std::numeric_limits<float>::infinity());
   for (std::uint32_t e = kQuantIntervalBase >> 23; e <= kQuantIntervalTop >> 23; ++e) {
     const float low = std::bit_cast<float>(e << 23);
     const float high = std::bit_cast<float>((e + 1) << 23);
@@ -93,6 +95,10 @@ QuantRuns MakeRuns(const QuantTables& t, bool is_signed) {
       if (transition < low) ++runs.octave_run[k];
       if (transition >= low && transition < high) runs.octave_transition[k] = transition;
     }
+  }
+  for (std::uint32_t e = 0; e < runs.exponent_run.size(); ++e) {
+    runs.exponent_run[e] =
+        e < kQuantIntervalBase >> 23 ? 0 : static_cast<std::uint8_t>(runs.octave_run[e & 31]);
   }
   return runs;
 }

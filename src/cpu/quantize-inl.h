@@ -195,7 +195,7 @@ struct RunSearch {
   hn::Vec<D> slope, offset, high;
   hn::Vec<D> transition[kQuantRuns - 1];
 #  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  __m512i octave_run[2];
+  __m512i octave_run[2];  // AVX3_DL: QuantRuns::exponent_run, else QuantRuns::octave_run
   __m512 octave_transition[2];
 #  endif
 
@@ -206,7 +206,11 @@ struct RunSearch {
     for (int r = 0; r + 1 < kQuantRuns; ++r) transition[r] = hn::Set(d, t.runs.transition[r]);
 #  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     for (int k = 0; k < 2; ++k) {
+#    if HWY_TARGET == HWY_AVX3_DL
+      octave_run[k] = _mm512_load_si512(t.runs.exponent_run.data() + 64 * k);
+#    else
       octave_run[k] = _mm512_load_si512(t.runs.octave_run.data() + 16 * k);
+#    endif
       octave_transition[k] = _mm512_load_ps(t.runs.octave_transition.data() + 16 * k);
     }
 #  endif
@@ -217,10 +221,17 @@ struct RunSearch {
     const hn::RebindToSigned<D> di;
 #  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     if constexpr (hn::MaxLanes(di) == 16) {  // by the octave (QuantRuns::octave_run)
+#    if HWY_TARGET == HWY_AVX3_DL
+      // The whole exponent field indexes a byte permute of 128 entries, without a clamp (each
+      // lane's upper three index bytes are 0 and read entry 0, which is 0).
+      const __m512i octave = _mm512_srli_epi32(_mm512_castps_si512(m.raw), 23);
+      const __m512i run = _mm512_permutex2var_epi8(octave_run[0], octave, octave_run[1]);
+#    else
       const __m512i bits =
           _mm512_max_epu32(_mm512_castps_si512(m.raw), _mm512_set1_epi32(kQuantIntervalBase));
       const __m512i octave = _mm512_srli_epi32(bits, 23);  // the lookups read its low 5 bits
       const __m512i run = _mm512_permutex2var_epi32(octave_run[0], octave, octave_run[1]);
+#    endif
       const __m512 past =
           _mm512_permutex2var_ps(octave_transition[0], octave, octave_transition[1]);
       return hn::Vec<decltype(di)>{_mm512_mask_add_epi32(
