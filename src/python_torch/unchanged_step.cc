@@ -110,8 +110,6 @@ class LastStep {
           throw std::invalid_argument("fusedopt._unchanged.LastStep: not a tensor");
       }
     }
-    for (py::handle t : all_params_) param_tensors_.push_back(Unpack(t));
-    for (py::handle t : entry_tensors_) entry_tensor_handles_.push_back(Unpack(t));
     shape_ends_.reserve(n);
     for (const std::vector<std::int64_t>& shape : shapes) {
       sizes_.insert(sizes_.end(), shape.begin(), shape.end());
@@ -135,7 +133,7 @@ class LastStep {
       py::list codes(n);
       std::size_t i = 0;  // index into the packed params
       for (std::size_t k = 0; k < has_grad_.size(); ++k) {
-        const at::Tensor& p = param_tensors_[k];
+        const at::Tensor& p = Unpack(all_params_[k]);
         const at::Tensor& g = p.grad();
         if (g.defined() != has_grad_[k]) return py::none();
         if (!g.defined()) continue;
@@ -146,7 +144,7 @@ class LastStep {
         ++i;
       }
       for (std::size_t e = 0; e < entry_ptrs_.size(); ++e) {
-        if (Address(entry_tensor_handles_[e]) != entry_ptrs_[e]) return py::none();
+        if (Address(Unpack(entry_tensors_[e])) != entry_ptrs_[e]) return py::none();
       }
       return py::make_tuple(std::move(addresses), std::move(codes));
     } catch (const c10::Error&) {
@@ -200,34 +198,38 @@ class LastStep {
   }
 
   // Reads the memory the checks read, one hop for all tensors at a time: right after a step the
-  // engine has evicted it, and walked tensor by tensor each hop (TensorImpl -> StorageImpl,
-  // -> AutogradMeta -> the grad's TensorImpl -> ...) is a cache miss that waits for the one before.
-  // Read for all tensors at once, the misses overlap. Plain loads, not prefetch instructions: a CPU
-  // may drop a prefetch when its miss buffers are full, a load it must complete. The check of
-  // mobilenet_v1's 83 params (and 249 state tensors) right after an AdamW step took 43 us with
-  // prefetches, 23 us with loads; after torch's for-loop AdamW step (the bench's neighbour),
-  // 95 and 49 us (2-core AMD EPYC).
+  // engine has evicted it, and walked tensor by tensor each hop (PyObject -> TensorImpl ->
+  // StorageImpl, -> AutogradMeta -> the grad's TensorImpl -> ...) is a cache miss that waits for
+  // the one before. Read for all tensors at once, the misses overlap. Plain loads, not prefetch
+  // instructions: a CPU may drop a prefetch when its miss buffers are full, a load it must
+  // complete. The check of mobilenet_v1's 83 params (and 249 state tensors) right after an AdamW
+  // step took 43 us with prefetches, 25 us with loads; after torch's for-loop AdamW step (the
+  // bench's neighbour), 95 and 50 us (2-core AMD EPYC, Zen 5). (Keeping the TensorImpls in C++
+  // would save the first hop, but its references would make torch.utils.swap_tensors refuse the
+  // params, and a swapped param would go unnoticed.)
   void Prefetch() const {
     for (py::handle d : states_) Touch(d.ptr(), 1);
+    for (py::handle list : {py::handle(all_params_), py::handle(entry_tensors_)}) {
+      for (py::handle t : py::reinterpret_borrow<py::list>(list)) Touch(t.ptr(), 1);
+    }
     if (!dict_versions_) {
-      for (py::handle list : {py::handle(all_params_), py::handle(entry_tensors_)}) {
-        for (py::handle t : py::reinterpret_borrow<py::list>(list)) Touch(t.ptr(), 1);
-      }
       for (py::handle d : entry_dicts_) Touch(reinterpret_cast<PyDictObject*>(d.ptr())->ma_keys, 2);
     }
-    for (const std::vector<at::Tensor>* tensors : {&param_tensors_, &entry_tensor_handles_}) {
-      for (const at::Tensor& t : *tensors) Touch(t.unsafeGetTensorImpl(), kImplLines);
-    }
-    for (const std::vector<at::Tensor>* tensors : {&param_tensors_, &entry_tensor_handles_}) {
-      for (const at::Tensor& t : *tensors) {
-        Touch(t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl(), kStorageLines);
+    std::vector<const c10::TensorImpl*> impls;
+    impls.reserve(all_params_.size() + entry_tensors_.size());
+    for (py::handle list : {py::handle(all_params_), py::handle(entry_tensors_)}) {
+      for (py::handle t : py::reinterpret_borrow<py::list>(list)) {
+        impls.push_back(Unpack(t).unsafeGetTensorImpl());
+        Touch(impls.back(), kImplLines);
       }
     }
-    for (const at::Tensor& p : param_tensors_) Touch(p.unsafeGetTensorImpl()->autograd_meta(), 2);
+    for (const c10::TensorImpl* impl : impls)
+      Touch(impl->unsafe_storage().unsafeGetStorageImpl(), kStorageLines);
+    for (std::size_t k = 0; k < all_params_.size(); ++k) Touch(impls[k]->autograd_meta(), 2);
     std::vector<const c10::TensorImpl*> grads;
-    grads.reserve(param_tensors_.size());
-    for (const at::Tensor& p : param_tensors_) {
-      const at::Tensor& g = p.grad();
+    grads.reserve(all_params_.size());
+    for (std::size_t k = 0; k < all_params_.size(); ++k) {
+      const at::Tensor& g = Unpack(all_params_[k]).grad();
       if (g.defined()) grads.push_back(g.unsafeGetTensorImpl());
     }
     for (const c10::TensorImpl* impl : grads) Touch(impl, kImplLines);
@@ -291,10 +293,6 @@ class LastStep {
   std::vector<std::uintptr_t> entry_ptrs_;     // and its data_ptr()
   std::vector<std::int64_t> versions_;         // with an f32 master copy, p._version; else -1
   std::vector<std::uintptr_t> grad_slots_;     // flatten=True: where each grad belongs; else empty
-  // all_params_ and entry_tensors_ as C++ tensors: the same TensorImpls (a Python tensor's is
-  // fixed for its life; `.data = x` changes it in place), one cache miss nearer.
-  std::vector<at::Tensor> param_tensors_;
-  std::vector<at::Tensor> entry_tensor_handles_;
 };
 
 std::string TorchVersion() {

@@ -4,6 +4,7 @@ change user code can make between two steps must send the step back to packing p
 torch.optim gets."""
 
 import pytest
+import torch
 from conftest import NAMES, compare_opts, run, set_grads
 from fusedopt import _packing
 from test_api import STATE_KEY, _bitwise, _pair
@@ -24,6 +25,9 @@ def _mutations(name):
     def move_param(opt, ps):
         ps[0].data = ps[0].data.clone()
 
+    def swap_param(opt, ps):  # (as Module.to() does with swap_module_params_on_conversion)
+        torch.utils.swap_tensors(ps[0], torch.nn.Parameter(ps[0].detach().mul(0.5)))
+
     def change_group(opt, ps):
         opt.param_groups[0]["lr"] *= 0.5
         opt.param_groups[0]["weight_decay"] = 0.25
@@ -37,7 +41,7 @@ def _mutations(name):
         opt.param_groups[0]["params"].append(opt.param_groups[1]["params"].pop(0))
 
     found = {"replace_state_tensor": replace_state_tensor, "drop_state": drop_state,
-             "move_param": move_param, "change_group": change_group, "drop_grad": drop_grad,
+             "move_param": move_param, "swap_param": swap_param, "change_group": change_group, "drop_grad": drop_grad,
              "regroup": regroup}
     if name != "SGD":
         found["replace_step_counter"] = replace_step_counter
@@ -50,7 +54,7 @@ def _all_grads(params, t):
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("mutation", ["replace_state_tensor", "replace_step_counter", "drop_state",
-                                      "move_param", "change_group", "drop_grad", "regroup"])
+                                      "move_param", "swap_param", "change_group", "drop_grad", "regroup"])
 @pytest.mark.parametrize("flatten", [False, True])
 @pytest.mark.parametrize("dict_versions", [True, False], ids=["dict_versions", "lookups"])
 def test_change_between_steps_is_noticed(name, mutation, flatten, dict_versions, monkeypatch):
