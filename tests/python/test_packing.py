@@ -4,10 +4,11 @@ change user code can make between two steps must send the step back to packing p
 torch.optim gets."""
 
 import pytest
-import torch
 from conftest import NAMES, compare_opts, run, set_grads
 from fusedopt import _packing
 from test_api import STATE_KEY, _bitwise, _pair
+
+import torch
 
 
 def _mutations(name):
