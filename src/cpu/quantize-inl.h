@@ -169,7 +169,7 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<D>> IntervalCode(D /*d*/, const QuantTable
                         code);
 }
 
-// The run search (QuantRuns) where a vector has a fixed 8 or 16 lanes (its run table holds 7
+// The run search (QuantRuns) where a vector has a fixed 8 or 16 lanes (its run table holds 8
 // entries in 16 floats; a scalable vector cannot be a struct member) and a fused
 // multiply-subtract, so that u is the one rounding the band was checked for.
 template <class D>
