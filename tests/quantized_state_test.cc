@@ -214,9 +214,10 @@ TEST(QuantizedStates, OctaveTablesGiveTheRunOfEveryMagnitude) {
 }
 
 // The vectorized search inside the step gives QuantizeValue's codes for every probe, on every
-// target: SGD's first step stores the gradient itself as its momentum (signed map), Adam with
-// beta2 = 0 stores g² as its second moment (unsigned map). Each block starts with a 1 so that its
-// absmax is 1 and the probes are quantized as they are.
+// target: SGD's first step stores the gradient itself as its momentum (signed map, a state alone),
+// Adam with beta1 = beta2 = 0 stores g as its first moment and g² as its second (signed and
+// unsigned, searched as a pair), and with AMSGrad g² again as the third (a pair and one alone).
+// Each block starts with a 1 so that its absmax is 1 and the probes are quantized as they are.
 TEST(QuantizedStates, VectorSearchEqualsScalarSearchOnEveryTarget) {
   std::vector<float> probes = SearchProbes();
   const std::size_t n = probes.size() + probes.size() / (kQuantBlock - 1) + 1;
@@ -224,45 +225,63 @@ TEST(QuantizedStates, VectorSearchEqualsScalarSearchOnEveryTarget) {
   for (std::size_t i = 0, next = 0; i < n; ++i) {
     grad.push_back(i % kQuantBlock == 0 || next >= probes.size() ? 1.0f : probes[next++]);
   }
+  std::vector<float> root(n);
+  std::vector<float> squares(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    root[i] = std::copysign(std::sqrt(std::fabs(grad[i])), grad[i]);
+    squares[i] = root[i] * root[i];  // what the step computes
+  }
+  std::vector<std::uint8_t> want_signed(n), want_root(n), want_squares(n);
+  std::vector<float> want_absmax(NumQuantBlocks(n)), want_root_absmax(NumQuantBlocks(n)),
+      want_squares_absmax(NumQuantBlocks(n));
+  Quantize(grad.data(), n, QuantMap::kSigned, want_signed.data(), want_absmax.data());
+  Quantize(root.data(), n, QuantMap::kSigned, want_root.data(), want_root_absmax.data());
+  Quantize(squares.data(), n, QuantMap::kUnsigned, want_squares.data(), want_squares_absmax.data());
+  const auto expect_codes = [&](const std::vector<std::uint8_t>& codes,
+                                const std::vector<float>& absmax,
+                                const std::vector<std::uint8_t>& want,
+                                const std::vector<float>& absmax_want, const char* what) {
+    ASSERT_EQ(absmax, absmax_want) << what;
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(codes[i], want[i]) << what << " of g=" << grad[i];
+  };
   test::TargetGuard guard;
   for (const std::string& target : AvailableTargets()) {
     SCOPED_TRACE(target);
     ForceTarget(target);
     std::vector<float> param(n, 0.0f);
-    std::vector<std::uint8_t> codes(n);
-    std::vector<std::uint8_t> want(n);
-    std::vector<float> absmax(NumQuantBlocks(n));
-    std::vector<float> want_absmax(NumQuantBlocks(n));
-    const SgdHyper sgd{.lr = 0.0, .momentum = 0.9};
+    std::vector<std::uint8_t> codes[3];
+    std::vector<float> absmax[3];
+    for (int k = 0; k < 3; ++k) {
+      codes[k].assign(n, 0);
+      absmax[k].assign(NumQuantBlocks(n), 0.0f);
+    }
     Segment s{.param = param.data(),
               .grad = grad.data(),
-              .state = {codes.data(), nullptr, nullptr},
-              .absmax = {absmax.data(), nullptr, nullptr},
+              .state = {codes[0].data(), nullptr, nullptr},
+              .absmax = {absmax[0].data(), nullptr, nullptr},
               .numel = n,
               .state_dtype = DType::kQ8};
+    const SgdHyper sgd{.lr = 0.0, .momentum = 0.9};
     SgdStep(std::span<const SgdHyper>(&sgd, 1), std::span<const Segment>(&s, 1));
-    Quantize(grad.data(), n, QuantMap::kSigned, want.data(), want_absmax.data());
-    ASSERT_EQ(absmax, want_absmax);
-    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(codes[i], want[i]) << "g=" << grad[i];
+    expect_codes(codes[0], absmax[0], want_signed, want_absmax, "SGD's momentum");
 
-    std::vector<float> root(n);
-    std::vector<float> squares(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      root[i] = std::sqrt(std::fabs(grad[i]));
-      squares[i] = root[i] * root[i];  // what the step computes
+    for (const bool amsgrad : {false, true}) {
+      SCOPED_TRACE(amsgrad ? "AMSGrad" : "Adam");
+      const int states = amsgrad ? 3 : 2;
+      for (int k = 0; k < states; ++k) {
+        codes[k].assign(n, k == 0 ? 127 : 0);  // zero states
+        absmax[k].assign(NumQuantBlocks(n), 0.0f);
+        s.state[k] = codes[k].data();
+        s.absmax[k] = absmax[k].data();
+      }
+      s.grad = root.data();
+      const AdamWHyper adam{
+          .lr = 0.0, .beta1 = 0.0, .beta2 = 0.0, .weight_decay = 0.0, .amsgrad = amsgrad};
+      AdamWStep(std::span<const AdamWHyper>(&adam, 1), std::span<const Segment>(&s, 1));
+      expect_codes(codes[0], absmax[0], want_root, want_root_absmax, "m");
+      expect_codes(codes[1], absmax[1], want_squares, want_squares_absmax, "v");
+      if (amsgrad) expect_codes(codes[2], absmax[2], want_squares, want_squares_absmax, "v_max");
     }
-    std::vector<std::uint8_t> m(n, 127);
-    std::vector<float> m_absmax(NumQuantBlocks(n), 0.0f);
-    const AdamWHyper adam{.lr = 0.0, .beta2 = 0.0, .weight_decay = 0.0};
-    s.grad = root.data();
-    s.state[1] = codes.data();
-    s.absmax[1] = absmax.data();
-    s.state[0] = m.data();
-    s.absmax[0] = m_absmax.data();
-    AdamWStep(std::span<const AdamWHyper>(&adam, 1), std::span<const Segment>(&s, 1));
-    Quantize(squares.data(), n, QuantMap::kUnsigned, want.data(), want_absmax.data());
-    ASSERT_EQ(absmax, want_absmax);
-    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(codes[i], want[i]) << "v=" << squares[i];
   }
 }
 

@@ -164,9 +164,10 @@ inline Segment PartWithF32States(const Segment& seg, std::size_t begin, std::siz
 
 // A piece of a segment with 8-bit states (fusedopt/quantize.h), block by block: each block's
 // states dequantized into f32 on the stack, updated by the kernel, quantized back with their new
-// absmax, all while the block is in L1. A block belongs to the piece that holds its first element,
-// which runs it whole even where it reaches into the next chunk: the chunk edges stay those of
-// every other segment, and no block is split between threads.
+// absmax (all states of the block in one call: their searches interleave), all while the block is
+// in L1. A block belongs to the piece that holds its first element, which runs it whole even where
+// it reaches into the next chunk: the chunk edges stay those of every other segment, and no block
+// is split between threads.
 template <class Scalars, class Kernel>
 HWY_INLINE void RunQuantizedPiece(const Kernel& kernel, const Segment& seg, const Scalars& scalars,
                                   unsigned unsigned_map_states, std::size_t begin,
@@ -175,26 +176,28 @@ HWY_INLINE void RunQuantizedPiece(const Kernel& kernel, const Segment& seg, cons
     return (i + kQuantBlock - 1) / kQuantBlock * kQuantBlock;
   };
   HWY_ALIGN float states[kMaxStates][kQuantBlock];
-  const QuantTables* tables[kMaxStates];
+  // The segment's states, each with its map and its f32 block (codes and absmax: per block).
+  StateBlock blocks[kMaxStates];
+  int slots[kMaxStates];
+  std::size_t used = 0;
   for (int slot = 0; slot < kMaxStates; ++slot) {
-    tables[slot] = &QuantTablesOf(SlotMap(unsigned_map_states, slot));
+    if (seg.state[slot] == nullptr) continue;
+    slots[used] = slot;
+    blocks[used++] = {&QuantTablesOf(SlotMap(unsigned_map_states, slot)), states[slot], nullptr,
+                      nullptr};
   }
   const std::size_t last = std::min(round_up(end), seg.numel);
   for (std::size_t b = round_up(begin); b < last; b += kQuantBlock) {
     const std::size_t n = std::min(kQuantBlock, seg.numel - b);
-    for (int slot = 0; slot < kMaxStates; ++slot) {
-      if (seg.state[slot] == nullptr) continue;
-      DequantizeStateBlock(*tables[slot], static_cast<const std::uint8_t*>(seg.state[slot]) + b,
-                           seg.absmax[slot][b / kQuantBlock], n, states[slot]);
+    for (std::size_t k = 0; k < used; ++k) {
+      StateBlock& block = blocks[k];
+      block.codes = static_cast<std::uint8_t*>(seg.state[slots[k]]) + b;
+      block.absmax = &seg.absmax[slots[k]][b / kQuantBlock];
+      DequantizeStateBlock(*block.t, block.codes, *block.absmax, n, states[slots[k]]);
     }
     const Segment part = PartWithF32States(seg, b, n, states);
     RunTypedPiece(kernel, part, scalars, 0, n);
-    for (int slot = 0; slot < kMaxStates; ++slot) {
-      if (seg.state[slot] == nullptr) continue;
-      QuantizeStateBlock(*tables[slot], states[slot], n,
-                         static_cast<std::uint8_t*>(seg.state[slot]) + b,
-                         &seg.absmax[slot][b / kQuantBlock]);
-    }
+    QuantizeStateBlocks(blocks, used, n);
   }
 }
 

@@ -1,4 +1,4 @@
-// DequantizeStateBlock and QuantizeStateBlock (quantize_blocks.h): src/cpu/quantize-inl.h's block
+// DequantizeStateBlock and QuantizeStateBlocks (quantize_blocks.h): src/cpu/quantize-inl.h's block
 // codecs, per SIMD target. This file (and src/core/runtime.cc, which picks the target) also
 // compiles Highway's AVX3_DL target, whose VBMI byte permutes decode a block 3.4x faster than
 // AVX3's lookup (quantize-inl.h); the other kernels run their AVX3 code on such a CPU (Highway
@@ -24,9 +24,8 @@ void DequantizeBlockOf(const QuantTables& t, const std::uint8_t* codes, float ab
   DequantizeBlock(t, codes, absmax, n, out);
 }
 
-void QuantizeBlockOf(const QuantTables& t, const float* x, std::size_t n, std::uint8_t* codes,
-                     float* absmax) {
-  QuantizeBlock(t, x, n, codes, absmax);
+void QuantizeBlocksOf(const StateBlock* blocks, std::size_t count, std::size_t n) {
+  QuantizeBlocks(blocks, count, n);
 }
 
 }  // namespace fusedopt::HWY_NAMESPACE
@@ -35,16 +34,15 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace fusedopt {
 HWY_EXPORT(DequantizeBlockOf);
-HWY_EXPORT(QuantizeBlockOf);
+HWY_EXPORT(QuantizeBlocksOf);
 
 void DequantizeStateBlock(const QuantTables& t, const std::uint8_t* codes, float absmax,
                           std::size_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(DequantizeBlockOf)(t, codes, absmax, n, out);
 }
 
-void QuantizeStateBlock(const QuantTables& t, const float* x, std::size_t n, std::uint8_t* codes,
-                        float* absmax) {
-  HWY_DYNAMIC_DISPATCH(QuantizeBlockOf)(t, x, n, codes, absmax);
+void QuantizeStateBlocks(const StateBlock* blocks, std::size_t count, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(QuantizeBlocksOf)(blocks, count, n);
 }
 
 }  // namespace fusedopt

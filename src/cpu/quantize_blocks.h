@@ -14,9 +14,18 @@ namespace fusedopt {
 void DequantizeStateBlock(const QuantTables& t, const std::uint8_t* codes, float absmax,
                           std::size_t n, float* out);
 
-// The block's absmax (max |x|, NaN if any x is) into *absmax, and the codes of x / absmax (the
-// zero code everywhere where the absmax is 0 or not finite): src/core/quantize.cc's Quantize.
-void QuantizeStateBlock(const QuantTables& t, const float* x, std::size_t n, std::uint8_t* codes,
-                        float* absmax);
+// One block of one state: its f32 values, its map, and where its codes and absmax go.
+struct StateBlock {
+  const QuantTables* t;
+  const float* x;
+  std::uint8_t* codes;
+  float* absmax;
+};
+
+// One block (n <= kQuantBlock elements) of each of `count` states: its absmax (max |x|, NaN if any
+// x is), and the codes of x / absmax on its map (the zero code everywhere where the absmax is 0 or
+// not finite): src/core/quantize.cc's Quantize. The states of a block go in one call: their
+// searches interleave (src/cpu/quantize-inl.h).
+void QuantizeStateBlocks(const StateBlock* blocks, std::size_t count, std::size_t n);
 
 }  // namespace fusedopt
