@@ -533,7 +533,16 @@ ClassOps CheckedOps(const torch::optim::Optimizer& optimizer, const char* fn) {
 
 void SaveCheckpoint(const torch::optim::Optimizer& optimizer, const std::string& path,
                     const CheckpointParts& parts) {
-  Save(CheckedOps(optimizer, "SaveCheckpoint"), optimizer, path, parts);
+  const ClassOps ops = CheckedOps(optimizer, "SaveCheckpoint");
+  const auto* fused = dynamic_cast<const FusedStepOptions*>(&optimizer);
+  if (fused != nullptr && fused->pending_micro_batches() != 0) {
+    Refuse(path, "the optimizer is inside an accumulation window (" +
+                     std::to_string(fused->pending_micro_batches()) + " of " +
+                     std::to_string(fused->training().accumulation_steps) +
+                     " micro-batches added), whose f32 sums a checkpoint does not keep: save "
+                     "after the window's last step()");
+  }
+  Save(ops, optimizer, path, parts);
 }
 
 CheckpointCounters LoadCheckpoint(torch::optim::Optimizer& optimizer, const std::string& path,

@@ -43,6 +43,12 @@
 // grad_scale). A non-finite gradient skips the step before the commit (nothing changed) and calls
 // scaler->Update(true); a successful step is followed by scaler->Update(false). A step that throws
 // leaves the scaler as it was.
+//
+// With TrainingOptions::accumulation_steps > 1 the call is one micro-batch (MicroBatch): its
+// gradients go into f32 sums kept in the optimizer (detail::Accumulation), and only the window's
+// last call has segments, every param of the window reading its sum (grad_scale 1: the sums hold
+// the scaler's factor). The window, the new sums and which params they hold are committed after the
+// core returns.
 #pragma once
 
 #include <ATen/core/grad_mode.h>
@@ -161,7 +167,8 @@ template <class Traits>
 at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
                      const torch::optim::Optimizer::LossClosure& closure,
                      const TrainingOptions& training, StepResult& result,
-                     std::optional<FusedStepOptions::Interval>& pre_pass) {
+                     std::optional<FusedStepOptions::Interval>& pre_pass,
+                     Accumulation& accumulation) {
   using State = typename Traits::State;
   using Options = typename Traits::Options;
   using Hyper = typename Traits::Hyper;
@@ -180,6 +187,27 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
               training.max_grad_norm, " (must be >= 0; inf: no clipping)");
   LossScaler* const scaler = training.scaler;
   const float grad_scale = scaler != nullptr ? scaler->inv_scale() : 1.0f;
+  // The accumulation window, committed after the call: with accumulation_steps > 1 each step()
+  // adds its gradients into the f32 sums (MicroBatch) and only the window's last one steps, every
+  // param of the window reading its sum.
+  TORCH_CHECK(training.accumulation_steps >= 1, Traits::kName, ": invalid accumulation_steps ",
+              training.accumulation_steps, " (must be >= 1)");
+  AccumulationWindow window = accumulation.window;
+  TORCH_CHECK(window.pending == 0 || window.steps == training.accumulation_steps, Traits::kName,
+              ": training().accumulation_steps changed from ", window.steps, " to ",
+              training.accumulation_steps, " inside a window (", window.pending,
+              " micro-batches added); change it between windows");
+  window.steps = training.accumulation_steps;
+  const bool accumulating = window.steps > 1;
+  if (!accumulating) accumulation.sums.clear();  // (between windows: they hold nothing of use)
+  const bool closes = !accumulating || window.pending + 1 == window.steps;
+  std::vector<GradBuffer> batch_grads;   // this micro-batch's gradients
+  std::vector<float*> batch_sums;        // the sum of each
+  std::vector<std::uint8_t> fresh;       // whether that sum starts in this window
+  std::vector<at::Tensor> batch_keep;    // contiguous copies of grads, alive during the call
+  std::vector<at::Tensor> batch_params;  // the params of the micro-batch
+  std::vector<ParamName> batch_names;
+  std::vector<std::pair<const void*, at::Tensor>> new_sums;  // committed after the call
   PrePassOptions clipping{.max_norm = training.max_grad_norm, .norm_type = training.norm_type};
   if constexpr (requires { Traits::Clipping(optimizer, training); }) {
     clipping = Traits::Clipping(optimizer, training);
@@ -228,11 +256,27 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
     const std::vector<at::Tensor>& group_params = groups[g].params();
     for (std::size_t i = 0; i < group_params.size(); ++i) {
       const at::Tensor& p = group_params[i];
-      if (!p.grad().defined()) continue;  // torch skips these: no state, no step count
+      const bool has_grad = p.grad().defined();
+      // With accumulation, a param whose sum holds gradients of this window is stepped from it by
+      // the window's last call, with or without a gradient in that micro-batch.
+      const void* const key = p.unsafeGetTensorImpl();
+      Accumulation::Sum* held_sum = nullptr;
+      if (accumulating) {
+        const auto it = accumulation.sums.find(key);
+        if (it != accumulation.sums.end() && it->second.sum.sizes() == p.sizes()) {
+          held_sum = &it->second;
+        }
+      }
+      const bool in_window = held_sum != nullptr && held_sum->in_window;
+      // torch skips params without a grad: no state, no step count
+      if (!has_grad && !(closes && in_window)) continue;
       const ParamName name{g, i};
       if constexpr (requires { typename Traits::Twin; }) {
-        if (!training.strict) {
+        if (!training.strict && has_grad) {
           const std::string why = RouteReason(p, Traits::kTakesSparse);
+          TORCH_CHECK(why.empty() || !accumulating, Traits::kName, ": ", ToString(name),
+                      " would take torch::optim's own step (", why,
+                      "); training().accumulation_steps > 1 needs every param on the fused path");
           if (!why.empty()) {
             routed[g].push_back(p);
             routed_why += (routed_why.empty() ? "" : "; ") + ToString(name) + ": " + why;
@@ -246,7 +290,28 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
         TORCH_CHECK(p.numel() > 0, Traits::kName, ": ", ToString(name), " has no elements (shape ",
                     p.sizes(), "); torch.optim.Adafactor's step divides by a param's numel");
       }
-      grads.push_back(CheckedGrad(Traits::kName, name, p));
+      if (!accumulating) {
+        grads.push_back(CheckedGrad(Traits::kName, name, p));
+      } else {
+        if (has_grad) {
+          const at::Tensor& grad = batch_keep.emplace_back(CheckedGrad(Traits::kName, name, p));
+          at::Tensor sum = held_sum != nullptr ? held_sum->sum : at::Tensor();
+          if (!sum.defined()) {
+            sum = at::empty(p.sizes(), p.options().dtype(at::kFloat));
+            new_sums.emplace_back(key, sum);
+          }
+          batch_grads.push_back({const_cast<void*>(grad.const_data_ptr()),
+                                 static_cast<std::size_t>(grad.numel()), ToDType(grad)});
+          batch_sums.push_back(sum.data_ptr<float>());
+          fresh.push_back(in_window ? 0 : 1);
+          batch_params.push_back(p);
+          batch_names.push_back(name);
+          if (!closes) continue;
+          grads.push_back(sum);
+        } else {
+          grads.push_back(held_sum->sum);
+        }
+      }
 
       Segment seg;
       seg.param = p.data_ptr();
@@ -268,7 +333,7 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
           StateDTypeOf(training.state_dtype, training.min_8bit_size, p);
       seg.state_dtype = ToDType(state_dtype);
       seg.group = static_cast<std::uint32_t>(g);
-      seg.grad_scale = grad_scale;
+      seg.grad_scale = accumulating ? 1.0f : grad_scale;  // (the sums hold it)
       if (training.stochastic_rounding) {
         seg.stochastic_rounding = true;
         seg.rounding_seed = training.rounding_seed;
@@ -355,8 +420,10 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       states.push_back(state);
     }
   }
-  if (segments.empty() && routed_why.empty()) return loss;
+  // A step() with no param holding a grad does nothing (nor is it a micro-batch).
+  if ((accumulating ? batch_grads.empty() : segments.empty()) && routed_why.empty()) return loss;
   CheckDisjoint(Traits::kName, params, names);
+  if (accumulating) CheckDisjoint(Traits::kName, batch_params, batch_names);
   // With routed params, what spans both partitions runs here, once over all gradients: the overflow
   // check and the global norm (MixedPrePass); TrainingStep then runs without scaler and clipping,
   // the clip coefficient folded into every grad_scale, and the routed grads get the same factor.
@@ -378,17 +445,38 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
 
   StepResult outcome;
   outcome.stepped = true;  // (a step of routed params only)
-  if (!segments.empty()) {
+  const MicroBatch micro_batch{.window = &window,
+                               .grads = batch_grads,
+                               .sums = batch_sums,
+                               .fresh = fresh,
+                               .grad_scale = grad_scale};
+  if (!segments.empty() || accumulating) {
     try {
+      // A micro-batch that does not close its window is not stepped, but its groups' options are
+      // checked as the window's last call will check them (an empty step validates them).
+      if (!closes) TrainingStep(std::span<const Hyper>(hypers), std::span<Segment>(), {});
       outcome = TrainingStep(
           std::span<const Hyper>(hypers), std::span<Segment>(segments),
           {.scaler = routing ? nullptr : scaler,
            .max_grad_norm = routing ? std::numeric_limits<double>::infinity() : clipping.max_norm,
            .norm_type = clipping.norm_type,
-           .clip_rule = clipping.clip_rule},
+           .clip_rule = clipping.clip_rule,
+           .micro_batch = accumulating ? &micro_batch : nullptr},
           DefaultRuntime());
     } catch (const fusedopt::Error& e) {
       TORCH_CHECK(false, Traits::kName, ": ", e.what());
+    }
+  }
+  if (accumulating) {  // the micro-batch was added (and the window closed, if this was its last)
+    accumulation.window = window;
+    for (auto& [key, sum] : new_sums) accumulation.sums[key].sum = std::move(sum);
+    for (const at::Tensor& p : batch_params) {
+      Accumulation::Sum& held = accumulation.sums[p.unsafeGetTensorImpl()];
+      held.param = p;
+      held.in_window = !closes;
+    }
+    if (closes) {
+      for (auto& [key, held] : accumulation.sums) held.in_window = false;
     }
   }
   if (outcome.pre_pass_begin) {

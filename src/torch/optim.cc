@@ -236,19 +236,24 @@ void Adagrad::load(torch::serialize::InputArchive& archive) {
 }
 
 torch::Tensor SGD::step(LossClosure closure) {
-  return detail::FusedStep<SgdTraits>(*this, closure, training_, last_step_, last_pre_pass_);
+  return detail::FusedStep<SgdTraits>(*this, closure, training_, last_step_, last_pre_pass_,
+                                      accumulation_);
 }
 torch::Tensor Adam::step(LossClosure closure) {
-  return detail::FusedStep<AdamTraits>(*this, closure, training_, last_step_, last_pre_pass_);
+  return detail::FusedStep<AdamTraits>(*this, closure, training_, last_step_, last_pre_pass_,
+                                       accumulation_);
 }
 torch::Tensor AdamW::step(LossClosure closure) {
-  return detail::FusedStep<AdamWTraits>(*this, closure, training_, last_step_, last_pre_pass_);
+  return detail::FusedStep<AdamWTraits>(*this, closure, training_, last_step_, last_pre_pass_,
+                                        accumulation_);
 }
 torch::Tensor RMSprop::step(LossClosure closure) {
-  return detail::FusedStep<RmspropTraits>(*this, closure, training_, last_step_, last_pre_pass_);
+  return detail::FusedStep<RmspropTraits>(*this, closure, training_, last_step_, last_pre_pass_,
+                                          accumulation_);
 }
 torch::Tensor Adagrad::step(LossClosure closure) {
-  return detail::FusedStep<AdagradTraits>(*this, closure, training_, last_step_, last_pre_pass_);
+  return detail::FusedStep<AdagradTraits>(*this, closure, training_, last_step_, last_pre_pass_,
+                                          accumulation_);
 }
 
 // ---- The generic classes ------------------------------------------------------------------------
@@ -413,7 +418,7 @@ std::string FusedOptimizer<Hyper>::class_name() {
 template <class Hyper>
 torch::Tensor FusedOptimizer<Hyper>::step(LossClosure closure) {
   return detail::FusedStep<GenericTraits<Hyper>>(*this, closure, training_, last_step_,
-                                                 last_pre_pass_);
+                                                 last_pre_pass_, accumulation_);
 }
 
 template <class Hyper>

@@ -20,6 +20,8 @@
 #include <tuple>
 #include <vector>
 
+#include "fusedopt/checkpoint_file.h"
+#include "fusedopt/pt/checkpoint.h"
 #include "fusedopt/pt/optim.h"
 #include "fusedopt/scaler.h"
 #include "fusedopt/schedule.h"
@@ -389,6 +391,151 @@ TEST(TorchTraining, InvalidOptionsChangeNothing) {
   EXPECT_EQ(scaler.scale(), 65536.0f);
   EXPECT_TRUE(opt.state().empty());
   EXPECT_TRUE(torch::equal(w.detach(), w0));
+}
+
+// ---- Gradient accumulation (training().accumulation_steps) --------------------------------------
+
+// A window of kWindow micro-batches must equal one plain step on the f32 sums, as the core adds
+// them (fusedopt::AccumulateGrads: grad · f32(1 / kWindow), the product and the sum each rounded
+// once), bit for bit, clipping included; the micro-batches before the last change nothing; a param
+// with a grad in only some of them (SetGrads leaves some out) steps from the sum of those; one
+// without a grad in the whole window gets no state. f32 runs are also compared with torch::optim's
+// twin stepping on those sums.
+template <class Fused, class Twin, class Options>
+void ExpectAccumulationStepsOnTheSums(const Options& options, torch::Dtype dtype,
+                                      double max_grad_norm) {
+  constexpr int kWindow = 3;
+  const Params a = MakeParams(21, dtype);
+  const Params b = CloneParams(a);
+  const Params c = CloneParams(a);
+  Fused fa(MakeGroups(a, options), options);
+  Fused fb(MakeGroups(b, options), options);
+  Twin twin(MakeGroups(c, options), options);
+  fa.training().accumulation_steps = kWindow;
+  fa.training().max_grad_norm = max_grad_norm;
+  fb.training().max_grad_norm = max_grad_norm;
+  const float scale = static_cast<float>(1.0 / kWindow);
+  const std::vector<torch::Tensor> flat_a = Flat(a);
+  for (int window = 0; window < 2; ++window) {
+    std::vector<torch::Tensor> sums(flat_a.size());
+    for (int j = 0; j < kWindow; ++j) {
+      SCOPED_TRACE("window " + std::to_string(window) + ", micro-batch " + std::to_string(j));
+      SetGrads(a, window * kWindow + j);
+      for (std::size_t k = 0; k < flat_a.size(); ++k) {
+        if (!flat_a[k].grad().defined()) continue;
+        const torch::Tensor add = flat_a[k].grad().to(torch::kFloat) * scale;
+        sums[k] = sums[k].defined() ? sums[k] + add : add;
+      }
+      const Params before = CloneParams(a);
+      const std::size_t states_before = fa.state().size();
+      fa.step();
+      EXPECT_EQ(fa.pending_micro_batches(), (j + 1) % kWindow);
+      EXPECT_EQ(fa.last_step().stepped, j + 1 == kWindow);
+      if (j + 1 < kWindow) {
+        EXPECT_TRUE(BitwiseEqual(a, before));
+        EXPECT_EQ(fa.state().size(), states_before);
+      }
+    }
+    const std::vector<torch::Tensor> flat_b = Flat(b);
+    const std::vector<torch::Tensor> flat_c = Flat(c);
+    for (std::size_t k = 0; k < flat_b.size(); ++k) {
+      flat_b[k].mutable_grad() = sums[k].defined() ? sums[k].clone() : torch::Tensor();
+      flat_c[k].mutable_grad() = sums[k].defined() ? sums[k].clone() : torch::Tensor();
+    }
+    fb.step();
+    EXPECT_TRUE(BitwiseEqual(a, b)) << "max rel diff " << MaxRelDiff(a, b);
+    EXPECT_EQ(fa.state().size(), fb.state().size());
+    if (dtype == torch::kFloat) {
+      if (std::isfinite(max_grad_norm)) ClipGradNorm(flat_c, max_grad_norm);
+      twin.step();
+      ExpectClose(a, c, 1e-5);
+    }
+  }
+}
+
+TEST(TorchTraining, AccumulationStepsOnTheSumsAdamW) {
+  ExpectAccumulationStepsOnTheSums<AdamW, torch::optim::AdamW>(
+      torch::optim::AdamWOptions(1e-2).amsgrad(true), torch::kFloat, kInf);
+}
+TEST(TorchTraining, AccumulationStepsOnTheSumsSgdClipped) {
+  ExpectAccumulationStepsOnTheSums<SGD, torch::optim::SGD>(
+      torch::optim::SGDOptions(1e-2).momentum(0.9), torch::kFloat, 1.0);
+}
+TEST(TorchTraining, AccumulationStepsOnTheSumsAdamBf16) {
+  ExpectAccumulationStepsOnTheSums<Adam, torch::optim::Adam>(torch::optim::AdamOptions(1e-2),
+                                                             torch::kBFloat16, kInf);
+}
+
+// With a scaler, each micro-batch is unscaled by the scale of its own backward and updates the
+// scaler; a window where one micro-batch held Inf/NaN is skipped whole at its last step(), leaving
+// params and states as they were; the next window steps.
+TEST(TorchTraining, AccumulationSkipsAWindowWithAnInf) {
+  torch::Tensor w = torch::randn({300}).requires_grad_(true);
+  AdamW opt({w}, torch::optim::AdamWOptions(1e-2));
+  LossScaler scaler({.init_scale = 1024.0f});
+  opt.set_training({.scaler = &scaler, .accumulation_steps = 2});
+  const float inf = std::numeric_limits<float>::infinity();
+  const auto micro_batch = [&](int t, bool poison) {
+    torch::manual_seed(static_cast<std::uint64_t>(t));
+    w.mutable_grad() = torch::randn({300}) * scaler.scale();
+    if (poison) w.mutable_grad()[5] = inf;
+    opt.step();
+  };
+  const torch::Tensor w0 = w.detach().clone();
+  micro_batch(0, true);  // the first micro-batch overflows: the scaler backs off at once
+  EXPECT_EQ(scaler.scale(), 512.0f);
+  EXPECT_TRUE(opt.last_step().found_inf);
+  micro_batch(1, false);  // closes the window: skipped
+  EXPECT_FALSE(opt.last_step().stepped);
+  EXPECT_EQ(opt.pending_micro_batches(), 0);
+  EXPECT_TRUE(torch::equal(w.detach(), w0));
+  EXPECT_TRUE(opt.state().empty());
+  micro_batch(2, false);
+  micro_batch(3, true);  // the last one overflows
+  EXPECT_FALSE(opt.last_step().stepped);
+  EXPECT_EQ(scaler.scale(), 256.0f);
+  EXPECT_TRUE(torch::equal(w.detach(), w0));
+  EXPECT_TRUE(opt.state().empty());
+  micro_batch(4, false);
+  micro_batch(5, false);
+  EXPECT_TRUE(opt.last_step().stepped);
+  EXPECT_FALSE(torch::equal(w.detach(), w0));
+  EXPECT_EQ(opt.state().size(), 1u);
+}
+
+// Refusals leave the params, the states and the window as they were.
+TEST(TorchTraining, AccumulationRefusalsChangeNothing) {
+  torch::Tensor w = torch::randn({50}).requires_grad_(true);
+  torch::Tensor d = torch::randn({4}, torch::kDouble).requires_grad_(true);
+  Adam opt({w}, torch::optim::AdamOptions(1e-2));
+  w.mutable_grad() = torch::randn({50});
+  const torch::Tensor w0 = w.detach().clone();
+  opt.training().accumulation_steps = 0;
+  ExpectTorchError([&] { opt.step(); }, {"invalid accumulation_steps 0"});
+  opt.training().accumulation_steps = 2;
+  opt.step();  // one micro-batch in
+  EXPECT_EQ(opt.pending_micro_batches(), 1);
+  opt.training().accumulation_steps = 3;
+  ExpectTorchError([&] { opt.step(); }, {"accumulation_steps changed from 2 to 3 inside a window"});
+  EXPECT_THROW(SaveCheckpoint(opt, ::testing::TempDir() + "/acc.safetensors"), CheckpointError);
+  opt.training().accumulation_steps = 2;
+  static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options()).lr(-1.0);
+  EXPECT_THROW(opt.step(), c10::Error);  // the window's last step checks its options first
+  EXPECT_EQ(opt.pending_micro_batches(), 1);
+  EXPECT_TRUE(torch::equal(w.detach(), w0));
+  EXPECT_TRUE(opt.state().empty());
+  static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options()).lr(1e-2);
+  opt.step();
+  EXPECT_TRUE(opt.last_step().stepped);
+
+  // A param that would take torch::optim's own step (float64) cannot accumulate.
+  opt.add_param_group(torch::optim::OptimizerParamGroup({d}));
+  d.mutable_grad() = torch::randn({4}, torch::kDouble);
+  const torch::Tensor w1 = w.detach().clone();
+  ExpectTorchError([&] { opt.step(); },
+                   {"param_groups[1].params[0] would take torch::optim's own"});
+  EXPECT_EQ(opt.pending_micro_batches(), 0);
+  EXPECT_TRUE(torch::equal(w.detach(), w1));
 }
 
 // ---- Stochastic rounding ------------------------------------------------------------------------

@@ -81,12 +81,14 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "fusedopt/grad.h"
 #include "fusedopt/hyper.h"
 #include "fusedopt/optimizer.h"
 #include "fusedopt/scaler.h"
+#include "fusedopt/training_step.h"
 
 namespace fusedopt::pt {
 
@@ -120,7 +122,30 @@ struct TrainingOptions {
   // keeps its noise when it moves between libtorch and Python. Off: round to nearest even.
   bool stochastic_rounding = false;
   std::uint64_t rounding_seed = 0;
+  // Gradient accumulation in the optimizer, the Python classes' accumulation_steps: each step()
+  // adds every gradient, times (scaler->inv_scale() or 1) / accumulation_steps rounded once to
+  // f32, into an f32 sum per param (fusedopt::AccumulateGrads), and only every
+  // accumulation_steps-th step() updates, from the sums: one step on the window's mean gradient,
+  // clipping included. The scaler is updated with each micro-batch's own overflow check; a window
+  // where some micro-batch held Inf/NaN is skipped whole. A param with a gradient in only some
+  // micro-batches is stepped from the sum of those. Every param must take the fused path (no
+  // routed params); the sums are not saved (SaveCheckpoint refuses to save inside a window). >= 1;
+  // change it between windows.
+  std::int64_t accumulation_steps = 1;
 };
+
+namespace detail {
+// The window of TrainingOptions::accumulation_steps: how far it is, and each param's f32 sum.
+struct Accumulation {
+  AccumulationWindow window;
+  struct Sum {
+    at::Tensor param;        // keeps the key, its TensorImpl, alive
+    at::Tensor sum;          // f32, the param's shape
+    bool in_window = false;  // it holds a gradient of this window
+  };
+  std::unordered_map<const void*, Sum> sums;
+};
+}  // namespace detail
 
 // The training-loop part shared by the seven optimizers.
 class FusedStepOptions {
@@ -137,11 +162,15 @@ class FusedStepOptions {
     std::chrono::steady_clock::time_point begin, end;
   };
   const std::optional<Interval>& last_pre_pass() const { return last_pre_pass_; }
+  // The micro-batches added to the current accumulation window (training().accumulation_steps):
+  // 0 between windows.
+  std::int64_t pending_micro_batches() const { return accumulation_.window.pending; }
 
  protected:
   TrainingOptions training_;
   StepResult last_step_;
   std::optional<Interval> last_pre_pass_;
+  detail::Accumulation accumulation_;
 };
 
 // SGD with momentum, dampening, Nesterov and weight decay. State: SGDParamState::momentum_buffer,
