@@ -374,6 +374,79 @@ std::optional<ClassOps> OpsOf(const torch::optim::Optimizer& optimizer) {
   return ops;
 }
 
+// A fused optimizer's accumulation window (TrainingOptions::accumulation_steps), in the Python
+// classes' form: how far it is, the params with a gradient in it (their index in all groups' params
+// laid end to end) and their f32 sums. null for a torch::optim class.
+Json SaveWindow(const torch::optim::Optimizer& optimizer, Writer& w) {
+  const auto* fused = dynamic_cast<const FusedStepOptions*>(&optimizer);
+  if (fused == nullptr) return nullptr;
+  const detail::Accumulation& acc = fused->accumulation();
+  Json window = Json::array(), sums = Json::object();
+  std::size_t i = 0;
+  for (const torch::Tensor& p : Params(optimizer)) {
+    const auto it = acc.sums.find(p.unsafeGetTensorImpl());
+    if (acc.window.pending > 0 && it != acc.sums.end() && it->second.in_window) {
+      window.push_back(i);
+      sums[std::to_string(i)] = w.Add("accumulator." + std::to_string(i), it->second.sum);
+    }
+    ++i;
+  }
+  return {{"micro_batches", acc.window.pending},
+          {"found_inf", acc.window.found_inf},
+          {"steps", acc.window.steps},
+          {"window", window},
+          {"sums", sums},
+          {"torch_sums", Json::object()}};
+}
+
+// The window a checkpoint holds, checked against the optimizer (applied by the caller once every
+// part is checked): a fused optimizer's whole window, or an empty one where the file has none.
+std::optional<detail::Accumulation> LoadWindow(const Json& meta, torch::optim::Optimizer& optimizer,
+                                               const std::vector<torch::Tensor>& params,
+                                               const Reader& reader, const std::string& path) {
+  const Json saved = meta.value("accumulation", Json());
+  const std::int64_t micro_batches =
+      saved.is_object() ? saved.value("micro_batches", std::int64_t{0}) : 0;
+  auto* fused = dynamic_cast<FusedStepOptions*>(&optimizer);
+  if (fused == nullptr) {
+    if (micro_batches != 0) {
+      Refuse(path, "the checkpoint is inside an accumulation window of a fused optimizer");
+    }
+    return std::nullopt;
+  }
+  detail::Accumulation acc;
+  acc.window.steps = fused->training().accumulation_steps;
+  if (micro_batches == 0) return acc;
+  if (micro_batches < 0 || micro_batches >= acc.window.steps) {
+    Refuse(path,
+           "the checkpoint is " + std::to_string(micro_batches) +
+               " micro-batches into an accumulation window; training().accumulation_steps is " +
+               std::to_string(acc.window.steps));
+  }
+  if (!saved.value("torch_sums", Json::object()).empty()) {
+    Refuse(path,
+           "the checkpoint's window holds sums of params that took torch's own step; the "
+           "libtorch optimizers accumulate only params on the fused path");
+  }
+  acc.window.pending = micro_batches;
+  acc.window.found_inf = saved.value("found_inf", false);
+  const Json sums = saved.value("sums", Json::object());
+  for (const Json& index : saved.value("window", Json::array())) {
+    const std::size_t i = index.get<std::size_t>();
+    const std::string key = std::to_string(i);
+    if (i >= params.size() || !sums.contains(key)) {
+      Refuse(path, "the accumulation window names param " + key + ", which has no sum here");
+    }
+    const torch::Tensor sum = reader.Get(sums[key], "accumulation sum " + key);
+    if (sum.scalar_type() != torch::kFloat || sum.numel() != params[i].numel()) {
+      Refuse(path, "accumulation sum " + key + " is not float32 of param " + key + "'s size");
+    }
+    acc.sums[params[i].unsafeGetTensorImpl()] = {
+        .param = params[i], .sum = sum.view(params[i].sizes()).clone(), .in_window = true};
+  }
+  return acc;
+}
+
 void Save(const ClassOps& ops, const torch::optim::Optimizer& optimizer, const std::string& path,
           const CheckpointParts& parts) {
   Writer w;
@@ -413,7 +486,7 @@ void Save(const ClassOps& ops, const torch::optim::Optimizer& optimizer, const s
   m["layout"] = layout;
   m["layout_hash"] = LayoutHash(layout.dump());
   m["world_size"] = 1;
-  m["accumulation"] = nullptr;  // the Trainer accumulates in the grads and saves between updates
+  m["accumulation"] = SaveWindow(optimizer, w);
   m["stochastic_rounding"] = Json::array({false, 0});
   m["scaler"] = parts.scaler == nullptr ? Json() : checkpoint_meta::EncodeScaler(*parts.scaler);
   m["scheduler"] = nullptr;
@@ -502,6 +575,7 @@ CheckpointCounters Load(const ClassOps& ops, torch::optim::Optimizer& optimizer,
                                            *parts.scaler, path);
   }
   const CheckpointCounters counters = checkpoint_meta::DecodeCounters(meta.value("extra", Json()));
+  std::optional<detail::Accumulation> window = LoadWindow(meta, optimizer, params, reader, path);
 
   // Everything checked: apply.
   for (std::size_t g = 0; g < groups.size(); ++g) groups[g].set_options(std::move(options[g]));
@@ -515,6 +589,7 @@ CheckpointCounters Load(const ClassOps& ops, torch::optim::Optimizer& optimizer,
     for (auto& [to, from] : copies) to.copy_(from);
   }
   if (scaler.has_value()) *parts.scaler = *scaler;
+  if (window.has_value()) dynamic_cast<FusedStepOptions&>(optimizer).accumulation() = *window;
   return counters;
 }
 
@@ -533,16 +608,7 @@ ClassOps CheckedOps(const torch::optim::Optimizer& optimizer, const char* fn) {
 
 void SaveCheckpoint(const torch::optim::Optimizer& optimizer, const std::string& path,
                     const CheckpointParts& parts) {
-  const ClassOps ops = CheckedOps(optimizer, "SaveCheckpoint");
-  const auto* fused = dynamic_cast<const FusedStepOptions*>(&optimizer);
-  if (fused != nullptr && fused->pending_micro_batches() != 0) {
-    Refuse(path, "the optimizer is inside an accumulation window (" +
-                     std::to_string(fused->pending_micro_batches()) + " of " +
-                     std::to_string(fused->training().accumulation_steps) +
-                     " micro-batches added), whose f32 sums a checkpoint does not keep: save "
-                     "after the window's last step()");
-  }
-  Save(ops, optimizer, path, parts);
+  Save(CheckedOps(optimizer, "SaveCheckpoint"), optimizer, path, parts);
 }
 
 CheckpointCounters LoadCheckpoint(torch::optim::Optimizer& optimizer, const std::string& path,

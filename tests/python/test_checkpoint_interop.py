@@ -192,15 +192,18 @@ def pt_model() -> torch.nn.Sequential:
 # sr runs where the Python leg's load keeps every state as it is: torch's load_state_dict casts NAdam's f32 mu_product
 # to a bf16 param's dtype. SGD's and Lion's noise follows state['rounding_step'] on both sides.
 @pytest.mark.parametrize("name, precision", [(name, precision) for name in sorted(PT_CLASSES)
-                                             for precision in ("f32", "q8", "sr")
-                                             if precision != "sr" or name != "nadam"])
+                                             for precision in ("f32", "q8", "sr", "acc")
+                                             if (precision != "sr" or name != "nadam")
+                                             and (precision != "acc" or name in ("adamw", "sgd"))])
 def test_libtorch_python_libtorch_equals_one_libtorch_run(tmp_path, name, precision):
     """A libtorch model with a fusedopt::pt optimizer trains 2 steps and saves; Python loads that file into the same
     model and the fused class, trains 2 more on the same batches and saves; libtorch loads the Python file and trains
     2 more. The model and the optimizer state equal those of one libtorch run of 6 steps, bit for bit, and Python's
     after its leg equal libtorch's after 4 (checkpoint_interop_pt.cc; both sides run one thread). q8: the weights'
     states are 8-bit codes with their absmax on both sides (the biases, under min_8bit_size 10, f32). sr: a bf16 model
-    stepped with stochastic rounding (seed 7) on both sides: the noise follows the run across the languages."""
+    stepped with stochastic rounding (seed 7) on both sides: the noise follows the run across the languages. acc:
+    accumulation_steps 5 on both sides: each leg ends inside a window, whose f32 sums the files carry, and the first
+    window spans all three legs."""
     def run(steps, out, *given):
         done = subprocess.run([str(INTEROP_PT), name + ("" if precision == "f32" else ":" + precision), str(steps), str(out),
                                *map(str, given)], capture_output=True, text=True, timeout=60)
@@ -212,7 +215,7 @@ def test_libtorch_python_libtorch_equals_one_libtorch_run(tmp_path, name, precis
     dtype = torch.bfloat16 if precision == "sr" else torch.float32
     model = pt_model().to(dtype)
     kw = {"q8": {"state_dtype": torch.uint8, "min_8bit_size": 10},
-          "sr": {"stochastic_rounding": True, "seed": 7}}.get(precision, {})
+          "sr": {"stochastic_rounding": True, "seed": 7}, "acc": {"accumulation_steps": 5}}.get(precision, {})
     opt = PT_CLASSES[name](model.parameters(), **kw)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -237,6 +240,8 @@ def test_libtorch_python_libtorch_equals_one_libtorch_run(tmp_path, name, precis
         absmax = [k for k in whole if k.startswith("state.0.") and k.endswith("_absmax")]
         assert absmax and all(whole[k.removesuffix("_absmax")].dtype == torch.uint8 for k in absmax)
         assert not any(k.startswith("state.1.") and k.endswith("_absmax") for k in whole)
+    if precision == "acc":  # 6 and 4 micro-batches: both files inside a window, with its sums
+        assert all(f"accumulator.{i}" in whole and f"accumulator.{i}" in four for i in range(4))
     for name_, t in four.items():
         assert torch.equal(bits(python[name_]), bits(t)), f"after 4 steps: {name_}"
     for name_, t in whole.items():

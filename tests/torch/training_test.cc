@@ -517,7 +517,6 @@ TEST(TorchTraining, AccumulationRefusalsChangeNothing) {
   EXPECT_EQ(opt.pending_micro_batches(), 1);
   opt.training().accumulation_steps = 3;
   ExpectTorchError([&] { opt.step(); }, {"accumulation_steps changed from 2 to 3 inside a window"});
-  EXPECT_THROW(SaveCheckpoint(opt, ::testing::TempDir() + "/acc.safetensors"), CheckpointError);
   opt.training().accumulation_steps = 2;
   static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options()).lr(-1.0);
   EXPECT_THROW(opt.step(), c10::Error);  // the window's last step checks its options first
@@ -536,6 +535,43 @@ TEST(TorchTraining, AccumulationRefusalsChangeNothing) {
                    {"param_groups[1].params[0] would take torch::optim's own"});
   EXPECT_EQ(opt.pending_micro_batches(), 0);
   EXPECT_TRUE(torch::equal(w.detach(), w1));
+}
+
+// SaveCheckpoint inside a window keeps it (the sums, how far it is), as fusedopt.save_checkpoint
+// does: a run resumed from such a file ends with the uninterrupted run's bits. An optimizer that
+// cannot continue the window refuses the file.
+TEST(TorchTraining, AccumulationWindowSurvivesACheckpoint) {
+  const torch::optim::AdamWOptions options(1e-2);
+  const std::string path = ::testing::TempDir() + "/accumulation.safetensors";
+  const auto run = [&](bool resume) {
+    const Params params = MakeParams(23);
+    auto opt = std::make_unique<AdamW>(MakeGroups(params, options), options);
+    opt->training().accumulation_steps = 3;
+    for (int t = 0; t < 8; ++t) {
+      if (resume && t == 5) {  // 2 of 3 micro-batches into the second window
+        SaveCheckpoint(*opt, path);
+        for (const auto& p : Flat(params)) p.detach().zero_();  // the file restores them
+        opt = std::make_unique<AdamW>(MakeGroups(params, options), options);
+        opt->training().accumulation_steps = 3;
+        LoadCheckpoint(*opt, path);
+        EXPECT_EQ(opt->pending_micro_batches(), 2);
+      }
+      SetGrads(params, t);
+      opt->step();
+    }
+    EXPECT_EQ(opt->pending_micro_batches(), 2);
+    return params;
+  };
+  const Params whole = run(false);
+  EXPECT_TRUE(BitwiseEqual(run(true), whole));
+
+  const Params params = MakeParams(23);
+  torch::optim::AdamW twin(MakeGroups(params, options), options);
+  EXPECT_THROW(LoadCheckpoint(twin, path), CheckpointError);
+  AdamW shorter(MakeGroups(params, options), options);
+  shorter.training().accumulation_steps = 2;
+  EXPECT_THROW(LoadCheckpoint(shorter, path), CheckpointError);
+  EXPECT_EQ(shorter.pending_micro_batches(), 0);
 }
 
 // ---- Stochastic rounding ------------------------------------------------------------------------

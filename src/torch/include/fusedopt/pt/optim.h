@@ -129,8 +129,8 @@ struct TrainingOptions {
   // clipping included. The scaler is updated with each micro-batch's own overflow check; a window
   // where some micro-batch held Inf/NaN is skipped whole. A param with a gradient in only some
   // micro-batches is stepped from the sum of those. Every param must take the fused path (no
-  // routed params); the sums are not saved (SaveCheckpoint refuses to save inside a window). >= 1;
-  // change it between windows.
+  // routed params). SaveCheckpoint keeps the window (the sums and how far it is), as the Python
+  // classes' save_checkpoint does; torch::save does not. >= 1; change it between windows.
   std::int64_t accumulation_steps = 1;
 };
 
@@ -165,6 +165,9 @@ class FusedStepOptions {
   // The micro-batches added to the current accumulation window (training().accumulation_steps):
   // 0 between windows.
   std::int64_t pending_micro_batches() const { return accumulation_.window.pending; }
+  // The window itself, for checkpoints (fusedopt/pt/checkpoint.h).
+  const detail::Accumulation& accumulation() const { return accumulation_; }
+  detail::Accumulation& accumulation() { return accumulation_; }
 
  protected:
   TrainingOptions training_;
