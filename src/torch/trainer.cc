@@ -80,6 +80,11 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, Forward forward, Loss
   if (!(options_.max_grad_norm >= 0.0)) {
     Reject("max_grad_norm", options_.max_grad_norm, "must be >= 0; inf: no clipping");
   }
+  if (fused_ != nullptr && fused_->training().accumulation_steps != 1) {
+    Reject("optimizer training().accumulation_steps", fused_->training().accumulation_steps,
+           "the trainer accumulates in the gradients, TrainerOptions::accumulation_steps; the "
+           "optimizer's must be 1");
+  }
   if (options_.checkpoint_every < 0 ||
       (options_.checkpoint_every > 0 && options_.checkpoint_dir.empty())) {
     Reject("checkpoint_every", options_.checkpoint_every,
@@ -164,6 +169,7 @@ double Trainer::OptimizerStep(bool& stepped) {
     TrainingOptions training = fused_->training();  // keeps the user's norm_type
     training.scaler = scaler;
     training.max_grad_norm = options_.max_grad_norm;
+    training.accumulation_steps = 1;  // (the trainer's own accumulation already summed the grads)
     fused_->set_training(training);
     optimizer_.step();
     stepped = fused_->last_step().stepped;

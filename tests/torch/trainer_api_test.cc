@@ -122,6 +122,23 @@ TEST(TorchTrainerApi, NullLossIsRejected) {
       std::invalid_argument);
 }
 
+// The trainer accumulates in the gradients; an optimizer that accumulates too would step only every
+// k-th update.
+TEST(TorchTrainerApi, OptimizerAccumulationIsRejected) {
+  torch::nn::Sequential model = MakeModel();
+  fusedopt::pt::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(0.1));
+  optimizer.training().accumulation_steps = 2;
+  try {
+    fusedopt::pt::Trainer(
+        model, [&](const torch::Tensor& x) { return model->forward(x); },
+        torch::nn::functional::cross_entropy, optimizer);
+    ADD_FAILURE() << "no std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("training().accumulation_steps 2"), std::string::npos)
+        << e.what();
+  }
+}
+
 // A trace that cannot be written (here: a full disk, which only shows when the buffer is flushed)
 // is an error naming the path, not a silently truncated file.
 TEST(TorchTrainerApi, TimelineWriteReportsAFullDisk) {

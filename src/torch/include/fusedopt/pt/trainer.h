@@ -18,8 +18,10 @@
 //
 // One update = accumulation_steps micro-batches (each loss divided by accumulation_steps, so the
 // gradients sum to the mean's gradient, as torch users write it) followed by one optimizer step and
-// zero_grad(). With a LossScaler the backward runs on loss * scale and a step whose gradients hold
-// Inf/NaN is skipped (params and optimizer state untouched), as torch.amp.GradScaler does.
+// zero_grad() (a fusedopt::pt optimizer's own training().accumulation_steps must be 1; the trainer
+// sets its scaler and max_grad_norm for each step). With a LossScaler the backward runs on loss *
+// scale and a step whose gradients hold Inf/NaN is skipped (params and optimizer state untouched),
+// as torch.amp.GradScaler does.
 #pragma once
 
 #include <c10/core/ScalarType.h>
