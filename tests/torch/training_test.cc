@@ -513,17 +513,22 @@ TEST(TorchTraining, AccumulationRefusalsChangeNothing) {
   opt.training().accumulation_steps = 0;
   ExpectTorchError([&] { opt.step(); }, {"invalid accumulation_steps 0"});
   opt.training().accumulation_steps = 2;
+  auto& options = static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options());
+  options.lr(-1.0);  // a micro-batch that opens a window is checked as its last one will be
+  EXPECT_THROW(opt.step(), c10::Error);
+  EXPECT_EQ(opt.pending_micro_batches(), 0);
+  options.lr(1e-2);
   opt.step();  // one micro-batch in
   EXPECT_EQ(opt.pending_micro_batches(), 1);
   opt.training().accumulation_steps = 3;
   ExpectTorchError([&] { opt.step(); }, {"accumulation_steps changed from 2 to 3 inside a window"});
   opt.training().accumulation_steps = 2;
-  static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options()).lr(-1.0);
+  options.lr(-1.0);
   EXPECT_THROW(opt.step(), c10::Error);  // the window's last step checks its options first
   EXPECT_EQ(opt.pending_micro_batches(), 1);
   EXPECT_TRUE(torch::equal(w.detach(), w0));
   EXPECT_TRUE(opt.state().empty());
-  static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options()).lr(1e-2);
+  options.lr(1e-2);
   opt.step();
   EXPECT_TRUE(opt.last_step().stepped);
 
