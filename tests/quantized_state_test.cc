@@ -217,14 +217,21 @@ TEST(QuantizedStates, OctaveTablesGiveTheRunOfEveryMagnitude) {
 // target: SGD's first step stores the gradient itself as its momentum (signed map, a state alone),
 // Adam with beta1 = beta2 = 0 stores g as its first moment and g² as its second (signed and
 // unsigned, searched as a pair), and with AMSGrad g² again as the third (a pair and one alone).
-// Each block starts with a 1 so that its absmax is 1 and the probes are quantized as they are.
+// The probes come in blocks led by 1.0, whose absmax leaves them as they are, again times 3 in
+// blocks led by 3.0 (x · f32(1/3) is not x / 3: near a threshold the two may take different codes),
+// then a block of subnormals, whose reciprocal overflows (Quantize divides there).
 TEST(QuantizedStates, VectorSearchEqualsScalarSearchOnEveryTarget) {
-  std::vector<float> probes = SearchProbes();
-  const std::size_t n = probes.size() + probes.size() / (kQuantBlock - 1) + 1;
+  const std::vector<float> probes = SearchProbes();
   std::vector<float> grad;
-  for (std::size_t i = 0, next = 0; i < n; ++i) {
-    grad.push_back(i % kQuantBlock == 0 || next >= probes.size() ? 1.0f : probes[next++]);
+  for (const float scale : {1.0f, 3.0f}) {
+    for (std::size_t next = 0; next < probes.size();) {
+      grad.push_back(grad.size() % kQuantBlock == 0 ? scale : probes[next++] * scale);
+    }
+    grad.resize(NumQuantBlocks(grad.size()) * kQuantBlock, scale);
   }
+  for (std::size_t i = 0; i < kQuantBlock; ++i) grad.push_back(1e-39f * probes[i * 97]);
+  grad[grad.size() - kQuantBlock] = 1e-39f;
+  const std::size_t n = grad.size();
   std::vector<float> root(n);
   std::vector<float> squares(n);
   for (std::size_t i = 0; i < n; ++i) {
@@ -335,6 +342,7 @@ TEST(QuantizedStates, BlocksRoundTripWithTheirAbsmax) {
   std::vector<float> x(n);
   for (float& v : x)
     v = static_cast<float>(rng.Uniform(-2.0, 2.0) * std::pow(10.0, rng.Uniform(-6, 0)));
+  for (std::size_t i = 2 * kQuantBlock; i < 3 * kQuantBlock; ++i) x[i] *= 1e-39f;  // subnormals
   x[5] = 0.0f;
   std::fill(x.begin() + kQuantBlock, x.begin() + 2 * kQuantBlock, 0.0f);  // an all-zero block
   std::vector<std::uint8_t> codes(n);
@@ -360,7 +368,9 @@ TEST(QuantizedStates, BlocksRoundTripWithTheirAbsmax) {
         ASSERT_EQ(back[i], 0.0f);
         continue;
       }
-      ASSERT_EQ(codes[i], QuantizeValue(in[i] / a, which)) << i;
+      const float inverse = 1.0f / a;  // a division only where the reciprocal overflows
+      ASSERT_EQ(codes[i], QuantizeValue(std::isinf(inverse) ? in[i] / a : in[i] * inverse, which))
+          << i;
       ASSERT_EQ(back[i], DynamicMap(which)[codes[i]] * a) << i;
     }
     EXPECT_EQ(back[5], 0.0f) << "zero stays zero";

@@ -40,15 +40,18 @@ inline constexpr QuantMap SlotMap(unsigned unsigned_map_states, int slot) {
 // The 256 values of a map, ascending, bit for bit those of bitsandbytes' create_dynamic_map.
 const std::array<float, 256>& DynamicMap(QuantMap map);
 
-// The code of one value already divided by its block's absmax (in [-1, 1]): the nearest map entry
+// The code of one value already scaled by its block's absmax (about [-1, 1]): the nearest map entry
 // (a tie goes to the smaller magnitude); on the signed map a negative value never gets the zero
 // code (bitsandbytes keeps the sign of a momentum: it takes the nearest negative code instead), and
 // on the unsigned map a negative value gets code 0.
 std::uint8_t QuantizeValue(float x, QuantMap map);
 
 // Quantizes n values block by block: absmax[b] = max |x| over block b (NaN if the block holds a
-// NaN), codes by QuantizeValue(x / absmax[b]). A block whose absmax is 0 or not finite gets the
-// zero code everywhere: it reads back as zeros, or as NaN when its absmax is not finite.
+// NaN), codes by QuantizeValue(x · f32(1 / absmax[b])): scaled by the reciprocal, as bitsandbytes'
+// CUDA kernels scale (__fdividef multiplies by one) and as a vector loop can without a division per
+// value; where the reciprocal overflows (absmax < 2^-128: a block of subnormals), by x / absmax[b].
+// A block whose absmax is 0 or not finite gets the zero code everywhere: it reads back as zeros, or
+// as NaN when its absmax is not finite.
 void Quantize(const float* x, std::size_t n, QuantMap map, std::uint8_t* codes, float* absmax);
 
 // Quantize of n values that all equal `value`, without a buffer of them: the codes and absmax a

@@ -170,9 +170,13 @@ void Quantize(const float* x, std::size_t n, QuantMap map, std::uint8_t* codes, 
       nan = nan || std::isnan(x[i]);
     }
     absmax[b] = nan ? std::numeric_limits<float>::quiet_NaN() : max;
+    const float inverse = 1.0f / max;
     for (std::size_t i = begin; i < end; ++i) {
-      codes[i] =
-          max > 0.0f && std::isfinite(absmax[b]) ? QuantizeValue(x[i] / max, map) : t.zero_code;
+      if (max == 0.0f || !std::isfinite(absmax[b])) {
+        codes[i] = t.zero_code;
+      } else {
+        codes[i] = QuantizeValue(std::isinf(inverse) ? x[i] / max : x[i] * inverse, map);
+      }
     }
   }
 }
