@@ -23,8 +23,8 @@ struct StateBlock {
 };
 
 // One block (n <= kQuantBlock elements) of each of `count` states: its absmax (max |x|, NaN if any
-// x is), and the codes of x / absmax on its map (the zero code everywhere where the absmax is 0 or
-// not finite): src/core/quantize.cc's Quantize. The states of a block go in one call: their
+// x is), and the codes of x · (1 / absmax) on its map (the zero code everywhere where the absmax is
+// 0 or not finite): src/core/quantize.cc's Quantize. The states of a block go in one call: their
 // searches interleave (src/cpu/quantize-inl.h).
 void QuantizeStateBlocks(const StateBlock* blocks, std::size_t count, std::size_t n);
 
