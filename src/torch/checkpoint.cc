@@ -376,27 +376,34 @@ std::optional<ClassOps> OpsOf(const torch::optim::Optimizer& optimizer) {
 
 // A fused optimizer's accumulation window (TrainingOptions::accumulation_steps), in the Python
 // classes' form: how far it is, the params with a gradient in it (their index in all groups' params
-// laid end to end) and their f32 sums. null for a torch::optim class.
+// laid end to end), their f32 sums and the sums of the params that take torch's own step (dense,
+// in their dtype). null for a torch::optim class.
 Json SaveWindow(const torch::optim::Optimizer& optimizer, Writer& w) {
   const auto* fused = dynamic_cast<const FusedStepOptions*>(&optimizer);
   if (fused == nullptr) return nullptr;
   const detail::Accumulation& acc = fused->accumulation();
-  Json window = Json::array(), sums = Json::object();
+  Json window = Json::array(), sums = Json::object(), torch_sums = Json::object();
   std::size_t i = 0;
   for (const torch::Tensor& p : Params(optimizer)) {
+    const std::string key = std::to_string(i++);
+    if (acc.window.pending == 0) continue;
     const auto it = acc.sums.find(p.unsafeGetTensorImpl());
-    if (acc.window.pending > 0 && it != acc.sums.end() && it->second.in_window) {
-      window.push_back(i);
-      sums[std::to_string(i)] = w.Add("accumulator." + std::to_string(i), it->second.sum);
+    if (it != acc.sums.end() && it->second.in_window) {
+      window.push_back(i - 1);
+      sums[key] = w.Add("accumulator." + key, it->second.sum);
     }
-    ++i;
+    const auto routed = acc.routed.find(p.unsafeGetTensorImpl());
+    if (routed != acc.routed.end() && !torch_sums.contains(key)) {
+      const torch::Tensor& sum = routed->second.sum;
+      torch_sums[key] = w.Add("torch_sum." + key, sum.is_sparse() ? sum.to_dense() : sum);
+    }
   }
   return {{"micro_batches", acc.window.pending},
           {"found_inf", acc.window.found_inf},
           {"steps", acc.window.steps},
           {"window", window},
           {"sums", sums},
-          {"torch_sums", Json::object()}};
+          {"torch_sums", torch_sums}};
 }
 
 // The window a checkpoint holds, checked against the optimizer (applied by the caller once every
@@ -423,11 +430,6 @@ std::optional<detail::Accumulation> LoadWindow(const Json& meta, torch::optim::O
                " micro-batches into an accumulation window; training().accumulation_steps is " +
                std::to_string(acc.window.steps));
   }
-  if (!saved.value("torch_sums", Json::object()).empty()) {
-    Refuse(path,
-           "the checkpoint's window holds sums of params that took torch's own step; the "
-           "libtorch optimizers accumulate only params on the fused path");
-  }
   acc.window.pending = micro_batches;
   acc.window.found_inf = saved.value("found_inf", false);
   const Json sums = saved.value("sums", Json::object());
@@ -442,6 +444,20 @@ std::optional<detail::Accumulation> LoadWindow(const Json& meta, torch::optim::O
       Refuse(path, "accumulation sum " + key + " is not float32 of param " + key + "'s size");
     }
     acc.sums[params[i].unsafeGetTensorImpl()] = {
+        .param = params[i], .sum = sum.view(params[i].sizes()).clone(), .in_window = true};
+  }
+  const Json torch_sums = saved.value("torch_sums", Json::object());
+  for (const auto& [key, entry] : torch_sums.items()) {
+    const bool index =
+        !key.empty() && key.size() < 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const std::size_t i = index ? std::stoul(key) : params.size();
+    if (i >= params.size()) Refuse(path, "the accumulation window names param " + key);
+    const torch::Tensor sum = reader.Get(entry, "accumulation sum " + key);
+    if (sum.numel() != params[i].numel()) {
+      Refuse(path, "accumulation sum " + key + " does not have param " + key + "'s size");
+    }
+    acc.routed[params[i].unsafeGetTensorImpl()] = {
         .param = params[i], .sum = sum.view(params[i].sizes()).clone(), .in_window = true};
   }
   return acc;

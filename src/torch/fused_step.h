@@ -83,21 +83,22 @@
 
 namespace fusedopt::pt::detail {
 
-// Twin's own step (not the override) over `routed` only, each grad read times `grad_scale`: each
-// group's params are swapped with its routed ones, and their grads with the scaled ones, for the
-// call, and back, whatever the step does.
-template <class Twin>
+// Twin's own step (not the override) over `routed` only, each param's grad replaced by
+// grad_of(p) where that is defined: each group's params are swapped with its routed ones, and
+// their grads with the replacements, for the call, and back, whatever the step does.
+template <class Twin, class GradOf>
 void TwinStep(torch::optim::Optimizer& optimizer, std::vector<std::vector<at::Tensor>>& routed,
-              float grad_scale) {
+              const GradOf& grad_of) {
   auto& groups = optimizer.param_groups();
   std::vector<std::pair<at::Tensor, at::Tensor>> own_grads;  // (param, its grad)
   const auto swap = [&] {
     for (std::size_t g = 0; g < groups.size(); ++g) std::swap(groups[g].params(), routed[g]);
     for (auto& [p, grad] : own_grads) std::swap(p.mutable_grad(), grad);
   };
-  if (grad_scale != 1.0f) {
-    for (const auto& group : routed) {
-      for (const at::Tensor& p : group) own_grads.emplace_back(p, p.grad() * grad_scale);
+  for (const auto& group : routed) {
+    for (const at::Tensor& p : group) {
+      at::Tensor grad = grad_of(p);
+      if (grad.defined()) own_grads.emplace_back(p, std::move(grad));
     }
   }
   swap();
@@ -274,9 +275,6 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       if constexpr (requires { typename Traits::Twin; }) {
         if (!training.strict && has_grad) {
           const std::string why = RouteReason(p, Traits::kTakesSparse);
-          TORCH_CHECK(why.empty() || !accumulating, Traits::kName, ": ", ToString(name),
-                      " would take torch::optim's own step (", why,
-                      "); training().accumulation_steps > 1 needs every param on the fused path");
           if (!why.empty()) {
             routed[g].push_back(p);
             routed_why += (routed_why.empty() ? "" : "; ") + ToString(name) + ": " + why;
@@ -424,16 +422,45 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   if ((accumulating ? batch_grads.empty() : segments.empty()) && routed_why.empty()) return loss;
   CheckDisjoint(Traits::kName, params, names);
   if (accumulating) CheckDisjoint(Traits::kName, batch_params, batch_names);
-  // With routed params, what spans both partitions runs here, once over all gradients: the overflow
-  // check and the global norm (MixedPrePass); TrainingStep then runs without scaler and clipping,
-  // the clip coefficient folded into every grad_scale, and the routed grads get the same factor.
-  StepResult mixed;
-  float routed_scale = 1.0f;
   const bool routing = !routed_why.empty();
   if (routing) {
     TORCH_WARN_ONCE(Traits::kName,
                     ": these params take torch::optim's own (unfused) step: ", routed_why,
                     ". Set training().strict = true to make this an error.");
+  }
+  // With accumulation, routed params are summed here, in torch: grad · (inv_scale / steps) in the
+  // gradient's own dtype and layout, as the Python classes sum them; an Inf/NaN in a sum is the
+  // micro-batch's overflow (the scaler backs off, the window is skipped). The window's last call
+  // steps them by the twin on their sums, after the fused update.
+  std::unordered_map<const void*, Accumulation::Sum> routed_sums;  // committed after the call
+  bool routed_inf = false;
+  if (accumulating) {
+    TORCH_CHECK((!routing && accumulation.routed.empty()) ||
+                    clipping.max_norm == std::numeric_limits<double>::infinity(),
+                Traits::kName, ": max_grad_norm ", clipping.max_norm,
+                " with training().accumulation_steps > 1 needs every param on the fused path (",
+                routing ? routed_why : "routed params are in the window", ")");
+    routed_sums = accumulation.routed;
+    const double factor = double{grad_scale} / static_cast<double>(window.steps);
+    for (const auto& group : routed) {
+      for (const at::Tensor& p : group) {
+        const at::Tensor add = p.grad() * factor;
+        if (!add.is_meta()) {  // (a meta tensor has no values: shape-only, as torch steps it)
+          const at::Tensor values = add.is_sparse() ? add.coalesce().values() : add;
+          routed_inf |= !at::isfinite(values).all().item<bool>();
+        }
+        Accumulation::Sum& held = routed_sums[p.unsafeGetTensorImpl()];
+        held = {.param = p, .sum = held.sum.defined() ? held.sum + add : add, .in_window = true};
+      }
+    }
+  }
+  // Without accumulation, what spans both partitions runs here, once over all gradients: the
+  // overflow check and the global norm (MixedPrePass); TrainingStep then runs without scaler and
+  // clipping, the clip coefficient folded into every grad_scale, and the routed grads get the
+  // same factor.
+  StepResult mixed;
+  float routed_scale = 1.0f;
+  if (routing && !accumulating) {
     if (!MixedPrePass(grads, routed, clipping, grad_scale, mixed)) {
       if (scaler != nullptr) scaler->Update(true);
       result = mixed;
@@ -450,6 +477,8 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
                                .sums = batch_sums,
                                .fresh = fresh,
                                .grad_scale = grad_scale};
+  // (a routed Inf/NaN skips the window and updates the scaler here, the micro-batch's overflow)
+  if (routed_inf) window.found_inf = true;
   if (!segments.empty() || accumulating) {
     try {
       // A micro-batch that does not close its window is not stepped, but its groups' options are
@@ -457,7 +486,7 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       if (!closes) TrainingStep(std::span<const Hyper>(hypers), std::span<Segment>(), {});
       outcome = TrainingStep(
           std::span<const Hyper>(hypers), std::span<Segment>(segments),
-          {.scaler = routing ? nullptr : scaler,
+          {.scaler = (routing && !accumulating) || routed_inf ? nullptr : scaler,
            .max_grad_norm = routing ? std::numeric_limits<double>::infinity() : clipping.max_norm,
            .norm_type = clipping.norm_type,
            .clip_rule = clipping.clip_rule,
@@ -467,8 +496,13 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
       TORCH_CHECK(false, Traits::kName, ": ", e.what());
     }
   }
+  if (routed_inf) {
+    if (scaler != nullptr) scaler->Update(true);
+    outcome.found_inf = true;
+  }
   if (accumulating) {  // the micro-batch was added (and the window closed, if this was its last)
     accumulation.window = window;
+    accumulation.routed = closes ? decltype(routed_sums){} : routed_sums;
     for (auto& [key, sum] : new_sums) accumulation.sums[key].sum = std::move(sum);
     for (const at::Tensor& p : batch_params) {
       Accumulation::Sum& held = accumulation.sums[p.unsafeGetTensorImpl()];
@@ -502,11 +536,24 @@ at::Tensor FusedStep(torch::optim::Optimizer& optimizer,
   result = outcome;
   // After the fused part: its checks of the options came first.
   if constexpr (requires { typename Traits::Twin; }) {
-    if (routing) {
-      TwinStep<typename Traits::Twin>(optimizer, routed, routed_scale);
+    if (routing && !accumulating) {
+      TwinStep<typename Traits::Twin>(optimizer, routed, [&](const at::Tensor& p) {
+        return routed_scale != 1.0f ? p.grad() * routed_scale : at::Tensor();
+      });
       if (scaler != nullptr) scaler->Update(false);
       result.grad_norm = mixed.grad_norm;
       result.clip_coef = mixed.clip_coef;
+    }
+    if (!routed_sums.empty() && closes) {  // the window's routed params, stepped on their sums
+      std::vector<std::vector<at::Tensor>> in_window(groups.size());
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        for (const at::Tensor& p : groups[g].params()) {
+          if (routed_sums.contains(p.unsafeGetTensorImpl())) in_window[g].push_back(p);
+        }
+      }
+      TwinStep<typename Traits::Twin>(optimizer, in_window, [&](const at::Tensor& p) {
+        return routed_sums.at(p.unsafeGetTensorImpl()).sum;
+      });
     }
   }
   return loss;

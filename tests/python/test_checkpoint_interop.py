@@ -192,9 +192,10 @@ def pt_model() -> torch.nn.Sequential:
 # sr runs where the Python leg's load keeps every state as it is: torch's load_state_dict casts NAdam's f32 mu_product
 # to a bf16 param's dtype. SGD's and Lion's noise follows state['rounding_step'] on both sides.
 @pytest.mark.parametrize("name, precision", [(name, precision) for name in sorted(PT_CLASSES)
-                                             for precision in ("f32", "q8", "sr", "acc")
+                                             for precision in ("f32", "q8", "sr", "acc", "acc64")
                                              if (precision != "sr" or name != "nadam")
-                                             and (precision != "acc" or name in ("adamw", "sgd"))])
+                                             and (precision != "acc" or name in ("adamw", "sgd"))
+                                             and (precision != "acc64" or name == "sgd")])
 def test_libtorch_python_libtorch_equals_one_libtorch_run(tmp_path, name, precision):
     """A libtorch model with a fusedopt::pt optimizer trains 2 steps and saves; Python loads that file into the same
     model and the fused class, trains 2 more on the same batches and saves; libtorch loads the Python file and trains
@@ -203,7 +204,8 @@ def test_libtorch_python_libtorch_equals_one_libtorch_run(tmp_path, name, precis
     states are 8-bit codes with their absmax on both sides (the biases, under min_8bit_size 10, f32). sr: a bf16 model
     stepped with stochastic rounding (seed 7) on both sides: the noise follows the run across the languages. acc:
     accumulation_steps 5 on both sides: each leg ends inside a window, whose f32 sums the files carry, and the first
-    window spans all three legs."""
+    window spans all three legs. acc64: the same with a float64 model, whose params take torch's own step (SGD's
+    for-loop step is the same in both languages) on sums kept in torch, which the files carry."""
     def run(steps, out, *given):
         done = subprocess.run([str(INTEROP_PT), name + ("" if precision == "f32" else ":" + precision), str(steps), str(out),
                                *map(str, given)], capture_output=True, text=True, timeout=60)
@@ -212,10 +214,11 @@ def test_libtorch_python_libtorch_equals_one_libtorch_run(tmp_path, name, precis
     run(6, tmp_path / "whole.safetensors")
     run(4, tmp_path / "four.safetensors")
     run(2, tmp_path / "a.safetensors")
-    dtype = torch.bfloat16 if precision == "sr" else torch.float32
+    dtype = {"sr": torch.bfloat16, "acc64": torch.float64}.get(precision, torch.float32)
     model = pt_model().to(dtype)
     kw = {"q8": {"state_dtype": torch.uint8, "min_8bit_size": 10},
-          "sr": {"stochastic_rounding": True, "seed": 7}, "acc": {"accumulation_steps": 5}}.get(precision, {})
+          "sr": {"stochastic_rounding": True, "seed": 7}, "acc": {"accumulation_steps": 5},
+          "acc64": {"accumulation_steps": 5}}.get(precision, {})
     opt = PT_CLASSES[name](model.parameters(), **kw)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -240,8 +243,9 @@ def test_libtorch_python_libtorch_equals_one_libtorch_run(tmp_path, name, precis
         absmax = [k for k in whole if k.startswith("state.0.") and k.endswith("_absmax")]
         assert absmax and all(whole[k.removesuffix("_absmax")].dtype == torch.uint8 for k in absmax)
         assert not any(k.startswith("state.1.") and k.endswith("_absmax") for k in whole)
-    if precision == "acc":  # 6 and 4 micro-batches: both files inside a window, with its sums
-        assert all(f"accumulator.{i}" in whole and f"accumulator.{i}" in four for i in range(4))
+    if precision.startswith("acc"):  # 6 and 4 micro-batches: both files inside a window, with its sums
+        sums = "torch_sum" if precision == "acc64" else "accumulator"
+        assert all(f"{sums}.{i}" in whole and f"{sums}.{i}" in four for i in range(4))
     for name_, t in four.items():
         assert torch.equal(bits(python[name_]), bits(t)), f"after 4 steps: {name_}"
     for name_, t in whole.items():

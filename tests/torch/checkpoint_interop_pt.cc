@@ -2,13 +2,14 @@
 // fusedopt::pt optimizer start fresh or from a checkpoint with a model (this program's, or
 // fusedopt.save_checkpoint's), train on known batches, and save the model and optimizer.
 //
-//   checkpoint_interop_pt adamw|sgd|lion|nadam[:q8|:sr|:acc] STEPS OUT [IN]
+//   checkpoint_interop_pt adamw|sgd|lion|nadam[:q8|:sr|:acc|:acc64] STEPS OUT [IN]
 //
 // ":q8": 8-bit states (training().state_dtype uint8) for the params of at least 10 elements (the
 // two weights; the biases keep f32 states). ":sr": the model in bf16 (its states too, by torch's
 // rule), stepped with stochastic rounding (training().stochastic_rounding, rounding_seed 7); the
 // batches rounded to bf16. ":acc": training().accumulation_steps 5, each batch one micro-batch (a
-// leg may end inside a window: the checkpoint keeps it).
+// leg may end inside a window: the checkpoint keeps it). ":acc64": the same with the model in
+// float64, whose params take torch::optim's own step on sums kept in torch.
 // Model: Sequential(Linear(6, 5), Tanh, Linear(5, 3)), its params' elements (in the order of
 // parameters()) set from Value(1, i) when starting fresh. Step k's batch: x (4 × 6) = Value(2000 +
 // k, i), target (4 × 3) = Value(3000 + k, i), loss mse_loss(model(x), target). The file's counter
@@ -60,7 +61,8 @@ fusedopt::pt::TrainingOptions& TrainingOf(torch::optim::Optimizer& opt) {
 
 int main(int argc, char** argv) {
   if (argc != 4 && argc != 5) {
-    std::fprintf(stderr, "usage: %s adamw|sgd|lion|nadam[:q8|:sr|:acc] STEPS OUT [IN]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s adamw|sgd|lion|nadam[:q8|:sr|:acc|:acc64] STEPS OUT [IN]\n",
+                 argv[0]);
     return 2;
   }
   try {
@@ -70,14 +72,15 @@ int main(int argc, char** argv) {
     const std::string name = argv[1];
     const bool q8 = name.ends_with(":q8");
     const bool sr = name.ends_with(":sr");
-    const torch::Dtype dtype = sr ? torch::kBFloat16 : torch::kFloat;
+    const bool f64 = name.ends_with(":acc64");
+    const torch::Dtype dtype = sr ? torch::kBFloat16 : f64 ? torch::kDouble : torch::kFloat;
     const std::unique_ptr<torch::optim::Optimizer> opt =
         MakeOptimizer(name.substr(0, name.find(':')), model->parameters());
     if (q8) {
       TrainingOf(*opt).state_dtype = torch::kUInt8;
       TrainingOf(*opt).min_8bit_size = 10;
     }
-    if (name.ends_with(":acc")) TrainingOf(*opt).accumulation_steps = 5;
+    if (name.ends_with(":acc") || f64) TrainingOf(*opt).accumulation_steps = 5;
     if (sr) {
       TrainingOf(*opt).stochastic_rounding = true;
       TrainingOf(*opt).rounding_seed = 7;

@@ -532,14 +532,103 @@ TEST(TorchTraining, AccumulationRefusalsChangeNothing) {
   opt.step();
   EXPECT_TRUE(opt.last_step().stepped);
 
-  // A param that would take torch::optim's own step (float64) cannot accumulate.
+  // Clipping needs every param on the fused path: a param that takes torch::optim's own step
+  // (float64) in the window is refused with it.
   opt.add_param_group(torch::optim::OptimizerParamGroup({d}));
   d.mutable_grad() = torch::randn({4}, torch::kDouble);
+  opt.training().max_grad_norm = 1.0;
   const torch::Tensor w1 = w.detach().clone();
+  const torch::Tensor d1 = d.detach().clone();
   ExpectTorchError([&] { opt.step(); },
-                   {"param_groups[1].params[0] would take torch::optim's own"});
+                   {"max_grad_norm 1 with training().accumulation_steps > 1 needs every param on "
+                    "the fused path",
+                    "param_groups[1].params[0]: its dtype is Double"});
   EXPECT_EQ(opt.pending_micro_batches(), 0);
   EXPECT_TRUE(torch::equal(w.detach(), w1));
+  EXPECT_TRUE(torch::equal(d.detach(), d1));
+}
+
+// A param that takes torch::optim's own step (float64 here) accumulates in torch: its sum is grad ·
+// (1 / k) in float64 (the first one as it is), and the window's last step() runs the twin's step on
+// the sums, bit for bit; the fused params step from their f32 sums (compared with the twin on those
+// sums). A checkpoint saved mid-window keeps the routed sums: the run loaded from it ends the same.
+TEST(TorchTraining, AccumulationSumsRoutedParamsInTorch) {
+  constexpr int kWindow = 3;
+  const torch::optim::AdamWOptions options(1e-2);
+  const std::string path = ::testing::TempDir() + "/routed_accumulation.safetensors";
+  Params a = MakeParams(31);
+  for (auto& p : a[1]) p = p.detach().to(torch::kDouble).requires_grad_(true);
+  const Params c = CloneParams(a);
+  auto fused = std::make_unique<AdamW>(MakeGroups(a, options), options);
+  fused->training().accumulation_steps = kWindow;
+  torch::optim::AdamW twin(MakeGroups(c, options), options);
+  const std::vector<torch::Tensor> flat_a = Flat(a);
+  const std::vector<torch::Tensor> flat_c = Flat(c);
+  for (int window = 0; window < 2; ++window) {
+    std::vector<torch::Tensor> sums(flat_a.size());
+    for (int j = 0; j < kWindow; ++j) {
+      SCOPED_TRACE("window " + std::to_string(window) + ", micro-batch " + std::to_string(j));
+      if (window == 1 && j == 2) {  // two micro-batches in: saved, and loaded into a new optimizer
+        SaveCheckpoint(*fused, path);
+        for (const auto& p : flat_a) p.detach().zero_();  // the file restores them
+        fused = std::make_unique<AdamW>(MakeGroups(a, options), options);
+        fused->training().accumulation_steps = kWindow;
+        LoadCheckpoint(*fused, path);
+        EXPECT_EQ(fused->pending_micro_batches(), 2);
+      }
+      SetGrads(a, window * kWindow + j);
+      for (std::size_t k = 0; k < flat_a.size(); ++k) {
+        const torch::Tensor& grad = flat_a[k].grad();
+        if (!grad.defined()) continue;
+        const torch::Tensor add = grad.scalar_type() == torch::kDouble
+                                      ? grad * (1.0 / kWindow)
+                                      : grad * static_cast<float>(1.0 / kWindow);
+        sums[k] = sums[k].defined() ? sums[k] + add : add;
+      }
+      fused->step();
+      EXPECT_EQ(fused->last_step().stepped, j + 1 == kWindow);
+    }
+    for (std::size_t k = 0; k < flat_c.size(); ++k) {
+      flat_c[k].mutable_grad() = sums[k].defined() ? sums[k].clone() : torch::Tensor();
+    }
+    twin.step();
+    EXPECT_TRUE(BitwiseEqual(Params{a[1]}, Params{c[1]}));  // the routed (float64) group
+    ExpectClose(Params{a[0]}, Params{c[0]}, 1e-5);
+  }
+}
+
+// With a scaler, an Inf in a routed param's gradient is its micro-batch's overflow: the scaler
+// backs off and the window is skipped whole, the routed param too.
+TEST(TorchTraining, AccumulationSkipsAWindowWithARoutedInf) {
+  torch::Tensor w = torch::randn({30}).requires_grad_(true);
+  torch::Tensor d = torch::randn({4}, torch::kDouble).requires_grad_(true);
+  AdamW opt({w, d}, torch::optim::AdamWOptions(1e-2));
+  LossScaler scaler({.init_scale = 1024.0f});
+  opt.set_training({.scaler = &scaler, .accumulation_steps = 2});
+  const auto micro_batch = [&](int t, bool poison) {
+    torch::manual_seed(static_cast<std::uint64_t>(t));
+    w.mutable_grad() = torch::randn({30}) * scaler.scale();
+    d.mutable_grad() = torch::randn({4}, torch::kDouble) * scaler.scale();
+    if (poison) d.mutable_grad()[1] = std::numeric_limits<double>::infinity();
+    opt.step();
+  };
+  const torch::Tensor w0 = w.detach().clone();
+  const torch::Tensor d0 = d.detach().clone();
+  micro_batch(0, true);
+  EXPECT_EQ(scaler.scale(), 512.0f);
+  EXPECT_TRUE(opt.last_step().found_inf);
+  micro_batch(1, false);  // closes the window: skipped
+  EXPECT_FALSE(opt.last_step().stepped);
+  EXPECT_EQ(scaler.scale(), 512.0f);
+  EXPECT_TRUE(torch::equal(w.detach(), w0));
+  EXPECT_TRUE(torch::equal(d.detach(), d0));
+  EXPECT_TRUE(opt.state().empty());
+  micro_batch(2, false);
+  micro_batch(3, false);
+  EXPECT_TRUE(opt.last_step().stepped);
+  EXPECT_FALSE(torch::equal(w.detach(), w0));
+  EXPECT_FALSE(torch::equal(d.detach(), d0));
+  EXPECT_EQ(opt.state().size(), 2u);
 }
 
 // SaveCheckpoint inside a window keeps it (the sums, how far it is), as fusedopt.save_checkpoint

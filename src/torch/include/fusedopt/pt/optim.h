@@ -128,22 +128,29 @@ struct TrainingOptions {
   // accumulation_steps-th step() updates, from the sums: one step on the window's mean gradient,
   // clipping included. The scaler is updated with each micro-batch's own overflow check; a window
   // where some micro-batch held Inf/NaN is skipped whole. A param with a gradient in only some
-  // micro-batches is stepped from the sum of those. Every param must take the fused path (no
-  // routed params). SaveCheckpoint keeps the window (the sums and how far it is), as the Python
-  // classes' save_checkpoint does; torch::save does not. >= 1; change it between windows.
+  // micro-batches is stepped from the sum of those. A param that takes torch::optim's own step
+  // (routed: a float64 param, a sparse gradient, ...) has its sum in torch, in the gradient's own
+  // dtype and layout (grad · (inv_scale / accumulation_steps)), and the window's last step() runs
+  // the twin's step on those sums after the fused update, as the Python classes do; an Inf/NaN in
+  // it skips the window too. max_grad_norm then needs every param on the fused path.
+  // SaveCheckpoint keeps the window (the sums and how far it is), as the Python classes'
+  // save_checkpoint does; torch::save does not. >= 1; change it between windows.
   std::int64_t accumulation_steps = 1;
 };
 
 namespace detail {
-// The window of TrainingOptions::accumulation_steps: how far it is, and each param's f32 sum.
+// The window of TrainingOptions::accumulation_steps: how far it is, and each param's sum.
 struct Accumulation {
   AccumulationWindow window;
   struct Sum {
     at::Tensor param;        // keeps the key, its TensorImpl, alive
-    at::Tensor sum;          // f32, the param's shape
+    at::Tensor sum;          // the param's shape: f32 (sums), the gradient's dtype (routed)
     bool in_window = false;  // it holds a gradient of this window
   };
   std::unordered_map<const void*, Sum> sums;
+  // The sums of the params that take torch::optim's own step, all in the window (emptied when it
+  // closes).
+  std::unordered_map<const void*, Sum> routed;
 };
 }  // namespace detail
 
