@@ -194,6 +194,70 @@ void LoadTwin(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive
                                                                                       optimizer);
 }
 
+// The accumulation window in a torch::save archive, under "fusedopt_accumulation" (absent outside a
+// window): how far it is and, by each param's index in all groups laid end to end, its f32 sum
+// ("sum.<i>") or the sum torch keeps for a routed param ("torch_sum.<i>", dense).
+void WriteWindow(const torch::optim::Optimizer& optimizer, const detail::Accumulation& acc,
+                 torch::serialize::OutputArchive& archive) {
+  if (acc.window.pending == 0) return;
+  torch::serialize::OutputArchive window(archive.compilation_unit());
+  window.write("micro_batches", c10::IValue(acc.window.pending));
+  window.write("steps", c10::IValue(acc.window.steps));
+  window.write("found_inf", c10::IValue(acc.window.found_inf));
+  std::size_t i = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      const std::string index = std::to_string(i++);
+      const auto sum = acc.sums.find(p.unsafeGetTensorImpl());
+      if (sum != acc.sums.end() && sum->second.in_window) {
+        window.write("sum." + index, sum->second.sum);
+      }
+      const auto routed = acc.routed.find(p.unsafeGetTensorImpl());
+      if (routed != acc.routed.end()) {
+        const torch::Tensor& t = routed->second.sum;
+        window.write("torch_sum." + index, t.is_sparse() ? t.to_dense() : t);
+      }
+    }
+  }
+  archive.write("fusedopt_accumulation", window);
+}
+
+// The window of a torch::load archive (WriteWindow's), checked against the optimizer before
+// anything is loaded; an empty one where the archive holds none.
+detail::Accumulation ReadWindow(const torch::optim::Optimizer& optimizer,
+                                const TrainingOptions& training,
+                                torch::serialize::InputArchive& archive) {
+  detail::Accumulation acc;
+  acc.window.steps = training.accumulation_steps;
+  torch::serialize::InputArchive window;
+  if (!archive.try_read("fusedopt_accumulation", window)) return acc;
+  c10::IValue value;
+  window.read("micro_batches", value);
+  acc.window.pending = value.toInt();
+  window.read("steps", value);
+  TORCH_CHECK(value.toInt() == acc.window.steps, "the archive is ", acc.window.pending,
+              " micro-batches into an accumulation window of ", value.toInt(),
+              "; training().accumulation_steps is ", acc.window.steps,
+              " (set it before torch::load)");
+  window.read("found_inf", value);
+  acc.window.found_inf = value.toBool();
+  std::size_t i = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      const std::string index = std::to_string(i++);
+      for (const bool routed : {false, true}) {
+        torch::Tensor sum;
+        if (!window.try_read((routed ? "torch_sum." : "sum.") + index, sum)) continue;
+        TORCH_CHECK(sum.sizes() == p.sizes(), "the archive's accumulation sum of param ", index,
+                    " has shape ", sum.sizes(), ", the param ", p.sizes());
+        (routed ? acc.routed : acc.sums)[p.unsafeGetTensorImpl()] = {
+            .param = p, .sum = sum, .in_window = true};
+      }
+    }
+  }
+  return acc;
+}
+
 }  // namespace
 
 template <class Base, class Hyper>
@@ -225,15 +289,22 @@ void SgdParamState::serialize(torch::serialize::InputArchive& archive) {
   rounding_step(archive.try_read("rounding_step", count) ? count.toInt() : 0);
 }
 
-void SGD::load(torch::serialize::InputArchive& archive) { LoadTwin<SgdTraits>(*this, archive); }
-void Adam::load(torch::serialize::InputArchive& archive) { LoadTwin<AdamTraits>(*this, archive); }
-void AdamW::load(torch::serialize::InputArchive& archive) { LoadTwin<AdamWTraits>(*this, archive); }
-void RMSprop::load(torch::serialize::InputArchive& archive) {
-  LoadTwin<RmspropTraits>(*this, archive);
-}
-void Adagrad::load(torch::serialize::InputArchive& archive) {
-  LoadTwin<AdagradTraits>(*this, archive);
-}
+#define FOPT_DEFINE_SAVE_LOAD(Class, Traits)                              \
+  void Class::save(torch::serialize::OutputArchive& archive) const {      \
+    torch::optim::Class::save(archive);                                   \
+    WriteWindow(*this, accumulation(), archive);                          \
+  }                                                                       \
+  void Class::load(torch::serialize::InputArchive& archive) {             \
+    detail::Accumulation window = ReadWindow(*this, training(), archive); \
+    LoadTwin<Traits>(*this, archive);                                     \
+    accumulation() = std::move(window);                                   \
+  }
+FOPT_DEFINE_SAVE_LOAD(SGD, SgdTraits)
+FOPT_DEFINE_SAVE_LOAD(Adam, AdamTraits)
+FOPT_DEFINE_SAVE_LOAD(AdamW, AdamWTraits)
+FOPT_DEFINE_SAVE_LOAD(RMSprop, RmspropTraits)
+FOPT_DEFINE_SAVE_LOAD(Adagrad, AdagradTraits)
+#undef FOPT_DEFINE_SAVE_LOAD
 
 torch::Tensor SGD::step(LossClosure closure) {
   return detail::FusedStep<SgdTraits>(*this, closure, training_, last_step_, last_pre_pass_,
@@ -424,11 +495,14 @@ torch::Tensor FusedOptimizer<Hyper>::step(LossClosure closure) {
 template <class Hyper>
 void FusedOptimizer<Hyper>::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<ParamState, Options>(archive, *this);
+  WriteWindow(*this, accumulation(), archive);
 }
 
 template <class Hyper>
 void FusedOptimizer<Hyper>::load(torch::serialize::InputArchive& archive) {
+  detail::Accumulation window = ReadWindow(*this, training(), archive);
   torch::optim::serialize<ParamState, Options>(archive, *this);
+  accumulation() = std::move(window);
 }
 
 // Every algorithm's generic class (optim.h's ClassOf names those without a class of their own).

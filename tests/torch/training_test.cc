@@ -551,7 +551,8 @@ TEST(TorchTraining, AccumulationRefusalsChangeNothing) {
 // A param that takes torch::optim's own step (float64 here) accumulates in torch: its sum is grad ·
 // (1 / k) in float64 (the first one as it is), and the window's last step() runs the twin's step on
 // the sums, bit for bit; the fused params step from their f32 sums (compared with the twin on those
-// sums). A checkpoint saved mid-window keeps the routed sums: the run loaded from it ends the same.
+// sums). Checkpoints and torch::save archives saved mid-window keep the routed sums: the run loaded
+// from them ends the same.
 TEST(TorchTraining, AccumulationSumsRoutedParamsInTorch) {
   constexpr int kWindow = 3;
   const torch::optim::AdamWOptions options(1e-2);
@@ -568,13 +569,22 @@ TEST(TorchTraining, AccumulationSumsRoutedParamsInTorch) {
     std::vector<torch::Tensor> sums(flat_a.size());
     for (int j = 0; j < kWindow; ++j) {
       SCOPED_TRACE("window " + std::to_string(window) + ", micro-batch " + std::to_string(j));
-      if (window == 1 && j == 2) {  // two micro-batches in: saved, and loaded into a new optimizer
-        SaveCheckpoint(*fused, path);
-        for (const auto& p : flat_a) p.detach().zero_();  // the file restores them
+      if (j > 0) {  // saved inside the window (a checkpoint, or torch::save), loaded into a new one
+        std::stringstream archive;
+        if (window == 0) {
+          torch::save(*fused, archive);
+        } else {
+          SaveCheckpoint(*fused, path);
+          for (const auto& p : flat_a) p.detach().zero_();  // the file restores them
+        }
         fused = std::make_unique<AdamW>(MakeGroups(a, options), options);
         fused->training().accumulation_steps = kWindow;
-        LoadCheckpoint(*fused, path);
-        EXPECT_EQ(fused->pending_micro_batches(), 2);
+        if (window == 0) {
+          torch::load(*fused, archive);
+        } else {
+          LoadCheckpoint(*fused, path);
+        }
+        EXPECT_EQ(fused->pending_micro_batches(), j);
       }
       SetGrads(a, window * kWindow + j);
       for (std::size_t k = 0; k < flat_a.size(); ++k) {
@@ -632,22 +642,32 @@ TEST(TorchTraining, AccumulationSkipsAWindowWithARoutedInf) {
 }
 
 // SaveCheckpoint inside a window keeps it (the sums, how far it is), as fusedopt.save_checkpoint
-// does: a run resumed from such a file ends with the uninterrupted run's bits. An optimizer that
-// cannot continue the window refuses the file.
+// does, and so do torch::save and torch::load: a run resumed from such a file ends with the
+// uninterrupted run's bits. An optimizer that cannot continue the window refuses the file.
 TEST(TorchTraining, AccumulationWindowSurvivesACheckpoint) {
   const torch::optim::AdamWOptions options(1e-2);
   const std::string path = ::testing::TempDir() + "/accumulation.safetensors";
-  const auto run = [&](bool resume) {
+  enum class Resume { kNo, kCheckpoint, kTorchSave };
+  const auto run = [&](Resume resume) {
     const Params params = MakeParams(23);
     auto opt = std::make_unique<AdamW>(MakeGroups(params, options), options);
     opt->training().accumulation_steps = 3;
     for (int t = 0; t < 8; ++t) {
-      if (resume && t == 5) {  // 2 of 3 micro-batches into the second window
-        SaveCheckpoint(*opt, path);
-        for (const auto& p : Flat(params)) p.detach().zero_();  // the file restores them
+      if (resume != Resume::kNo && t == 5) {  // 2 of 3 micro-batches into the second window
+        std::stringstream archive;
+        if (resume == Resume::kCheckpoint) {
+          SaveCheckpoint(*opt, path);
+          for (const auto& p : Flat(params)) p.detach().zero_();  // the file restores them
+        } else {
+          torch::save(*opt, archive);
+        }
         opt = std::make_unique<AdamW>(MakeGroups(params, options), options);
         opt->training().accumulation_steps = 3;
-        LoadCheckpoint(*opt, path);
+        if (resume == Resume::kCheckpoint) {
+          LoadCheckpoint(*opt, path);
+        } else {
+          torch::load(*opt, archive);
+        }
         EXPECT_EQ(opt->pending_micro_batches(), 2);
       }
       SetGrads(params, t);
@@ -656,8 +676,9 @@ TEST(TorchTraining, AccumulationWindowSurvivesACheckpoint) {
     EXPECT_EQ(opt->pending_micro_batches(), 2);
     return params;
   };
-  const Params whole = run(false);
-  EXPECT_TRUE(BitwiseEqual(run(true), whole));
+  const Params whole = run(Resume::kNo);
+  EXPECT_TRUE(BitwiseEqual(run(Resume::kCheckpoint), whole));
+  EXPECT_TRUE(BitwiseEqual(run(Resume::kTorchSave), whole));
 
   const Params params = MakeParams(23);
   torch::optim::AdamW twin(MakeGroups(params, options), options);
@@ -666,6 +687,18 @@ TEST(TorchTraining, AccumulationWindowSurvivesACheckpoint) {
   shorter.training().accumulation_steps = 2;
   EXPECT_THROW(LoadCheckpoint(shorter, path), CheckpointError);
   EXPECT_EQ(shorter.pending_micro_batches(), 0);
+
+  AdamW inside(MakeGroups(params, options), options);
+  inside.training().accumulation_steps = 3;
+  SetGrads(params, 0);
+  inside.step();
+  std::stringstream archive;
+  torch::save(inside, archive);
+  ExpectTorchError([&] { torch::load(shorter, archive); },
+                   {"the archive is 1 micro-batches into an accumulation window of 3; "
+                    "training().accumulation_steps is 2"});
+  EXPECT_EQ(shorter.pending_micro_batches(), 0);
+  EXPECT_TRUE(shorter.state().empty());
 }
 
 // ---- Stochastic rounding ------------------------------------------------------------------------

@@ -134,7 +134,8 @@ struct TrainingOptions {
   // the twin's step on those sums after the fused update, as the Python classes do; an Inf/NaN in
   // it skips the window too. max_grad_norm then needs every param on the fused path.
   // SaveCheckpoint keeps the window (the sums and how far it is), as the Python classes'
-  // save_checkpoint does; torch::save does not. >= 1; change it between windows.
+  // save_checkpoint does, and so does torch::save (torch::load then needs the same
+  // accumulation_steps set first). >= 1; change it between windows.
   std::int64_t accumulation_steps = 1;
 };
 
@@ -189,7 +190,9 @@ class SGD : public torch::optim::SGD, public FusedStepOptions {
  public:
   using torch::optim::SGD::SGD;
   torch::Tensor step(LossClosure closure = nullptr) override;
-  void load(torch::serialize::InputArchive& archive) override;  // states with their absmax
+  // torch::save / torch::load: torch's archive, states with their absmax, and the window
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
 };
 
 // Adam (L2 weight decay added to the gradient), optionally AMSGrad. State: AdamParamState.
@@ -197,7 +200,9 @@ class Adam : public torch::optim::Adam, public FusedStepOptions {
  public:
   using torch::optim::Adam::Adam;
   torch::Tensor step(LossClosure closure = nullptr) override;
-  void load(torch::serialize::InputArchive& archive) override;  // states with their absmax
+  // torch::save / torch::load: torch's archive, states with their absmax, and the window
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
 };
 
 // AdamW (decoupled weight decay, default 1e-2), optionally AMSGrad. State: AdamWParamState.
@@ -205,7 +210,9 @@ class AdamW : public torch::optim::AdamW, public FusedStepOptions {
  public:
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
-  void load(torch::serialize::InputArchive& archive) override;  // states with their absmax
+  // torch::save / torch::load: torch's archive, states with their absmax, and the window
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
 };
 
 // RMSprop (eps outside the square root), optionally centered and with momentum.
@@ -214,7 +221,9 @@ class RMSprop : public torch::optim::RMSprop, public FusedStepOptions {
  public:
   using torch::optim::RMSprop::RMSprop;
   torch::Tensor step(LossClosure closure = nullptr) override;
-  void load(torch::serialize::InputArchive& archive) override;  // states with their absmax
+  // torch::save / torch::load: torch's archive, states with their absmax, and the window
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
 };
 
 // Adagrad with lr_decay and weight decay. As torch's, the constructor creates every param's state
@@ -224,7 +233,9 @@ class Adagrad : public torch::optim::Adagrad, public FusedStepOptions {
  public:
   using torch::optim::Adagrad::Adagrad;
   torch::Tensor step(LossClosure closure = nullptr) override;
-  void load(torch::serialize::InputArchive& archive) override;  // states with their absmax
+  // torch::save / torch::load: torch's archive, states with their absmax, and the window
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
 };
 
 // ---- The other algorithms of the engine: one generic class each ---------------------------------
