@@ -174,10 +174,17 @@ TEST(QuantizedStates, RunLinesPutEveryThresholdInsideTheBand) {
       const float edge = r == 0 ? 0.0f : std::nextafter(runs.transition[i - 1], 2.0f);
       EXPECT_GT(u(edge), runs.first[i] + kQuantRunBand) << edge;
       EXPECT_LT(u(edge), runs.first[i] + 1 - kQuantRunBand) << edge;
+      // The vector code's line, lifted by the band (quantize-inl.h's RunSearch): near a threshold
+      // exactly when in [c + 1, c + 1 + 2·band).
+      const auto lifted = [&](float m) {
+        return std::fma(m, runs.slope[i], -(runs.offset[i] - kQuantRunBand));
+      };
       for (int c = runs.first[i]; c < runs.last[i]; ++c) {
         const float threshold = t.threshold[static_cast<std::size_t>(c)];
         for (float m : {threshold, std::nextafter(threshold, 2.0f)}) {
           EXPECT_LT(std::fabs(u(m) - static_cast<float>(c + 1)), kQuantRunBand) << c << " " << m;
+          EXPECT_GE(lifted(m), static_cast<float>(c + 1)) << c << " " << m;
+          EXPECT_LT(lifted(m), c + 1 + 2 * kQuantRunBand) << c << " " << m;
         }
       }
     }
