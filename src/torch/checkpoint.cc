@@ -383,17 +383,17 @@ Json SaveWindow(const torch::optim::Optimizer& optimizer, Writer& w) {
   if (fused == nullptr) return nullptr;
   const detail::Accumulation& acc = fused->accumulation();
   Json window = Json::array(), sums = Json::object(), torch_sums = Json::object();
-  std::size_t i = 0;
-  for (const torch::Tensor& p : Params(optimizer)) {
-    const std::string key = std::to_string(i++);
-    if (acc.window.pending == 0) continue;
-    const auto it = acc.sums.find(p.unsafeGetTensorImpl());
+  const std::vector<torch::Tensor> params =
+      acc.window.pending > 0 ? Params(optimizer) : std::vector<torch::Tensor>();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string key = std::to_string(i);
+    const auto it = acc.sums.find(params[i].unsafeGetTensorImpl());
     if (it != acc.sums.end() && it->second.in_window) {
-      window.push_back(i - 1);
+      window.push_back(i);
       sums[key] = w.Add("accumulator." + key, it->second.sum);
     }
-    const auto routed = acc.routed.find(p.unsafeGetTensorImpl());
-    if (routed != acc.routed.end() && !torch_sums.contains(key)) {
+    const auto routed = acc.routed.find(params[i].unsafeGetTensorImpl());
+    if (routed != acc.routed.end()) {
       const torch::Tensor& sum = routed->second.sum;
       torch_sums[key] = w.Add("torch_sum." + key, sum.is_sparse() ? sum.to_dense() : sum);
     }
