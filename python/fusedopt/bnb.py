@@ -5,8 +5,8 @@ state_dtype=torch.uint8 (8-bit block-wise states, docs/8bit-states.md) under bit
 states are state1/state2 with absmax1/absmax2, and the step is the engine's element-wise algorithm the
 bitsandbytes kernel computes:
 
-    AdamW8bit, Adam8bit, PagedAdamW8bit -> adamw (Adam8bit's weight decay is decoupled too, as bitsandbytes')
-    Lion8bit -> lion;  SGD8bit -> sgd (momentum; dampening and nesterov are not applied, as bitsandbytes)
+    AdamW8bit, Adam8bit, PagedAdamW8bit, PagedAdam8bit -> adamw (Adam8bit's weight decay is decoupled too, as
+    bitsandbytes');  Lion8bit, PagedLion8bit -> lion;  SGD8bit -> sgd (momentum; dampening and nesterov are not applied, as bitsandbytes)
     RMSprop8bit -> rmsprop (alpha; momentum not applied, as bitsandbytes);  Adagrad8bit -> adagrad
 
 Params under min_8bit_size keep f32 state1/state2 (no absmax, no qmap). The quantizer rounds to the nearest
@@ -184,6 +184,18 @@ class FusedPagedAdamW8bit(FusedAdamW8bit):
                          **options)
 
 
+class FusedPagedAdam8bit(FusedAdam8bit):
+    """bitsandbytes.optim.PagedAdam8bit, fused: FusedAdam8bit (paging is for CUDA memory; ignored on the CPU, as
+    bitsandbytes does). It takes is_paged and pages whatever it says, as there."""
+
+    _bnb_name = "PagedAdam8bit"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False,
+                 optim_bits=32, args=None, min_8bit_size=4096, is_paged=False, **options):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, optim_bits, args, min_8bit_size, True,
+                         **options)
+
+
 class FusedLion8bit(_Bnb8bit):
     """bitsandbytes.optim.Lion8bit, fused: p *= 1 - lr * weight_decay; p -= lr * sign(b1 m + (1 - b1) g);
     m = b2 m + (1 - b2) g, with m an 8-bit state1 (signed map)."""
@@ -196,6 +208,15 @@ class FusedLion8bit(_Bnb8bit):
 
     def _engine_group(self, group):
         return {"lr": group["lr"], "betas": group["betas"], "weight_decay": group["weight_decay"], "maximize": False}
+
+
+class FusedPagedLion8bit(FusedLion8bit):
+    """bitsandbytes.optim.PagedLion8bit, fused: FusedLion8bit (paging is for CUDA memory; ignored on the CPU, as
+    bitsandbytes does)."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0, args=None, min_8bit_size=4096,
+                 **options):
+        super().__init__(params, lr, betas, weight_decay, args, min_8bit_size, True, **options)
 
 
 class FusedSGD8bit(_Bnb8bit):
@@ -269,5 +290,6 @@ class FusedAdagrad8bit(_Bnb8bit):
 
 
 # fusedopt's names of the twins, as fusedopt exports them.
-BNB_CLASSES = {c.__name__: c for c in (FusedAdamW8bit, FusedAdam8bit, FusedPagedAdamW8bit, FusedLion8bit,
-                                       FusedSGD8bit, FusedRMSprop8bit, FusedAdagrad8bit)}
+BNB_CLASSES = {c.__name__: c for c in (FusedAdamW8bit, FusedAdam8bit, FusedPagedAdamW8bit, FusedPagedAdam8bit,
+                                       FusedLion8bit, FusedPagedLion8bit, FusedSGD8bit, FusedRMSprop8bit,
+                                       FusedAdagrad8bit)}

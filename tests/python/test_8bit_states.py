@@ -108,7 +108,9 @@ TWINS = [  # (fusedopt class, bitsandbytes class, constructor arguments)
     ("FusedAdamW8bit", "AdamW8bit", dict(lr=1e-2)),
     ("FusedAdam8bit", "Adam8bit", dict(lr=1e-2, weight_decay=0.1)),
     ("FusedPagedAdamW8bit", "PagedAdamW8bit", dict(lr=1e-2, betas=(0.8, 0.99))),
+    ("FusedPagedAdam8bit", "PagedAdam8bit", dict(lr=1e-2, weight_decay=0.1, is_paged=False)),
     ("FusedLion8bit", "Lion8bit", dict(lr=1e-3, weight_decay=0.1)),
+    ("FusedPagedLion8bit", "PagedLion8bit", dict(lr=1e-3, betas=(0.8, 0.95))),
     ("FusedSGD8bit", "SGD8bit", dict(lr=1e-2, momentum=0.9, weight_decay=0.01)),
     ("FusedRMSprop8bit", "RMSprop8bit", dict(lr=1e-3, alpha=0.9, weight_decay=0.01)),
     ("FusedAdagrad8bit", "Adagrad8bit", dict(lr=1e-2, weight_decay=0.01)),
@@ -192,7 +194,8 @@ def test_twin_constructors_are_bitsandbytes():
            ("Lion8bit", dict(betas=(0.9, 1.0))), ("SGD8bit", dict(lr=0.1)), ("SGD8bit", dict(lr=0.1, momentum=0.9,
            weight_decay=-1.0)), ("RMSprop8bit", dict(alpha=0.0)), ("RMSprop8bit", dict(centered=True)),
            ("Adagrad8bit", dict(lr_decay=0.1)), ("Adagrad8bit", dict(initial_accumulator_value=1.0)),
-           ("Adagrad8bit", dict(optim_bits=32)), ("PagedAdamW8bit", dict(eps=-1.0))]
+           ("Adagrad8bit", dict(optim_bits=32)), ("PagedAdamW8bit", dict(eps=-1.0)),
+           ("PagedAdam8bit", dict(amsgrad=True)), ("PagedLion8bit", dict(lr=-1.0))]
     for name, kw in bad:
         with pytest.raises((ValueError, NotImplementedError)) as theirs:
             getattr(bnb.optim, name)(p, **kw)
@@ -202,7 +205,8 @@ def test_twin_constructors_are_bitsandbytes():
 
 
 # ---- state_dict interchange ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("ours, theirs, kw", [TWINS[0], TWINS[4]], ids=["AdamW8bit", "SGD8bit"])
+@pytest.mark.parametrize("ours, theirs, kw", [t for t in TWINS if t[1] in ("AdamW8bit", "SGD8bit")],
+                         ids=["AdamW8bit", "SGD8bit"])
 def test_state_dict_interchange(exact_bnb, ours, theirs, kw):
     oa, a, ob, b, grads = _pair(ours, theirs, kw)
     _run(oa, a, grads[:2])
