@@ -6,7 +6,8 @@ states are state1/state2 with absmax1/absmax2, and the step is the engine's elem
 bitsandbytes kernel computes:
 
     AdamW8bit, Adam8bit, PagedAdamW8bit, PagedAdam8bit -> adamw (Adam8bit's weight decay is decoupled too, as
-    bitsandbytes');  Lion8bit, PagedLion8bit -> lion;  SGD8bit -> sgd (momentum; dampening and nesterov are not applied, as bitsandbytes)
+    bitsandbytes');  Lion8bit, PagedLion8bit -> lion
+    SGD8bit -> sgd (momentum; dampening and nesterov are not applied, as bitsandbytes)
     RMSprop8bit -> rmsprop (alpha; momentum not applied, as bitsandbytes);  Adagrad8bit -> adagrad
 
 Params under min_8bit_size keep f32 state1/state2 (no absmax, no qmap). The quantizer rounds to the nearest
@@ -186,7 +187,7 @@ class FusedPagedAdamW8bit(FusedAdamW8bit):
 
 class FusedPagedAdam8bit(FusedAdam8bit):
     """bitsandbytes.optim.PagedAdam8bit, fused: FusedAdam8bit (paging is for CUDA memory; ignored on the CPU, as
-    bitsandbytes does). It takes is_paged and pages whatever it says, as there."""
+    bitsandbytes does; its is_paged argument is taken and ignored, as there)."""
 
     _bnb_name = "PagedAdam8bit"
 
