@@ -89,6 +89,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         if self._strict and kwargs.get("differentiable", False):
             raise RuntimeError(f"{type(self).__name__} does not support differentiable=True (strict=True)")
         self._warned: dict[torch.Tensor, None] = {}  # params the torch-step warning has named
+        self._warned_left: dict[torch.Tensor, None] = {}  # and step_in_backward's (_in_backward.py)
         if max_grad_norm is not None and not (float(max_grad_norm) >= 0.0):
             raise ValueError(f"Invalid max_grad_norm: {max_grad_norm} (must be >= 0 or None)")
         self._max_grad_norm = math.inf if max_grad_norm is None else float(max_grad_norm)
@@ -302,6 +303,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         self.__dict__.setdefault("_accumulators", {})
         self.__dict__.setdefault("_window", {})
         self.__dict__.setdefault("_warned", {})
+        self.__dict__.setdefault("_warned_left", {})
         self.__dict__.setdefault("_torch_sums", {})
         self.__dict__["_segment_cache"] = {}
         self.__dict__["_last"] = None

@@ -60,10 +60,6 @@ class TorchFallback:
         if self._steps_whole_copies and not (self._step_over_shards is not None and shards_fit(p, self._factored)):
             return TypeError, (f"it is a DTensor and the '{self._algorithm}' step reduces over whole tensors, of "
                                "which this rank holds a shard (the reference steps a whole copy on every rank)")
-        if self._step_in_backward and not self._quantizable:
-            # (each bucket's norms would be one collective, and buckets end where each rank's shard bytes say)
-            return TypeError, ("it is a DTensor, and step_in_backward=True over DTensor shards is for the "
-                               "element-wise algorithms")
         return dtensor_route_reason(p, g)
 
     def _step_with_torch(self, packed: _Packed, grad_scale: float, found_out, grads: dict | None = None) -> None:

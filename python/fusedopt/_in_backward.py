@@ -7,20 +7,25 @@ left to do. Buckets rather than single params: each engine call starts the OpenM
 kernels run between them; a call per param made a transformer's step 25-35 % slower on 2 cores (measured).
 
 Each update is the one the ordinary step computes for that param (the same segment, hyper-parameters and step
-count), bit for bit; so it is defined where one param's update needs no other param's gradient. With
-accumulation_steps > 1 each bucket's gradients are added into the window's f32 sums (released at once, as
-without accumulation), and the backward before the window's last step() updates the params from them; step()
-still ends each micro-batch (_accumulation.py), taking what no hook took. Whatever needs every gradient first is
-refused when the optimizer is made: global-norm clipping (max_grad_norm), a sum over tensors (BertAdam's
-per-group norm), a param listed twice. A GradScaler cannot be seen before backward runs: step() raises when one
-calls it. With flatten=True params and states are the flat store's views as in the ordinary step; gradients stay
-where autograd writes them (_flat.py)."""
+count), bit for bit; so it is defined where one param's update needs no other param's gradient. A param whose
+update cannot run in a bucket (one the engine cannot take, such as float64, or a DTensor shard of LAMB or LARS,
+whose norms would need a collective per bucket) keeps its gradient: step() updates it as the ordinary step does,
+and a UserWarning names it once. With accumulation_steps > 1 each bucket's gradients are added into the window's
+f32 sums and released at once, in every micro-batch; the window's last step() updates the params from the sums
+as the ordinary window does (_accumulation.py), so an Inf/NaN anywhere in the window skips it whole. Whatever
+needs every gradient before the first update is refused when the optimizer is made: global-norm clipping
+(max_grad_norm), a sum over tensors (BertAdam's per-group norm), a param listed twice. A GradScaler cannot be seen
+before backward runs: step() raises when one calls it. With flatten=True params and states are the flat store's
+views as in the ordinary step; gradients stay where autograd writes them (_flat.py)."""
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
 from . import _C
+from ._fallback import _user_stacklevel
 from ._packing import _Packed
 from ._signals import packed_anew_until_laid_out
 from ._state import _roll_back
@@ -53,10 +58,10 @@ class BackwardStep:
         if self._duplicates:
             raise ValueError(f"{type(self).__name__}: step_in_backward=True steps each param once per backward; "
                              "a param listed twice would be stepped twice by step()")
-        if self._accumulation_steps > 1 and (is_dtensor(p) or p.is_complex()):
+        if self._accumulation_steps > 1 and is_dtensor(p):
             raise ValueError(f"{type(self).__name__}: step_in_backward=True with accumulation_steps="
-                             f"{self._accumulation_steps} takes real plain tensors, not a {type(p).__name__} of "
-                             f"{p.dtype} (accumulate such params with the ordinary step)")
+                             f"{self._accumulation_steps} takes plain tensors, not a DTensor (its window keeps "
+                             "sums laid out as the shards: accumulate such params with the ordinary step)")
         if p.requires_grad and p not in self._backward_hooks:
             self._backward_hooks[p] = p.register_post_accumulate_grad_hook(self._backward_step)
 
@@ -83,12 +88,13 @@ class BackwardStep:
         undo: list = []
         accumulators = dict(self._accumulators)  # put back if this call is rejected: it made none
         try:
+            bucket, left = self._split_bucket(bucket)
             if self._accumulation_steps > 1:
-                done = self._add_bucket(bucket, hypers, undo)
+                done, routed = self._add_bucket(bucket, hypers)
             else:
                 packed = packed_anew_until_laid_out(lambda: self._pack_bucket(bucket, hypers, undo))
                 self._run_engine(packed, 1.0, False, None)
-                done = packed.params
+                done, routed = packed.params, packed.routed
         except BaseException:
             _roll_back(undo)
             self._accumulators.clear()
@@ -96,51 +102,61 @@ class BackwardStep:
             raise
         for p in done:
             p.grad = None
+        self._warn_left_for_step({**left, **routed})
 
-    def _add_bucket(self, bucket: list[torch.Tensor], hypers: list, undo: list) -> list[torch.Tensor]:
-        """accumulation_steps > 1: one engine call adds the bucket's gradients into their sums as the ordinary
-        micro-batch does (_accumulation.py) and, in the backward before the window's last step(), updates the
-        bucket's params from them. Which micro-batch this is, is step()'s count: step() ends each micro-batch,
-        taking the gradients no hook took and updating the window's params that no hook updated. An Inf/NaN in
-        an earlier micro-batch skips the window whole, as the ordinary step does; one in the last micro-batch
-        skips its bucket and every later one (the buckets before it have already been updated). Returns the
-        params whose gradients were taken."""
-        grads, sums, fresh, with_grad, routed = self._micro_batch(bucket)
-        if routed:
-            raise RuntimeError(f"fusedopt: step_in_backward: {next(iter(routed.values()))}")
-        closes = self._micro_batches + 1 == self._accumulation_steps
-        packed = _Packed(hypers)
-        if closes:
-            window_sums = {p: self._accumulators[p] for p in with_grad}
-            packed = packed_anew_until_laid_out(lambda: self._pack_bucket(list(with_grad), hypers, undo, window_sums))
-        else:
-            self._check_hypers(hypers)  # (the engine checks them only when the window closes)
-        batch = (self._accumulation_steps, self._micro_batches, self._window_found_inf, grads, sums, fresh, 1.0)
-        report = self._engine(packed, 1.0, False, micro_batch=batch)
-        self._window_found_inf |= report.found_inf
-        for p in with_grad:  # (a param updated here is not updated again when step() closes the window)
-            if closes:
-                self._window.pop(p, None)
-            else:
-                self._window[p] = None
-        return list(with_grad)
-
-    def _pack_bucket(self, bucket: list[torch.Tensor], hypers: list, undo: list,
-                     sums: dict[torch.Tensor, torch.Tensor] | None = None) -> _Packed:
-        """The engine's segments of the bucket's params that are still in a group and still have a gradient,
-        each reading p.grad, or its window's sum (sums[p]) when given."""
-        packed = _Packed(hypers)
+    def _split_bucket(self, bucket: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[torch.Tensor, str]]:
+        """The bucket's params that are still in a group, and {param: why} of those left for step(): DTensor
+        shards of the algorithms with sums over whole tensors, whose update in a bucket would need a collective
+        per bucket (and where buckets end depends on each rank's shard bytes)."""
+        stays, left = [], {}
         for p in bucket:
             place = self._places.get(p)
-            g = p.grad if sums is None else sums.get(p)
-            if place is None or g is None:  # no longer in any group, or its gradient was taken away
+            if place is None:  # no longer in any group
                 continue
-            gi, j = place
+            if is_dtensor(p) and not self._quantizable:
+                left[p] = (f"parameter {self._name(*place)}: it is a DTensor, and the '{self._algorithm}' step of "
+                           "its shard needs sums over every rank's shards")
+            else:
+                stays.append(p)
+        return stays, left
+
+    def _warn_left_for_step(self, left: dict[torch.Tensor, str]) -> None:
+        new = [why for p, why in left.items() if p not in self._warned_left]
+        if new:
+            self._warned_left.update(dict.fromkeys(left))
+            warnings.warn(f"fusedopt: {type(self).__name__} (step_in_backward=True) cannot update these parameters "
+                          f"inside backward: {'; '.join(new)}. Their gradients are kept, and step() updates them as "
+                          "the ordinary step does.", stacklevel=_user_stacklevel())
+
+    def _add_bucket(self, bucket: list[torch.Tensor], hypers: list) -> tuple[list[torch.Tensor], dict]:
+        """accumulation_steps > 1: one engine call adds the bucket's gradients into their sums as the ordinary
+        micro-batch does (_accumulation.py), in every micro-batch of the window: the window's last step() updates
+        the params from the sums, so an Inf/NaN in any micro-batch skips the window whole, as in the ordinary
+        step. Which micro-batch this is, is step()'s count: step() ends each micro-batch, taking the gradients no
+        hook took. Returns the params whose gradients were taken, and {param: why} of those whose sums are kept
+        in torch (complex, float64, ...: step() adds them, as the ordinary window does)."""
+        self._check_hypers(hypers)  # (what the window's last step() would refuse is refused before adding)
+        grads, sums, fresh, with_grad, routed = self._micro_batch(bucket)
+        batch = (self._accumulation_steps, self._micro_batches, self._window_found_inf, grads, sums, fresh, 1.0)
+        report = self._engine(_Packed(hypers), 1.0, False, micro_batch=batch)  # (no segments: it only adds)
+        self._window_found_inf |= report.found_inf
+        self._window.update(dict.fromkeys(with_grad))
+        return list(with_grad), routed
+
+    def _pack_bucket(self, bucket: list[torch.Tensor], hypers: list, undo: list) -> _Packed:
+        """The engine's segments of the bucket's params that still have a gradient; packed.routed holds those
+        that take the reference's step (left for step())."""
+        packed = _Packed(hypers)
+        for p in bucket:
+            if p.grad is None:  # its gradient was taken away
+                continue
+            gi, j = self._places[p]
             needed = self._group_slots(hypers[gi])
             needed = self._needed_states(p, needed) if self._factored else needed
-            row, grad_ptr, code = self._segment(p, g, gi, j, needed, undo, sums is None, hypers[gi])
+            row, grad_ptr, code = self._segment(p, p.grad, gi, j, needed, undo, True, hypers[gi])
             if row is None:  # (grad_ptr is why)
-                raise RuntimeError(f"fusedopt: step_in_backward: parameter {self._name(gi, j)}: {grad_ptr}")
+                packed.routed[p] = f"parameter {self._name(gi, j)}: {grad_ptr}"
+                continue
             packed.params.append(p)
             packed.rows.append(row)
             packed.grads.append(grad_ptr)

@@ -36,8 +36,9 @@ _OPTIONS = {
               "(unfused) step with a warning.",
     "step_in_backward": "params are updated inside backward(), 25 MiB of gradients at a time, as their "
                         "post-accumulate-grad hooks fire, and their gradients released (p.grad = None): a step never "
-                        "holds the whole model's gradients; step() and zero_grad() then have nothing left to do. Not with "
-                        "max_grad_norm, accumulation_steps > 1, flatten=True or a GradScaler (docs/pytorch.md).",
+                        "holds the whole model's gradients; step() and zero_grad() then have nothing left to do. With "
+                        "accumulation_steps > 1 the gradients go into the window's sums, and its last step() updates "
+                        "from them. Not with max_grad_norm or a GradScaler (docs/pytorch.md).",
 }
 
 

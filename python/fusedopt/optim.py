@@ -403,7 +403,8 @@ class FusedAdafactor(FusedOptimizerMixin, torch.optim.Adafactor):
         _f(g, "eps", 1)  # (first: it checks that eps holds two values)
         arguments = super()._hyper_arguments(g)
         if "eps1" not in arguments:  # None. torch: finfo(param.dtype).eps of the first param with a grad
-            dtype = next((p.dtype for p in g["params"] if p.grad is not None), torch.float32)
+            # (with accumulation, a grad in any micro-batch of the window: torch's loop would hold their sum)
+            dtype = next((p.dtype for p in g["params"] if p.grad is not None or p in self._window), torch.float32)
             arguments["eps1"] = torch.finfo(dtype).eps
         return arguments
 

@@ -289,6 +289,10 @@ def rank_fsdp2_models() -> dict:
                               lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1), offload, {}),
         "adamw step_in_backward": (lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1, step_in_backward=True),
                                    lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, weight_decay=0.1), {}, {}),
+        # LARS's norms in backward would be a collective per bucket, where buckets end by each rank's shard bytes:
+        # its shards keep their gradients for step() (a warning says so)
+        "lars step_in_backward": (lambda ps: fusedopt.FusedLARS(ps, lr=0.01, step_in_backward=True),
+                                  lambda ps: fusedopt.FusedLARS(ps, lr=0.01), {}, {}),
     }
     out = {}
     for run, (fused, reference, fused_policies, reference_policies) in runs.items():
@@ -299,19 +303,19 @@ def rank_fsdp2_models() -> dict:
             x = torch.randn(4, 6)
             for m, opt in ((fm, fo), (rm, ro)):
                 opt.zero_grad()
-                m(x).square().sum().backward()
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    m(x).square().sum().backward()
+                if m is fm and run.endswith("step_in_backward"):  # (updated in backward: gradients released)
+                    out[f"{run}: grads left"] = [p.grad is not None for p in fm.parameters()]
+                    out[f"{run}: warnings"] = out.get(f"{run}: warnings", []) + [str(w.message) for w in caught if "fusedopt" in str(w.message)]
                 opt.step()
         out[run] = [(p.full_tensor(), q.full_tensor(), str(p.dtype)) for p, q in zip(fm.parameters(), rm.parameters())]
-        if run == "adamw step_in_backward":  # (the updates ran in backward's hooks, which released the gradients)
-            out["grads left in backward"] = [p.grad is not None for p in fm.parameters()]
-    # LARS in backward would make a collective per bucket, where buckets end by each rank's shard bytes: refused
-    fm = _mlp(mesh)
-    fo = fusedopt.FusedLARS(fm.parameters(), lr=0.01, step_in_backward=True)
-    try:
-        fm(torch.randn(4, 6)).square().sum().backward()
-        out["lars in backward"] = None
-    except RuntimeError as e:
-        out["lars in backward"] = str(e)
+    try:  # (a window over shards keeps its sums laid out as the shards, in torch: not from backward's hooks)
+        fusedopt.FusedAdamW(_mlp(mesh).parameters(), step_in_backward=True, accumulation_steps=2)
+        out["accumulation in backward"] = None
+    except ValueError as e:
+        out["accumulation in backward"] = str(e)
 
     # a whole (plain-tensor) state dict of the one-process optimizer loads into the sharded one: each rank keeps
     # its part of every state, as DTensors of the param's layout, and the next steps are the one-process ones
@@ -735,14 +739,22 @@ def test_fsdp2_models_train_as_with_torchs_optimizers(fsdp2_models):
     the f32 shards; CPUOffloadPolicy(pin_memory=False), which torch 2.13 runs on a CPU-only host, == no offload
     bit for bit (the step is the CPU-resident sharded step either way); step_in_backward=True (each bucket of
     shards updated from the post-accumulate-grad hooks once FSDP2 has reduce-scattered its gradients) == the
-    ordinary step bit for bit, no gradient left."""
+    ordinary step bit for bit, no gradient left; LARS's shards, whose norms would need a collective per bucket,
+    keep their gradients for step() with one warning naming them, and equal the ordinary step bit for bit;
+    step_in_backward with accumulation_steps > 1 refuses DTensor params."""
     got = fsdp2_models[0]
-    assert got["grads left in backward"] == [False] * len(got["adamw step_in_backward"])
-    assert "step_in_backward=True over DTensor shards is for the element-wise" in (got["lars in backward"] or "")
-    for run in ("adamw", "sgd", "adamw flatten", "adam bf16 compute", "adamw cpu offload", "adamw step_in_backward"):
+    assert got["adamw step_in_backward: grads left"] == [False] * len(got["adamw step_in_backward"])
+    assert got["adamw step_in_backward: warnings"] == []
+    assert got["lars step_in_backward: grads left"] == [True] * len(got["lars step_in_backward"])
+    lars_warnings = got["lars step_in_backward: warnings"]
+    assert len(lars_warnings) == 1 and "cannot update these parameters inside backward" in lars_warnings[0]
+    assert lars_warnings[0].count("it is a DTensor, and the 'lars' step") == len(got["lars step_in_backward"])
+    assert "accumulation_steps=2 takes plain tensors, not a DTensor" in (got["accumulation in backward"] or "")
+    for run in ("adamw", "sgd", "adamw flatten", "adam bf16 compute", "adamw cpu offload", "adamw step_in_backward",
+                "lars step_in_backward"):
         for k, (fused, reference, dtype) in enumerate(got[run]):
             assert dtype == "torch.float32"
-            if run in ("sgd", "adamw flatten", "adamw cpu offload", "adamw step_in_backward"):
+            if run in ("sgd", "adamw flatten", "adamw cpu offload", "adamw step_in_backward", "lars step_in_backward"):
                 assert _bits_equal(fused, reference), (run, k)
             else:
                 assert _relative(fused, reference) <= 1e-6, (run, k)

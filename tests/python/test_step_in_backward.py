@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import fusedopt
 import pytest
@@ -68,8 +69,11 @@ def _assert_same(got: tuple, want: tuple) -> None:
         window, want_window = state["fusedopt_window"], want_state["fusedopt_window"]
         assert window["sums"].keys() == want_window["sums"].keys()
         assert all(torch.equal(window["sums"][i], sum_) for i, sum_ in want_window["sums"].items())
+        assert window["torch_sums"].keys() == want_window["torch_sums"].keys()  # (params with the reference's step)
+        assert all(torch.equal(window["torch_sums"][i], sum_) for i, sum_ in want_window["torch_sums"].items())
         assert sorted(window["window"]) == sorted(want_window["window"])  # (in backward: the order the hooks ran)
-        assert {**window, "sums": None, "window": None} == {**want_window, "sums": None, "window": None}
+        rest = {"sums": None, "torch_sums": None, "window": None}
+        assert {**window, **rest} == {**want_window, **rest}
 
 
 @pytest.mark.parametrize("accumulation", [1, 3])
@@ -148,12 +152,63 @@ def test_options_that_need_every_gradient_are_refused(options, message):
     assert model[0].weight.grad is not None, "a refused optimizer left a hook behind"
 
 
-def test_complex_params_with_accumulation_are_refused():
-    """Their windows take the reference's step (the ordinary accumulation), which cannot run inside backward."""
-    with pytest.raises(ValueError, match="accumulation_steps=2 takes real plain tensors, not a Parameter of "
-                                         "torch.complex64"):
-        fusedopt.FusedAdam([torch.nn.Parameter(torch.zeros(3, dtype=torch.complex64))], accumulation_steps=2,
-                           step_in_backward=True)
+@pytest.mark.filterwarnings("ignore:fusedopt. FusedAdamW updates these parameters with the reference's own")
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_params_the_engine_cannot_take_keep_their_gradients_for_step(accumulation):
+    """A float64 param (the reference's step) and, with accumulation, a complex64 one (its window's sums are kept in
+    torch) cannot be updated in a bucket: one UserWarning names them, their gradients outlive backward, and step()
+    updates them as the ordinary step does. Without accumulation the engine takes the complex param in backward (as
+    its real view). Params, states and the open window's sums are the ordinary step's bit for bit."""
+    results = []
+    for in_backward in (True, False):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(8, 8)
+        w64 = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.float64))
+        wc = torch.nn.Parameter(torch.randn(8, dtype=torch.complex64))
+        params = [*lin.parameters(), w64, wc]
+        opt = fusedopt.FusedAdamW(params, lr=1e-2, accumulation_steps=accumulation, step_in_backward=in_backward)
+        messages = []
+        for step in range(2 * accumulation + 1):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+            opt.zero_grad()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ((lin(x).double() @ w64).square().mean() + (x.to(torch.complex64) * wc).abs().mean()).backward()
+            messages += [str(w.message) for w in caught if "inside backward" in str(w.message)]
+            if in_backward:
+                left = [p.grad is not None for p in params]
+                assert left == [False, False, True, accumulation > 1], left
+            opt.step()
+        if in_backward:
+            assert len(messages) == 1, messages
+            assert "parameter 2 of group 0: its dtype is torch.float64" in messages[0], messages[0]
+            assert ("parameter 3 of group 0: it is complex" in messages[0]) == (accumulation > 1), messages[0]
+        results.append(([p.detach().clone() for p in params], opt.state_dict()))
+    _assert_same(*results)
+
+
+def test_an_inf_in_a_windows_last_micro_batch_skips_it_whole(monkeypatch):
+    """accumulation_steps=3, a bucket per param (so the head's bucket is done before the trunk's gradients exist),
+    and a NaN in the trunk's gradients only, in the second window's last micro-batch: the window is skipped whole,
+    head included, as in the ordinary step. The same bits as the ordinary window."""
+    monkeypatch.setattr(fusedopt._in_backward, "BUCKET_BYTES", 1)
+    results = []
+    for in_backward in (True, False):
+        torch.manual_seed(0)
+        trunk, head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)
+        params = [*trunk.parameters(), *head.parameters()]
+        opt = fusedopt.FusedAdamW(params, lr=1e-2, accumulation_steps=3, step_in_backward=in_backward)
+        for step in range(9):
+            h = trunk(torch.randn(4, 8, generator=torch.Generator().manual_seed(step)))
+            if step == 5:  # the second window's last micro-batch
+                h.register_hook(lambda g: g * float("nan"))
+            opt.zero_grad()
+            head(h.tanh()).square().mean().backward()
+            opt.step()
+        results.append(([p.detach().clone() for p in params], opt.state_dict()))
+    steps = [int(s["step"]) for s in results[0][1]["state"].values()]
+    assert steps == [2] * len(params), f"the second window should have been skipped for every param: {steps}"
+    _assert_same(*results)
 
 
 def test_sums_across_tensors_are_refused():
