@@ -4,6 +4,7 @@ window's last micro-batch stepping from them."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -26,7 +27,7 @@ class AccumulationWindow:
         included, and can be retried. Params that take the reference's step (_route) have their
         sums here, in their own dtype (`_torch_sums`); the reference steps them from those when the
         engine steps."""
-        if any(is_dtensor(p) for g in self.param_groups for p in g["params"]):
+        if self._window_over_shards():
             self._add_micro_batch_over_shards(inv_scale, overflowed, found_out)
             return
         accumulators = dict(self._accumulators)  # put back if this call is rejected: it made none
@@ -36,6 +37,10 @@ class AccumulationWindow:
             self._accumulators.clear()
             self._accumulators.update(accumulators)
             raise
+
+    def _window_over_shards(self) -> bool:
+        """Whether the window runs over shards (_add_micro_batch_over_shards): with any DTensor param."""
+        return any(is_dtensor(p) for g in self.param_groups for p in g["params"])
 
     def _add_micro_batch(self, inv_scale: float, overflowed: bool, found_out) -> None:
         closes = self._micro_batches + 1 == self._accumulation_steps
@@ -101,29 +106,10 @@ class AccumulationWindow:
         span the ranks and whose routed params take the reference's step on the sums. The hyper-parameters are
         checked before anything is added, so a rejected call changes nothing."""
         self._check_hypers(self._group_hypers())
-        grads: dict[torch.Tensor, torch.Tensor] = {}
-        for gi, group in enumerate(self.param_groups):
-            for j, p in enumerate(group["params"]):
-                g = p.grad
-                if overflowed or g is None or p in grads:
-                    continue
-                if g.shape != p.shape:
-                    raise grad_shape_error(self._name(gi, j), g, p)
-                if g.is_sparse:
-                    raise RuntimeError(f"parameter {self._name(gi, j)}: accumulation_steps > 1 with DTensor params "
-                                       "takes dense gradients")
-                grads[p] = g
+        grads = {} if overflowed else self._shard_grads()
         # (the 2-norm: a NaN survives its sum over the ranks, where a max may drop it)
         found_inf = found_out is not None and bool(grads) and not math.isfinite(_grad_norm(list(grads.values()), 2))
-        factor = float(torch.tensor(inv_scale / self._accumulation_steps, dtype=torch.float32))
-        for p, g in grads.items():
-            acc = self._accumulators.get(p)
-            if p not in self._window or acc is None or acc.shape != p.shape:
-                acc = self._accumulators[p] = torch.empty_like(
-                    p, dtype=torch.promote_types(p.dtype, torch.float32), memory_format=torch.preserve_format)
-                local(acc).copy_(local(g)).mul_(factor)
-            else:
-                local(acc).add_(local(g), alpha=factor)
+        self._add_to_shard_sums(grads, inv_scale)
         if found_inf:
             found_out.fill_(1.0)
         self._window = {**self._window, **dict.fromkeys(grads)}
@@ -137,6 +123,41 @@ class AccumulationWindow:
         if window and not skipped:
             self._update(1.0, None, grads={p: self._accumulators[p] for p in window})
 
+    def _shard_grads(self, params: list[torch.Tensor] | None = None) -> dict[torch.Tensor, torch.Tensor]:
+        """{param: its gradient} of the params with one, checked before any sum changes: over every param, or over
+        `params` (step_in_backward's bucket)."""
+        grads: dict[torch.Tensor, torch.Tensor] = {}
+        for gi, j, p in self._entries(params):
+            g = p.grad
+            if g is None or p in grads:
+                continue
+            if g.shape != p.shape:
+                raise grad_shape_error(self._name(gi, j), g, p)
+            if g.is_sparse:
+                raise RuntimeError(f"parameter {self._name(gi, j)}: accumulation_steps > 1 with DTensor params "
+                                   "takes dense gradients")
+            grads[p] = g
+        return grads
+
+    def _add_to_shard_sums(self, grads: dict[torch.Tensor, torch.Tensor], inv_scale: float) -> None:
+        """sum = grad * (inv_scale / k), the factor rounded once to f32, each rank on its shards; a sum's first
+        addition in the window overwrites it."""
+        factor = float(torch.tensor(inv_scale / self._accumulation_steps, dtype=torch.float32))
+        for p, g in grads.items():
+            acc = self._accumulators.get(p)
+            if p not in self._window or acc is None or acc.shape != p.shape:
+                acc = self._accumulators[p] = torch.empty_like(
+                    p, dtype=torch.promote_types(p.dtype, torch.float32), memory_format=torch.preserve_format)
+                local(acc).copy_(local(g)).mul_(factor)
+            else:
+                local(acc).add_(local(g), alpha=factor)
+
+    def _entries(self, params: list[torch.Tensor] | None) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """(group index, index in the group, param) of every param, or of `params` that are still in a group."""
+        if params is None:
+            return ((gi, j, p) for gi, group in enumerate(self.param_groups) for j, p in enumerate(group["params"]))
+        return ((*self._places[p], p) for p in params if p in self._places)
+
     def _micro_batch(self, params: list[torch.Tensor] | None = None) -> tuple:
         """accumulation_steps > 1: this micro-batch's gradients (checked; each as its engine tuple),
         the address of each one's f32 accumulator (created if missing), whether the accumulator
@@ -146,11 +167,7 @@ class AccumulationWindow:
         grads, sums, fresh = [], [], []
         with_grad: dict[torch.Tensor, torch.Tensor] = {}
         routed: dict[torch.Tensor, str] = {}
-        if params is None:
-            entries = ((gi, j, p) for gi, group in enumerate(self.param_groups) for j, p in enumerate(group["params"]))
-        else:
-            entries = ((*self._places[p], p) for p in params if p in self._places)
-        for gi, j, p in entries:
+        for gi, j, p in self._entries(params):
             g = p.grad
             if g is None or p in with_grad or p in routed:  # a duplicated param's grad is one gradient
                 continue

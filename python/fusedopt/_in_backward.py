@@ -11,8 +11,9 @@ count), bit for bit; so it is defined where one param's update needs no other pa
 update cannot run in a bucket (one the engine cannot take, such as float64, or a DTensor shard of LAMB or LARS,
 whose norms would need a collective per bucket) keeps its gradient: step() updates it as the ordinary step does,
 and a UserWarning names it once. With accumulation_steps > 1 each bucket's gradients are added into the window's
-f32 sums and released at once, in every micro-batch; the window's last step() updates the params from the sums
-as the ordinary window does (_accumulation.py), so an Inf/NaN anywhere in the window skips it whole. Whatever
+sums (the engine's f32 sums, or with DTensor params torch's, laid out as the shards) and released at once, in
+every micro-batch; the window's last step() updates the params from the sums as the ordinary window does
+(_accumulation.py), so an Inf/NaN anywhere in the window skips it whole. Whatever
 needs every gradient before the first update is refused when the optimizer is made: global-norm clipping
 (max_grad_norm), a sum over tensors (BertAdam's per-group norm), a param listed twice. A GradScaler cannot be seen
 before backward runs: step() raises when one calls it. With flatten=True params and states are the flat store's
@@ -58,10 +59,6 @@ class BackwardStep:
         if self._duplicates:
             raise ValueError(f"{type(self).__name__}: step_in_backward=True steps each param once per backward; "
                              "a param listed twice would be stepped twice by step()")
-        if self._accumulation_steps > 1 and is_dtensor(p):
-            raise ValueError(f"{type(self).__name__}: step_in_backward=True with accumulation_steps="
-                             f"{self._accumulation_steps} takes plain tensors, not a DTensor (its window keeps "
-                             "sums laid out as the shards: accumulate such params with the ordinary step)")
         if p.requires_grad and p not in self._backward_hooks:
             self._backward_hooks[p] = p.register_post_accumulate_grad_hook(self._backward_step)
 
@@ -105,15 +102,15 @@ class BackwardStep:
         self._warn_left_for_step({**left, **routed})
 
     def _split_bucket(self, bucket: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[torch.Tensor, str]]:
-        """The bucket's params that are still in a group, and {param: why} of those left for step(): DTensor
-        shards of the algorithms with sums over whole tensors, whose update in a bucket would need a collective
-        per bucket (and where buckets end depends on each rank's shard bytes)."""
+        """The bucket's params that are still in a group, and {param: why} of those left for step(): without
+        accumulation, DTensor shards of the algorithms with sums over whole tensors, whose update in a bucket would
+        need a collective per bucket (and where buckets end depends on each rank's shard bytes)."""
         stays, left = [], {}
         for p in bucket:
             place = self._places.get(p)
             if place is None:  # no longer in any group
                 continue
-            if is_dtensor(p) and not self._quantizable:
+            if is_dtensor(p) and not self._quantizable and self._accumulation_steps == 1:
                 left[p] = (f"parameter {self._name(*place)}: it is a DTensor, and the '{self._algorithm}' step of "
                            "its shard needs sums over every rank's shards")
             else:
@@ -133,9 +130,14 @@ class BackwardStep:
         micro-batch does (_accumulation.py), in every micro-batch of the window: the window's last step() updates
         the params from the sums, so an Inf/NaN in any micro-batch skips the window whole, as in the ordinary
         step. Which micro-batch this is, is step()'s count: step() ends each micro-batch, taking the gradients no
-        hook took. Returns the params whose gradients were taken, and {param: why} of those whose sums are kept
-        in torch (complex, float64, ...: step() adds them, as the ordinary window does)."""
+        hook took. Returns the params whose gradients were taken, and {param: why} of those whose sums the
+        ordinary window keeps in torch (complex, float64, ...: step() adds them)."""
         self._check_hypers(hypers)  # (what the window's last step() would refuse is refused before adding)
+        if self._window_over_shards():  # (FSDP2, tensor parallel: the sums are torch's, laid out as the shards)
+            grads = self._shard_grads(bucket)
+            self._add_to_shard_sums(grads, 1.0)
+            self._window.update(dict.fromkeys(grads))
+            return list(grads), {}
         grads, sums, fresh, with_grad, routed = self._micro_batch(bucket)
         batch = (self._accumulation_steps, self._micro_batches, self._window_found_inf, grads, sums, fresh, 1.0)
         report = self._engine(_Packed(hypers), 1.0, False, micro_batch=batch)  # (no segments: it only adds)

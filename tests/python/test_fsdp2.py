@@ -293,6 +293,14 @@ def rank_fsdp2_models() -> dict:
         # its shards keep their gradients for step() (a warning says so)
         "lars step_in_backward": (lambda ps: fusedopt.FusedLARS(ps, lr=0.01, step_in_backward=True),
                                   lambda ps: fusedopt.FusedLARS(ps, lr=0.01), {}, {}),
+        # with accumulation the hooks add the shards' gradients into the window's sums (LARS's too: the window's
+        # last step() updates)
+        "adamw accumulation step_in_backward": (
+            lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, accumulation_steps=3, step_in_backward=True),
+            lambda ps: fusedopt.FusedAdamW(ps, lr=0.01, accumulation_steps=3), {}, {}),
+        "lars accumulation step_in_backward": (
+            lambda ps: fusedopt.FusedLARS(ps, lr=0.01, accumulation_steps=3, step_in_backward=True),
+            lambda ps: fusedopt.FusedLARS(ps, lr=0.01, accumulation_steps=3), {}, {}),
     }
     out = {}
     for run, (fused, reference, fused_policies, reference_policies) in runs.items():
@@ -311,11 +319,6 @@ def rank_fsdp2_models() -> dict:
                     out[f"{run}: warnings"] = out.get(f"{run}: warnings", []) + [str(w.message) for w in caught if "fusedopt" in str(w.message)]
                 opt.step()
         out[run] = [(p.full_tensor(), q.full_tensor(), str(p.dtype)) for p, q in zip(fm.parameters(), rm.parameters())]
-    try:  # (a window over shards keeps its sums laid out as the shards, in torch: not from backward's hooks)
-        fusedopt.FusedAdamW(_mlp(mesh).parameters(), step_in_backward=True, accumulation_steps=2)
-        out["accumulation in backward"] = None
-    except ValueError as e:
-        out["accumulation in backward"] = str(e)
 
     # a whole (plain-tensor) state dict of the one-process optimizer loads into the sharded one: each rank keeps
     # its part of every state, as DTensors of the param's layout, and the next steps are the one-process ones
@@ -740,8 +743,9 @@ def test_fsdp2_models_train_as_with_torchs_optimizers(fsdp2_models):
     bit for bit (the step is the CPU-resident sharded step either way); step_in_backward=True (each bucket of
     shards updated from the post-accumulate-grad hooks once FSDP2 has reduce-scattered its gradients) == the
     ordinary step bit for bit, no gradient left; LARS's shards, whose norms would need a collective per bucket,
-    keep their gradients for step() with one warning naming them, and equal the ordinary step bit for bit;
-    step_in_backward with accumulation_steps > 1 refuses DTensor params."""
+    keep their gradients for step() with one warning naming them, and equal the ordinary step bit for bit; with
+    accumulation_steps=3 the hooks add every shard's gradient (LARS's too) into the window's sums and release it,
+    and the windows equal the ordinary ones bit for bit."""
     got = fsdp2_models[0]
     assert got["adamw step_in_backward: grads left"] == [False] * len(got["adamw step_in_backward"])
     assert got["adamw step_in_backward: warnings"] == []
@@ -749,12 +753,13 @@ def test_fsdp2_models_train_as_with_torchs_optimizers(fsdp2_models):
     lars_warnings = got["lars step_in_backward: warnings"]
     assert len(lars_warnings) == 1 and "cannot update these parameters inside backward" in lars_warnings[0]
     assert lars_warnings[0].count("it is a DTensor, and the 'lars' step") == len(got["lars step_in_backward"])
-    assert "accumulation_steps=2 takes plain tensors, not a DTensor" in (got["accumulation in backward"] or "")
-    for run in ("adamw", "sgd", "adamw flatten", "adam bf16 compute", "adamw cpu offload", "adamw step_in_backward",
-                "lars step_in_backward"):
+    for run in ("adamw accumulation step_in_backward", "lars accumulation step_in_backward"):
+        assert got[f"{run}: grads left"] == [False] * len(got[run]) and got[f"{run}: warnings"] == [], run
+    in_backward = [run for run in got if run.endswith(" step_in_backward")]
+    for run in ("adamw", "sgd", "adamw flatten", "adam bf16 compute", "adamw cpu offload", *in_backward):
         for k, (fused, reference, dtype) in enumerate(got[run]):
             assert dtype == "torch.float32"
-            if run in ("sgd", "adamw flatten", "adamw cpu offload", "adamw step_in_backward", "lars step_in_backward"):
+            if run in ("sgd", "adamw flatten", "adamw cpu offload", *in_backward):
                 assert _bits_equal(fused, reference), (run, k)
             else:
                 assert _relative(fused, reference) <= 1e-6, (run, k)
