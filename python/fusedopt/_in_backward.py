@@ -13,11 +13,11 @@ whose norms would need a collective per bucket) keeps its gradient: step() updat
 and a UserWarning names it once. With accumulation_steps > 1 each bucket's gradients are added into the window's
 sums (the engine's f32 sums, or with DTensor params torch's, laid out as the shards) and released at once, in
 every micro-batch; the window's last step() updates the params from the sums as the ordinary window does
-(_accumulation.py), so an Inf/NaN anywhere in the window skips it whole. Whatever
-needs every gradient before the first update is refused when the optimizer is made: global-norm clipping
-(max_grad_norm), a sum over tensors (BertAdam's per-group norm), a param listed twice. A GradScaler cannot be seen
-before backward runs: step() raises when one calls it. With flatten=True params and states are the flat store's
-views as in the ordinary step; gradients stay where autograd writes them (_flat.py)."""
+(_accumulation.py), so an Inf/NaN anywhere in the window skips it whole. Whatever needs every gradient before
+the first update is refused when the optimizer is made: global-norm clipping (max_grad_norm), a sum over tensors
+(BertAdam's per-group norm), a param listed twice. A GradScaler cannot be seen before backward runs: step() raises
+when one calls it. With flatten=True params and states are the flat store's views as in the ordinary step;
+gradients stay where autograd writes them (_flat.py)."""
 
 from __future__ import annotations
 
