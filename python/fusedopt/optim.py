@@ -403,6 +403,11 @@ class FusedAdafactor(FusedOptimizerMixin, torch.optim.Adafactor):
         _f(g, "eps", 1)  # (first: it checks that eps holds two values)
         arguments = super()._hyper_arguments(g)
         if "eps1" not in arguments:  # None. torch: finfo(param.dtype).eps of the first param with a grad
+            if self._step_in_backward and len({p.dtype for p in g["params"] if p.requires_grad}) > 1:
+                raise ValueError("FusedAdafactor: step_in_backward=True with eps=(None, ...) takes a group of params "
+                                 "of one dtype: eps1 is then finfo(dtype).eps of the group's first param with a "
+                                 "gradient, which backward may not have made yet when a bucket is updated; pass "
+                                 "eps1 explicitly")
             # (with accumulation, a grad in any micro-batch of the window: torch's loop would hold their sum)
             dtype = next((p.dtype for p in g["params"] if p.grad is not None or p in self._window), torch.float32)
             arguments["eps1"] = torch.finfo(dtype).eps

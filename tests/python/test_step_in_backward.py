@@ -211,6 +211,25 @@ def test_an_inf_in_a_windows_last_micro_batch_skips_it_whole(monkeypatch):
     _assert_same(*results)
 
 
+def test_adafactors_eps1_from_a_group_of_several_dtypes_is_refused():
+    """eps1=None is finfo(dtype).eps of the group's first param with a gradient, which backward may not have made
+    when a bucket is updated: with a group of several dtypes the first backward raises, changing nothing."""
+    for eps in ((None, 1e-3), (1e-30, 1e-3)):
+        model = _model()
+        model[2].bfloat16()
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = fusedopt.FusedAdafactor(model.parameters(), eps=eps, step_in_backward=True)
+        loss = model[2](model[1](model[0](torch.randn(2, 64))).bfloat16()).float().square().mean()
+        if eps[0] is not None:  # (eps1 given: stepped in backward)
+            loss.backward()
+            assert all(p.grad is None for p in model.parameters()) and len(opt.state) == 4
+            continue
+        with pytest.raises(ValueError, match=r"step_in_backward=True with eps=\(None, ...\) takes a group of params "
+                                             "of one dtype"):
+            loss.backward()
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)) and not opt.state
+
+
 def test_sums_across_tensors_are_refused():
     name = next(n for n in CASES if _C.algorithms[n]["sums_across_tensors"])
     with pytest.raises(ValueError, match="sums over all of a group's gradients"):
