@@ -403,7 +403,8 @@ class FusedAdafactor(FusedOptimizerMixin, torch.optim.Adafactor):
         _f(g, "eps", 1)  # (first: it checks that eps holds two values)
         arguments = super()._hyper_arguments(g)
         if "eps1" not in arguments:  # None. torch: finfo(param.dtype).eps of the first param with a grad
-            if self._step_in_backward and len({p.dtype for p in g["params"] if p.requires_grad}) > 1:
+            in_backward = self._step_in_backward and self._accumulation_steps == 1  # (a window updates in step())
+            if in_backward and len({p.dtype for p in g["params"] if p.requires_grad}) > 1:
                 raise ValueError("FusedAdafactor: step_in_backward=True with eps=(None, ...) takes a group of params "
                                  "of one dtype: eps1 is then finfo(dtype).eps of the group's first param with a "
                                  "gradient, which backward may not have made yet when a bucket is updated; pass "
