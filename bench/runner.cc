@@ -491,7 +491,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
       impl.ms.push_back(round_ms[k]);
       for (const auto& [pass, ms] : round_passes[k]) {
         auto it = std::find_if(impl.pass_ms.begin(), impl.pass_ms.end(),
-                               [&](const auto& p) { return p.first == pass; });
+                               [&pass = pass](const auto& p) { return p.first == pass; });
         if (it == impl.pass_ms.end()) {
           impl.pass_ms.emplace_back(pass, std::vector<double>{});
           it = impl.pass_ms.end() - 1;
@@ -528,6 +528,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     report["state_bytes_per_param"] = storage.state_bytes_per_param();
     // The unscaled gradients as every impl sees them: their global norm and the clip factor.
     std::vector<GradBuffer> grads;
+    grads.reserve(segments.size());
     for (const Segment& s : segments)
       grads.push_back({const_cast<void*>(s.grad), s.numel, s.grad_dtype});
     const GradStats stats =

@@ -5,7 +5,7 @@
 
 #include "fusedopt/optimizer.h"
 
-int main() {
+int main() {  // NOLINT(bugprone-exception-escape): an error ends the example with its message
   // Two tensors (a weight and a bias) in one parameter group.
   fusedopt::AdamW opt({fusedopt::AdamWHyper{.lr = 0.05, .weight_decay = 0.0}},
                       {{.numel = 1}, {.numel = 1}});

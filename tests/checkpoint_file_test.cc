@@ -140,8 +140,8 @@ class CheckpointFileTest : public ::testing::Test {
   // offsets are not aligned (the format does not require it).
   void MakeTensors() {
     f32_ = AsBytes(std::vector<float>{1.5f, -2.f, 3.25f, 0.f, -0.f, 1e30f});
-    f16_ = Iota(5 * 2, 3);
-    bf16_ = Iota(3 * 2, 11);
+    f16_ = Iota(std::size_t{5} * 2, 3);
+    bf16_ = Iota(std::size_t{3} * 2, 11);
     f64_ = AsBytes(std::vector<double>{3.141592653589793});
     i64_ = AsBytes(std::vector<std::int64_t>{-1, 0, 1LL << 62, 7});
     i32_ = AsBytes(std::vector<std::int32_t>{-5, 5});
@@ -172,7 +172,7 @@ class CheckpointFileTest : public ::testing::Test {
     try {
       ReadCheckpointFile(path, max_header);
     } catch (const CheckpointError& e) {
-      const std::string what = e.what();
+      std::string what = e.what();
       EXPECT_NE(what.find(path), std::string::npos) << what;
       return what;
     }
@@ -277,7 +277,7 @@ TEST_F(CheckpointFileTest, LayoutAndChecksum) {
 
   Bytes zeroed = file;
   const std::size_t digits = 8 + at + kKey.size();
-  std::memset(zeroed.data() + digits, '0', 16);
+  std::memset(zeroed.data() + digits, '0', 16);  // NOLINT(bugprone-suspicious-memset-usage): text
   char want[17];
   std::snprintf(want, sizeof(want), "%016llx",
                 static_cast<unsigned long long>(XXH3_64bits(zeroed.data(), zeroed.size())));

@@ -259,6 +259,7 @@ void ExpectSameAsOptimizer(const Setup& setup, Communicator& comm, DistributedOp
     // A played rank's own elements only: the others' shards are never gathered into it.
     for (const auto& slice : dist.state(t, 0)) {
       for (std::size_t i = slice.first; i < slice.first + slice.values.size(); ++i) {
+        // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison): bit-exact on purpose
         ASSERT_EQ(std::memcmp(&want[i], &got[i], sizeof(float)), 0) << "element " << i;
       }
     }
@@ -365,7 +366,7 @@ TEST(ShardLayout, BucketsAreWholeChunksPerRankAndCoverEveryElementOnce) {
     }
   }
   // Auto alignment: whole chunks while their padding stays under 1/8 of the model, else 256.
-  const std::vector<TensorSpec> big = {{.numel = 8 * 3 * kGrainElements}};
+  const std::vector<TensorSpec> big = {{.numel = std::size_t{8} * 3 * kGrainElements}};
   EXPECT_EQ(ShardLayout(big, 1, 3, 1 << 20).align, kGrainElements);
   EXPECT_EQ(ShardLayout(big, 1, 4, 1 << 20).align, 256u);
   EXPECT_LT(ShardLayout(big, 1, 1000, 1 << 20).padded - big[0].numel, 1000u * 256);
@@ -470,7 +471,7 @@ TEST(Distributed, EightBitStatesTakeAByteAndAnAbsmaxPerBlock) {
   const std::vector<TensorSpec> tensors = {{.numel = 600000}, {.numel = 3000}, {.numel = 400000}};
   const StorageOptions storage{.state_dtype = DType::kQ8};  // the 3000 keep f32 states
   const std::size_t per_slot =
-      1000000 + 4 * (NumQuantBlocks(600000) + NumQuantBlocks(400000)) + 4 * 3000;
+      1000000 + 4 * (NumQuantBlocks(600000) + NumQuantBlocks(400000)) + std::size_t{4} * 3000;
   LocalCommunicator one;
   EXPECT_EQ(
       DistributedOptimizer<AdamWHyper>({{}}, tensors, storage, one, {.zero = 0}).state_bytes(),
@@ -483,7 +484,7 @@ TEST(Distributed, EightBitStatesTakeAByteAndAnAbsmaxPerBlock) {
   }
   // The ranks' shares add up to the whole, but for the alignment of the f32 pieces.
   EXPECT_GE(sum, 2 * per_slot);
-  EXPECT_LE(sum, 2 * per_slot + 2 * 2 * 3);
+  EXPECT_LE(sum, 2 * per_slot + std::size_t{2} * 2 * 3);
 }
 
 TEST(Distributed, AnInfSkipsTheStepBitExactly) {

@@ -113,9 +113,11 @@ TEST(GradNorm, IsBitIdenticalOnEveryTargetAndThreadCount) {
         Runtime runtime(threads);
         const double got = GradNorm(grads.Buffers(), type, 0.5f, runtime).norm;
         const double got32 = GradNorm(f32.Buffers(), type, 1.0f, runtime).norm;
+        // NOLINTBEGIN(bugprone-suspicious-memory-comparison): bit-exact on purpose
         EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0)
             << target << " threads " << threads << ": " << got << " vs " << want;
         EXPECT_EQ(std::memcmp(&got32, &want32, sizeof got32), 0) << target << " " << threads;
+        // NOLINTEND(bugprone-suspicious-memory-comparison)
       }
     }
   }

@@ -31,7 +31,7 @@ struct Grads {
   DType dtype;
   std::vector<std::vector<unsigned char>> bytes;
 
-  Grads(DType t, std::vector<std::size_t> sizes, unsigned seed) : dtype(t) {
+  Grads(DType t, const std::vector<std::size_t>& sizes, unsigned seed) : dtype(t) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.0f, 100.0f);
     for (std::size_t n : sizes) {

@@ -922,7 +922,7 @@ void RunDeterminism(const std::string& target) {
       std::array<std::vector<SegData>, std::size(kThreads)> runs;
       for (auto& run : runs) run = DeterminismSegments<A>(groups, combo);
       for (int t = 0; t < 3; ++t) {
-        for (std::size_t r = 0; r < runs.size(); ++r) {
+        for (std::size_t r = 0; r < std::size(kThreads); ++r) {
           DeterminismStep<A>(runs[r], groups, t, kThreads[r]);
         }
         for (std::size_t r = 1; r < runs.size(); ++r) {
@@ -1269,9 +1269,9 @@ void Register(const std::string& suite, const std::string& name, const std::stri
    private:
     std::function<void()> f_;
   };
-  ::testing::RegisterTest(suite.c_str(), name.c_str(), nullptr,
-                          param.empty() ? nullptr : param.c_str(), __FILE__, __LINE__,
-                          [body]() -> ::testing::Test* { return new Body(body); });
+  ::testing::RegisterTest(
+      suite.c_str(), name.c_str(), nullptr, param.empty() ? nullptr : param.c_str(), __FILE__,
+      __LINE__, [body = std::move(body)]() -> ::testing::Test* { return new Body(body); });
 }
 
 // Targets/<suite>.<name>/<target> for every available target, run with that target forced.

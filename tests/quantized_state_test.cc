@@ -515,6 +515,7 @@ void StepAndCompare(std::vector<QuantizedTensor>& tensors, int threads, const st
           << what << ": absmax of state " << slot;
       ASSERT_EQ(t.codes[slot], e.codes[slot]) << what << ": codes of state " << slot;
     }
+    // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison): bit-exact on purpose
     ASSERT_EQ(std::memcmp(t.scalars, e.scalars, sizeof(t.scalars)), 0) << what << ": scalars";
     ++t.step;
   }
@@ -533,6 +534,7 @@ void RunQuantizedSteps(const char* stem) {
       for (DType param_dtype : {DType::kF32, DType::kBF16}) {
         Rng rng(11);
         std::vector<QuantizedTensor> tensors;
+        tensors.reserve(sizes.size());
         for (std::size_t n : sizes) tensors.push_back(MakeTensor<A>(n, param_dtype, rng));
         for (int step = 0; step < 3; ++step) {
           for (QuantizedTensor& t : tensors) FillRandom(t.grad_bytes, param_dtype, t.n, rng, 1.0);

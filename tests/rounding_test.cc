@@ -1029,11 +1029,11 @@ struct AdafactorSrCase {
 };
 std::vector<AdafactorSrCase> AdafactorSrCases() {
   return {{1100, 40, 44000, false, 0},
-          {3, 3, 9 * 5000, false, 50000},
-          {2, 4100, 3 * 2 * 4100, false, 100000},
+          {3, 3, std::size_t{9} * 5000, false, 50000},
+          {2, 4100, std::size_t{3} * 2 * 4100, false, 100000},
           {1, 1, 4099, false, 130000},
           {0, 0, 40000 + 7, false, 140000},
-          {5, 300, 3 * 5 * 300, true, 190000}};
+          {5, 300, std::size_t{3} * 5 * 300, true, 190000}};
 }
 
 const AdafactorHyper kAdafactor{.lr = 0.01, .weight_decay = 0.1};
@@ -1114,6 +1114,7 @@ TEST(Rounding, AdafactorSameBitsForAnyThreadCountAndSegmentOrder) {
   const std::uint64_t seed = 5;
   const auto fresh = [&] {
     std::vector<AdafactorTensor> ts;
+    ts.reserve(cases.size());
     for (const AdafactorSrCase& c : cases)
       ts.emplace_back(kBF16, kBF16, c.rows, c.cols, c.numel, c.master, c.numel);
     return ts;
@@ -1160,8 +1161,8 @@ TEST(Rounding, AdafactorSameBitsForAnyThreadCountAndSegmentOrder) {
 // storage) on average, within 5σ of the sum of `steps` zero-mean rounding errors per element.
 TEST(Rounding, AdafactorPureBf16FollowsTheF32Run) {
   const int steps = SmallOnly() ? 30 : 60;
-  for (const AdafactorSrCase& c :
-       {AdafactorSrCase{64, 128, 2 * 64 * 128, false, 0}, AdafactorSrCase{0, 0, 16384, false, 0}}) {
+  for (const AdafactorSrCase& c : {AdafactorSrCase{64, 128, std::size_t{2} * 64 * 128, false, 0},
+                                   AdafactorSrCase{0, 0, 16384, false, 0}}) {
     SCOPED_TRACE("rows " + std::to_string(c.rows));
     AdafactorTensor sr(kBF16, kBF16, c.rows, c.cols, c.numel, false, 3);
     for (std::size_t i = 0; i < c.numel; ++i)

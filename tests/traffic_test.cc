@@ -51,7 +51,7 @@ class Array {
   float Get(std::size_t i) { return LoadAsF32(data(), dtype_, i); }
   // Small whole numbers: exact in every dtype, and so are their sums below.
   static float Pattern(std::size_t i, std::uint32_t seed) {
-    return static_cast<float>((i * 7 + seed * 13) % 32);
+    return static_cast<float>((i * 7 + std::size_t{seed} * 13) % 32);
   }
   void FillPattern(std::uint32_t seed) {
     for (std::size_t i = 0; i < n_; ++i) StoreFromF32(data(), dtype_, i, Pattern(i, seed));
@@ -125,7 +125,7 @@ TEST_P(Traffic, StepWritesXPlusGradOnEveryWrittenArray) {
           SCOPED_TRACE(std::string(DTypeName(p)) + " param and states x" + std::to_string(states) +
                        ", " + std::string(DTypeName(g)) + " grad, " + TrafficLoopName(loop));
           std::vector<Array> arrays;
-          arrays.reserve(2 * (2 + kMaxStates));
+          arrays.reserve(std::size_t{2} * (2 + kMaxStates));
           std::vector<Segment> segments;
           for (std::size_t k = 0; k < 2; ++k) {
             const std::size_t n = sizes[k];
@@ -248,7 +248,7 @@ TEST_P(Traffic, Q8StepKeepsEveryByteWithCZeroAndWritesEachCodeAndAbsmaxOnce) {
                      " grad, 8-bit states x" + std::to_string(states) + ", " +
                      TrafficLoopName(loop));
         std::vector<Guarded> buffers;  // per segment: param, grad, then codes and absmax per state
-        buffers.reserve(2 * (2 + 2 * kMaxStates));
+        buffers.reserve(std::size_t{2} * (2 + 2 * kMaxStates));
         std::vector<Segment> segments;
         for (std::size_t k = 0; k < 2; ++k) {
           const std::size_t n = sizes[k];
@@ -278,6 +278,7 @@ TEST_P(Traffic, Q8StepKeepsEveryByteWithCZeroAndWritesEachCodeAndAbsmaxOnce) {
           segments.push_back(seg);
         }
         std::vector<std::vector<std::byte>> before;
+        before.reserve(buffers.size());
         for (const Guarded& b : buffers) before.push_back(b.bytes());
         SameTrafficStep(segments, runtime, loop, 0.0f);
         for (std::size_t b = 0; b < buffers.size(); ++b)

@@ -108,27 +108,28 @@ TEST(TrainStep, LossScaledClippedStepEqualsSeparatePasses) {
 }
 
 TEST(TrainStep, AccumulationEqualsOneStepOnTheMeanGradient) {
-  constexpr int k = 4;
-  AdamW accumulated({AdamWHyper{.lr = 1e-2}}, kTensors, {.accumulation_steps = k});
+  constexpr int kMicroBatches = 4;
+  AdamW accumulated({AdamWHyper{.lr = 1e-2}}, kTensors, {.accumulation_steps = kMicroBatches});
   AdamW big_batch({AdamWHyper{.lr = 1e-2}}, kTensors);
   FillParams(accumulated.storage(), 3);
   FillParams(big_batch.storage(), 3);
   for (int step = 1; step <= 3; ++step) {
     std::vector<std::vector<double>> sum(kTensors.size());
     for (std::size_t t = 0; t < kTensors.size(); ++t) sum[t].assign(kTensors[t].numel, 0.0);
-    for (int micro = 0; micro < k; ++micro) {
+    for (int micro = 0; micro < kMicroBatches; ++micro) {
       FillGrads(accumulated.storage(), step, micro, 1.0f);
       for (std::size_t t = 0; t < kTensors.size(); ++t) {
         const auto g = accumulated.storage().grads<float>(t);
         for (std::size_t i = 0; i < g.size(); ++i) sum[t][i] += g[i];
       }
       const StepResult r = accumulated.Step();
-      EXPECT_EQ(r.stepped, micro == k - 1);
-      EXPECT_EQ(accumulated.pending_micro_batches(), (micro + 1) % k);
+      EXPECT_EQ(r.stepped, micro == kMicroBatches - 1);
+      EXPECT_EQ(accumulated.pending_micro_batches(), (micro + 1) % kMicroBatches);
     }
     for (std::size_t t = 0; t < kTensors.size(); ++t) {
       const auto g = big_batch.storage().grads<float>(t);
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(sum[t][i] / k);
+      for (std::size_t i = 0; i < g.size(); ++i)
+        g[i] = static_cast<float>(sum[t][i] / kMicroBatches);
     }
     big_batch.Step();
   }

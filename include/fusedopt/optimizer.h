@@ -239,9 +239,11 @@ class Optimizer {
 
 // fusedopt::SGD, fusedopt::Adam, ..., fusedopt::Adafactor: one alias per algorithm of hyper.h's
 // list, each instantiated once in the library.
+// NOLINTBEGIN(bugprone-macro-parentheses): Alias is the name declared
 #define FUSEDOPT_DECLARE_OPTIMIZER_(Stem, Alias) \
   using Alias = Optimizer<Stem##Hyper>;          \
   extern template class Optimizer<Stem##Hyper>;
+// NOLINTEND(bugprone-macro-parentheses)
 FUSEDOPT_FOR_EACH_ALGORITHM(FUSEDOPT_DECLARE_OPTIMIZER_)
 #undef FUSEDOPT_DECLARE_OPTIMIZER_
 

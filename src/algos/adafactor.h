@@ -198,7 +198,7 @@ struct Adafactor {
           t.square_(col_mean);                     //   .square_()
           t.div_(col_mean, static_cast<double>(t.size(-2)));  //   .div_(grad.size(-2))
           t.lerp_(col_var, col_mean, one_minus_beta2_t);      // col_var.lerp_(col_mean, ...)
-          const auto estimate = t.matmul(row_var, col_var);   // var_estimate = row_var @ col_var
+          auto estimate = t.matmul(row_var, col_var);         // var_estimate = row_var @ col_var
           const auto mean = t.mean(row_var, -2);              // row_var.mean(dim=-2, keepdim=True)
           t.clamp_(mean, h.eps1, kInf);                       //   .clamp_(min=eps1)
           t.div_(estimate, mean);                             // var_estimate.div_(...)

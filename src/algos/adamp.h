@@ -213,6 +213,7 @@ struct Adamp {
         const std::vector<double> cosine = t.row_sums(product, rows);  // .sum(dim=1)
         float largest = 0.0f;                                          // .abs_() ... .max()
         for (const double c : cosine) largest = std::max(largest, static_cast<float>(std::abs(c)));
+        // NOLINTNEXTLINE(bugprone-integer-division): exact, numel is rows * size(1)
         const double bound = h.delta / std::sqrt(static_cast<double>(t.numel() / rows));
         if (!(largest < static_cast<float>(bound))) continue;  // < delta / math.sqrt(size(1))
         // p_n = p.data / view_func(p.data).norm(dim=1).view(expand_size).add_(eps)

@@ -23,9 +23,9 @@ struct List {
   }
   template <class Hyper>
   static constexpr std::size_t IndexOf() {
-    constexpr bool match[] = {std::is_same_v<typename A::Hyper, Hyper>...};
+    constexpr bool kMatch[] = {std::is_same_v<typename A::Hyper, Hyper>...};
     for (std::size_t i = 0; i < sizeof...(A); ++i) {
-      if (match[i]) return i;
+      if (kMatch[i]) return i;
     }
     return sizeof...(A);
   }

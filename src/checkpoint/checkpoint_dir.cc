@@ -23,8 +23,8 @@ namespace fs = std::filesystem;
 
 const std::regex& CheckpointPattern() {
   // A file, or a file of a shard set (a distributed run's): the same checkpoint's name.
-  static const std::regex pattern(R"(step-(\d{8,})(\.rank\d+-of-\d+)?\.safetensors)");
-  return pattern;
+  static const std::regex kPattern(R"(step-(\d{8,})(\.rank\d+-of-\d+)?\.safetensors)");
+  return kPattern;
 }
 
 }  // namespace
@@ -47,9 +47,9 @@ void PrepareCheckpointDir(const std::string& dir, const std::string& name) {
     throw std::system_error(ec, name + " is not writable");
   }
   fs::remove(probe, ec);
-  static const std::regex stale(R"(\.step-\d{8,}(\.rank\d+-of-\d+)?\.safetensors\.tmp\..*)");
+  static const std::regex kStale(R"(\.step-\d{8,}(\.rank\d+-of-\d+)?\.safetensors\.tmp\..*)");
   for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
-    if (std::regex_match(e.path().filename().string(), stale)) fs::remove(e.path(), ec);
+    if (std::regex_match(e.path().filename().string(), kStale)) fs::remove(e.path(), ec);
   }
 }
 

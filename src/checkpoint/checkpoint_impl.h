@@ -369,7 +369,7 @@ CheckpointCounters OptimizerCheckpoint<Hyper>::Load(Optimizer<Hyper>& opt, const
     restored = checkpoint_meta::DecodeScaler(meta.contains("scaler") ? &meta["scaler"] : nullptr,
                                              *scaler, path);
   }
-  const CheckpointCounters counters = checkpoint_meta::DecodeCounters(meta.value("extra", Json()));
+  CheckpointCounters counters = checkpoint_meta::DecodeCounters(meta.value("extra", Json()));
 
   // Everything checked: apply. States the file does not hold start afresh.
   opt.groups_ = std::move(groups);

@@ -167,15 +167,15 @@ namespace {
 // written. Validates everything first.
 std::vector<Segment> AccumulationSegments(std::span<const GradBuffer> grads,
                                           std::span<float* const> accumulators, float scale) {
-  constexpr std::string_view fn = "AccumulateGrads";
-  CheckFinite(fn, "scale", scale);
+  constexpr std::string_view kFn = "AccumulateGrads";
+  CheckFinite(kFn, "scale", scale);
   if (accumulators.size() != grads.size()) {
-    Fail(fn, accumulators.size(), " accumulators for ", grads.size(), " gradients");
+    Fail(kFn, accumulators.size(), " accumulators for ", grads.size(), " gradients");
   }
-  std::vector<Segment> segments = GradSegments(fn, grads, scale);
+  std::vector<Segment> segments = GradSegments(kFn, grads, scale);
   for (std::size_t i = 0; i < segments.size(); ++i) {
     if (accumulators[i] == nullptr && segments[i].numel > 0)
-      Fail(fn, "accumulator ", i, " is null");
+      Fail(kFn, "accumulator ", i, " is null");
     segments[i].param = accumulators[i];
     segments[i].param_dtype = DType::kF32;
   }
@@ -208,20 +208,20 @@ bool AccumulateGrads(std::span<const GradBuffer> grads, std::span<float* const> 
 
 std::vector<NormPartial> GradPrePassPartials(std::span<const Segment> segments,
                                              const PrePassOptions& options, Runtime& runtime) {
-  constexpr std::string_view fn = "GradPrePass";
-  CheckNormType(fn, options.norm_type);
-  CheckMaxNorm(fn, options.max_norm);
+  constexpr std::string_view kFn = "GradPrePass";
+  CheckNormType(kFn, options.norm_type);
+  CheckMaxNorm(kFn, options.max_norm);
   if (options.clip_rule != ClipRule::kTorch && options.clip_rule != ClipRule::kMaxNormRatio)
-    Fail(fn, "invalid clip rule code ", static_cast<int>(options.clip_rule));
+    Fail(kFn, "invalid clip rule code ", static_cast<int>(options.clip_rule));
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     if (!ValidDType(s.grad_dtype)) {
-      Fail(fn, "segment ", i, ": invalid grad dtype code ", static_cast<int>(s.grad_dtype));
+      Fail(kFn, "segment ", i, ": invalid grad dtype code ", static_cast<int>(s.grad_dtype));
     }
     if (s.grad == nullptr && s.numel > 0)
-      Fail(fn, "segment ", i, ": grad is null (numel ", s.numel, ")");
+      Fail(kFn, "segment ", i, ": grad is null (numel ", s.numel, ")");
     if (!std::isfinite(s.grad_scale)) {
-      Fail(fn, "segment ", i, ": invalid grad_scale: ", s.grad_scale, " (must be finite)");
+      Fail(kFn, "segment ", i, ": invalid grad_scale: ", s.grad_scale, " (must be finite)");
     }
   }
   return NormPartials(segments, options.norm_type, runtime);

@@ -49,7 +49,7 @@ template <algos::TwoPhase A>
 void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scalars>& plan,
             Runtime& runtime, std::vector<float>& row_values, const SegmentSumsHook* hook,
             const RowShardsHook* row_shards) {
-  constexpr std::size_t k = A::kReductions;
+  constexpr std::size_t kSums = A::kReductions;
   const std::size_t num_chunks = plan.chunks.num_chunks();
   const std::span<const Segment> segments = plan.chunks.segments();
   std::vector<std::size_t> first_part(num_chunks + 1, 0);
@@ -60,16 +60,17 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
     });
     first_part[c + 1] = first_part[c] + parts;
   }
-  std::vector<double> part_sums(first_part.back() * k);
+  std::vector<double> part_sums(first_part.back() * kSums);
   ParallelForChunks(num_chunks, runtime.num_threads(), [&](std::size_t begin, std::size_t end) {
-    for (std::size_t c = begin; c < end; ++c) A::kReduce(plan, c, &part_sums[first_part[c] * k]);
+    for (std::size_t c = begin; c < end; ++c)
+      A::kReduce(plan, c, &part_sums[first_part[c] * kSums]);
   });
-  // Each segment's sums: max(rows, 1) rows of k from first_sum[s].
+  // Each segment's sums: max(rows, 1) rows of kSums from first_sum[s].
   std::vector<std::size_t> first_sum(segments.size() + 1, 0);
   for (std::size_t s = 0; s < segments.size(); ++s) {
     const std::size_t length = RowLength<A>(segments[s]);
     const std::size_t rows = length == segments[s].numel ? 1 : segments[s].numel / length;
-    first_sum[s + 1] = first_sum[s] + k * rows;
+    first_sum[s + 1] = first_sum[s] + kSums * rows;
   }
   std::vector<double> sums(first_sum.back(), 0.0);
   std::size_t part = 0;
@@ -77,14 +78,14 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
     plan.chunks.ForEachPiece(c, c + 1, [&](std::size_t s, std::size_t begin, std::size_t end) {
       const auto [row, rows] = PieceRows<A>(segments[s], begin, end);
       for (std::size_t r = 0; r < rows; ++r, ++part) {
-        for (std::size_t j = 0; j < k; ++j) {
-          sums[first_sum[s] + (row + r) * k + j] += part_sums[part * k + j];
+        for (std::size_t j = 0; j < kSums; ++j) {
+          sums[first_sum[s] + (row + r) * kSums + j] += part_sums[part * kSums + j];
         }
       }
     });
   }
   if constexpr (kSumsHook<A>) {
-    if (hook != nullptr) (*hook)(std::span<double>(sums), k);
+    if (hook != nullptr) (*hook)(std::span<double>(sums), kSums);
   }
   if constexpr (algos::FinishesAll<A>) {
     A::FinishAll(groups, segments, std::span<const double>(sums), std::span(plan.scalars));
@@ -103,8 +104,8 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
       first_value[s + 1] =
           first_value[s] +
           (shard != nullptr ? shard->whole_rows : segments[s].rows) * A::kRowValues;
-      offsets[s + 1] = offsets[s] + (shard != nullptr ? segments[s].rows * k : 0);
-      whole_size += shard != nullptr ? shard->whole_rows * k : 0;
+      offsets[s + 1] = offsets[s] + (shard != nullptr ? segments[s].rows * kSums : 0);
+      whole_size += shard != nullptr ? shard->whole_rows * kSums : 0;
     }
     std::vector<double> whole;
     if (whole_size > 0) {
@@ -134,7 +135,7 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
       Segment whole_tensor = segments[s];
       whole_tensor.numel = shard->whole_numel;
       whole_tensor.rows = shard->whole_rows;
-      const std::size_t n = shard->whole_rows * k;
+      const std::size_t n = shard->whole_rows * kSums;
       A::Finish(groups[segments[s].group], whole_tensor,
                 std::span<const double>(&whole[next_whole], n), scalars, values);
       next_whole += n;
@@ -146,7 +147,7 @@ void Reduce(std::span<const typename A::Hyper> groups, StepPlan<typename A::Scal
   } else {
     for (std::size_t s = 0; s < segments.size(); ++s) {
       A::Finish(groups[segments[s].group], segments[s],
-                std::span<const double, k>(&sums[first_sum[s]], k), plan.scalars[s]);
+                std::span<const double, kSums>(&sums[first_sum[s]], kSums), plan.scalars[s]);
     }
   }
 }

@@ -78,18 +78,18 @@ void Restrict(std::int64_t mask) {
 // The targets steps may use: compiled, supported by this CPU, and not listed in
 // FOPT_DISABLE_TARGETS.
 std::int64_t DefaultMask() {
-  static const std::int64_t mask = [] {
+  static const std::int64_t kMask = [] {
     const std::int64_t detected = hwy::SupportedTargets() & HWY_TARGETS;
     // A throw leaves the static uninitialized: the next call reads the variable again.
     const std::int64_t allowed = CompanionsOf(detected & ~DisabledTargets());
     return allowed != 0 ? allowed : detected;  // never disable everything
   }();
-  return mask;
+  return kMask;
 }
 
 // Applies the default restriction once, before the first step.
 const std::vector<std::string>& Available() {
-  static const std::vector<std::string> names = [] {
+  static const std::vector<std::string> kNames = [] {
     const std::int64_t mask = DefaultMask();
     Restrict(mask);
     std::vector<std::string> out;
@@ -97,7 +97,7 @@ const std::vector<std::string>& Available() {
       out.emplace_back(hwy::TargetName(bits & -bits));
     return out;
   }();
-  return names;
+  return kNames;
 }
 
 }  // namespace

@@ -197,6 +197,7 @@ Schedule StepLr(double base_lr, std::int64_t step_size, double gamma) {
       Describer(kFn).Add("base_lr", base_lr).Add("step_size", step_size).Add("gamma", gamma).str(),
       [=](std::int64_t t) {
         // StepLR: base_lr * gamma ** (t // step_size)
+        // NOLINTNEXTLINE(bugprone-integer-division): torch's t // step_size, in integers
         return base_lr * std::pow(gamma, static_cast<double>(t / step_size));
       });
 }

@@ -42,6 +42,7 @@ using TensorTuple =
 void BindCheckpoint(py::module_& m) {
   // Local to this module, and tried before pybind11's own (which would make a system_error a
   // RuntimeError).
+  // NOLINTNEXTLINE(performance-unnecessary-value-param): pybind11's translator signature
   py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -89,6 +90,7 @@ void BindCheckpoint(py::module_& m) {
           if (data == 0 && nbytes != 0)
             throw std::invalid_argument("write_checkpoint: tensor '" + name +
                                         "': a null data pointer");
+          // NOLINTNEXTLINE(performance-no-int-to-ptr): a data_ptr() that Python passes as an int
           list.push_back({name, dtype, shape, {reinterpret_cast<const std::byte*>(data), nbytes}});
         }
         py::gil_scoped_release release;

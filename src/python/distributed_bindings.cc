@@ -215,7 +215,7 @@ void BindDistributed(py::module_& m) {
   using distributed::ShardSums;
   // f64 buffers (torch tensors' data_ptr()) by address and length: packed once per step.
   const auto doubles = [](std::uintptr_t data, std::size_t n) {
-    return std::span<double>(reinterpret_cast<double*>(data), n);
+    return std::span<double>(Ptr<double>(data), n);
   };
   py::class_<ShardSums>(
       m, "ShardSums",

@@ -20,7 +20,7 @@ namespace fusedopt {
 // Addresses come from torch's data_ptr(); 0 stands for "none".
 template <class T>
 T* Ptr(std::uintptr_t address) {
-  return reinterpret_cast<T*>(address);  // NOLINT(performance-no-int-to-ptr)
+  return reinterpret_cast<T*>(address);  // NOLINT(performance-no-int-to-ptr): Python passes ints
 }
 
 // One parameter without its gradient (Segment's fields, as integers).

@@ -74,10 +74,11 @@ class LastStep {
  public:
   LastStep(py::dict state, py::list all_params, std::vector<std::size_t> group_sizes,
            std::vector<bool> has_grad, py::list params,
-           std::vector<std::vector<std::int64_t>> shapes, std::vector<std::uintptr_t> param_ptrs,
-           py::list states, py::list entry_dicts, py::list entry_keys, py::list entry_tensors,
-           std::vector<std::uintptr_t> entry_ptrs, std::vector<std::int64_t> versions,
-           std::vector<std::uintptr_t> grad_slots, bool dict_versions)
+           const std::vector<std::vector<std::int64_t>>& shapes,
+           std::vector<std::uintptr_t> param_ptrs, py::list states, py::list entry_dicts,
+           py::list entry_keys, py::list entry_tensors, std::vector<std::uintptr_t> entry_ptrs,
+           std::vector<std::int64_t> versions, std::vector<std::uintptr_t> grad_slots,
+           bool dict_versions)
       : dict_versions_(dict_versions),
         state_(std::move(state)),
         all_params_(std::move(all_params)),
@@ -245,7 +246,7 @@ class LastStep {
   static void Touch(const void* object, int lines) {
     if (object == nullptr) return;
     for (int line = 0; line < lines; ++line)
-      (void)*(static_cast<const volatile char*>(object) + 64 * line);
+      (void)*(static_cast<const volatile char*>(object) + std::ptrdiff_t{64} * line);
   }
 
   c10::IntArrayRef Shape(std::size_t i) const {

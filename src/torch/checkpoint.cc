@@ -68,6 +68,7 @@ class Writer {
     std::stable_sort(order.begin(), order.end(),
                      [](const auto& a, const auto& b) { return a.first > b.first; });
     std::vector<CheckpointTensor> out;
+    out.reserve(order.size());
     for (const auto& [size, i] : order) out.push_back(tensors_[i]);
     return out;
   }
@@ -259,7 +260,7 @@ struct ClassCheckpoint {
       if (key.ends_with("_absmax") && entry.contains(key.substr(0, key.size() - 7))) {
         continue;  // read with its codes
       }
-      const auto count = [&] {
+      const auto count = [&, &v = v] {
         const torch::Tensor t =
             v.is_number() ? torch::tensor(v.template get<double>()) : reader.Get(v, what);
         const double step = t.numel() == 1 ? t.to(torch::kDouble).item<double>() : -1.0;
@@ -578,7 +579,7 @@ CheckpointCounters Load(const ClassOps& ops, torch::optim::Optimizer& optimizer,
                        " entries; this one has " + std::to_string(mine.size()));
     }
   } else if (meta.value("params", Json()).is_array()) {
-    const Json names = meta["params"];
+    const Json& names = meta["params"];
     if (names.size() != params.size()) Refuse(path, "the checkpoint's params do not fit");
     for (std::size_t i = 0; i < params.size(); ++i) {
       copies.emplace_back(params[i],
@@ -590,7 +591,7 @@ CheckpointCounters Load(const ClassOps& ops, torch::optim::Optimizer& optimizer,
     scaler = checkpoint_meta::DecodeScaler(meta.contains("scaler") ? &meta["scaler"] : nullptr,
                                            *parts.scaler, path);
   }
-  const CheckpointCounters counters = checkpoint_meta::DecodeCounters(meta.value("extra", Json()));
+  CheckpointCounters counters = checkpoint_meta::DecodeCounters(meta.value("extra", Json()));
   std::optional<detail::Accumulation> window = LoadWindow(meta, optimizer, params, reader, path);
 
   // Everything checked: apply.

@@ -506,9 +506,13 @@ void FusedOptimizer<Hyper>::load(torch::serialize::InputArchive& archive) {
 }
 
 // Every algorithm's generic class (optim.h's ClassOf names those without a class of their own).
-#define FOPT_INSTANTIATE(Stem, Alias)           \
-  template class HyperOptions<Stem##Hyper>;     \
-  template struct HyperParamState<Stem##Hyper>; \
+// HyperOptions' members defined here, not the whole class: clang 14 would also instantiate the
+// builders whose requires-clause fails (against [temp.explicit]/10; g++ skips them).
+#define FOPT_INSTANTIATE(Stem, Alias)                                                         \
+  template void HyperOptions<Stem##Hyper>::serialize(torch::serialize::OutputArchive&) const; \
+  template void HyperOptions<Stem##Hyper>::serialize(torch::serialize::InputArchive&);        \
+  template bool HyperOptions<Stem##Hyper>::operator==(const HyperOptions&) const;             \
+  template struct HyperParamState<Stem##Hyper>;                                               \
   template class FusedOptimizer<Stem##Hyper>;
 FUSEDOPT_FOR_EACH_ALGORITHM(FOPT_INSTANTIATE)
 #undef FOPT_INSTANTIATE

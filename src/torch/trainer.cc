@@ -186,6 +186,7 @@ double Trainer::OptimizerStep(bool& stepped) {
     const std::vector<torch::Tensor> params = ParamsWithGrad(optimizer_);
     if (scaler != nullptr && !params.empty()) {
       std::vector<torch::Tensor> grads;
+      grads.reserve(params.size());
       for (const torch::Tensor& p : params) grads.push_back(p.grad());
       torch::Tensor found_inf = torch::zeros({1});
       at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf,

@@ -213,7 +213,7 @@ std::vector<std::pair<int, int>> HandWrittenOps(const std::string& optimizer, do
 }
 
 TEST(DoctorCounts, MatchTheHandWrittenModel) {
-  const double kDefault = std::numeric_limits<double>::quiet_NaN();
+  constexpr double kDefault = std::numeric_limits<double>::quiet_NaN();
   int checked = 0;
   for (const std::string optimizer : {"sgd", "adam", "adamw", "rmsprop", "adagrad", "lion"}) {
     const bool has_momentum = optimizer == "sgd" || optimizer == "rmsprop";

@@ -24,7 +24,7 @@ namespace {
 
 // Rank r's element i: multiples of 1/8 in [-4, 8], so the rank holding the maximum varies with i.
 double Value(int r, std::size_t i) {
-  return static_cast<double>((r * 31 + i * 7) % 97) / 8.0 - 4.0;
+  return static_cast<double>((static_cast<std::size_t>(r) * 31 + i * 7) % 97) / 8.0 - 4.0;
 }
 // Wide unsigned values: a maximum taken through a double would lose their low bits.
 std::uint64_t Value64(int r, std::size_t i) {
@@ -32,7 +32,7 @@ std::uint64_t Value64(int r, std::size_t i) {
                                   static_cast<std::uint64_t>(i + 1));
 }
 unsigned char Byte(int r, std::size_t i) {
-  return static_cast<unsigned char>(r * 101 + i * 13 + 1);
+  return static_cast<unsigned char>(static_cast<std::size_t>(r) * 101 + i * 13 + 1);
 }
 
 // A fresh communicator per test (its own bytes_sent), over MPI_COMM_WORLD.
@@ -148,7 +148,9 @@ TEST_F(Mpi, NonBlockingCollectivesCompleteUnderTest) {
   bool done = false;
   long polls = 0;
   while (!done && std::chrono::steady_clock::now() < deadline) {
-    done = reduce->Test() & gather->Test();  // both polled every round
+    const bool reduced = reduce->Test();  // both polled every round
+    const bool gathered = gather->Test();
+    done = reduced && gathered;
     ++polls;
   }
   EXPECT_TRUE(done) << "not complete after " << polls << " polls";
@@ -214,7 +216,7 @@ TEST_F(Mpi, CountsAboveTheCallLimit) {
   for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(d[i], Sum(i)) << "i " << i;
   EXPECT_EQ(b, Filled<float>(0, n));
 
-  std::vector<double> big(8 * size);
+  std::vector<double> big(std::size_t{8} * size);
   EXPECT_THROW(comm.StartReduceScatter(big.data(), big.data(), 8, CommType::kF64), Error);
   EXPECT_THROW(comm.StartAllGather(big.data(), 8, CommType::kF64), Error);
   EXPECT_THROW(comm.set_max_count_per_call(0), Error);

@@ -58,14 +58,14 @@ constexpr std::size_t kNumel = 1000003;
 
 // The batch's features, computed once.
 const std::vector<float>& Features(int sample) {
-  static const std::vector<std::vector<float>> features = [] {
+  static const std::vector<std::vector<float>> kFeatures = [] {
     std::vector<std::vector<float>> f(kBatch, std::vector<float>(kNumel));
     for (int s = 0; s < kBatch; ++s) {
       for (std::size_t i = 0; i < kNumel; ++i) f[s][i] = Feature(s, i);
     }
     return f;
   }();
-  return features[static_cast<std::size_t>(sample)];
+  return kFeatures[static_cast<std::size_t>(sample)];
 }
 
 // The mean gradient of samples [first, last) at params w, into g (f32, as a framework's backward
@@ -562,6 +562,7 @@ void ExpectShardedCheckpointsAreTheWholeFile(const StorageOptions& storage) {
       const std::string absent =
           "rank " + std::to_string(last) + " of " + std::to_string(ranks) + " is missing";
       std::vector<std::string> present;
+      present.reserve(static_cast<std::size_t>(last));
       for (int r = 0; r < last; ++r) present.push_back(CheckpointShardPath(set, r, ranks));
       ExpectCheckpointError([&] { ReadCheckpointShards(present); }, absent);
       const std::vector<std::byte> before(
@@ -569,7 +570,7 @@ void ExpectShardedCheckpointsAreTheWholeFile(const StorageOptions& storage) {
           reinterpret_cast<const std::byte*>(one.storage().flat_params()) + 2 * kNumel);
       for (const auto& [path, why] :
            {std::pair(missing, absent), std::pair(mixed, std::string("different saves"))}) {
-        ExpectCheckpointError([&] { LoadCheckpoint(one, path); }, why);
+        ExpectCheckpointError([&, &path = path] { LoadCheckpoint(one, path); }, why);
         EXPECT_EQ(std::memcmp(before.data(), one.storage().flat_params(), before.size()), 0);
         EXPECT_EQ(one.step_count(0), 5);
       }

@@ -136,13 +136,13 @@ struct KernelCases<AdafactorHyper> {
             {1, 1, 1},
             {3, 5, 15},
             {7, 33, 231},
-            {2, 4100, 3 * 2 * 4100},
+            {2, 4100, std::size_t{3} * 2 * 4100},
             {1100, 40, 44000},
-            {5, 300, 3 * 5 * 300},
+            {5, 300, std::size_t{3} * 5 * 300},
             {9, 1, 9},
-            {1, 64, 2 * 64},
+            {1, 64, std::size_t{2} * 64},
             // small matrices grouped into tiles (a conv's 3x3 and 1x1 kernels), two tiles each
-            {3, 3, 9 * 5000},
+            {3, 3, std::size_t{9} * 5000},
             {1, 1, 40000}};
   }
   // The determinism workload: shapes of many tiles in two groups.
@@ -150,8 +150,9 @@ struct KernelCases<AdafactorHyper> {
     return {Hyper{.weight_decay = 0.01}, Hyper{.lr = 0.5, .maximize = true}};
   }
   static std::vector<std::array<std::size_t, 3>> DeterminismShapes() {
-    return {{0, 0, 100003},     {3, 9000, 27000}, {2000, 70, 140000},
-            {30, 50, 4 * 1500}, {1, 1, 70000},    {3, 3, 9 * 4000}};
+    return {{0, 0, 100003},     {3, 9000, 27000},
+            {2000, 70, 140000}, {30, 50, std::size_t{4} * 1500},
+            {1, 1, 70000},      {3, 3, std::size_t{9} * 4000}};
   }
 };
 

@@ -50,6 +50,7 @@ std::vector<torch::Tensor> MakeModel(std::uint64_t seed, torch::Dtype dtype = to
 
 std::vector<torch::Tensor> Clone(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> out;
+  out.reserve(params.size());
   for (const auto& p : params) out.push_back(p.detach().clone().requires_grad_(true));
   return out;
 }
@@ -57,7 +58,7 @@ std::vector<torch::Tensor> Clone(const std::vector<torch::Tensor>& params) {
 // The gradients of step t, the same for every model (drawn from t and the param's index).
 void SetGrads(const std::vector<torch::Tensor>& params, int t) {
   for (std::size_t k = 0; k < params.size(); ++k) {
-    torch::manual_seed(static_cast<std::uint64_t>(500 * t + k));
+    torch::manual_seed(static_cast<std::uint64_t>(500 * static_cast<std::size_t>(t) + k));
     params[k].mutable_grad() =
         (torch::randn(params[k].sizes()) * (0.5 + k % 3)).to(params[k].scalar_type());
   }
@@ -134,6 +135,7 @@ void ExpectNear(const torch::Tensor& actual, const torch::Tensor& reference,
 void ExpectMatchesReference(const AdafactorHyper& hyper) {
   std::vector<torch::Tensor> params = MakeModel(7);
   std::vector<torch::Tensor> ref;
+  ref.reserve(params.size());
   for (const auto& p : params) ref.push_back(p.detach().to(torch::kDouble));
   std::vector<RefState> ref_states(params.size());
   Adafactor opt(params, AdafactorOptions(hyper));

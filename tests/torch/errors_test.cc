@@ -16,7 +16,7 @@
 namespace fusedopt::pt::test {
 namespace {
 
-torch::Tensor Param(torch::Tensor values) { return values.requires_grad_(true); }
+torch::Tensor Param(const torch::Tensor& values) { return values.requires_grad_(true); }
 
 TEST(TorchErrors, SparseGradient) {
   torch::Tensor a = Param(torch::randn({4}));

@@ -42,6 +42,7 @@ torch::nn::Sequential CopyOf(const torch::nn::Sequential& model) {
 std::vector<Batch> Batches() {
   torch::manual_seed(11);
   std::vector<Batch> batches;
+  batches.reserve(3);
   for (int i = 0; i < 3; ++i) batches.push_back({torch::randn({4, 6}), torch::randint(0, 3, {4})});
   return batches;
 }
@@ -129,7 +130,7 @@ TEST(TorchTrainerApi, OptimizerAccumulationIsRejected) {
   fusedopt::pt::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(0.1));
   optimizer.training().accumulation_steps = 2;
   try {
-    fusedopt::pt::Trainer(
+    const fusedopt::pt::Trainer trainer(
         model, [&](const torch::Tensor& x) { return model->forward(x); },
         torch::nn::functional::cross_entropy, optimizer);
     ADD_FAILURE() << "no std::invalid_argument";

@@ -649,7 +649,7 @@ TEST(TorchTraining, AccumulationWindowSurvivesACheckpoint) {
   const std::string path = ::testing::TempDir() + "/accumulation.safetensors";
   enum class Resume { kNo, kCheckpoint, kTorchSave };
   const auto run = [&](Resume resume) {
-    const Params params = MakeParams(23);
+    Params params = MakeParams(23);
     auto opt = std::make_unique<AdamW>(MakeGroups(params, options), options);
     opt->training().accumulation_steps = 3;
     for (int t = 0; t < 8; ++t) {

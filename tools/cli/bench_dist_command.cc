@@ -109,7 +109,7 @@ nlohmann::json Run(const DistBenchOptions& o, Communicator& comm, const ThreadCh
       // starts the timed step together.
       for (std::size_t t = 0; t < specs.size(); ++t) {
         tools::Fill(opts[i]->grads(t).data(), DType::kF32, specs[t].numel, 1e-3f,
-                    static_cast<std::uint32_t>(1000 * comm.rank() + t));
+                    static_cast<std::uint32_t>(1000 * static_cast<std::size_t>(comm.rank()) + t));
       }
       MaxOverRanks(comm, 0.0);
       comm.reset_bytes_sent();

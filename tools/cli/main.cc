@@ -8,6 +8,7 @@
 
 #include "tools/cli/command.h"
 
+// NOLINTNEXTLINE(bugprone-exception-escape): commands catch their errors; the rest is a bug
 int main(int argc, char** argv) {
   CLI::App app{"fusedopt: fused deep-learning optimizers"};
   app.require_subcommand(1);

@@ -202,8 +202,8 @@ Model Wrap(Holder holder) {
 }  // namespace
 
 const std::vector<std::string>& ModelNames() {
-  static const std::vector<std::string> names = {"mobilenet_v1", "resnet18", "transformer_small"};
-  return names;
+  static const std::vector<std::string> kNames = {"mobilenet_v1", "resnet18", "transformer_small"};
+  return kNames;
 }
 
 Model MakeModel(const ModelConfig& config, std::uint64_t seed) {

@@ -338,6 +338,7 @@ nlohmann::json RunTraining(const TrainOptions& options, std::ostream& out, std::
       if (i >= options.warmup) run.timed.push_back(stats);
     }
     std::vector<ImplProgress> lines;
+    lines.reserve(runs.size());
     for (const Run& run : runs)
       lines.push_back({run.impl, run.timed.empty() ? nullptr : &run.timed.back()});
     bar.Update(i + 1, lines);

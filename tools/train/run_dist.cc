@@ -157,6 +157,7 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
   const Batches batches(o.model, o.data);
   std::vector<torch::Tensor> params = model.module->parameters();
   std::vector<TensorSpec> specs;
+  specs.reserve(params.size());
   for (const torch::Tensor& p : params)
     specs.push_back({.numel = static_cast<std::size_t>(p.numel())});
   DistributedOptimizer<Hyper> opt(
@@ -276,6 +277,7 @@ nlohmann::json Train(const TrainOptions& o, const DistTrainOptions& d, Communica
 
   const auto median = [&](double StepTimes::*field) {
     std::vector<double> v;
+    v.reserve(timed.size());
     for (const StepTimes& s : timed) v.push_back(s.*field);
     return tools::Median(v);
   };

@@ -515,10 +515,12 @@ struct ClassOf<AdagradHyper>
 
 // An alias that names a class of its own (SGD, Adam) redeclares that class's name as itself, which
 // C++ allows ([dcl.typedef]).
+// NOLINTBEGIN(bugprone-macro-parentheses): Alias is the name declared
 #define FUSEDOPT_PT_ALIASES_(Stem, Alias)               \
   using Alias = ClassOf<Stem##Hyper>::type;             \
   using Alias##Options = ClassOf<Stem##Hyper>::Options; \
   using Alias##ParamState = ClassOf<Stem##Hyper>::ParamState;
+// NOLINTEND(bugprone-macro-parentheses)
 FUSEDOPT_FOR_EACH_ALGORITHM(FUSEDOPT_PT_ALIASES_)
 #undef FUSEDOPT_PT_ALIASES_
 // LAMB's options and state under the names they had when LAMB was a class of its own.
