@@ -147,10 +147,12 @@ TEST(QuantizedStates, NearestCodeEqualsBruteForce) {
 }
 
 // The run search (QuantRuns) needs no threshold lookup because each run's line puts every inner
-// threshold, and the value just above it, within kQuantRunBand of the code it starts, and the
-// values just past the run's lower edge inside its first code, clear of the band. With u monotone
+// threshold, and the value just above it, within the band of the code it starts, and the values
+// just past the run's lower edge inside its first code, clear of the band. With the line monotone
 // in m, every value outside the band then floors to its code: checked here for every threshold of
-// both maps with the one rounding of the vector code's fused multiply-subtract.
+// both maps with the one rounding of the vector code's fused multiply-add, in its fixed point
+// (t = kQuantLineOrigin + u + band, whose fraction's bits kQuantLineNearBits are zero exactly in
+// the band).
 TEST(QuantizedStates, RunLinesPutEveryThresholdInsideTheBand) {
   for (QuantMap which : {QuantMap::kSigned, QuantMap::kUnsigned}) {
     SCOPED_TRACE(which == QuantMap::kSigned ? "signed" : "unsigned");
@@ -164,27 +166,35 @@ TEST(QuantizedStates, RunLinesPutEveryThresholdInsideTheBand) {
     for (int r = 0; r < kQuantRuns; ++r) {
       SCOPED_TRACE("run " + std::to_string(r));
       const auto i = static_cast<std::size_t>(r);
-      const auto u = [&](float m) { return std::fma(m, runs.slope[i], -runs.offset[i]); };
+      // The line as the vector code computes it, and where it puts m: its integer part (the code)
+      // and whether its fraction lies in the band.
+      const auto line = [&](float m) {
+        return std::min(std::fma(m, runs.slope[i], runs.base[i]), runs.cap[i]);
+      };
+      const auto code = [&](float m) {
+        const float at = line(m);
+        EXPECT_GE(at, kQuantLineOrigin) << m;
+        EXPECT_LT(at, 2 * kQuantLineOrigin) << m;
+        return static_cast<int>(std::bit_cast<std::uint32_t>(at) >> kQuantLineShift) -
+               static_cast<int>(kQuantLineCodeBias);
+      };
+      const auto near = [&](float m) {
+        return (std::bit_cast<std::uint32_t>(line(m)) & kQuantLineNearBits) == 0;
+      };
       ASSERT_GE(runs.slope[i], 0.0f);
-      EXPECT_EQ(std::min(u(1.0f), runs.high[i]), runs.last[i] + 0.5f);
+      EXPECT_EQ(line(1.0f), kQuantLineOrigin + runs.last[i] + 0.5f + kQuantRunBand);
       if (r > 0) {
         ASSERT_EQ(runs.first[i], runs.last[i - 1] + 1);
         ASSERT_EQ(runs.transition[i - 1], t.threshold[runs.last[i - 1]]);
       }
       const float edge = r == 0 ? 0.0f : std::nextafter(runs.transition[i - 1], 2.0f);
-      EXPECT_GT(u(edge), runs.first[i] + kQuantRunBand) << edge;
-      EXPECT_LT(u(edge), runs.first[i] + 1 - kQuantRunBand) << edge;
-      // The vector code's line, lifted by the band (quantize-inl.h's RunSearch): near a threshold
-      // exactly when in [c + 1, c + 1 + 2·band).
-      const auto lifted = [&](float m) {
-        return std::fma(m, runs.slope[i], -(runs.offset[i] - kQuantRunBand));
-      };
+      EXPECT_EQ(code(edge), runs.first[i]) << edge;
+      EXPECT_FALSE(near(edge)) << edge;
       for (int c = runs.first[i]; c < runs.last[i]; ++c) {
         const float threshold = t.threshold[static_cast<std::size_t>(c)];
         for (float m : {threshold, std::nextafter(threshold, 2.0f)}) {
-          EXPECT_LT(std::fabs(u(m) - static_cast<float>(c + 1)), kQuantRunBand) << c << " " << m;
-          EXPECT_GE(lifted(m), static_cast<float>(c + 1)) << c << " " << m;
-          EXPECT_LT(lifted(m), c + 1 + 2 * kQuantRunBand) << c << " " << m;
+          EXPECT_EQ(code(m), c + 1) << m;
+          EXPECT_TRUE(near(m)) << c << " " << m;
         }
       }
     }

@@ -72,16 +72,15 @@ QuantRuns MakeRuns(const QuantTables& t, bool is_signed) {
     const double slope = (last - u0) / (x1 - x0);
     const auto i = static_cast<std::size_t>(r);
     runs.slope[i] = static_cast<float>(slope);
-    runs.offset[i] = static_cast<float>(slope * x0 - u0);
-    runs.high[i] = static_cast<float>(last) + 0.5f;
+    runs.base[i] = static_cast<float>(kQuantLineOrigin + kQuantRunBand - (slope * x0 - u0));
+    runs.cap[i] = kQuantLineOrigin + static_cast<float>(last) + 0.5f + kQuantRunBand;
     runs.transition[i] = t.threshold[static_cast<std::size_t>(last)];
     runs.first[i] = static_cast<std::uint8_t>(first);
     runs.last[i] = static_cast<std::uint8_t>(last);
   }
   constexpr std::size_t kTop = kQuantRuns - 1;
   runs.slope[kTop] = 0.0f;
-  runs.offset[kTop] = -255.5f;
-  runs.high[kTop] = 255.5f;
+  runs.base[kTop] = runs.cap[kTop] = kQuantLineOrigin + 255.5f + kQuantRunBand;
   runs.first[kTop] = runs.last[kTop] = 255;
   // (+Inf also in the entries of no octave, which exponent_run's lookups of e & 31 may read)
   runs.octave_transition.fill(std::numeric_limits<float>::infinity());

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -46,12 +47,30 @@ inline constexpr std::uint32_t kNoThreshold = 1u << kQuantIntervalShift;
 // search, whose gather and mispredicted branch cost 12% of the encoding; now 2 in 1000.)
 inline constexpr float kQuantRunBand = 1.0f / 16384;
 inline constexpr int kQuantRuns = 8;
+
+// The vector code evaluates each line in fixed point: t = 256 + u + band lies in [256, 512), where
+// a float's mantissa holds the integer part floor(u + band) in bits 15-22 and the fraction in bits
+// 0-14. So t's bits >> 15 are kQuantLineCodeBias + the code (the low byte: the code), and u + band
+// lies in [k, k + 2·band) of an integer k, too near a threshold to tell, exactly when the
+// fraction's bits kQuantLineNearBits are all zero: integer instructions instead of a rounding
+// (AVX-512's vreduceps), a compare and a conversion on the floating-point adders (vreduceps takes
+// two of their cycles on AMD Zen 4). t's own rounding (2^-15) keeps every threshold in the band.
+inline constexpr float kQuantLineOrigin = 256.0f;
+inline constexpr int kQuantLineShift = 15;  // 23 mantissa bits, the top 8 t's integer part
+inline constexpr std::uint32_t kQuantLineCodeBias =
+    std::bit_cast<std::uint32_t>(kQuantLineOrigin) >> kQuantLineShift;
+inline constexpr std::uint32_t kQuantLineNearBits =
+    ((1u << kQuantLineShift) - 1) &
+    ~(static_cast<std::uint32_t>(2 * kQuantRunBand * (1u << kQuantLineShift)) - 1);
+static_assert(kQuantLineNearBits == 0x7FFCu, "2·band is 4 units of t's last mantissa bit");
+
 struct QuantRuns {
-  // per run (lanes 8-15 unused, for a 16-lane table lookup)
+  // per run (lanes 8-15 unused, for a 16-lane table lookup): its line u = fma(m, slope, −offset) in
+  // fixed point, t = fma(m, slope, base) capped at cap
   alignas(64) std::array<float, 16> slope;
-  alignas(64) std::array<float, 16> offset;
-  alignas(64) std::array<float, 16> high;            // its last code + 0.5
-  std::array<float, kQuantRuns - 1> transition;      // threshold[last code of run r]
+  alignas(64) std::array<float, 16> base;        // kQuantLineOrigin + band − offset
+  alignas(64) std::array<float, 16> cap;         // kQuantLineOrigin + its last code + 0.5 + band
+  std::array<float, kQuantRuns - 1> transition;  // threshold[last code of run r]
   std::array<std::uint8_t, kQuantRuns> first, last;  // each run's codes
   // The run found by the magnitude's binary exponent instead of seven compares (AVX-512: two
   // 32-entry table lookups). Runs span decades, so an octave holds at most one transition: a

@@ -179,37 +179,12 @@ template <class D>
 inline constexpr bool kRunSearch = (HWY_NATIVE_FMA != 0) && !HWY_HAVE_SCALABLE
                                    && hn::MaxLanes(D()) >= 8 && hn::MaxLanes(D()) <= 16;
 
-// ConvertTo for values known to fit int32 (u lies in [0, 255.5]): x86's truncating conversion
-// alone, without the fix-up Highway adds for values out of range (4 more instructions a vector).
-template <class DI, class V>
-HWY_INLINE hn::Vec<DI> TruncateInRange(DI di, V u) {
-#  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if constexpr (hn::MaxLanes(di) == 16) return hn::Vec<DI>{_mm512_cvttps_epi32(u.raw)};
-#  endif
-#  if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if constexpr (hn::MaxLanes(di) == 8) return hn::Vec<DI>{_mm256_cvttps_epi32(u.raw)};
-#  endif
-  return hn::ConvertTo(di, u);
-}
-
-// u − floor(u): on AVX-512 one instruction (DQ's reduce) instead of two.
-template <class D, class V>
-HWY_INLINE V MinusFloor(D /*d*/, V u) {
-#  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if constexpr (hn::MaxLanes(D()) == 16) {
-    return V{_mm512_reduce_ps(u.raw, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)};
-  }
-#  endif
-  return hn::Sub(u, hn::Floor(u));
-}
-
-// A map's runs in registers, loaded once per block, their lines lifted by the band: u + band
-// lies within the band of an integer k exactly when it lies in [k, k + 2·band), one test of its
-// fraction, and floors to u's code everywhere else. (The offsets and highs, below 512, take the
-// power-of-two band without rounding.)
+// A map's runs in registers, loaded once per block: their lines in fixed point (QuantRuns), lifted
+// by the band: u + band lies within the band of an integer k exactly when it lies in [k, k +
+// 2·band), one test of its fraction, and floors to u's code everywhere else.
 template <class D>
 struct RunSearch {
-  hn::Vec<D> slope, offset, high;
+  hn::Vec<D> slope, base, cap;
   hn::Vec<D> transition[kQuantRuns - 1];
 #  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   __m512i octave_run[2];  // AVX3_DL: QuantRuns::exponent_run, else QuantRuns::octave_run
@@ -218,8 +193,8 @@ struct RunSearch {
 
   RunSearch(D d, const QuantTables& t)
       : slope(hn::Load(d, t.runs.slope.data())),
-        offset(hn::Sub(hn::Load(d, t.runs.offset.data()), hn::Set(d, kQuantRunBand))),
-        high(hn::Add(hn::Load(d, t.runs.high.data()), hn::Set(d, kQuantRunBand))) {
+        base(hn::Load(d, t.runs.base.data())),
+        cap(hn::Load(d, t.runs.cap.data())) {
     for (int r = 0; r + 1 < kQuantRuns; ++r) transition[r] = hn::Set(d, t.runs.transition[r]);
 #  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     for (int k = 0; k < 2; ++k) {
@@ -263,18 +238,25 @@ struct RunSearch {
     return run;
   }
 
-  // u + band of magnitudes m (its floor is their code on the non-negative half), and in *near the
-  // lanes too close to a threshold to tell.
-  HWY_INLINE hn::Vec<D> Line(D d, hn::Vec<D> m, hn::Mask<D>* near) const {
-    const auto run = Run(d, m);
-    const auto index = hn::IndicesFromVec(d, run);
-    const auto lifted = hn::Min(
-        hn::MulSub(m, hn::TableLookupLanes(slope, index), hn::TableLookupLanes(offset, index)),
-        hn::TableLookupLanes(high, index));
-    *near = hn::Lt(MinusFloor(d, lifted), two_bands);
-    return lifted;
+  // The codes of magnitudes m on the non-negative half, in the low byte above kQuantLineCodeBias
+  // (t's bits >> kQuantLineShift), and in *near the lanes too close to a threshold to tell.
+  HWY_INLINE hn::Vec<hn::RebindToSigned<D>> Codes(D d, hn::Vec<D> m, hn::Mask<D>* near) const {
+    const hn::RebindToUnsigned<D> du;
+    const auto index = hn::IndicesFromVec(d, Run(d, m));
+    const auto t = hn::Min(
+        hn::MulAdd(m, hn::TableLookupLanes(slope, index), hn::TableLookupLanes(base, index)),
+        hn::TableLookupLanes(cap, index));
+    const auto bits = hn::BitCast(du, t);
+    const auto codes = hn::BitCast(hn::RebindToSigned<D>(), hn::ShiftRight<kQuantLineShift>(bits));
+#  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if constexpr (hn::MaxLanes(d) == 16) {  // one vptestnmd (Highway's: an and and a compare)
+      *near = hn::Mask<D>{_mm512_testn_epi32_mask(bits.raw, _mm512_set1_epi32(kQuantLineNearBits))};
+      return codes;
+    }
+#  endif
+    *near = hn::RebindMask(d, hn::Eq(hn::And(bits, hn::Set(du, kQuantLineNearBits)), hn::Zero(du)));
+    return codes;
   }
-  hn::Vec<D> two_bands = hn::Set(D(), 2 * kQuantRunBand);  // (a member: hoisted out of the loops)
 };
 
 // A stand-in where the run search is not used.
@@ -285,55 +267,61 @@ struct NoRunSearch {
 template <class D>
 using RunSearchFor = std::conditional_t<kRunSearch<D>, RunSearch<D>, NoRunSearch>;
 
-// The codes of a vector of values already scaled by their absmax: QuantizeValue
-// (src/core/quantize.cc) lane by lane, on a signed map or an unsigned one.
-template <bool kSigned, class D, class Search>
-HWY_INLINE hn::Vec<hn::RebindToSigned<D>> QuantizeVector(D d, const QuantTables& t,
-                                                         const Search& search, hn::Vec<D> x,
-                                                         float negative_cap) {
+// A vector of values already scaled by their absmax, searched: magnitudes and signs, and where the
+// run search applies (kRunSearch), its codes of the magnitudes (RunSearch::Codes) and the lanes it
+// cannot tell.
+template <class D>
+struct Searched {
+  hn::Vec<D> magnitude;
+  hn::Mask<D> negative;
+  hn::Vec<hn::RebindToSigned<D>> codes;
+  hn::Mask<D> near;
+};
+
+template <class D, class Search>
+HWY_INLINE Searched<D> SearchVector(D d, const Search& search, hn::Vec<D> x) {
+  Searched<D> s{hn::Abs(x), hn::Lt(x, hn::Zero(d)), hn::Zero(hn::RebindToSigned<D>()),
+                hn::FirstN(d, 0)};
+  if constexpr (kRunSearch<D>) s.codes = search.Codes(d, s.magnitude, &s.near);
+  return s;
+}
+
+// The codes of a searched vector (in the low byte) on a signed map or an unsigned one:
+// QuantizeValue (src/core/quantize.cc) lane by lane. The run search's where it told every lane,
+// else the interval search's.
+template <bool kSigned, class D>
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> FinishVector(D d, const QuantTables& t,
+                                                       const Searched<D>& s, int negative_top) {
   const hn::RebindToSigned<D> di;
-  const auto magnitude = hn::Abs(x);
-  const auto negative = hn::Lt(x, hn::Zero(d));
-  if constexpr (kRunSearch<D>) {
-    hn::Mask<D> near;
-    auto u = search.Line(d, magnitude, &near);
-    if (HWY_LIKELY(hn::AllFalse(d, near))) {
-      if constexpr (!kSigned) {
-        u = hn::IfThenZeroElse(negative, u);
-      } else {
-        // Negatives mirror the positives (c ↔ 254 − c) onto codes 0..126: floor(255 − u) is 254 −
-        // floor(u) where u is not within the band of an integer; 1.0's u (255.5) becomes −0.5,
-        // code 0, and the zero code's (127.x) becomes 126. (u here is u + band: 255 + band − u.)
-        u = hn::IfThenElse(
-            negative,
-            hn::Min(hn::Sub(hn::Set(d, 255.0f + kQuantRunBand), u), hn::Set(d, negative_cap)), u);
-      }
-      return TruncateInRange(di, u);
+  const auto negative = hn::RebindMask(di, s.negative);
+  const auto with_signs = [&](auto codes, std::int32_t bias) HWY_ATTR {
+    if constexpr (!kSigned) {
+      return hn::IfThenZeroElse(negative, codes);
+    } else {
+      // Negatives mirror the positives (c ↔ 254 − c) onto codes 0..126: 1.0's 255 becomes 0 and
+      // the zero code 127 becomes 126.
+      const auto mirrored = hn::Min(hn::Max(hn::Sub(hn::Set(di, bias + 254), codes), hn::Zero(di)),
+                                    hn::Set(di, negative_top));
+      return hn::IfThenElse(negative, mirrored, codes);
     }
+  };
+  if (kRunSearch<D> && HWY_LIKELY(hn::AllFalse(d, s.near))) {
+    return with_signs(s.codes, static_cast<std::int32_t>(kQuantLineCodeBias));
   }
-  const auto code = IntervalCode(d, t, magnitude);
-  const auto negative_i = hn::RebindMask(di, negative);
-  if constexpr (!kSigned) {
-    return hn::IfThenZeroElse(negative_i, code);
-  } else {
-    // (as above, on codes: 254 − 255 becomes 0, 254 − 127 becomes 126)
-    const auto mirrored = hn::Min(hn::Max(hn::Sub(hn::Set(di, 254), code), hn::Zero(di)),
-                                  hn::Set(di, t.zero_code - 1));
-    return hn::IfThenElse(negative_i, mirrored, code);
-  }
+  return with_signs(IntervalCode(d, t, s.magnitude), 0);
 }
 
 // The codes of a block's values on its map, vector by vector: its run search, loaded once, and the
 // reciprocal of the block's absmax (Quantize's scaling: a multiply per vector, where a division
 // took 2.4 cycles of the divider that the update's divisions share, measured on AMD Zen 5).
-// kSigned: the map's (QuantizeVector).
+// kSigned: the map's (FinishVector).
 template <bool kSigned>
 struct BlockCoder {
   const QuantTables& t;
   RunSearchFor<hn::ScalableTag<float>> search;
   // (locals: codes' byte stores may alias the tables and the block, whose fields would be read
   // again for every vector)
-  float negative_cap;
+  int negative_top;
   const float* x;
   std::uint8_t* codes;
   float inverse;
@@ -341,26 +329,54 @@ struct BlockCoder {
   BlockCoder(const StateBlock& block, float absmax_inverse)
       : t(*block.t),
         search(hn::ScalableTag<float>(), *block.t),
-        negative_cap(block.t->zero_code - 0.5f),
+        negative_top(block.t->zero_code - 1),
         x(block.x),
         codes(block.codes),
         inverse(absmax_inverse) {}
 
-  // Stores the codes of x[i, i + Lanes(d)) · inverse.
+  // The search of x[i, i + Lanes(d)) · inverse, and the store of its codes.
   template <class D>
-  HWY_INLINE void operator()(D d, std::size_t i) const {
-    const auto code = QuantizeVector<kSigned>(
-        d, t, search, hn::Mul(hn::LoadU(d, x + i), hn::Set(d, inverse)), negative_cap);
-    const hn::Rebind<std::uint8_t, D> du8;
+  HWY_INLINE Searched<D> Search(D d, std::size_t i) const {
+    return SearchVector(d, search, hn::Mul(hn::LoadU(d, x + i), hn::Set(d, inverse)));
+  }
+  template <class D>
+  HWY_INLINE void Store(D d, std::size_t i, const Searched<D>& s) const {
+    const auto code = FinishVector<kSigned>(d, t, s, negative_top);
 #  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if constexpr (hn::MaxLanes(d) == 16) {  // codes are 0..255: the truncating narrowing is exact
+    // One vpmovdb (Highway 1.0.3's TruncateTo takes two instructions on AVX3 and, on AVX3_DL,
+    // picks the wrong bytes: it permutes dwords by byte indices).
+    if constexpr (hn::MaxLanes(d) == 16) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(code.raw));
       return;
     }
 #  endif
-    hn::StoreU(hn::DemoteTo(du8, code), du8, codes + i);
+    const hn::Rebind<std::uint8_t, D> du8;
+    hn::StoreU(hn::TruncateTo(du8, hn::BitCast(hn::RebindToUnsigned<D>(), code)), du8, codes + i);
   }
 };
+
+// Encodes a block of n values of each coder's state. A vector's search is a long chain of
+// dependent steps (three lookups, a fused multiply-add, the band test) and a block holds only 16
+// vectors, so the states of a block go together, two vectors of each per turn, all searched before
+// any is finished: four independent chains for Adam's m and v, two for a state alone (measured,
+// docs/8bit-states.md: the states together made the 8-bit AdamW step 4-12% faster on AMD Zen 5;
+// two vectors per turn made the encoding 1.035x faster on Zen 4).
+template <class... Coders>
+HWY_INLINE void EncodeBlock(std::size_t n, const Coders&... coders) {
+  const hn::ScalableTag<float> d;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    Searched<hn::ScalableTag<float>> first[sizeof...(Coders)], second[sizeof...(Coders)];
+    std::size_t k = 0;
+    ((first[k] = coders.Search(d, i), second[k] = coders.Search(d, i + lanes), ++k), ...);
+    k = 0;
+    ((coders.Store(d, i, first[k]), coders.Store(d, i + lanes, second[k]), ++k), ...);
+  }
+  ForEachBlockVector(n - i, [&](auto d1, std::size_t j) HWY_ATTR {
+    (coders.Store(d1, i + j, coders.Search(d1, i + j)), ...);
+  });
+}
 
 // Calls f(std::bool_constant<the block's map is signed>).
 template <class F>
@@ -410,11 +426,8 @@ HWY_INLINE bool StoreAbsmax(const StateBlock& block, std::size_t n, float* inver
   return true;
 }
 
-// Quantizes a block of n <= kQuantBlock values of one state, or of two (b != nullptr): the two
-// states' codes are searched in one loop, a vector of each per turn. The search of a vector is a
-// long chain of dependent steps (three lookups, a fused multiply-add, the band test),
-// and the other state's chain fills the gaps one block alone leaves (measured on AMD Zen 5: the
-// 8-bit AdamW step 4-12% faster, docs/8bit-states.md).
+// Quantizes a block of n <= kQuantBlock values of one state, or of two (b != nullptr) together
+// (EncodeBlock).
 HWY_INLINE void QuantizeOneOrTwo(std::size_t n, const StateBlock& a, const StateBlock* b) {
   float inverse_a = 0.0f;
   float inverse_b = 0.0f;
@@ -427,10 +440,7 @@ HWY_INLINE void QuantizeOneOrTwo(std::size_t n, const StateBlock& a, const State
       WithSignedness(*b, [&](auto signed_b) HWY_ATTR {
         const BlockCoder<decltype(signed_a)::value> coder_a(a, inverse_a);
         const BlockCoder<decltype(signed_b)::value> coder_b(*b, inverse_b);
-        ForEachBlockVector(n, [&](auto d, std::size_t i) HWY_ATTR {
-          coder_a(d, i);
-          coder_b(d, i);
-        });
+        EncodeBlock(n, coder_a, coder_b);
       });
     });
   } else if (search_a || search_b) {
@@ -438,7 +448,7 @@ HWY_INLINE void QuantizeOneOrTwo(std::size_t n, const StateBlock& a, const State
     const float inverse = search_a ? inverse_a : inverse_b;
     WithSignedness(block, [&](auto is_signed) HWY_ATTR {
       const BlockCoder<decltype(is_signed)::value> coder(block, inverse);
-      ForEachBlockVector(n, coder);
+      EncodeBlock(n, coder);
     });
   }
 }
