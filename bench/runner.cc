@@ -233,6 +233,10 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     throw std::invalid_argument("rounds must be >= 1, got " + std::to_string(options.rounds));
   if (options.warmup < 0)
     throw std::invalid_argument("warmup must be >= 0, got " + std::to_string(options.warmup));
+  if (options.first_step < 2) {
+    throw std::invalid_argument("first_step must be >= 2, got " +
+                                std::to_string(options.first_step));
+  }
   if (options.threads < 0 || options.threads > kMaxThreads) {
     throw std::invalid_argument("threads must be 0.." + std::to_string(kMaxThreads) + ", got " +
                                 std::to_string(options.threads));
@@ -428,8 +432,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
     return nullptr;
   };
 
-  // Step counts start at 2: SGD's step 1 only copies the gradient into the momentum buffer.
-  std::int64_t step = 1;
+  std::int64_t step = options.first_step - 1;
   auto set_step = [&] {
     ++step;
     for (Segment& s : segments) s.step = step;
@@ -514,6 +517,7 @@ nlohmann::json RunBench(const BenchOptions& options, std::ostream& table, std::o
                            {"threads", runtime.num_threads()},
                            {"target", ActiveTargetName()},
                            {"rounds", options.rounds},
+                           {"first_step", options.first_step},
                            {"bytes_per_param", JsonNumber(bytes_per_param)},
                            {"reduction_pass", reduction_traffic.bytes() > 0 || factored}};
   if (grad_dtype != dtype || training_loop) report["grad_dtype"] = grad_dtype_name;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <iosfwd>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -31,6 +32,10 @@ struct BenchOptions {
   int threads = 0;                  // 0: OpenMP's default
   int rounds = 15;
   int warmup = 3;
+  // The step count of the first (warmup) round, one more each round after it; >= 2: SGD's step 1
+  // only copies the gradient into the momentum buffer. Late steps have bias corrections of exactly
+  // 1, whose divisions the step leaves out (src/math/bias_correction_math.h).
+  std::int64_t first_step = 2;
 };
 
 // Runs the benchmark, prints progress to `progress` and the table to `table`, and returns the JSON

@@ -49,6 +49,7 @@ struct ScalarOps {
 // Every math body (src/math/<algo>_math.h, the build's list) and the helpers they share, which
 // they call with the ops as argument (found at instantiation, whatever the order here).
 #include "fopt_generated/math_bodies.h"
+#include "src/math/bias_correction_math.h"
 #include "src/math/lerp_math.h"
 
 }  // namespace scalar_math

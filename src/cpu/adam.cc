@@ -15,6 +15,7 @@
 HWY_BEFORE_NAMESPACE();
 namespace fusedopt::HWY_NAMESPACE {
 #include "src/math/adam_math.h"
+#include "src/math/bias_correction_math.h"
 #include "src/math/lerp_math.h"
 
 void AdamChunks(const StepPlan<AdamScalars>& plan, std::size_t chunk_begin, std::size_t chunk_end) {

@@ -22,6 +22,7 @@
 HWY_BEFORE_NAMESPACE();
 namespace fusedopt::HWY_NAMESPACE {
 #include "src/math/adamp_math.h"
+#include "src/math/bias_correction_math.h"
 
 // Calls f(row, begin, end) for the parts of channel rows of `row_length` elements in the piece
 // [begin, end) of a segment, in order.

@@ -19,6 +19,7 @@
 
 HWY_BEFORE_NAMESPACE();
 namespace fusedopt::HWY_NAMESPACE {
+#include "src/math/bias_correction_math.h"
 #include "src/math/lamb_math.h"
 
 // Writes Σp² and Σu² of each piece of the chunk, in piece order.

@@ -14,6 +14,7 @@
 
 HWY_BEFORE_NAMESPACE();
 namespace fusedopt::HWY_NAMESPACE {
+#include "src/math/bias_correction_math.h"
 #include "src/math/lerp_math.h"
 #include "src/math/nadam_math.h"
 

@@ -22,8 +22,8 @@ FOPT_HOST_DEVICE inline void AdamMath(const Ops& o, const AdamScalars& s, V& p, 
   if constexpr (kAmsgrad) v_max = o.Max(v_max, v);
   // denom = √v / √bc2 + ε                       (exp_avg_sq.sqrt() /
   // bias_correction2_sqrt).add_(eps)
-  const V denom =
-      o.Add(o.Div(o.Sqrt(kAmsgrad ? v_max : v), o.Set(s.bias_correction2_sqrt)), o.Set(s.eps));
+  const V denom = o.Add(DivByCorrection(o, o.Sqrt(kAmsgrad ? v_max : v), s.bias_correction2_sqrt),
+                        o.Set(s.eps));
   // θ = θ − (γ / bc1)·m / denom                 param.addcdiv_(exp_avg, denom, value=-step_size)
   p = o.Add(p, o.Div(o.Mul(o.Set(s.neg_step_size), m), denom));
 }

@@ -14,7 +14,7 @@ FOPT_HOST_DEVICE inline V AdampUpdate(const Ops& o, const AdampScalars& s, V g, 
   v = o.MulAdd(o.Mul(o.Set(s.one_minus_beta2), g), g, o.Mul(v, o.Set(s.beta2)));
   // den = √v / √bc2 + ε                     (exp_avg_sq.sqrt() /
   // math.sqrt(bias_correction2)).add_(eps)
-  const V den = o.Add(o.Div(o.Sqrt(v), o.Set(s.bias_correction2_sqrt)), o.Set(s.eps));
+  const V den = o.Add(DivByCorrection(o, o.Sqrt(v), s.bias_correction2_sqrt), o.Set(s.eps));
   if constexpr (kNesterov) {
     // u = (β1·m + (1 − β1)·g) / den         (beta1 * exp_avg + (1 - beta1) * grad) / denom
     return o.Div(o.Add(o.Mul(o.Set(s.beta1), m), o.Mul(o.Set(s.one_minus_beta1), g)), den);

@@ -16,8 +16,8 @@ FOPT_HOST_DEVICE inline V LambUpdate(const Ops& o, const LambScalars& s, V p, V 
   // v = β2·v + (1 − β2)·g²                      v = v * b2 + (1 - b2) * sg * sg
   v = o.MulAdd(o.Mul(o.Set(s.one_minus_beta2), g), g, o.Mul(v, o.Set(s.beta2)));
   // u = (m / bc1) / (√(v / bc2) + ε)            (m / bc1) / (sqrtf(v / bc2) + eps)
-  V u = o.Div(o.Div(m, o.Set(s.bias_correction1)),
-              o.Add(o.Sqrt(o.Div(v, o.Set(s.bias_correction2))), o.Set(s.eps)));
+  V u = o.Div(DivByCorrection(o, m, s.bias_correction1),
+              o.Add(o.Sqrt(DivByCorrection(o, v, s.bias_correction2)), o.Set(s.eps)));
   // AdamW mode: u = u + λθ                      u = u + wd * p
   if constexpr (kDecoupledWeightDecay) u = o.MulAdd(o.Set(s.weight_decay), p, u);
   return u;

@@ -17,7 +17,7 @@ FOPT_HOST_DEVICE inline void NadamMath(const Ops& o, const NadamScalars& s, V& p
   // v = β2·v + (1 − β2)·g²                      exp_avg_sq.mul_(beta2).addcmul_(grad, grad, ...)
   v = o.MulAdd(o.Mul(o.Set(s.one_minus_beta2), g), g, o.Mul(v, o.Set(s.beta2)));
   // d = √(v / bc2) + ε                          exp_avg_sq.div(bias_correction2).sqrt(); add_(eps)
-  const V d = o.Add(o.Sqrt(o.Div(v, o.Set(s.bias_correction2))), o.Set(s.eps));
+  const V d = o.Add(o.Sqrt(DivByCorrection(o, v, s.bias_correction2)), o.Set(s.eps));
   // θ = θ + c1·g / d,  c1 = −γ(1 − μ_t)/(1 − Πμ)   param.addcdiv_(grad, denom, value=c1)
   p = o.Add(p, o.Div(o.Mul(o.Set(s.grad_coef), g), d));
   // θ = θ + c2·m / d,  c2 = −γμ_{t+1}/(1 − Πμ·μ_{t+1})   param.addcdiv_(exp_avg, denom, value=c2)

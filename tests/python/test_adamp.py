@@ -90,6 +90,8 @@ OPTION_SETS = {
     "wd_ratio": dict(lr=1e-2, weight_decay=0.1, wd_ratio=0.5),
     "nesterov": dict(lr=1e-2, nesterov=True, weight_decay=1e-2),
     "betas_eps_delta": dict(lr=5e-3, betas=(0.8, 0.99), eps=1e-6, delta=0.05),
+    # √bc2 is exactly 1 from step 25 on, where the engine leaves its division out
+    "late_steps": dict(lr=1e-2, betas=(0.5, 0.5)),
 }
 
 

@@ -44,6 +44,9 @@ LAMB_CASES = {
     "nvlamb": dict(lr=1e-2, weight_decay=0.0, use_nvlamb=True),
     "clipping": dict(lr=1e-2, max_grad_norm=0.5),
     "no_clipping": dict(lr=1e-2, max_grad_norm=1e9),
+    # bc1 and bc2 are exactly 1 from step 13 on (groups 0 and 2), where the engine leaves their
+    # divisions out
+    "late_steps": dict(lr=1e-2, betas=(0.25, 0.25)),
 }
 LION_GROUPS = [dict(lr=3e-3, weight_decay=0.02), dict(lr=1e-2, betas=(0.8, 0.9))]
 LAMB_GROUPS = [dict(lr=5e-3, weight_decay=0.1, betas=(0.8, 0.99)), dict(lr=2e-2, weight_decay=0.0)]

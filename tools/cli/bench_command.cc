@@ -118,6 +118,13 @@ Command AddBenchCommand(CLI::App& app) {
   parser->add_option("--warmup", options.warmup, "Untimed rounds first")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  parser
+      ->add_option("--first-step", options.first_step,
+                   "The step count of the first (warmup) round, one more each round after it "
+                   "(>= 2): late steps, where the bias corrections of Adam's family are exactly "
+                   "1 (from step 16,628 at beta2 0.999) and their divisions are left out")
+      ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 40))
+      ->capture_default_str();
   parser->add_option("--json", values->json_path, "Also write the report as JSON to this file");
 
   return {parser, [values, clip] {
