@@ -13,6 +13,7 @@ ratios) and the bytes of optimizer state it keeps per parameter, and how many di
 
   scripts/bench-8bit --shapes gpt2_small --threads 2
   scripts/bench-8bit --numel 100000000 --threads 1 --json out.json
+  scripts/bench-8bit --shapes gpt2_small --threads 2 --no-bnb --betas 0.9 0.95 --warmup 330   # late steps
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ TORCH = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "rmsprop": "RMSprop", "
 TORCH_FUSED = {"adamw", "adam", "sgd", "adagrad"}  # torch 2.13's fused CPU kernels
 
 
-def impls(optimizer: str, with_bnb: bool, deepspeed: bool) -> dict:
+def impls(optimizer: str, with_bnb: bool, deepspeed: bool, betas: tuple[float, float] | None = None) -> dict:
     """name -> constructor(params)."""
-    kwargs = {"lr": LR, **ARGS.get(optimizer, {})}
+    kwargs = {"lr": LR, **ARGS.get(optimizer, {}), **({"betas": betas} if betas else {})}
     out = {}
     if optimizer in TORCH_FUSED:
         out["torch_fused"] = lambda ps: getattr(torch.optim, TORCH[optimizer])(ps, fused=True, **kwargs)
@@ -51,7 +52,8 @@ def impls(optimizer: str, with_bnb: bool, deepspeed: bool) -> dict:
     if deepspeed and optimizer in ("adam", "adamw"):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         out["deepspeed_cpu_adam"] = lambda ps: DeepSpeedCPUAdam(
-            ps, lr=LR, weight_decay=1e-2 if optimizer == "adamw" else 0.0, adamw_mode=optimizer == "adamw")
+            ps, lr=LR, weight_decay=1e-2 if optimizer == "adamw" else 0.0, adamw_mode=optimizer == "adamw",
+            **({"betas": betas} if betas else {}))
     return out
 
 
@@ -71,7 +73,7 @@ def state_bytes_per_param(opt: torch.optim.Optimizer, numel: int) -> float:
 def run(args: argparse.Namespace) -> dict:
     dims = tensor_shapes(args.shapes, args.numel)
     numel = sum(torch.Size(d).numel() for d in dims)
-    makers = impls(args.optimizer, not args.no_bnb, args.deepspeed)
+    makers = impls(args.optimizer, not args.no_bnb, args.deepspeed, tuple(args.betas) if args.betas else None)
     print(f"{args.optimizer} on {args.shapes or 'flat'}: {len(dims)} tensors, {numel:,} params, "
           f"{torch.get_num_threads()} threads, {args.rounds} rounds", file=sys.stderr)
     optimizers = {name: make(make_params(dims, torch.float32)) for name, make in makers.items()}
@@ -83,7 +85,8 @@ def run(args: argparse.Namespace) -> dict:
     for r in results.values():  # each round's ratio: both impls stepped in that round, under its load
         r["vs_fused_8bit"] = spread([x / b for x, b in zip(r["samples_ms"], base)])
     return {"optimizer": args.optimizer, "shapes": args.shapes or "flat", "tensors": len(dims), "numel": numel,
-            "threads": torch.get_num_threads(), "rounds": args.rounds, "target": fusedopt.active_target(),
+            "threads": torch.get_num_threads(), "rounds": args.rounds, "warmup": args.warmup, "betas": args.betas,
+            "target": fusedopt.active_target(),
             "impls": results, "load": load}
 
 
@@ -107,12 +110,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (fusedopt follows it)")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--betas", type=float, nargs=2, metavar=("BETA1", "BETA2"),
+                        help="Adam's betas (adam, adamw; default torch's 0.9 0.999). GPT-style 0.9 0.95 with "
+                             "--warmup 330 times late steps, whose bias corrections are exactly 1 "
+                             "(docs/benchmarks.md, 'Late steps')")
     parser.add_argument("--no-bnb", action="store_true", help="leave bitsandbytes' CPU step out (it is slow)")
     parser.add_argument("--deepspeed", action="store_true", help="add DeepSpeed's CPU Adam (adam, adamw)")
     parser.add_argument("--json", type=pathlib.Path, help="write the result here")
     args = parser.parse_args()
     if (args.shapes is None) == (args.numel is None):
         parser.error("give one of --shapes and --numel")
+    if args.betas and args.optimizer not in ("adam", "adamw"):
+        parser.error(f"--betas is Adam's (adam, adamw), not {args.optimizer}'s")
     if args.threads:
         torch.set_num_threads(args.threads)
     result = run(args)
