@@ -177,9 +177,10 @@ bool ParseStateDTypeOption(const BenchOptions& options, Algorithm algorithm) {
     throw std::invalid_argument(
         "--state-dtype q8: --optimizer " + std::string(tools::AlgorithmName(algorithm)) +
         " keeps no 8-bit states (" +
-        (IsFactored(algorithm) ? "its states are factored"
-                               : "two-phase: it reduces over whole tensors before the update") +
-        "); the element-wise algorithms do: " + takers);
+        (IsFactored(algorithm)
+             ? "its states are factored"
+             : "its sums are per row of a tensor, which the 8-bit blocks would cut") +
+        "); these do: " + takers);
   }
   return true;
 }

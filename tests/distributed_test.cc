@@ -271,7 +271,7 @@ class DistributedEveryAlgorithm : public ::testing::Test {};
 TYPED_TEST_SUITE(DistributedEveryAlgorithm, test::HyperTypes<algos::All>);
 
 // One process: zero 0 (pipelined and not) and zero 1 equal the Optimizer bit for bit, with f32,
-// with bf16 params and states rounded stochastically and (the element-wise algorithms) with 8-bit
+// with bf16 params and states rounded stochastically and (all but AdamP, Adafactor) with 8-bit
 // states, with and without scaler and clipping.
 TYPED_TEST(DistributedEveryAlgorithm, OneRankEqualsTheOptimizerBitForBit) {
   using Hyper = TypeParam;
@@ -551,8 +551,8 @@ TEST(Distributed, InvalidOptionsAreRefusedNamingThem) {
             }).find("tensor 3: group 1 out of range"),
             std::string::npos);
   EXPECT_NE(message([&] {
-              DistributedOptimizer<LambHyper>({{}, {}}, t, {.state_dtype = DType::kQ8}, comm);
-            }).find("8-bit states (state_dtype q8) are for the element-wise algorithms; lamb"),
+              DistributedOptimizer<AdampHyper>({{}, {}}, t, {.state_dtype = DType::kQ8}, comm);
+            }).find("8-bit states (state_dtype q8) are not for adamp: its sums are per row"),
             std::string::npos);
   EXPECT_NE(message([&] {
               DistributedOptimizer<AdamWHyper>({{}, {}}, t, {.state_dtype = DType::kQ8}, comm,

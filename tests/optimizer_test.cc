@@ -600,8 +600,8 @@ TYPED_TEST(OptimizerOf, StartsEachStateWhereTorchStartsIt) {
 // (the initial ones: each block one value) is the f32 step: its params are the f32 optimizer's,
 // bit for bit, and its codes and absmax are Quantize (tested against bitsandbytes' maps in
 // quantized_state_test.cc) of the f32 optimizer's new states. The small tensor stays the f32
-// optimizer's through every step. An algorithm that reduces over whole tensors or factors its
-// states refuses 8-bit states at construction.
+// optimizer's through every step. An algorithm whose sums are per row of a tensor or that
+// factors its states refuses 8-bit states at construction.
 TYPED_TEST(OptimizerOf, EightBitStatesStepAsF32AndQuantizeTheResult) {
   using Hyper = TypeParam;
   using Descriptor = algos::DescriptorOf<Hyper>;

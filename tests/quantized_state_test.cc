@@ -1,7 +1,8 @@
 // 8-bit block-wise states (include/fusedopt/quantize.h): the nearest-code search against a brute
 // force search, the block format, and the fused step with 8-bit states against the engine's own f32
 // step on the dequantized states followed by quantization (scalar code), bit for bit, for every
-// element-wise algorithm of the registry, on every SIMD target and thread count.
+// algorithm of the registry whose update pass is element-wise (LAMB, LARS and BertAdam with their
+// per-tensor sums), on every SIMD target and thread count.
 
 #include <gtest/gtest.h>
 
@@ -593,7 +594,7 @@ TEST(QuantizedStates, ZeroGradientElementsNeverMove) {
   EXPECT_NE(param[1], before[1]);
 }
 
-TEST(QuantizedStates, RefusedWhereTheUpdateIsNotElementWise) {
+TEST(QuantizedStates, RefusedWhereBlocksWouldCutTheSums) {
   std::vector<float> param(300, 1.0f);
   std::vector<float> grad(300, 1.0f);
   std::vector<std::uint8_t> m(300, 127);
@@ -605,9 +606,16 @@ TEST(QuantizedStates, RefusedWhereTheUpdateIsNotElementWise) {
             .absmax = {absmax.data(), absmax.data(), nullptr},
             .numel = 300,
             .state_dtype = DType::kQ8};
-  const LambHyper lamb{};
-  EXPECT_THROW(LambStep(std::span<const LambHyper>(&lamb, 1), std::span<const Segment>(&s, 1)),
-               std::invalid_argument);
+  const AdampHyper adamp{};
+  try {  // AdamP's sums are per row of a tensor
+    AdampStep(std::span<const AdampHyper>(&adamp, 1), std::span<const Segment>(&s, 1));
+    FAIL() << "AdamP took 8-bit states";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("8-bit states (state dtype q8) are not for adamp: its "
+                                         "sums are per row of a tensor"),
+              std::string::npos)
+        << e.what();
+  }
   const AdamWHyper adamw{};
   s.absmax[1] = nullptr;
   try {
@@ -621,8 +629,9 @@ TEST(QuantizedStates, RefusedWhereTheUpdateIsNotElementWise) {
   for (std::uint8_t c : m) ASSERT_EQ(c, 127);
 }
 
-// QuantizedStep.<Stem> for every element-wise algorithm of the registry, registered at start-up
-// (the others refuse 8-bit states: RefusedWhereTheUpdateIsNotElementWise).
+// QuantizedStep.<Stem> for every algorithm of the registry that takes 8-bit states, registered at
+// start-up (the others refuse them: RefusedWhereBlocksWouldCutTheSums). The two-phase ones run with
+// their sums in use (TestHyper: LAMB's weight decay, LARS's trust ratio, BertAdam's clipping).
 class QuantizedStepTest : public ::testing::Test {
  public:
   explicit QuantizedStepTest(void (*run)()) : run_(run) {}

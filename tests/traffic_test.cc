@@ -314,9 +314,10 @@ TEST_P(Traffic, Q8StepKeepsEveryByteWithCZeroAndWritesEachCodeAndAbsmaxOnce) {
   }
 }
 
-// 8-bit states need every allocated state's absmax, and are a step's: the reduction pass (of the
-// two-phase steps, which keep none) refuses them. Nothing is touched.
-TEST(TrafficSegments, Q8StatesWithoutAbsmaxOrInAReductionAreRefusedUntouched) {
+// 8-bit states need every allocated state's absmax: without, nothing is touched. A reduction
+// reads each code and the absmax of each block once (its sum over zero params and grads is theirs)
+// and writes nothing.
+TEST(TrafficSegments, Q8StatesNeedTheirAbsmaxAndAReductionReadsEachOnce) {
   const Runtime runtime(1);
   const std::size_t n = 300;
   Array param(DType::kF32, n, 0);
@@ -336,7 +337,13 @@ TEST(TrafficSegments, Q8StatesWithoutAbsmaxOrInAReductionAreRefusedUntouched) {
   no_absmax.absmax[1] = nullptr;
   EXPECT_THROW(SameTrafficStep({&no_absmax, 1}, runtime, TrafficLoop{}, 1.0f),
                std::invalid_argument);
-  EXPECT_THROW(SameTrafficReduce({&q8, 1}, runtime), std::invalid_argument);
+  EXPECT_THROW(SameTrafficReduce({&no_absmax, 1}, runtime), std::invalid_argument);
+  std::vector<float> zeros(n, 0.0f);
+  Segment read = q8;
+  read.param = zeros.data();
+  read.grad = zeros.data();
+  EXPECT_EQ(SameTrafficReduce({&read, 1}, runtime),
+            7.0f * static_cast<float>(n) + 3.0f * static_cast<float>(NumQuantBlocks(n)));
   for (std::size_t i = 0; i < n; ++i) {
     ASSERT_EQ(param.Get(i), Array::Pattern(i, 1)) << i;
     ASSERT_EQ(codes[i], 7) << i;

@@ -65,7 +65,7 @@ struct StorageOptions {
   DType grad_dtype = DType::kF32;
   // kQ8: 8-bit codes with an f32 absmax per block for the tensors of at least min_8bit_size
   // elements, f32 states for the others (bitsandbytes' policy: biases and norms are too small to
-  // matter and quantize worst); only for the element-wise algorithms (QuantizableStates).
+  // matter and quantize worst); not for AdamP and Adafactor (QuantizableStates).
   DType state_dtype = DType::kF32;
   std::size_t min_8bit_size = kMin8bitSize;
   bool master_weights = false;  // keep an f32 master copy of f16/bf16 params

@@ -64,7 +64,9 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             cls._row_reductions = entry["row_reductions"]  # its step reads each param's size(0) (AdamP)
             # its states are shaped by each param's last two dims, and its step reads them (Adafactor)
             cls._factored = entry["factored"]
-            # state_dtype=torch.uint8 (8-bit block-wise states): an element-wise step, and each slot's map
+            # each element's update reads nothing else: any range of elements can step on its own
+            cls._element_wise = entry["element_wise"]
+            # state_dtype=torch.uint8 (8-bit block-wise states): an element-wise update pass, and each slot's map
             cls._quantizable = entry.get("quantizable", False)
             cls._unsigned_maps = entry.get("unsigned_map_states", 0)
             # LAMB, LARS, BertAdam: the two-phase step whose per-tensor sums a hook completes across the ranks
@@ -75,7 +77,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             # AdamP, Adafactor: their step over DTensor shards cut along their first dimension (_shards.py), else
             # None; their DTensor params cut otherwise take the reference's step on whole copies
             cls._step_over_shards = staticmethod(getattr(_C, f"{algorithm}_step_over_shards", None))
-            cls._steps_whole_copies = not cls._quantizable and cls._step_with_sums is None
+            cls._steps_whole_copies = not cls._element_wise and cls._step_with_sums is None
 
     def __init__(self, params, *args, master_weights: bool = False, flatten: bool = False,
                  max_grad_norm: float | None = None, norm_type: float = 2.0, accumulation_steps: int = 1,
@@ -147,10 +149,12 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         return {"lr": self.defaults["lr"]}
 
     def _check_8bit(self) -> None:
-        """state_dtype=torch.uint8 needs an element-wise step (the engine quantizes each block as it updates it)."""
+        """state_dtype=torch.uint8 needs an element-wise update pass (the engine quantizes each block as it updates
+        it), after sums over whole tensors at most."""
         if not self._quantizable:
+            why = "its states are factored" if self._factored else "its sums are per row of a tensor"
             raise ValueError(f"fusedopt: {type(self).__name__} does not take state_dtype=torch.uint8 (8-bit "
-                             f"block-wise states): its step ('{self._algorithm}') is not element-wise")
+                             f"block-wise states): {why} ('{self._algorithm}'), which the blocks would cut")
 
     # ---- what each algorithm defines ----------------------------------------------------------
     def _hyper(self, group: dict) -> Any:

@@ -110,7 +110,7 @@ class BackwardStep:
             place = self._places.get(p)
             if place is None:  # no longer in any group
                 continue
-            if is_dtensor(p) and not self._quantizable and self._accumulation_steps == 1:
+            if is_dtensor(p) and not self._element_wise and self._accumulation_steps == 1:
                 left[p] = (f"parameter {self._name(*place)}: it is a DTensor, and the '{self._algorithm}' step of "
                            "its shard needs sums over every rank's shards")
             else:

@@ -23,7 +23,7 @@ _OPTIONS = {
                           "and updates every k-th call with their mean: one large batch. A micro-batch with "
                           "Inf/NaN gradients skips its whole window.",
     "state_dtype": "dtype of the optimizer states (e.g. torch.bfloat16: half the memory of f32 moments); "
-                   "torch.uint8: 8-bit block-wise states in bitsandbytes' format (element-wise algorithms; "
+                   "torch.uint8: 8-bit block-wise states in bitsandbytes' format (not AdamP, Adafactor; "
                    "docs/8bit-states.md); None: the param's dtype, or f32 with master_weights.",
     "min_8bit_size": "with state_dtype=torch.uint8: params of fewer elements keep full-precision states (as "
                      "state_dtype=None), as bitsandbytes' min_8bit_size.",

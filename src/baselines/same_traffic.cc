@@ -6,10 +6,11 @@
 // array (x + c·g), which keeps the loads live and, with c = 0, the values; a paced loop adds its
 // chain of divisions (TrafficLoop). With 8-bit states a piece then reads and writes each state's
 // absmax of the blocks it owns (x + c·x). SameTrafficReduce is the floor of a two-phase step's
-// reduction pass (LAMB's Σp², Σu²): the same loop reading the same arrays, storing nothing, one add
-// per vector into a sum. SameTrafficGradRead is the floor of the fused pre-pass (GradPrePass) and
-// of a reduction that reads the gradients only: one read of every gradient in the step's chunks,
-// one add per vector, paced as the step.
+// reduction pass (LAMB's Σp², Σu²): the same loop reading the same arrays (8-bit states: the codes
+// and the absmax of the blocks a piece owns), storing nothing, one add per vector into a sum.
+// SameTrafficGradRead is the floor of the fused pre-pass (GradPrePass) and of a reduction that
+// reads the gradients only: one read of every gradient in the step's chunks, one add per vector,
+// paced as the step.
 
 #include "src/baselines/same_traffic.h"
 
@@ -118,9 +119,10 @@ HWY_INLINE bool IsAligned(const T* p, std::size_t bytes) {
 // 1-lane vectors for the tail. With kStream the full vectors use non-temporal stores once 1-lane
 // steps (at most one vector's worth) have aligned every written array; arrays that never align at
 // the same index keep regular stores. kPaced (a step's loop): `pace` divisions per vector
-// (TrafficLoop). S is the states' storage type: P, or std::uint8_t for 8-bit states (a step's
-// loop only), whose absmax of the blocks the piece owns are then read and written too. Returns the
-// sum of the loaded values for kReduce, of the pace chains' results for kPaced, else 0.
+// (TrafficLoop). S is the states' storage type: P, or std::uint8_t for 8-bit states (a step's or a
+// reduction's loop), whose absmax of the blocks the piece owns are then read and written (read, by
+// a reduction) too. Returns the sum of the loaded values for kReduce, of the pace chains' results
+// for kPaced, else 0.
 template <int kKind, class G, class P, class S, int kStates, bool kStream, bool kPaced = false>
 HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, int pace,
                                              std::size_t begin, std::size_t end) {
@@ -128,8 +130,9 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, int pa
   static_assert(!kPaced || ((kKind == kStep || kKind == kReduce) && !kStream),
                 "only a step's loops are paced, with regular stores");
   constexpr bool kQ8 = std::is_same_v<S, std::uint8_t>;
-  static_assert(std::is_same_v<S, P> || (kQ8 && kKind == kStep && kStates > 0),
-                "states of another type than the param's are a step's 8-bit codes");
+  static_assert(
+      std::is_same_v<S, P> || (kQ8 && (kKind == kStep || kKind == kReduce) && kStates > 0),
+      "states of another type than the param's are a step's or reduction's 8-bit codes");
   const G* g = static_cast<const G*>(seg.grad);
   P* p = static_cast<P*>(seg.param);
   std::array<S*, kStates> s{};           // the allocated slots, in slot order
@@ -163,7 +166,7 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, int pa
     if constexpr (kKind == kReduce) {
       // The step's loads (grad, param, each state), added up, then one add into the sum.
       auto sum = hn::Add(grad, Io<P>::Load(dv, p + i));
-      for (int k = 0; k < kStates; ++k) sum = hn::Add(sum, Io<P>::Load(dv, s[k] + i));
+      for (int k = 0; k < kStates; ++k) sum = hn::Add(sum, TrafficLoad(dv, s[k] + i));
       accumulate(sum);
     } else {
       const auto v = hn::Mul(grad, hn::Set(dv, c));
@@ -214,6 +217,10 @@ HWY_NOINLINE FOPT_FLATTEN float TrafficPiece(const Segment& seg, float c, int pa
     // seldom aligned with them).
     const std::size_t block_end = (end + kQuantBlock - 1) / kQuantBlock;
     const auto absmax_body = [&](auto dv, std::size_t b) HWY_ATTR {
+      if constexpr (kKind == kReduce) {
+        for (int k = 0; k < kStates; ++k) accumulate(hn::LoadU(dv, absmax[k] + b));
+        return;
+      }
       const auto cv = hn::Set(dv, c);
       const auto scaled = [&](auto k) HWY_ATTR {
         if constexpr (decltype(k)::value < kStates) {
@@ -256,7 +263,7 @@ HWY_INLINE void WithStateCount(int count, const F& f) {
 // Runs TrafficPiece<kKind, G, P, S, kStates, kNt, kPaced> on one piece of a step's segment, the
 // template arguments from the segment (its storage types and allocated states); returns its sum.
 // The loops exist for the segments `fusedopt bench` and the doctor time, states in the param's
-// dtype or (a step's loops) 8-bit states, and no master (CheckTrafficSegments), not for all 45
+// dtype or 8-bit states, and no master (CheckTrafficSegments), not for all 45
 // dtype and master combinations.
 template <int kKind, bool kNt, bool kPaced = false>
 HWY_INLINE float SegmentTrafficPiece(const Segment& seg, float c, int pace, std::size_t begin,
@@ -271,7 +278,7 @@ HWY_INLINE float SegmentTrafficPiece(const Segment& seg, float c, int pace, std:
         using P = typename decltype(pt)::type;
         using G = typename decltype(gt)::type;
         constexpr int kStates = decltype(n)::value;
-        if constexpr (kKind == kStep && kStates > 0) {
+        if constexpr ((kKind == kStep || kKind == kReduce) && kStates > 0) {
           if (q8) {
             sum = TrafficPiece<kKind, G, P, std::uint8_t, kStates, kNt, kPaced>(seg, c, pace, begin,
                                                                                 end);
@@ -406,9 +413,8 @@ void RunTraffic(std::span<const Segment> segments, const Runtime& runtime, int k
 }
 
 // The segments the step and reduction loops exist for (SegmentTrafficPiece): no master; states in
-// the param dtype, or, for a step (not a reduction pass: the two-phase steps keep no 8-bit
-// states), 8-bit states with every allocated state's absmax.
-void CheckTrafficSegments(std::span<const Segment> segments, bool step) {
+// the param dtype, or 8-bit states with every allocated state's absmax.
+void CheckTrafficSegments(std::span<const Segment> segments) {
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     const bool has_states = std::any_of(std::begin(s.state), std::end(s.state),
@@ -417,8 +423,6 @@ void CheckTrafficSegments(std::span<const Segment> segments, bool step) {
     std::string problem;
     if (s.master != nullptr) {
       problem = "an f32 master";
-    } else if (q8 && !step) {
-      problem = "8-bit states (the reduction pass is that of two-phase steps, which keep none)";
     } else if (q8) {
       for (int slot = 0; slot < kMaxStates && problem.empty(); ++slot) {
         if (s.state[slot] != nullptr && s.absmax[slot] == nullptr)
@@ -463,7 +467,7 @@ void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime, 
                                 TrafficStoresName(loop.stores) +
                                 " stores; a pace is >= 0, and > 0 only with regular stores");
   }
-  CheckTrafficSegments(segments, /*step=*/true);
+  CheckTrafficSegments(segments);
   RunTraffic(segments, runtime, kStepKind, loop, c);
 }
 
@@ -482,7 +486,7 @@ float SumOverChunks(std::span<const Segment> segments, const Runtime& runtime, c
 
 float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime, int pace) {
   if (pace < 0) throw std::invalid_argument("same_traffic: pace " + std::to_string(pace) + " < 0");
-  CheckTrafficSegments(segments, /*step=*/false);
+  CheckTrafficSegments(segments);
   return SumOverChunks(segments, runtime,
                        [pace](const ChunkPlan& plan, std::size_t c0, std::size_t c1) {
                          return HWY_DYNAMIC_DISPATCH(ReduceTrafficChunks)(plan, c0, c1, pace);

@@ -53,10 +53,10 @@ void SameTrafficStep(std::span<const Segment> segments, const Runtime& runtime, 
 
 // The traffic of a two-phase step's reduction pass (LAMB's Σp², Σu², ReductionTraffic in
 // standard.h), run before SameTrafficStep: the same loop over the same chunks reading the
-// segments' gradient, param and every allocated state, and writing nothing, one add per loaded
-// vector, paced as TrafficLoop::pace says. Returns the sum of the loaded values (so the loads
-// cannot be dropped). A pace below 0, and 8-bit states (two-phase steps keep none), throw
-// std::invalid_argument.
+// segments' gradient, param and every allocated state (8-bit states: each code, and the absmax
+// of the blocks a piece owns), and writing nothing, one add per loaded vector, paced as
+// TrafficLoop::pace says. Returns the sum of the loaded values (so the loads cannot be dropped). A
+// pace below 0 throws std::invalid_argument.
 float SameTrafficReduce(std::span<const Segment> segments, const Runtime& runtime, int pace = 0);
 
 // STREAM-style kernels on f32 arrays of n elements, in the step's chunks and threads.

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "fusedopt/quantize.h"
 #include "src/baselines/elementwise.h"
 #include "src/core/parallel.h"
 
@@ -472,6 +473,8 @@ ReductionTraffic::ReductionTraffic(Algorithm a, std::span<const Segment> segment
       if (state == nullptr) continue;
       if (reads == algos::ReductionReads::kAll) {
         per_element += DTypeSize(s.state_dtype);
+        // 8-bit states: each block's absmax too
+        if (s.state_dtype == DType::kQ8) bytes_ += NumQuantBlocks(s.numel) * sizeof(float);
       } else {
         state = nullptr;
       }

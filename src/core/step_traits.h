@@ -33,10 +33,25 @@ concept Factored = requires {
   A::kFactored;
 };
 
-// An algorithm whose states can be 8-bit block-wise codes (Segment::state_dtype kQ8): one whose
-// update is element-wise, so that a block of 256 elements can be updated and quantized on its own.
+// An element-wise algorithm: each element's update reads nothing but its own values and the
+// step's coefficients, so any range of elements can be stepped on its own.
 template <class A>
-concept QuantizableStates = !TwoPhase<A> && !Factored<A>;
+concept ElementWise = !TwoPhase<A> && !Factored<A>;
+
+// An algorithm whose states can be 8-bit block-wise codes (Segment::state_dtype kQ8): one whose
+// update pass is element-wise, so that a block of 256 elements can be updated and quantized on its
+// own. That includes the two-phase algorithms whose sums are per tensor or across tensors: their
+// reduction pass decodes the blocks it reads (ReducePlanChunk) and writes nothing. Not those with
+// sums per row of a tensor, which blocks would cut, nor the factored ones.
+template <class A>
+concept QuantizableStates = !RowReductions<A> && !Factored<A>;
+
+// Why A's states cannot be 8-bit (QuantizableStates false), as error messages say it.
+template <class A>
+constexpr const char* WhyStatesStayUnquantized() {
+  return Factored<A> ? "it keeps factored states"
+                     : "its sums are per row of a tensor, which the 8-bit blocks would cut";
+}
 
 // Bit i: the 8-bit codes of state slot i use the unsigned map (fusedopt/quantize.h), where the
 // descriptor's kUnsignedMapStates says so; the signed map otherwise.

@@ -38,9 +38,8 @@ void ValidateStep(std::span<const typename A::Hyper> groups, std::span<const Seg
     const Segment& s = segments[i];
     ValidateSegment(A::kStepName, i, s, groups.size());
     if (s.state_dtype == DType::kQ8 && !algos::QuantizableStates<A>) {
-      Fail(A::kStepName, "segment ", i,
-           ": 8-bit states (state dtype q8) are for the element-wise algorithms; this one ",
-           algos::Factored<A> ? "keeps factored states" : "reduces over whole tensors first");
+      Fail(A::kStepName, "segment ", i, ": 8-bit states (state dtype q8) are not for ", A::kName,
+           ": ", algos::WhyStatesStayUnquantized<A>());
     }
     if constexpr (algos::Factored<A>) {
       ValidateFactored<A>(i, s);

@@ -25,8 +25,8 @@ namespace fusedopt::HWY_NAMESPACE {
 // Writes Σp² and Σu² of each piece of the chunk, in piece order.
 void LambReduceChunk(const StepPlan<LambScalars>& plan, std::size_t chunk, double* sums) {
   std::size_t piece = 0;
-  RunPlanChunks(
-      plan, chunk, chunk + 1,
+  ReducePlanChunk(
+      plan, chunk, /*reads_states=*/true,
       [&](const auto& b, const LambScalars s, std::size_t begin, std::size_t end) HWY_ATTR {
         SquareSum param_sum, update_sum;
         WithFlags(

@@ -24,8 +24,8 @@ namespace fusedopt::HWY_NAMESPACE {
 // Writes Σp² and Σg² of each piece of the chunk, in piece order.
 void LarsReduceChunk(const StepPlan<LarsScalars>& plan, std::size_t chunk, double* sums) {
   std::size_t piece = 0;
-  RunPlanChunks(
-      plan, chunk, chunk + 1,
+  ReducePlanChunk(
+      plan, chunk, /*reads_states=*/false,
       [&](const auto& b, const LarsScalars s, std::size_t begin, std::size_t end) HWY_ATTR {
         SquareSum param_sum, grad_sum;
         ForEachVector(begin, end, [&](auto d, std::size_t i) HWY_ATTR {

@@ -12,6 +12,7 @@
 #  include <cstddef>
 #  include <cstdint>
 #  include <type_traits>
+#  include <vector>
 
 #  include "fusedopt/dtype.h"
 #  include "hwy/highway.h"
@@ -144,11 +145,11 @@ HWY_INLINE void RunTypedPiece(const Kernel& kernel, const Segment& seg, const Sc
   });
 }
 
-// The part [begin, begin + n) of a segment as a segment of its own, its states in `states` (f32):
-// the kernel runs on it unchanged, with the f32-state loops it has anyway. Noise keys stay those
-// of the whole segment (global_offset moves with the part).
+// The part [begin, begin + n) of a segment as a segment of its own, its states in `states` (f32,
+// by slot): the kernel runs on it unchanged, with the f32-state loops it has anyway. Noise keys
+// stay those of the whole segment (global_offset moves with the part).
 inline Segment PartWithF32States(const Segment& seg, std::size_t begin, std::size_t n,
-                                 float (*states)[kQuantBlock]) {
+                                 float* const* states) {
   Segment part = seg;
   part.param = static_cast<char*>(seg.param) + begin * DTypeSize(seg.param_dtype);
   part.grad = static_cast<const char*>(seg.grad) + begin * DTypeSize(seg.grad_dtype);
@@ -162,6 +163,9 @@ inline Segment PartWithF32States(const Segment& seg, std::size_t begin, std::siz
   return part;
 }
 
+// The first block edge at or after segment index i.
+inline std::size_t RoundUpToBlock(std::size_t i) { return NumQuantBlocks(i) * kQuantBlock; }
+
 // A piece of a segment with 8-bit states (fusedopt/quantize.h), block by block: each block's
 // states dequantized into f32 on the stack, updated by the kernel, quantized back with their new
 // absmax (all states of the block in one call: their searches interleave), all while the block is
@@ -172,10 +176,9 @@ template <class Scalars, class Kernel>
 HWY_INLINE void RunQuantizedPiece(const Kernel& kernel, const Segment& seg, const Scalars& scalars,
                                   unsigned unsigned_map_states, std::size_t begin,
                                   std::size_t end) {
-  const auto round_up = [](std::size_t i) {
-    return (i + kQuantBlock - 1) / kQuantBlock * kQuantBlock;
-  };
   HWY_ALIGN float states[kMaxStates][kQuantBlock];
+  float* const parts[kMaxStates] = {states[0], states[1], states[2]};
+  static_assert(kMaxStates == 3);
   // The segment's states, each with its map and its f32 block (codes and absmax: per block).
   StateBlock blocks[kMaxStates];
   int slots[kMaxStates];
@@ -186,8 +189,8 @@ HWY_INLINE void RunQuantizedPiece(const Kernel& kernel, const Segment& seg, cons
     blocks[used++] = {&QuantTablesOf(SlotMap(unsigned_map_states, slot)), states[slot], nullptr,
                       nullptr};
   }
-  const std::size_t last = std::min(round_up(end), seg.numel);
-  for (std::size_t b = round_up(begin); b < last; b += kQuantBlock) {
+  const std::size_t last = std::min(RoundUpToBlock(end), seg.numel);
+  for (std::size_t b = RoundUpToBlock(begin); b < last; b += kQuantBlock) {
     const std::size_t n = std::min(kQuantBlock, seg.numel - b);
     for (std::size_t k = 0; k < used; ++k) {
       StateBlock& block = blocks[k];
@@ -195,10 +198,47 @@ HWY_INLINE void RunQuantizedPiece(const Kernel& kernel, const Segment& seg, cons
       block.absmax = &seg.absmax[slots[k]][b / kQuantBlock];
       DequantizeStateBlock(*block.t, block.codes, *block.absmax, n, states[slots[k]]);
     }
-    const Segment part = PartWithF32States(seg, b, n, states);
+    const Segment part = PartWithF32States(seg, b, n, parts);
     RunTypedPiece(kernel, part, scalars, 0, n);
     QuantizeStateBlocks(blocks, used, n);
   }
+}
+
+// The reduction pass of a two-phase algorithm over one chunk: kernel(buffers, scalars, begin, end)
+// once per piece, as RunPlanChunks calls it, storing nothing. For a segment with 8-bit states the
+// kernel runs on a part holding every block the piece touches, the blocks' states decoded into f32
+// where the kernel reads them (`reads_states`: LAMB's u), over the piece's own elements: the
+// update pass decodes the same values, and the sums are those of the f32 step on the decoded
+// states, bit for bit (a block cut by a chunk edge is decoded by both pieces).
+template <class Scalars, class Kernel>
+HWY_INLINE void ReducePlanChunk(const StepPlan<Scalars>& plan, std::size_t chunk, bool reads_states,
+                                const Kernel& kernel) {
+  plan.chunks.ForEachPiece(
+      chunk, chunk + 1, [&](std::size_t i, std::size_t begin, std::size_t end) HWY_ATTR {
+        const Segment& seg = plan.chunks.segments()[i];
+        if (seg.state_dtype != DType::kQ8) {
+          return RunTypedPiece(kernel, seg, plan.scalars[i], begin, end);
+        }
+        const std::size_t first = begin / kQuantBlock * kQuantBlock;
+        const std::size_t n = std::min(RoundUpToBlock(end), seg.numel) - first;
+        float* parts[kMaxStates] = {};
+        thread_local std::vector<float> decoded;  // the piece's states, slot after slot
+        if (reads_states) {
+          decoded.resize(kMaxStates * n);
+          for (int slot = 0; slot < kMaxStates; ++slot) {
+            if (seg.state[slot] == nullptr) continue;
+            parts[slot] = decoded.data() + static_cast<std::size_t>(slot) * n;
+            const QuantTables& t = QuantTablesOf(SlotMap(plan.unsigned_map_states, slot));
+            for (std::size_t b = 0; b < n; b += kQuantBlock) {
+              DequantizeStateBlock(t, static_cast<const std::uint8_t*>(seg.state[slot]) + first + b,
+                                   seg.absmax[slot][(first + b) / kQuantBlock],
+                                   std::min(kQuantBlock, n - b), parts[slot] + b);
+            }
+          }
+        }
+        RunTypedPiece(kernel, PartWithF32States(seg, first, n, parts), plan.scalars[i],
+                      begin - first, end - first);
+      });
 }
 
 // Runs kernel(SegmentBuffers<...>, scalars, begin, end) on every piece of chunks

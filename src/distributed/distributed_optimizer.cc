@@ -64,8 +64,8 @@ DistributedOptimizer<Hyper>::DistributedOptimizer(std::vector<Hyper> groups,
     Fail(kFn, "invalid accumulation_steps: ", storage_.accumulation_steps, " (must be 1)");
   }
   if (storage_.state_dtype == DType::kQ8 && !algos::QuantizableStates<A>) {
-    Fail(kFn, "8-bit states (state_dtype q8) are for the element-wise algorithms; ", A::kName,
-         algos::Factored<A> ? " keeps factored states" : " reduces over whole tensors first");
+    Fail(kFn, "8-bit states (state_dtype q8) are not for ", A::kName, ": ",
+         algos::WhyStatesStayUnquantized<A>());
   }
   if (storage_.master_weights && storage_.param_dtype == DType::kF32) {
     Fail(kFn, "master_weights needs f16 or bf16 params (param_dtype is f32)");

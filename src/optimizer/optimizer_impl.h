@@ -42,11 +42,8 @@ Optimizer<Hyper>::Optimizer(std::vector<Hyper> groups, std::vector<TensorSpec> t
   FusedStep(std::span<const Hyper>(groups_), {}, *runtime_);
   using Descriptor = algos::DescriptorOf<Hyper>;
   if (storage_.options().state_dtype == DType::kQ8 && !algos::QuantizableStates<Descriptor>) {
-    throw Error(std::string("Optimizer: 8-bit states (state_dtype q8) are for the element-wise "
-                            "algorithms; ") +
-                Descriptor::kName +
-                (algos::Factored<Descriptor> ? " keeps factored states"
-                                             : " reduces over whole tensors first"));
+    throw Error(std::string("Optimizer: 8-bit states (state_dtype q8) are not for ") +
+                Descriptor::kName + ": " + algos::WhyStatesStayUnquantized<Descriptor>());
   }
   ResetStates(optimizer_detail::AllRequiredStates(groups_));
   // Scalar states start from the algorithm's initial values.

@@ -166,11 +166,11 @@ pybind11::dict BenchChanges() {
 // function, "state_names": torch's keys of the state slots, "scalar_names": torch's keys of the
 // scalar states (Segment::scalars), "row_reductions": whether its step reads Segment::rows (AdamP),
 // "factored", "fields" (FieldEntry), "torch_name": the reference's class name, "counts_steps":
-// whether torch's state counts steps, "bench_changes", "quantizable": whether its states may be
-// 8-bit, "unsigned_map_states": bit i, slot i's codes use the unsigned map, "sums_across_tensors":
-// whether a tensor's update reads sums over other tensors}. A Hyper's
-// initial_scalars() are the values fresh scalar states start from, initial_state(slot) the value a
-// fresh state slot starts from.
+// whether torch's state counts steps, "bench_changes", "element_wise": whether each element's
+// update reads nothing else (algos::ElementWise), "quantizable": whether its states may be 8-bit,
+// "unsigned_map_states": bit i, slot i's codes use the unsigned map, "sums_across_tensors": whether
+// a tensor's update reads sums over other tensors}. A Hyper's initial_scalars() are the values
+// fresh scalar states start from, initial_state(slot) the value a fresh state slot starts from.
 template <class A>
 pybind11::dict BindAlgorithm(pybind11::module_& m) {
   namespace py = pybind11;
@@ -235,6 +235,7 @@ pybind11::dict BindAlgorithm(pybind11::module_& m) {
   entry["torch_name"] = A::kTorchName;
   entry["counts_steps"] = algos::CountsSteps<A>();
   entry["bench_changes"] = BenchChanges<A>();
+  entry["element_wise"] = algos::ElementWise<A>;
   // Whether its states may be 8-bit (state dtype q8), and which slots use the unsigned map.
   entry["quantizable"] = algos::QuantizableStates<A>;
   entry["unsigned_map_states"] = algos::UnsignedMapStates<A>();

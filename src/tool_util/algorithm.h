@@ -46,7 +46,7 @@ bool ReducesSegment(Algorithm a, const Segment& s);
 bool IsFactored(Algorithm a);
 
 // Whether the fused step of `a` takes 8-bit states (Segment::state_dtype kQ8; descriptor
-// algos::QuantizableStates: an element-wise update, neither two-phase nor factored), and which of
+// algos::QuantizableStates: an element-wise update pass, sums per tensor at most), and which of
 // its state slots then use the unsigned map (bit i: slot i; the descriptor's kUnsignedMapStates).
 bool HasQuantizableStates(Algorithm a);
 unsigned UnsignedMapStatesOf(Algorithm a);

@@ -58,8 +58,8 @@ void CheckStateDType(std::string_view optimizer, std::optional<at::ScalarType> o
               ": invalid training().state_dtype ", *option,
               "; supported dtypes are float32, float16, bfloat16 and uint8 (8-bit states)");
   TORCH_CHECK(*option != at::kByte || quantizable, optimizer,
-              ": training().state_dtype uint8 (8-bit block-wise states) is for the element-wise "
-              "algorithms; this one reduces over whole tensors or keeps factored states");
+              ": training().state_dtype uint8 (8-bit block-wise states) is not for this "
+              "algorithm: it sums rows of tensors (AdamP) or keeps factored states (Adafactor)");
 }
 
 void CheckParam(std::string_view optimizer, const ParamName& name, const at::Tensor& p) {

@@ -80,6 +80,14 @@ string(JSON bytes GET "${json}" bytes_per_param)
 if(NOT bytes GREATER 20.062 OR NOT bytes LESS 20.063)
   message(FATAL_ERROR "adamw with q8 states, loss scaling: bytes_per_param ${bytes}, expected 20.0626")
 endif()
+# LAMB with q8 states: AdamW's 16.0626 B/param, and its reduction pass reads the param, the grad,
+# each code and each block's absmax once more (4 + 4 + 2 + 2 × 4 × 274 / 70000): 26.0939.
+run_bench(q8_lamb --optimizer lamb --state-dtype q8 ${tiny})
+expect_impl("${json}" same_traffic)
+string(JSON bytes GET "${json}" bytes_per_param)
+if(NOT bytes GREATER 26.093 OR NOT bytes LESS 26.095)
+  message(FATAL_ERROR "lamb with q8 states: bytes_per_param ${bytes}, expected 26.0939")
+endif()
 
 # The acceptance configuration, tiny: bf16 grads of f32 params, dynamic loss scale, clip 1.0.
 run_bench(pipeline --optimizer adamw --grad-dtype bf16 --loss-scale dynamic --clip 1.0 ${tiny})
@@ -116,7 +124,7 @@ expect_no_key("${json}" impls standard_pipeline passes_median_ms norm)
 
 # Bad values: a non-zero exit and a message naming the option and the value.
 foreach(bad "--loss-scale;bogus" "--grad-dtype;f64" "--clip;abc" "--clip=-1" "--clip;0"
-            "--state-dtype;bogus" "--state-dtype;q8;--optimizer;lamb")
+            "--state-dtype;bogus" "--state-dtype;q8;--optimizer;adamp")
   execute_process(COMMAND ${FUSEDOPT} bench ${tiny} ${bad}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   list(GET bad 0 option)

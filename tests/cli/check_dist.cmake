@@ -67,7 +67,8 @@ if(NOT rc EQUAL 0 OR NOT out MATCHES
 endif()
 
 # 8-bit states: about a quarter of the f32 state bytes (a byte and 1/64 of an absmax per element for
-# each moment), and ZeRO-1 halves them again; an algorithm that reduces over whole tensors refuses them.
+# each moment), and ZeRO-1 halves them again. LAMB takes them (its per-tensor sums completed across
+# the ranks); AdamP, whose sums are per row of a tensor, refuses them.
 run_ok(bench-dist --optimizer adamw --numel 1300000 --bucket-mb 1 --rounds 1 --warmup 0
        --state-dtype q8 --json ${dir}/q8.json)
 file(READ ${dir}/q8.json json)
@@ -79,11 +80,20 @@ math(EXPR q8_z1_bound "${q8_ar} * 55 / 100")
 if(q8_ar GREATER q8_bound OR q8_z1 GREATER q8_z1_bound)
   message(FATAL_ERROR "8-bit states: ${q8_ar} bytes per rank (f32: ${state_ar}), zero1 ${q8_z1}")
 endif()
-execute_process(COMMAND ${mpirun} ${FUSEDOPT} bench-dist --optimizer lamb --numel 100000 --rounds 1
+run_ok(bench-dist --optimizer lamb --numel 1300000 --bucket-mb 1 --rounds 1 --warmup 0
+       --state-dtype q8 --json ${dir}/q8_lamb.json)
+file(READ ${dir}/q8_lamb.json json)
+string(JSON q8_lamb_ar GET "${json}" impls allreduce_then_step state_bytes_per_rank)
+string(JSON q8_lamb_z1 GET "${json}" impls zero1 state_bytes_per_rank)
+math(EXPR q8_lamb_z1_bound "${q8_lamb_ar} * 55 / 100")
+if(q8_lamb_z1 GREATER q8_lamb_z1_bound)
+  message(FATAL_ERROR "LAMB, 8-bit states: zero1 ${q8_lamb_z1} bytes per rank, zero 0 ${q8_lamb_ar}")
+endif()
+execute_process(COMMAND ${mpirun} ${FUSEDOPT} bench-dist --optimizer adamp --numel 100000 --rounds 1
                         --warmup 0 --state-dtype q8
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
-if(rc EQUAL 0 OR NOT "${out}${err}" MATCHES "8-bit states \\(state_dtype q8\\) are for the element-wise")
-  message(FATAL_ERROR "bench-dist --optimizer lamb --state-dtype q8: exit '${rc}'\n${out}${err}")
+if(rc EQUAL 0 OR NOT "${out}${err}" MATCHES "8-bit states \\(state_dtype q8\\) are not for adamp")
+  message(FATAL_ERROR "bench-dist --optimizer adamp --state-dtype q8: exit '${rc}'\n${out}${err}")
 endif()
 
 # AdamP's sums are per channel row, which shards cut: no zero1 row. LAMB's per-tensor norms are

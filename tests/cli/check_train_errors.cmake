@@ -18,12 +18,12 @@ foreach(bad "--lr;nan" "--lr;inf" "--weight-decay;nan" "--weight-decay;-1")
   expect_exit(2 "fusedopt train: error: .*${option}.*${value}" ${FUSEDOPT} train ${tiny} ${bad})
 endforeach()
 
-# --state-dtype: a dtype the states cannot take, and 8-bit states for LAMB (whose step reads whole
-# tensors).
+# --state-dtype: a dtype the states cannot take, and 8-bit states for AdamP (whose sums are per row
+# of a tensor).
 expect_exit(2 "fusedopt train: error: .*--state-dtype f16" ${FUSEDOPT} train ${tiny}
             --state-dtype f16)
-expect_exit(2 "fusedopt train: error: .*--state-dtype q8.*lamb" ${FUSEDOPT} train ${tiny}
-            --optimizer lamb --state-dtype q8)
+expect_exit(2 "fusedopt train: error: .*--state-dtype q8.*adamp" ${FUSEDOPT} train ${tiny}
+            --optimizer adamp --state-dtype q8)
 
 # Unwritable outputs: a full device and a folder below a regular file (works as root too).
 file(WRITE ${dir}/a_file "")

@@ -260,6 +260,14 @@ def test_state_dict_interchange(exact_bnb, ours, theirs, kw):
 # ---- state_dtype=torch.uint8 on every fused class ----------------------------------------------------------------
 QUANTIZABLE = [name for name, entry in _C.algorithms.items() if entry["quantizable"]]
 REFUSED = [name for name, entry in _C.algorithms.items() if not entry["quantizable"]]
+# LAMB, LARS, BertAdam: sums over whole tensors (BertAdam: over its group) before an element-wise update
+TWO_PHASE = [name for name in QUANTIZABLE if not _C.algorithms[name]["element_wise"]]
+
+
+def _options(name: str) -> dict:
+    """The case's options, with states to quantize (LARS keeps none without momentum)."""
+    case = CASES[name]
+    return {**case.required_options, **case.defaults, **({"momentum": 0.9} if name == "lars" else {})}
 
 
 def _inputs(sizes, steps, seed=3, dtype=torch.float32):
@@ -276,8 +284,8 @@ def test_uint8_states(name):
     params, grads = _inputs(sizes, 3)
     q = [p.clone().requires_grad_() for p in params]
     f = [p.clone().requires_grad_() for p in params]
-    oq = case.fused(q, **case.defaults, state_dtype=torch.uint8)
-    of = case.fused(f, **case.defaults)
+    oq = case.fused(q, **_options(name), state_dtype=torch.uint8)
+    of = case.fused(f, **_options(name))
     unsigned = _C.algorithms[name]["unsigned_map_states"]
     slot_keys = _C.algorithms[name]["state_names"]
     for step, step_grads in enumerate(grads):
@@ -329,8 +337,8 @@ def test_uint8_flatten_equals_unflattened(name):
     params, grads = _inputs(sizes, 4)
     flat = [p.clone().requires_grad_() for p in params]
     plain = [p.clone().requires_grad_() for p in params]
-    of = case.fused(flat, **case.defaults, state_dtype=torch.uint8, flatten=True)
-    op = case.fused(plain, **case.defaults, state_dtype=torch.uint8)
+    of = case.fused(flat, **_options(name), state_dtype=torch.uint8, flatten=True)
+    op = case.fused(plain, **_options(name), state_dtype=torch.uint8)
     for step, step_grads in enumerate(grads):
         for x, y, g in zip(flat, plain, step_grads):
             x.grad, y.grad = g.clone(), g.clone()  # a new grad tensor every step: moved into its slot
@@ -349,6 +357,36 @@ def test_uint8_flatten_equals_unflattened(name):
         assert t._base is not None and t._base.dtype == torch.uint8 and t._base.numel() > t.numel()
         p, key = next((p, k) for p in flat for k, v in of.state[p].items() if v is t)
         assert of._flat.in_slot(p, of._codes_role(key), t)
+
+
+@pytest.mark.parametrize("name", TWO_PHASE)
+def test_two_phase_sums_read_the_decoded_states(name):
+    """Their sums (LAMB's ‖u‖ from the moments) are taken on the states the codes hold: every step equals the f32
+    step from the decoded states (the 8-bit state_dict loaded into an f32-state optimizer), params bit for bit, and
+    the new codes are the oracle's quantization of that step's f32 states."""
+    case = CASES[name]
+    params, grads = _inputs([(70, 80), (4100,), (300,)], 4)
+    q = [p.clone().requires_grad_() for p in params]
+    oq = case.fused(q, **_options(name), state_dtype=torch.uint8)
+    unsigned = _C.algorithms[name]["unsigned_map_states"]
+    for step_grads in grads:
+        f = [p.detach().clone().requires_grad_() for p in q]
+        of = case.fused(f, **_options(name))
+        if oq.state:
+            of.load_state_dict(copy.deepcopy(oq.state_dict()))
+        for x, y, g in zip(q, f, step_grads):
+            x.grad, y.grad = g.clone(), g.clone()
+        oq.step()
+        of.step()
+        for x, y in zip(q, f):
+            assert torch.equal(x, y)
+            for slot, key in enumerate(_C.algorithms[name]["state_names"]):
+                if key not in oq.state[x] or oq.state[x][key].dtype != torch.uint8:
+                    continue
+                codes, absmax = oracle_quantize(of.state[y][key].numpy(), qmap(not unsigned >> slot & 1))
+                np.testing.assert_array_equal(oq.state[x][key].numpy().reshape(-1), codes, err_msg=key)
+                np.testing.assert_array_equal(oq.state[x][key + "_absmax"].numpy(), absmax, err_msg=key)
+    assert sum(t.dtype == torch.uint8 for t in oq.state[q[0]].values()) >= 1
 
 
 def test_min_8bit_size_refused():

@@ -319,15 +319,15 @@ TEST(TorchStateDtypeConvert, BothWays) {
 
 // Each refusal changes nothing: params, states and step counts as they were.
 TEST(TorchStateDtypeErrors, RefusedStepsChangeNothing) {
-  {  // 8-bit states for an algorithm that reduces over whole tensors
+  {  // 8-bit states for an algorithm whose sums are per row of a tensor
     Params params = MakeModel(3);
-    LAMB lamb(Flat(params), LAMBOptions(1e-3));
-    lamb.training().state_dtype = torch::kUInt8;
+    AdamP adamp(Flat(params), AdamPOptions{});
+    adamp.training().state_dtype = torch::kUInt8;
     SetGrads(params, 0);
     const Params before = CloneParams(params);
-    ExpectTorchError([&] { lamb.step(); }, {"fusedopt::pt::LAMB", "state_dtype uint8"});
+    ExpectTorchError([&] { adamp.step(); }, {"fusedopt::pt::AdamP", "state_dtype uint8"});
     EXPECT_TRUE(BitwiseEqual(params, before));
-    EXPECT_TRUE(lamb.state().empty());
+    EXPECT_TRUE(adamp.state().empty());
   }
   {  // a dtype states cannot have
     PtRun<AdamWHyper> run(torch::kDouble);

@@ -96,7 +96,7 @@ Command AddBenchCommand(CLI::App& app) {
   parser->add_option("--state-dtype", options.state_dtype,
                      "States: --dtype's (the default, as torch keeps them), or q8: 8-bit "
                      "block-wise codes with one f32 absmax per 256 elements (bitsandbytes' format; "
-                     "element-wise algorithms only). With q8, same_traffic moves the 8-bit step's "
+                     "not AdamP, Adafactor). With q8, same_traffic moves the 8-bit step's "
                      "bytes, and standard (and standard_pipeline) are left out: no for-loop step "
                      "keeps 8-bit states");
   parser

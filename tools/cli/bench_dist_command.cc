@@ -199,7 +199,7 @@ Command AddBenchDistCommand(CLI::App& app) {
       ->capture_default_str();
   parser
       ->add_option("--state-dtype", options.state_dtype,
-                   "f32, or q8: 8-bit block-wise states (element-wise algorithms only)")
+                   "f32, or q8: 8-bit block-wise states (not AdamP, Adafactor)")
       ->check(CLI::IsMember({"f32", "q8"}))
       ->capture_default_str();
   parser->add_option("--json", values->json_path, "Also write the report as JSON (rank 0)");

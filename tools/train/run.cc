@@ -240,9 +240,9 @@ DType StateDType(const TrainOptions& o) {
   });
   if (s == "q8" && !quantizable) {
     throw std::invalid_argument(
-        "invalid --state-dtype q8 (8-bit states are for the element-wise "
-        "optimizers; --optimizer " +
-        o.optimizer + " reads whole tensors or keeps factored states)");
+        "invalid --state-dtype q8 (8-bit states are for the optimizers whose update pass is "
+        "element-wise; --optimizer " +
+        o.optimizer + " sums rows of tensors or keeps factored states)");
   }
   return s == "q8" ? DType::kQ8 : (s == "bf16" ? DType::kBF16 : DType::kF32);
 }

@@ -111,7 +111,7 @@ struct TrainingOptions {
   // torch::kUInt8: 8-bit block-wise states (docs/8bit-states.md: bitsandbytes' dynamic maps, one
   // f32 absmax per block of kQuantBlock elements, kept in the param state as "<key>_absmax") for
   // the params of at least min_8bit_size elements, the param's dtype for smaller ones; only for
-  // the element-wise algorithms (not LAMB, LARS, AdamP, BertAdam, Adafactor). A state held in
+  // the algorithms whose update pass is element-wise (not AdamP, Adafactor). A state held in
   // another form (kept before the option changed, or loaded) is converted by the next step that
   // takes its param, within that step's all-or-nothing commit.
   std::optional<c10::ScalarType> state_dtype = std::nullopt;
