@@ -1,6 +1,7 @@
 """8-bit states in training: the project's transformer_small (bench/train_models.py) trained 300 steps with
 FusedAdamW8bit ends within 1 % of the loss torch.optim.AdamW's f32 states reach on the same data, and
-state_dtype=torch.uint8 on FusedAdamW does the same."""
+state_dtype=torch.uint8 on FusedAdamW does the same; so do LAMB and LARS with 8-bit states against their own f32
+states, their trust ratios in use."""
 
 from __future__ import annotations
 
@@ -49,3 +50,14 @@ def test_300_steps_end_within_1_percent_of_f32_adamw():
                         lambda ps: fusedopt.FusedAdamW(ps, lr=1e-3, state_dtype=torch.uint8))]:
         loss = losses(make)[1]
         assert abs(loss - reference) <= 0.01 * reference, f"{name}: {loss:.4f} vs f32 AdamW {reference:.4f}"
+
+
+def test_lamb_and_lars_with_8bit_states_end_within_1_percent_of_their_f32_states():
+    torch.set_num_threads(1)
+    for name, make in [("FusedLAMB", lambda ps, **kw: fusedopt.FusedLAMB(ps, lr=1e-2, weight_decay=0.01, **kw)),
+                       ("FusedLARS", lambda ps, **kw: fusedopt.FusedLARS(ps, lr=0.5, momentum=0.9, weight_decay=1e-4,
+                                                                         **kw))]:
+        start, reference = losses(make)
+        assert reference < 0.8 * start, f"{name} does not learn: loss {start:.3f} -> {reference:.3f}"
+        loss = losses(lambda ps, make=make: make(ps, state_dtype=torch.uint8))[1]
+        assert abs(loss - reference) <= 0.01 * reference, f"{name}: {loss:.4f} with 8-bit states, {reference:.4f} f32"
