@@ -152,9 +152,9 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         """state_dtype=torch.uint8 needs an element-wise update pass (the engine quantizes each block as it updates
         it), after sums over whole tensors at most."""
         if not self._quantizable:
-            why = "its states are factored" if self._factored else "its sums are per row of a tensor"
+            why = "its states are factored" if self._factored else "its sums are per row of a tensor, which blocks cut"
             raise ValueError(f"fusedopt: {type(self).__name__} does not take state_dtype=torch.uint8 (8-bit "
-                             f"block-wise states): {why} ('{self._algorithm}'), which the blocks would cut")
+                             f"block-wise states): {why} ('{self._algorithm}')")
 
     # ---- what each algorithm defines ----------------------------------------------------------
     def _hyper(self, group: dict) -> Any:
