@@ -176,10 +176,7 @@ bool ParseStateDTypeOption(const BenchOptions& options, Algorithm algorithm) {
     }
     throw std::invalid_argument(
         "--state-dtype q8: --optimizer " + std::string(tools::AlgorithmName(algorithm)) +
-        " keeps no 8-bit states (" +
-        (IsFactored(algorithm)
-             ? "its states are factored"
-             : "its sums are per row of a tensor, which the 8-bit blocks would cut") +
+        " keeps no 8-bit states (" + tools::WhyStatesStayUnquantized(algorithm) +
         "); these do: " + takers);
   }
   return true;

@@ -70,6 +70,17 @@ bool HasQuantizableStates(Algorithm a) {
       a, [](auto d) { return algos::QuantizableStates<typename decltype(d)::type>; });
 }
 
+const char* WhyStatesStayUnquantized(Algorithm a) {
+  return WithDescriptor(a, [](auto d) -> const char* {
+    using A = typename decltype(d)::type;
+    if constexpr (algos::QuantizableStates<A>) {
+      return nullptr;
+    } else {
+      return algos::WhyStatesStayUnquantized<A>();
+    }
+  });
+}
+
 unsigned UnsignedMapStatesOf(Algorithm a) {
   return WithDescriptor(
       a, [](auto d) { return algos::UnsignedMapStates<typename decltype(d)::type>(); });

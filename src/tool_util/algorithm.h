@@ -49,6 +49,8 @@ bool IsFactored(Algorithm a);
 // algos::QuantizableStates: an element-wise update pass, sums per tensor at most), and which of
 // its state slots then use the unsigned map (bit i: slot i; the descriptor's kUnsignedMapStates).
 bool HasQuantizableStates(Algorithm a);
+// Why the states of `a` cannot be 8-bit, for an error message (nullptr where they can).
+const char* WhyStatesStayUnquantized(Algorithm a);
 unsigned UnsignedMapStatesOf(Algorithm a);
 
 // Whether DistributedOptimizer's ZeRO-1 takes `a` (src/core/step_hooks.h, kZeroOneShards).

@@ -233,16 +233,16 @@ DType StateDType(const TrainOptions& o) {
   if (s != "f32" && s != "bf16" && s != "q8") {
     throw std::invalid_argument("invalid --state-dtype " + s + " (f32, bf16 or q8)");
   }
-  bool quantizable = false;
+  const char* why_not_q8 = nullptr;  // why the optimizer's states cannot be 8-bit, if they cannot
   algos::All::ForEach([&](auto d) {
     using A = typename decltype(d)::type;
-    if (o.optimizer == A::kName) quantizable = algos::QuantizableStates<A>;
+    if constexpr (!algos::QuantizableStates<A>) {
+      if (o.optimizer == A::kName) why_not_q8 = algos::WhyStatesStayUnquantized<A>();
+    }
   });
-  if (s == "q8" && !quantizable) {
-    throw std::invalid_argument(
-        "invalid --state-dtype q8 (8-bit states are for the optimizers whose update pass is "
-        "element-wise; --optimizer " +
-        o.optimizer + " sums rows of tensors or keeps factored states)");
+  if (s == "q8" && why_not_q8 != nullptr) {
+    throw std::invalid_argument("invalid --state-dtype q8 for --optimizer " + o.optimizer + ": " +
+                                why_not_q8);
   }
   return s == "q8" ? DType::kQ8 : (s == "bf16" ? DType::kBF16 : DType::kF32);
 }
