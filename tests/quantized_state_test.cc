@@ -1,8 +1,8 @@
 // 8-bit block-wise states (include/fusedopt/quantize.h): the nearest-code search against a brute
 // force search, the block format, and the fused step with 8-bit states against the engine's own f32
 // step on the dequantized states followed by quantization (scalar code), bit for bit, for every
-// algorithm of the registry whose update pass is element-wise (LAMB, LARS and BertAdam with their
-// per-tensor sums), on every SIMD target and thread count.
+// algorithm of the registry whose update pass is element-wise (LAMB, LARS and BertAdam after their
+// sums), on every SIMD target and thread count.
 
 #include <gtest/gtest.h>
 
