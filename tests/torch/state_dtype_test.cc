@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -69,6 +70,10 @@ typename ClassOf<Hyper>::Options OptionsOf() {
     return torch::optim::AdagradOptions(5e-2).initial_accumulator_value(0.1);
   } else if constexpr (std::is_same_v<Hyper, LionHyper>) {
     return LionOptions(1e-3).weight_decay(0.1);
+  } else if constexpr (std::is_same_v<Hyper, LambHyper>) {
+    // weight_decay 0.01: the trust ratio in use; without apex's clipping, which the core's Step()
+    // applies only when told to
+    return LAMBOptions(1e-2).max_grad_norm(std::numeric_limits<double>::infinity());
   } else {
     return typename ClassOf<Hyper>::Options(NadamHyper{.lr = 2e-3, .momentum_decay = 4e-3});
   }
@@ -190,9 +195,10 @@ void ExpectSameAsCore(c10::ScalarType state_dtype, DType core_dtype) {
 template <class H>
 class TorchStateDtype : public ::testing::Test {};
 // The drop-ins (Adagrad's states are torch's own from its constructor, which the first 8-bit step
-// replaces), a generic class, and NAdam with a scalar state and both maps.
-using Algorithms =
-    ::testing::Types<AdamWHyper, SgdHyper, RmspropHyper, AdagradHyper, LionHyper, NadamHyper>;
+// replaces), a generic class, NAdam with a scalar state and both maps, and LAMB, whose per-tensor
+// sums read the decoded states.
+using Algorithms = ::testing::Types<AdamWHyper, SgdHyper, RmspropHyper, AdagradHyper, LionHyper,
+                                    NadamHyper, LambHyper>;
 TYPED_TEST_SUITE(TorchStateDtype, Algorithms);
 
 TYPED_TEST(TorchStateDtype, EightBitEqualsCore) {
