@@ -68,6 +68,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             cls._element_wise = entry["element_wise"]
             # state_dtype=torch.uint8 (8-bit block-wise states): an element-wise update pass, and each slot's map
             cls._quantizable = entry.get("quantizable", False)
+            cls._why_unquantized = entry.get("why_unquantized")  # the engine's reason where it is not
             cls._unsigned_maps = entry.get("unsigned_map_states", 0)
             # LAMB, LARS, BertAdam: the two-phase step whose per-tensor sums a hook completes across the ranks
             # holding a DTensor's shards, and how many sums a segment has (None, 0 for the others)
@@ -152,9 +153,8 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         """state_dtype=torch.uint8 needs an element-wise update pass (the engine quantizes each block as it updates
         it), after sums over whole tensors at most."""
         if not self._quantizable:
-            why = "its states are factored" if self._factored else "its sums are per row of a tensor, which blocks cut"
             raise ValueError(f"fusedopt: {type(self).__name__} does not take state_dtype=torch.uint8 (8-bit "
-                             f"block-wise states): {why} ('{self._algorithm}')")
+                             f"block-wise states): {self._why_unquantized} ('{self._algorithm}')")
 
     # ---- what each algorithm defines ----------------------------------------------------------
     def _hyper(self, group: dict) -> Any:

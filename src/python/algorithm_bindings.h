@@ -167,10 +167,11 @@ pybind11::dict BenchChanges() {
 // scalar states (Segment::scalars), "row_reductions": whether its step reads Segment::rows (AdamP),
 // "factored", "fields" (FieldEntry), "torch_name": the reference's class name, "counts_steps":
 // whether torch's state counts steps, "bench_changes", "element_wise": whether each element's
-// update reads nothing else (algos::ElementWise), "quantizable": whether its states may be 8-bit,
-// "unsigned_map_states": bit i, slot i's codes use the unsigned map, "sums_across_tensors": whether
-// a tensor's update reads sums over other tensors}. A Hyper's initial_scalars() are the values
-// fresh scalar states start from, initial_state(slot) the value a fresh state slot starts from.
+// update reads nothing else (algos::ElementWise), "quantizable": whether its states may be 8-bit
+// (else "why_unquantized" says why), "unsigned_map_states": bit i, slot i's codes use the unsigned
+// map, "sums_across_tensors": whether a tensor's update reads sums over other tensors}. A Hyper's
+// initial_scalars() are the values fresh scalar states start from, initial_state(slot) the value a
+// fresh state slot starts from.
 template <class A>
 pybind11::dict BindAlgorithm(pybind11::module_& m) {
   namespace py = pybind11;
@@ -238,6 +239,9 @@ pybind11::dict BindAlgorithm(pybind11::module_& m) {
   entry["element_wise"] = algos::ElementWise<A>;
   // Whether its states may be 8-bit (state dtype q8), and which slots use the unsigned map.
   entry["quantizable"] = algos::QuantizableStates<A>;
+  if constexpr (!algos::QuantizableStates<A>) {
+    entry["why_unquantized"] = algos::WhyStatesStayUnquantized<A>();
+  }
   entry["unsigned_map_states"] = algos::UnsignedMapStates<A>();
   // Whether one tensor's update reads sums over other tensors (BertAdam's per-group gradient norm):
   // such a step cannot run one tensor at a time (step_in_backward).
