@@ -15,13 +15,15 @@ sums (the engine's f32 sums, or with DTensor params torch's, laid out as the sha
 every micro-batch; the window's last step() updates the params from the sums as the ordinary window does
 (_accumulation.py), so an Inf/NaN anywhere in the window skips it whole. Whatever needs every gradient before
 the first update is refused when the optimizer is made: global-norm clipping (max_grad_norm), a sum over tensors
-(BertAdam's per-group norm), a param listed twice. A GradScaler cannot be seen before backward runs: step() raises
-when one calls it. With flatten=True params and states are the flat store's views as in the ordinary step;
+(BertAdam's per-group norm), a param listed twice. A GradScaler is refused before backward: fusedopt.GradScaler's
+scale() raises when its outputs' graph reaches a hooked param (refuse_scaled_backward); torch.amp.GradScaler, which
+cannot be seen before its step, makes step() raise. With flatten=True params and states are the flat store's views as in the ordinary step;
 gradients stay where autograd writes them (_flat.py)."""
 
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 
@@ -33,6 +35,42 @@ from ._state import _roll_back
 from ._tensors import is_dtensor
 
 BUCKET_BYTES = 25 * 2**20  # of gradients per engine call (DDP's default bucket_cap_mb)
+
+_STEPPING = weakref.WeakSet()  # the optimizers that have hooked params (refuse_scaled_backward)
+
+
+def refuse_scaled_backward(outputs) -> None:
+    """fusedopt.GradScaler.scale(): raises if the backward of outputs (a tensor, or lists and tuples of them) would
+    reach a param that an optimizer steps inside backward: its hooks would update the param from scaled gradients
+    before the scaler could unscale them or check them for Inf/NaN. Walks the autograd graph only while such an
+    optimizer exists, so a scaler beside it for another model's loss works."""
+    owners = {p: opt for opt in _STEPPING for p in opt._backward_hooks}
+    if not owners:
+        return
+    nodes, seen, items = [], set(), [outputs]
+    while items:
+        item = items.pop()
+        if isinstance(item, (list, tuple)):
+            items.extend(item)
+        elif isinstance(item, torch.Tensor):
+            nodes.append(item.grad_fn)
+            if item.grad_fn is None and item in owners:  # (a param scaled itself)
+                _refuse_scaler(owners[item])
+    while nodes:
+        node = nodes.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # an AccumulateGrad node's param
+        if variable is not None and variable in owners:
+            _refuse_scaler(owners[variable])
+        nodes.extend(following for following, _ in node.next_functions)
+
+
+def _refuse_scaler(optimizer, where: str = "at scaler.scale(), before backward") -> None:
+    raise RuntimeError(f"{type(optimizer).__name__}: step_in_backward=True cannot take a GradScaler: the update runs "
+                       "inside backward, before the scaler could unscale the gradients or check them for Inf/NaN "
+                       f"(refused {where})")
 
 
 class BackwardStep:
@@ -61,6 +99,7 @@ class BackwardStep:
                              "a param listed twice would be stepped twice by step()")
         if p.requires_grad and p not in self._backward_hooks:
             self._backward_hooks[p] = p.register_post_accumulate_grad_hook(self._backward_step)
+            _STEPPING.add(self)
 
     def _backward_step(self, p: torch.Tensor) -> None:
         """The hook: p joins the bucket, which is updated when full; the first hook of a backward pass queues the
@@ -168,11 +207,11 @@ class BackwardStep:
 
     def _close_backward_step(self) -> None:
         """At step(): updates a bucket that a backward pass ended without (an interrupted pass), and refuses a
-        GradScaler's step: the hooks have already stepped with scaled gradients."""
+        GradScaler's step (torch.amp.GradScaler's: fusedopt's refuses at scale()): the hooks have already stepped
+        with scaled gradients."""
         if self._bucket:
             self._flush_bucket()
         if self._step_in_backward and (getattr(self, "grad_scale", None) is not None
                                        or getattr(self, "found_inf", None) is not None):
-            raise RuntimeError(f"{type(self).__name__}: step_in_backward=True cannot take a GradScaler: the update "
-                               "ran inside backward, before the scaler could unscale the gradients or check them "
-                               "for Inf/NaN")
+            _refuse_scaler(self, "at torch.amp.GradScaler's step: backward has already updated the params from scaled "
+                                 "gradients; fusedopt.GradScaler refuses at scale(), before")

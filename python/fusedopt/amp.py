@@ -6,7 +6,11 @@ one read of all gradients finds Inf/NaN (and the global norm, for max_grad_norm=
 unscales and clips each gradient as it reads it, or is skipped on overflow, leaving params and
 states untouched. An explicit unscale_() (e.g. before fusedopt.clip_grad_norm_) is one fused
 read-modify-write pass over all gradients. torch.amp.GradScaler("cpu") drives the fused optimizers
-too, with a separate check pass before the step."""
+too, with a separate check pass before the step.
+
+An optimizer with step_in_backward=True updates params inside backward, before a scaler could unscale or check
+their gradients: scale() refuses outputs whose backward would reach such a param, before anything changes
+(torch.amp.GradScaler can only refuse at its step, after the update)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import torch
 
 from . import _C
 from ._base import FusedOptimizerMixin
+from ._in_backward import refuse_scaled_backward
 from ._tensors import DTYPE_CODES, lacks_storage
 from .distributed import DistributedOptimizer
 
@@ -26,6 +31,11 @@ class GradScaler(torch.amp.GradScaler):
         super().__init__(device, init_scale=init_scale, growth_factor=growth_factor,
                          backoff_factor=backoff_factor, growth_interval=growth_interval,
                          enabled=enabled)
+
+    def scale(self, outputs):
+        if self._enabled:
+            refuse_scaled_backward(outputs)
+        return super().scale(outputs)
 
     def step(self, optimizer, *args, **kwargs):
         state = self._per_optimizer_states[id(optimizer)] if self._enabled else None

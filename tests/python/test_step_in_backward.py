@@ -239,13 +239,51 @@ def test_sums_across_tensors_are_refused():
                           step_in_backward=True)
 
 
-def test_a_grad_scaler_is_refused_at_its_step():
+def _loss(model: torch.nn.Module) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(model(torch.randn(2, 64)), torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("form", ["tensor", "nested"])
+def test_fusedopt_grad_scaler_is_refused_before_backward(form):
+    model, other = _model(), _model()
+    opt = fusedopt.FusedAdamW(model.parameters(), step_in_backward=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = _loss(model)
+    with pytest.raises(RuntimeError, match=r"FusedAdamW: step_in_backward=True cannot take a GradScaler: .* "
+                                           r"\(refused at scaler.scale\(\), before backward\)"):
+        fusedopt.GradScaler().scale(loss if form == "tensor" else [_loss(other), (loss,)])
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)) and not opt.state
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_torch_grad_scaler_is_refused_at_its_step():
     model = _model()
     opt = fusedopt.FusedAdamW(model.parameters(), step_in_backward=True)
     scaler = torch.amp.GradScaler("cpu")
-    scaler.scale(torch.nn.functional.mse_loss(model(torch.randn(2, 64)), torch.randn(2, 4))).backward()
-    with pytest.raises(RuntimeError, match="cannot take a GradScaler"):
+    scaler.scale(_loss(model)).backward()
+    with pytest.raises(RuntimeError, match="cannot take a GradScaler: .*refused at torch.amp.GradScaler's step"):
         scaler.step(opt)
+
+
+def test_a_grad_scaler_for_another_model_works_beside_it(ieee_sqrt):
+    """Only a loss whose backward reaches a param stepped in backward is refused: another model's loss, scaled
+    beside it, steps as torch.optim.AdamW does under torch.amp.GradScaler (bit for bit with an IEEE sqrt in
+    torch: conftest.ieee_sqrt)."""
+    stepped, scaled, twin = _model(), _model(), _model()
+    in_backward = fusedopt.FusedAdamW(stepped.parameters(), step_in_backward=True)
+    opt, reference = fusedopt.FusedAdamW(scaled.parameters()), torch.optim.AdamW(twin.parameters())
+    fused_scaler, torch_scaler = fusedopt.GradScaler(), torch.amp.GradScaler("cpu")
+    for step in range(3):
+        torch.manual_seed(step)
+        _loss(stepped).backward()
+        assert all(p.grad is None for p in stepped.parameters()) and in_backward.state
+        for model, optimizer, scaler in ((scaled, opt, fused_scaler), (twin, reference, torch_scaler)):
+            torch.manual_seed(100 + step)
+            scaler.scale(_loss(model)).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(scaled.parameters(), twin.parameters(), strict=True))
 
 
 def test_params_added_later_and_copies_step_in_backward():
