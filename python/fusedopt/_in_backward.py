@@ -43,7 +43,8 @@ def refuse_scaled_backward(outputs) -> None:
     """fusedopt.GradScaler.scale(): raises if the backward of outputs (a tensor, or lists and tuples of them) would
     reach a param that an optimizer steps inside backward: its hooks would update the param from scaled gradients
     before the scaler could unscale them or check them for Inf/NaN. Walks the autograd graph only while such an
-    optimizer exists, so a scaler beside it for another model's loss works."""
+    optimizer exists, so a scaler beside it for another model's loss works. (FSDP2's forward runs on unsharded copies
+    of the params, which the graph holds instead: there step() refuses, as with torch.amp.GradScaler.)"""
     owners = {p: opt for opt in _STEPPING for p in opt._backward_hooks}
     if not owners:
         return
