@@ -95,6 +95,13 @@ QuantRuns MakeRuns(const QuantTables& t, bool is_signed) {
       if (transition >= low && transition < high) runs.octave_transition[k] = transition;
     }
   }
+  for (std::size_t k = 0; k < 32; ++k) {
+    const std::size_t at = 32 * (k / 16) + k % 16;
+    runs.octave_run_bytes[at] = runs.octave_run_bytes[at + 16] =
+        static_cast<std::uint8_t>(runs.octave_run[k]);
+  }
+  std::copy(runs.transition.begin(), runs.transition.end(), runs.run_transition.begin());
+  runs.run_transition[kTop] = std::numeric_limits<float>::infinity();
   for (std::uint32_t e = 0; e < runs.exponent_run.size(); ++e) {
     runs.exponent_run[e] =
         e < kQuantIntervalBase >> 23 ? 0 : static_cast<std::uint8_t>(runs.octave_run[e & 31]);

@@ -38,7 +38,7 @@ inline constexpr std::uint32_t kNoThreshold = 1u << kQuantIntervalShift;
 // within kQuantRunBand of the code it starts, and floor(u) is m's code; u is capped at the run's
 // last code + 0.5 (past the run's top threshold u keeps rising up to the next run's). The last
 // run's line is flat at 255.5. Seven compares with the thresholds between runs find m's run (on
-// AVX-512 its octave's two table entries: octave_run).
+// AVX-512 and AVX2 its octave's table entries: octave_run).
 // A value whose u lies within the band of an integer may be on either side of its threshold: its
 // vector takes the interval search instead, so every code stays exact.
 // tests/quantized_state_test.cc checks every threshold, and the value above it, against the band.
@@ -73,12 +73,19 @@ struct QuantRuns {
   std::array<float, kQuantRuns - 1> transition;  // threshold[last code of run r]
   std::array<std::uint8_t, kQuantRuns> first, last;  // each run's codes
   // The run found by the magnitude's binary exponent instead of seven compares (AVX-512: two
-  // 32-entry table lookups). Runs span decades, so an octave holds at most one transition: a
-  // magnitude m >= 2^-24 in octave [2^e, 2^(e+1)) is in run octave_run[e & 31], one more if m >
-  // octave_transition[e & 31] (+Inf where none lies in the octave). Octaves 2^-24..2^0 take
-  // entries 7..31; smaller magnitudes count as 2^-24's octave, which holds no transition.
+  // 32-entry table lookups; AVX2: two 16-entry byte shuffles). Runs span decades, so an octave
+  // holds at most one transition: a magnitude m >= 2^-24 in octave [2^e, 2^(e+1)) is in run
+  // octave_run[e & 31], one more if m > octave_transition[e & 31] (+Inf where none lies in the
+  // octave; AVX2 tests m > transition[octave_run[e & 31]] instead, the first transition at or
+  // above 2^e: the same test, from an 8-entry table). Octaves 2^-24..2^0 take entries 7..31
+  // (entries 0..6 hold run 0); smaller magnitudes count as 2^-24's octave, which holds no
+  // transition.
   alignas(64) std::array<std::int32_t, 32> octave_run;
   alignas(64) std::array<float, 32> octave_transition;
+  // AVX2's: octave_run[0..16) as bytes, once per 128-bit lane, then [16..32) likewise; transition
+  // with +Inf for the last run.
+  alignas(32) std::array<std::uint8_t, 64> octave_run_bytes;
+  alignas(32) std::array<float, kQuantRuns> run_transition;
   // octave_run by the whole exponent field e (0..127 for m <= 1; 0 below 2^-24), for AVX-512 VBMI's
   // 128-entry byte permute: no clamp to 2^-24 first. The transition's lookup then takes e & 31 of
   // a smaller e too: that entry holds a transition or +Inf (the entries of no octave), and such an

@@ -189,6 +189,9 @@ struct RunSearch {
 #  if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   __m512i octave_run[2];  // AVX3_DL: QuantRuns::exponent_run, else QuantRuns::octave_run
   __m512 octave_transition[2];
+#  elif HWY_TARGET == HWY_AVX2
+  __m256i octave_run_bytes[2];
+  __m256 run_transition;
 #  endif
 
   RunSearch(D d, const QuantTables& t)
@@ -205,6 +208,12 @@ struct RunSearch {
 #    endif
       octave_transition[k] = _mm512_load_ps(t.runs.octave_transition.data() + 16 * k);
     }
+#  elif HWY_TARGET == HWY_AVX2
+    for (int k = 0; k < 2; ++k) {
+      octave_run_bytes[k] =
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(t.runs.octave_run_bytes.data()) + k);
+    }
+    run_transition = _mm256_load_ps(t.runs.run_transition.data());
 #  endif
   }
 
@@ -228,6 +237,22 @@ struct RunSearch {
           _mm512_permutex2var_ps(octave_transition[0], octave, octave_transition[1]);
       return hn::Vec<decltype(di)>{_mm512_mask_add_epi32(
           run, _mm512_cmp_ps_mask(m.raw, past, _CMP_GT_OQ), run, _mm512_set1_epi32(1))};
+    }
+#  elif HWY_TARGET == HWY_AVX2
+    if constexpr (hn::MaxLanes(di) == 8) {  // by the octave, with byte shuffles of 16 entries
+      // e = 103..127 (2^-24..1.0): each shuffle reads e's low 4 bits, and its bit 4, shifted to the
+      // byte's top, picks the table; the lanes' upper bytes (0) read entry 0, which is 0.
+      const __m256i bits =
+          _mm256_max_epu32(_mm256_castps_si256(m.raw), _mm256_set1_epi32(kQuantIntervalBase));
+      const __m256i octave = _mm256_srli_epi32(bits, 23);
+      const __m256i run = _mm256_blendv_epi8(_mm256_shuffle_epi8(octave_run_bytes[0], octave),
+                                             _mm256_shuffle_epi8(octave_run_bytes[1], octave),
+                                             _mm256_slli_epi32(octave, 3));
+      // The first transition at or above the octave's start: inside the octave, or past m. A
+      // compare's true (-1) counts one more run.
+      const __m256 past = _mm256_permutevar8x32_ps(run_transition, run);
+      return hn::Vec<decltype(di)>{
+          _mm256_sub_epi32(run, _mm256_castps_si256(_mm256_cmp_ps(m.raw, past, _CMP_GT_OQ)))};
     }
 #  endif
     auto run = hn::Zero(di);
