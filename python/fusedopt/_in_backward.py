@@ -17,8 +17,8 @@ every micro-batch; the window's last step() updates the params from the sums as 
 the first update is refused when the optimizer is made: global-norm clipping (max_grad_norm), a sum over tensors
 (BertAdam's per-group norm), a param listed twice. A GradScaler is refused before backward: fusedopt.GradScaler's
 scale() raises when its outputs' graph reaches a hooked param (refuse_scaled_backward); torch.amp.GradScaler, which
-cannot be seen before its step, makes step() raise. With flatten=True params and states are the flat store's views as in the ordinary step;
-gradients stay where autograd writes them (_flat.py)."""
+cannot be seen before its step, makes step() raise. With flatten=True params and states are the flat store's views
+as in the ordinary step; gradients stay where autograd writes them (_flat.py)."""
 
 from __future__ import annotations
 
