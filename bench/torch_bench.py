@@ -82,6 +82,7 @@ import sys
 import time
 
 import fusedopt
+from fusedopt import _C
 
 import torch
 
@@ -191,19 +192,22 @@ def build_fused(optimizer: str, params: list[torch.Tensor], flatten: bool) -> to
 
 
 class EngineOnly:
-    """The `engine` impl: after one full step of its Fused<X>, every step() is the engine call on
-    the segments that step packed (same tensors, same grads: the bench never replaces them)."""
+    """The `engine` impl: after one full step of its Fused<X>, every step() is the engine's step on
+    the segments that step packed (same tensors, same grads: the bench never replaces them), as a
+    function of no arguments (_C.PreparedStep.bound): one call into C++ and no Python work."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):
-        self.optimizer, self.param_groups, self.packed = optimizer, optimizer.param_groups, None
+        self.optimizer, self.param_groups, self.call = optimizer, optimizer.param_groups, None
 
     def step(self) -> None:
-        opt = self.optimizer
-        if self.packed is None:
-            opt.step()
-            self.packed = opt._pack(opt._group_hypers(), [])
+        if self.call is not None:
+            self.call()
             return
-        opt._run_engine(self.packed, 1.0, False, None)
+        opt = self.optimizer
+        opt.step()
+        packed = opt._pack(opt._group_hypers(), [])
+        prepared = type(opt)._engine_prepare(packed.hypers, _C.SegmentTable(packed.rows))
+        self.call = prepared.bound(packed.grads, packed.codes, 1.0, torch.get_num_threads())
 
 
 def params_of(opt: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -56,6 +56,7 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
             # _C's entry, or the one a class of another module's algorithm carries (_generic.generic_class)
             entry = cls.__dict__.get("_entry") or _C.algorithms[algorithm]
             cls._engine_step = staticmethod(entry["step"])
+            cls._engine_prepare = staticmethod(entry["prepare"])  # the same step with its Hypers and table fixed
             cls._hyper_type = entry["hyper"]
             cls._fields = group_fields(entry)  # torch's group keys of the Hyper's fields
             cls._counts_steps = entry["counts_steps"]  # keeps torch's per-param state['step']
@@ -352,6 +353,8 @@ class FusedOptimizerMixin(TorchFallback, AccumulationWindow, SegmentPacking, Sta
         of fusedopt.distributed) read as grad * inv_scale and clipped by max_grad_norm. With
         found_out (a GradScaler's overflow flag) or clipping, a pre-pass checks the gradients first,
         and Inf/NaN skips the update (found_out set to 1)."""
+        if grads is None and self._step_unchanged(inv_scale, found_out):
+            return
         undo: list = []
         try:
             hypers = self._group_hypers()

@@ -142,8 +142,8 @@ def _with_sums(cls, step, sums: TensorSums):
         step(hypers, table, grads, codes, grad_scale, num_threads, sums)
         return stepped_report()
 
-    return type(cls.__name__, (cls,), {"_engine_step": staticmethod(engine_step), "__module__": cls.__module__,
-                                       "__qualname__": cls.__qualname__})
+    return type(cls.__name__, (cls,), {"_engine_step": staticmethod(engine_step), "_engine_prepare": None,
+                                       "__module__": cls.__module__, "__qualname__": cls.__qualname__})
 
 
 def _shard_options(optimizer) -> dict:

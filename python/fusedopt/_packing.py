@@ -140,6 +140,29 @@ class SegmentPacking:
         slots = hyper.required_states()
         return tuple(bool(slots >> k & 1) for k in range(len(self._slot_keys)))
 
+    def _step_unchanged(self, inv_scale: float, found_out) -> bool:
+        """The common step in one call into C++: when the last step was prepared (see _remember) and each group
+        still holds the values its Hyper was made from, _unchanged.LastStep.step checks what _pack_unchanged
+        checks and runs the engine on the last step's table itself. True when it did (stepped, or skipped for an
+        Inf/NaN its pre-pass found); False when the step must take the ordinary path, nothing having changed."""
+        last = self._last
+        if last is None or not last.prepared:
+            return False
+        outcome = last.check.step(self.param_groups, self.state, self._place_grad(), inv_scale,
+                                  torch.get_num_threads(), self._max_grad_norm, self._norm_code, self._clip_rule,
+                                  found_out is not None)
+        if outcome is None:
+            return False
+        _, found_inf, self.last_grad_norm = outcome
+        if found_inf and found_out is not None:
+            found_out.fill_(1.0)
+        return True
+
+    def _place_grad(self):
+        """With flatten=True and grads in slots, FlatStore.place_grad, which moves a new p.grad into its slot;
+        else None."""
+        return self._flat.place_grad if self._flat is not None and self._flat.grads_in_slots() else None
+
     def _pack_unchanged(self, hypers: list) -> _Packed | None:
         """The common step, in bulk: when the same params hold gradients as at the last step() and
         nothing its packing depended on has changed (what _segment's cache entries check, checked for
@@ -149,9 +172,7 @@ class SegmentPacking:
         if last is None or (not all(map(operator.is_, hypers, last.hypers))
                             and list(map(_REQUIRED_STATES, hypers)) != last.needed):
             return None
-        flat_grads = self._flat is not None and self._flat.grads_in_slots()
-        place_grad = self._flat.place_grad if flat_grads else None  # flatten=True: a new p.grad
-        grads = last.check.grads(self.param_groups, self.state, place_grad)
+        grads = last.check.grads(self.param_groups, self.state, self._place_grad())
         if grads is None:
             return None
         packed = _Packed(hypers)
@@ -171,6 +192,17 @@ class SegmentPacking:
         all_params = [p for group in self.param_groups for p in group["params"]]
         entries = [(c.state, key, t, address) for c in cached for key, t, address in c.tensors]
         none_at = set(packed.none_at)
+        # The table of the next steps: the cached rows. They are this step's, except where SGD's
+        # first step counted from a fresh buffer (the next ones count from the buffer it made).
+        rows = [c.row for c in cached]
+        same = packed.table is not None and all(map(operator.is_, rows, packed.rows))
+        table = packed.table if same else _C.SegmentTable(rows)
+        # The step in one call (_step_unchanged): where the engine's own step runs it and each group's Hyper
+        # depends on immutable values alone.
+        frozen = [made[2] for made in self._last_hypers]
+        prepare = type(self)._engine_prepare
+        prepared = (None if prepare is None or not packed.params or len(frozen) != len(packed.hypers)
+                    or None in frozen else prepare(packed.hypers, table))
         check = _unchanged.LastStep(
             state=self.state, all_params=all_params,
             group_sizes=[len(group["params"]) for group in self.param_groups],
@@ -181,15 +213,11 @@ class SegmentPacking:
             entry_tensors=[e[2] for e in entries], entry_ptrs=[e[3] for e in entries],
             versions=[-1 if c.version is None else c.version for c in cached],
             grad_slots=[c.grad_slot for c in cached] if self._flat is not None and self._flat.grads_in_slots() else [],
-            dict_versions=_DICT_VERSIONS)
+            dict_versions=_DICT_VERSIONS, frozen=frozen if prepared is not None else [], prepared=prepared)
         last = _LastStep()
+        last.prepared = prepared is not None
         last.hypers, last.needed = packed.hypers, list(map(_REQUIRED_STATES, packed.hypers))
-        last.check, last.params, last.none_at = check, packed.params, packed.none_at
-        # The table of the next steps: the cached rows. They are this step's, except where SGD's
-        # first step counted from a fresh buffer (the next ones count from the buffer it made).
-        rows = [c.row for c in cached]
-        same = packed.table is not None and all(map(operator.is_, rows, packed.rows))
-        last.table = packed.table if same else _C.SegmentTable(rows)
+        last.check, last.params, last.none_at, last.table = check, packed.params, packed.none_at, table
         self._last = last
 
     def _segment(self, p, g, gi, j, needed, undo, own_grad, hyper) -> tuple:
@@ -358,9 +386,9 @@ class _Cached:
 class _LastStep:
     """What _pack_unchanged compares with: the groups' Hypers and the state slots they need, the C++ check of
     everything else (_unchanged.LastStep), and the last step's packed params, params without a
-    gradient and segment table."""
+    gradient and segment table; `prepared`: whether the check may run the step itself (_step_unchanged)."""
 
-    __slots__ = ("hypers", "needed", "check", "params", "none_at", "table")
+    __slots__ = ("hypers", "needed", "check", "params", "none_at", "table", "prepared")
 
 
 def _plan_waves(spans: list[tuple[int, int, int]]):

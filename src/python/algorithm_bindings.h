@@ -11,7 +11,9 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,6 +30,7 @@
 #include "fusedopt/training_step.h"
 #include "src/algos/descriptor.h"
 #include "src/core/step_traits.h"
+#include "src/python/prepared_step.h"
 #include "src/python/segment_table.h"
 
 namespace fusedopt {
@@ -106,6 +109,48 @@ StepReport RunStep(const std::vector<Hyper>& groups, const SegmentTable& table,
           step.clip_coef, window.pending, window.found_inf};
 }
 
+// A step with its Hypers and table fixed, which fusedopt._unchanged runs with each call's
+// gradients (src/python/prepared_step.h): what <name>_prepare returns, bound once by _C as
+// PreparedStep. It keeps the table alive and stays where it was made (the capsule points at it).
+class PreparedStep {
+ public:
+  template <class Hyper>
+  PreparedStep(std::vector<Hyper> groups, pybind11::object table)
+      : table_(std::move(table)),
+        run_([groups = std::move(groups),
+              &rows = table_.cast<const SegmentTable&>()](const PreparedStepCall& call) {
+          return RunStep<Hyper>(groups, rows, {call.grads, call.grads + call.count},
+                                {call.grad_dtypes, call.grad_dtypes + call.count}, call.grad_scale,
+                                call.num_threads, call.max_norm, call.norm_type, call.clip_rule,
+                                call.check, {}, std::nullopt);
+        }),
+        abi_{.step = this, .run = &Run} {}
+  PreparedStep(const PreparedStep&) = delete;
+  PreparedStep& operator=(const PreparedStep&) = delete;
+
+  const PreparedStepAbi* abi() const { return &abi_; }
+  StepReport operator()(const PreparedStepCall& call) const { return run_(call); }
+
+ private:
+  static bool Run(const void* self, const PreparedStepCall& call,
+                  PreparedStepOutcome& outcome) noexcept {
+    try {
+      const StepReport report = (*static_cast<const PreparedStep*>(self))(call);
+      outcome = {.stepped = report.stepped,
+                 .found_inf = report.found_inf,
+                 .has_grad_norm = report.grad_norm.has_value(),
+                 .grad_norm = report.grad_norm.value_or(0.0)};
+      return true;
+    } catch (...) {  // fusedopt::Error, before any buffer was touched: the ordinary path raises it
+      return false;
+    }
+  }
+
+  pybind11::object table_;  // the _C.SegmentTable run_ reads
+  std::function<StepReport(const PreparedStepCall&)> run_;
+  PreparedStepAbi abi_;
+};
+
 namespace python_bindings {
 
 inline pybind11::str Str(std::string_view s) { return {s.data(), s.size()}; }
@@ -162,8 +207,9 @@ pybind11::dict BenchChanges() {
 // fields, defaults: the C++ struct's) and its step as <module>.<name>_step(groups, table, grads,
 // grad_dtypes, grad_scale, num_threads, max_norm, norm_type, clip_rule, check, wave_ends,
 // micro_batch) -> StepReport (see RunStep; fusedopt::Error surfaces as ValueError; norm_type 2, 1,
-// or 0 for inf; clip_rule 0 torch, 1 LAMB), and returns its entry: {"hyper": class, "step":
-// function, "state_names": torch's keys of the state slots, "scalar_names": torch's keys of the
+// or 0 for inf; clip_rule 0 torch, 1 LAMB) and <module>.<name>_prepare(groups, table) ->
+// PreparedStep, and returns its entry: {"hyper": class, "step": function, "prepare": function,
+// "state_names": torch's keys of the state slots, "scalar_names": torch's keys of the
 // scalar states (Segment::scalars), "row_reductions": whether its step reads Segment::rows (AdamP),
 // "factored", "fields" (FieldEntry), "torch_name": the reference's class name, "counts_steps":
 // whether torch's state counts steps, "bench_changes", "element_wise": whether each element's
@@ -213,6 +259,13 @@ pybind11::dict BindAlgorithm(pybind11::module_& m) {
         py::arg("max_norm") = std::numeric_limits<double>::infinity(), py::arg("norm_type") = 2,
         py::arg("clip_rule") = 0, py::arg("check") = false,
         py::arg("wave_ends") = std::vector<std::size_t>{}, py::arg("micro_batch") = py::none());
+  const std::string prepare_name = std::string(A::kName) + "_prepare";
+  m.def(
+      prepare_name.c_str(),
+      [](std::vector<Hyper> groups, py::object table) {
+        return std::make_unique<PreparedStep>(std::move(groups), std::move(table));
+      },
+      py::arg("groups"), py::arg("table"));
   py::list state_names;
   for (const char* name : A::kStates) {
     if (*name != '\0') state_names.append(name);
@@ -226,6 +279,7 @@ pybind11::dict BindAlgorithm(pybind11::module_& m) {
   py::dict entry;
   entry["hyper"] = hyper;
   entry["step"] = m.attr(fn_name.c_str());
+  entry["prepare"] = m.attr(prepare_name.c_str());
   entry["state_names"] = py::tuple(state_names);
   entry["scalar_names"] = py::tuple(scalar_names);
   entry["row_reductions"] = algos::RowReductions<A>;

@@ -22,6 +22,7 @@
 #include "fusedopt/training_step.h"
 #include "src/algos/registry.h"
 #include "src/python/algorithm_bindings.h"
+#include "src/python/prepared_step.h"
 #include "src/python/segment_table.h"
 
 namespace py = pybind11;
@@ -51,6 +52,34 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("clip_coef", &StepReport::clip_coef)
       .def_readonly("pending", &StepReport::pending)
       .def_readonly("window_found_inf", &StepReport::window_found_inf);
+  // A step prepared for fusedopt._unchanged, which reaches it through the capsule
+  // (src/python/prepared_step.h).
+  py::class_<PreparedStep>(m, "PreparedStep",
+                           "A step with its Hypers and table fixed (src/python/prepared_step.h)")
+      .def("capsule",
+           [](const PreparedStep& step) {
+             // (the capsule lends the pointer: whoever holds it keeps this PreparedStep alive)
+             return py::capsule(const_cast<PreparedStepAbi*>(step.abi()), kPreparedStepCapsule);
+           })
+      .def(
+          "bound",
+          [](const py::object& self, std::vector<std::uintptr_t> grads, std::vector<int> codes,
+             float grad_scale, int num_threads) {
+            if (codes.size() != grads.size())
+              throw py::value_error("PreparedStep.bound: grads and grad_dtypes differ in length");
+            const auto& step = self.cast<const PreparedStep&>();
+            return py::cpp_function([self, &step, grads = std::move(grads),
+                                     codes = std::move(codes), grad_scale, num_threads] {
+              return step({.grads = grads.data(),
+                           .grad_dtypes = codes.data(),
+                           .count = grads.size(),
+                           .grad_scale = grad_scale,
+                           .num_threads = num_threads});
+            });
+          },
+          py::arg("grads"), py::arg("grad_dtypes"), py::arg("grad_scale"), py::arg("num_threads"),
+          "The step on these gradients as a function of no arguments, returning its StepReport: "
+          "the engine called with no Python work but the call, which bench/torch_bench.py times");
   m.attr("algorithms") = BindAlgorithms<algos::All>(m);  // src/python/algorithm_bindings.h
 
   // 8-bit block-wise states (fusedopt/quantize.h), by address: Python converts states with these

@@ -9,6 +9,11 @@
 // This is the one module of the package built against torch's C++ API, so it is bound to the
 // torch version it was compiled with (`torch_version`); python/fusedopt/_packing.py uses it only
 // under that version and otherwise packs param by param.
+//
+// LastStep.step goes one call further: where the last step was prepared (_C.PreparedStep), it also
+// checks that each param group holds the values the step's Hypers were made from and runs the
+// engine itself with the gradients it read (src/python/prepared_step.h), so that the common step
+// is one call into C++: no Python lists of addresses, no Python frames between check and engine.
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/headeronly/version.h>
 
@@ -19,6 +24,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "src/python/prepared_step.h"
 
 namespace {
 
@@ -78,7 +85,7 @@ class LastStep {
            std::vector<std::uintptr_t> param_ptrs, py::list states, py::list entry_dicts,
            py::list entry_keys, py::list entry_tensors, std::vector<std::uintptr_t> entry_ptrs,
            std::vector<std::int64_t> versions, std::vector<std::uintptr_t> grad_slots,
-           bool dict_versions)
+           bool dict_versions, const py::list& frozen, py::object prepared)
       : dict_versions_(dict_versions),
         state_(std::move(state)),
         all_params_(std::move(all_params)),
@@ -92,7 +99,8 @@ class LastStep {
         entry_tensors_(std::move(entry_tensors)),
         entry_ptrs_(std::move(entry_ptrs)),
         versions_(std::move(versions)),
-        grad_slots_(std::move(grad_slots)) {
+        grad_slots_(std::move(grad_slots)),
+        prepared_(std::move(prepared)) {
     const std::size_t n = params_.size();
     if (has_grad_.size() != all_params_.size() || shapes.size() != n || param_ptrs_.size() != n ||
         states_.size() != n || versions_.size() != n ||
@@ -118,6 +126,19 @@ class LastStep {
     }
     state_version_ = DictVersion(state_);
     for (py::handle d : states_) state_versions_.push_back(d.is_none() ? 0 : DictVersion(d));
+    if (prepared_.is_none()) return;
+    if (frozen.size() != group_sizes_.size())
+      throw std::invalid_argument("fusedopt._unchanged.LastStep: not one frozen group per group");
+    for (py::handle group : frozen) {
+      auto [keys, values] = group.cast<std::pair<py::tuple, py::tuple>>();
+      if (keys.size() != values.size())
+        throw std::invalid_argument("fusedopt._unchanged.LastStep: frozen keys and values differ");
+      frozen_.emplace_back(std::move(keys), std::move(values));
+    }
+    py::object capsule = prepared_.attr("capsule")();
+    abi_ = static_cast<const fusedopt::PreparedStepAbi*>(
+        PyCapsule_GetPointer(capsule.ptr(), fusedopt::kPreparedStepCapsule));
+    if (abi_ == nullptr) throw py::error_already_set();
   }
 
   // This step's gradients as the engine takes them, (addresses, dtype codes) in the packing order,
@@ -125,35 +146,95 @@ class LastStep {
   // packs param by param. `groups`: the optimizer's param_groups, `state`: its state (the dict it
   // had), `place_grad`: with flatten=True, FlatStore.place_grad (moves a new p.grad into its slot).
   py::object Grads(py::handle groups, py::handle state, py::handle place_grad) const {
+    std::vector<std::uintptr_t> addresses;
+    std::vector<int> codes;
+    if (!Collect(groups, state, place_grad, false, addresses, codes)) return py::none();
+    return py::make_tuple(py::cast(addresses), py::cast(codes));
+  }
+
+  // The whole step, where the last one was prepared: when Grads would return this step's gradients
+  // and each group holds the very values its Hyper was made from, the prepared step run on them,
+  // as (stepped, found_inf, grad_norm or None); otherwise None (also where the engine refused the
+  // call, having changed nothing), and the step takes the ordinary path.
+  py::object Step(py::handle groups, py::handle state, py::handle place_grad, double grad_scale,
+                  int num_threads, double max_norm, int norm_type, int clip_rule,
+                  bool check) const {
+    std::vector<std::uintptr_t> addresses;
+    std::vector<int> codes;
+    if (abi_ == nullptr || params_.empty() ||
+        !Collect(groups, state, place_grad, true, addresses, codes)) {
+      return py::none();
+    }
+    const fusedopt::PreparedStepCall call{.grads = addresses.data(),
+                                          .grad_dtypes = codes.data(),
+                                          .count = addresses.size(),
+                                          .grad_scale = static_cast<float>(grad_scale),
+                                          .num_threads = num_threads,
+                                          .max_norm = max_norm,
+                                          .norm_type = norm_type,
+                                          .clip_rule = clip_rule,
+                                          .check = check};
+    fusedopt::PreparedStepOutcome outcome;
+    if (!abi_->run(abi_->step, call, outcome)) return py::none();
+    return py::make_tuple(
+        outcome.stepped, outcome.found_inf,
+        outcome.has_grad_norm ? py::object(py::float_(outcome.grad_norm)) : py::object(py::none()));
+  }
+
+ private:
+  // Grads' check, filling `addresses` and `codes`; with `hypers`, SameHypers too.
+  bool Collect(py::handle groups, py::handle state, py::handle place_grad, bool hypers,
+               std::vector<std::uintptr_t>& addresses, std::vector<int>& codes) const {
     try {
-      if (!SameParams(groups)) return py::none();
+      if (!SameParams(groups) || (hypers && !SameHypers(groups))) return false;
       Prefetch();
-      if (!SameStates(state)) return py::none();
-      const std::size_t n = params_.size();
-      py::list addresses(n);
-      py::list codes(n);
+      if (!SameStates(state)) return false;
+      addresses.reserve(params_.size());
+      codes.reserve(params_.size());
       std::size_t i = 0;  // index into the packed params
       for (std::size_t k = 0; k < has_grad_.size(); ++k) {
         const at::Tensor& p = Unpack(all_params_[k]);
         const at::Tensor& g = p.grad();
-        if (g.defined() != has_grad_[k]) return py::none();
+        if (g.defined() != has_grad_[k]) return false;
         if (!g.defined()) continue;
         std::optional<std::pair<std::uintptr_t, int>> read = ReadParam(i, p, g, place_grad);
-        if (!read) return py::none();
-        PyList_SET_ITEM(addresses.ptr(), i, PyLong_FromSize_t(read->first));
-        PyList_SET_ITEM(codes.ptr(), i, PyLong_FromLong(read->second));
+        if (!read) return false;
+        addresses.push_back(read->first);
+        codes.push_back(read->second);
         ++i;
       }
       for (std::size_t e = 0; e < entry_ptrs_.size(); ++e) {
-        if (Address(Unpack(entry_tensors_[e])) != entry_ptrs_[e]) return py::none();
+        if (Address(Unpack(entry_tensors_[e])) != entry_ptrs_[e]) return false;
       }
-      return py::make_tuple(std::move(addresses), std::move(codes));
+      return true;
     } catch (const c10::Error&) {
-      return py::none();  // a tensor without storage, ...: the param-by-param path names it
+      return false;  // a tensor without storage, ...: the param-by-param path names it
     }
   }
 
- private:
+  // Each group (SameParams found a dict) holds the keys, in order, and the very value objects it
+  // held when the step's Hypers were made (python/fusedopt/_packing.py, _frozen_values: floats,
+  // tuples of them, ..., nothing that changes in place), so its Hyper is the same.
+  bool SameHypers(py::handle groups) const {
+    for (std::size_t gi = 0; gi < frozen_.size(); ++gi) {
+      PyObject* group = PyList_GET_ITEM(groups.ptr(), gi);
+      const auto& [keys, values] = frozen_[gi];
+      if (static_cast<std::size_t>(PyDict_GET_SIZE(group)) != keys.size()) return false;
+      Py_ssize_t pos = 0;
+      PyObject* key = nullptr;
+      PyObject* value = nullptr;
+      for (std::size_t i = 0; PyDict_Next(group, &pos, &key, &value); ++i) {
+        if (value != PyTuple_GET_ITEM(values.ptr(), i)) return false;
+        PyObject* frozen_key = PyTuple_GET_ITEM(keys.ptr(), i);
+        if (key == frozen_key) continue;  // (the common case: the same interned string)
+        const int equal = PyObject_RichCompareBool(key, frozen_key, Py_EQ);
+        if (equal < 0) throw py::error_already_set();
+        if (equal == 0) return false;
+      }
+    }
+    return true;
+  }
+
   // The groups' param lists hold the same params, in the same order (user code may edit them in
   // place).
   bool SameParams(py::handle groups) const {
@@ -294,6 +375,9 @@ class LastStep {
   std::vector<std::uintptr_t> entry_ptrs_;     // and its data_ptr()
   std::vector<std::int64_t> versions_;         // with an f32 master copy, p._version; else -1
   std::vector<std::uintptr_t> grad_slots_;     // flatten=True: where each grad belongs; else empty
+  py::object prepared_;                        // the _C.PreparedStep Step runs, or None
+  std::vector<std::pair<py::tuple, py::tuple>> frozen_;  // per group: its keys and values then
+  const fusedopt::PreparedStepAbi* abi_ = nullptr;       // prepared_'s
 };
 
 std::string TorchVersion() {
@@ -311,11 +395,16 @@ PYBIND11_MODULE(_unchanged, m) {
       .def(py::init<py::dict, py::list, std::vector<std::size_t>, std::vector<bool>, py::list,
                     std::vector<std::vector<std::int64_t>>, std::vector<std::uintptr_t>, py::list,
                     py::list, py::list, py::list, std::vector<std::uintptr_t>,
-                    std::vector<std::int64_t>, std::vector<std::uintptr_t>, bool>(),
+                    std::vector<std::int64_t>, std::vector<std::uintptr_t>, bool, const py::list&,
+                    py::object>(),
            py::arg("state"), py::arg("all_params"), py::arg("group_sizes"), py::arg("has_grad"),
            py::arg("params"), py::arg("shapes"), py::arg("param_ptrs"), py::arg("states"),
            py::arg("entry_dicts"), py::arg("entry_keys"), py::arg("entry_tensors"),
            py::arg("entry_ptrs"), py::arg("versions"), py::arg("grad_slots"),
-           py::arg("dict_versions"))
-      .def("grads", &LastStep::Grads, py::arg("groups"), py::arg("state"), py::arg("place_grad"));
+           py::arg("dict_versions"), py::arg("frozen") = py::list(),
+           py::arg("prepared") = py::none())
+      .def("grads", &LastStep::Grads, py::arg("groups"), py::arg("state"), py::arg("place_grad"))
+      .def("step", &LastStep::Step, py::arg("groups"), py::arg("state"), py::arg("place_grad"),
+           py::arg("grad_scale"), py::arg("num_threads"), py::arg("max_norm"), py::arg("norm_type"),
+           py::arg("clip_rule"), py::arg("check"));
 }

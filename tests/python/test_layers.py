@@ -28,7 +28,9 @@ LAYERS = {
     "checkpoint": 5,  # checkpoints of Optimizer and DistributedOptimizer
     "mpi": 5,  # the MPI Communicator
     "python": 6,  # the Python bindings
-    "python_torch": 6,  # the Python step's unchanged-step check, over torch's C++ tensors (includes no src/)
+    # the Python step's unchanged-step check over torch's C++ tensors, which runs the step _C prepared
+    # (src/python/prepared_step.h)
+    "python_torch": 7,
     "torch": 6,  # the libtorch adapter
     "tool_util": 6,  # what the tools share
     "baselines": 7,  # the for-loop step and traffic ceiling the fused step is timed against
