@@ -212,9 +212,10 @@ class LastStep {
     }
   }
 
-  // Each group (SameParams found a dict) holds the keys, in order, and the very value objects it
+  // Each group (SameParams found a dict) holds the very key and value objects, in order, that it
   // held when the step's Hypers were made (python/fusedopt/_packing.py, _frozen_values: floats,
-  // tuples of them, ..., nothing that changes in place), so its Hyper is the same.
+  // tuples of them, ..., nothing that changes in place), so its Hyper is the same. (Keys equal but
+  // not identical fail, and the ordinary path compares them: no Python code runs here.)
   bool SameHypers(py::handle groups) const {
     for (std::size_t gi = 0; gi < frozen_.size(); ++gi) {
       PyObject* group = PyList_GET_ITEM(groups.ptr(), gi);
@@ -224,12 +225,8 @@ class LastStep {
       PyObject* key = nullptr;
       PyObject* value = nullptr;
       for (std::size_t i = 0; PyDict_Next(group, &pos, &key, &value); ++i) {
-        if (value != PyTuple_GET_ITEM(values.ptr(), i)) return false;
-        PyObject* frozen_key = PyTuple_GET_ITEM(keys.ptr(), i);
-        if (key == frozen_key) continue;  // (the common case: the same interned string)
-        const int equal = PyObject_RichCompareBool(key, frozen_key, Py_EQ);
-        if (equal < 0) throw py::error_already_set();
-        if (equal == 0) return false;
+        if (key != PyTuple_GET_ITEM(keys.ptr(), i) || value != PyTuple_GET_ITEM(values.ptr(), i))
+          return false;
       }
     }
     return true;
