@@ -1,6 +1,7 @@
 """Segments and packing: each param with a gradient as one _C.SegmentRow (its param, states, master copy and step
 counter addresses), the step's arguments packed param by param or, when nothing changed, reused in bulk from the
-last step, and overlapping params put into waves."""
+last step (and then, where the groups hold the same values, checked and stepped in one call into C++), and
+overlapping params put into waves."""
 
 from __future__ import annotations
 
