@@ -145,7 +145,7 @@ class SegmentPacking:
         """The common step in one call into C++: when the last step was prepared (see _remember) and each group
         still holds the values its Hyper was made from, _unchanged.LastStep.step checks what _pack_unchanged
         checks and runs the engine on the last step's table itself. True when it did (stepped, or skipped for an
-        Inf/NaN its pre-pass found); False when the step must take the ordinary path, nothing having changed."""
+        Inf/NaN its pre-pass found); False when the step must take the ordinary path, none of it done."""
         last = self._last
         if last is None or not last.prepared:
             return False
