@@ -64,20 +64,26 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "bound",
           [](const py::object& self, std::vector<std::uintptr_t> grads, std::vector<int> codes,
-             float grad_scale, int num_threads) {
+             float grad_scale, int num_threads, double max_norm, int norm_type, int clip_rule) {
             if (codes.size() != grads.size())
               throw py::value_error("PreparedStep.bound: grads and grad_dtypes differ in length");
             const auto& step = self.cast<const PreparedStep&>();
             return py::cpp_function([self, &step, grads = std::move(grads),
-                                     codes = std::move(codes), grad_scale, num_threads] {
+                                     codes = std::move(codes), grad_scale, num_threads, max_norm,
+                                     norm_type, clip_rule] {
               return step({.grads = grads.data(),
                            .grad_dtypes = codes.data(),
                            .count = grads.size(),
                            .grad_scale = grad_scale,
-                           .num_threads = num_threads});
+                           .num_threads = num_threads,
+                           .max_norm = max_norm,
+                           .norm_type = norm_type,
+                           .clip_rule = clip_rule});
             });
           },
           py::arg("grads"), py::arg("grad_dtypes"), py::arg("grad_scale"), py::arg("num_threads"),
+          py::arg("max_norm") = std::numeric_limits<double>::infinity(), py::arg("norm_type") = 2,
+          py::arg("clip_rule") = 0,
           "The step on these gradients as a function of no arguments, returning its StepReport: "
           "the engine called with no Python work but the call, which bench/torch_bench.py times");
   m.attr("algorithms") = BindAlgorithms<algos::All>(m);  // src/python/algorithm_bindings.h
