@@ -1,6 +1,6 @@
 """The drop-in's unchanged step in one call into C++ (_step_unchanged) against its ordinary path and the engine alone,
 on the same optimizer and tensors: its one call is switched on and off from round to round, and the engine runs the
-step it packed (_C.PreparedStep.bound), so where the tensors lie does not weigh in (two impls of tensors of their own
+step it packed (bench-torch's EngineOnly), so where the tensors lie does not weigh in (two impls of tensors of their own
 differ by a few percent). Each step runs right after a neighbour's (torch's fused step, or another fused step),
 which evicts what the check reads, as in bench-torch's rounds. Prints the medians of the per-round differences.
 
@@ -15,8 +15,7 @@ import statistics
 import sys
 import time
 
-from fusedopt import _C
-from torch_bench import build_fused, make_params, references, tensor_shapes
+from torch_bench import EngineOnly, build_fused, make_params, references, tensor_shapes
 
 import torch
 
@@ -44,9 +43,7 @@ def main() -> None:
     for o in (opt, neighbour):
         o.step()
         o.step()
-    packed = opt._pack(opt._group_hypers(), [])
-    engine = type(opt)._engine_prepare(packed.hypers, _C.SegmentTable(packed.rows)).bound(
-        packed.grads, packed.codes, 1.0, args.threads, opt._max_grad_norm, opt._norm_code, opt._clip_rule)
+    engine = EngineOnly(opt).step
 
     def ordinary_path(*_):
         return False

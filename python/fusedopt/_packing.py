@@ -214,7 +214,7 @@ class SegmentPacking:
             entry_tensors=[e[2] for e in entries], entry_ptrs=[e[3] for e in entries],
             versions=[-1 if c.version is None else c.version for c in cached],
             grad_slots=[c.grad_slot for c in cached] if self._flat is not None and self._flat.grads_in_slots() else [],
-            dict_versions=_DICT_VERSIONS, frozen=frozen if prepared is not None else [], prepared=prepared)
+            dict_versions=_DICT_VERSIONS, frozen=frozen, prepared=prepared)
         last = _LastStep()
         last.prepared = prepared is not None
         last.hypers, last.needed = packed.hypers, list(map(_REQUIRED_STATES, packed.hypers))
